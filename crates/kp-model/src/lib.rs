@@ -1,0 +1,32 @@
+//! The service and endpoint model of kube-proxy-rs.
+//!
+//! Everything here is pure: no IO, no clocks, no backend knowledge. Sources
+//! feed Kubernetes objects into the change trackers ([`tracker`]); the sync
+//! loop drains them into a [`ServicePortMap`] and an [`EndpointsMap`] and asks
+//! [`categorize::categorize_endpoints`] which endpoints each service port uses.
+
+pub mod categorize;
+pub mod endpoints;
+pub mod events;
+pub mod node;
+pub mod service;
+pub mod tracker;
+
+pub use categorize::{categorize_endpoints, CategorizedEndpoints};
+pub use endpoints::{Endpoint, EndpointsMap};
+pub use events::{ObjectEvent, ProxyEventHandler, ResourceKind};
+pub use node::NodeInfo;
+pub use service::{
+    IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName,
+    TrafficDistribution,
+};
+pub use tracker::{EndpointsChangeTracker, EndpointsUpdate, ServiceChangeTracker, ServiceUpdate};
+
+/// Label on a Service that hands it to another proxy implementation.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label on a Service that marks it headless (set by the endpoints controller).
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label on an EndpointSlice naming the Service it belongs to.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label carrying the node's topology zone.
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
