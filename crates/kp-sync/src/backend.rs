@@ -1,0 +1,148 @@
+//! The trait every data-plane mode (iptables, nftables, ipvs, userspace)
+//! implements, and what the sync loop hands it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::error::Error;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kp_model::{
+    CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, ServicePort,
+    ServicePortName,
+};
+
+/// Renders and applies the proxy rules of one IP family.
+///
+/// The sync loop calls [`sync`](Backend::sync) with an already categorized
+/// view of every service port. An implementation renders its whole ruleset
+/// (or, for a partial sync, the part for `changed_services`) and applies it
+/// in one atomic transaction, only in chains or tables it owns. An error
+/// makes the sync loop retry with a full sync.
+pub trait Backend: Send {
+    /// The mode's name as `--proxy-mode` spells it (`iptables`, `nftables`,
+    /// `ipvs`, `userspace`); used in logs, metrics and `/proxyMode`.
+    fn mode(&self) -> &'static str;
+
+    /// Renders and applies the rules for `request`.
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError>;
+}
+
+/// Everything a backend needs for one sync.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncRequest<'a> {
+    /// The family this sync is for; every service port and endpoint below
+    /// belongs to it (the node's addresses are those of both families).
+    pub family: IpFamily,
+    /// True for a full sync: rewrite everything and remove whatever is not in
+    /// `service_ports`. False for a partial sync: only the Services in
+    /// `changed_services` differ from the previous successful sync.
+    pub full: bool,
+    /// Every service port, sorted by name so rendering is deterministic.
+    pub service_ports: &'a BTreeMap<ServicePortName, ServicePortState>,
+    /// Services whose ports or endpoints changed since the previous sync.
+    pub changed_services: &'a BTreeSet<NamespacedName>,
+    /// The proxy's own Node.
+    pub node: &'a NodeInfo,
+    /// Conntrack entries that the changes behind this sync made stale.
+    pub stale_conntrack: &'a StaleConntrack,
+}
+
+/// One service port with its endpoints, as a backend renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServicePortState {
+    /// The service port.
+    pub port: Arc<ServicePort>,
+    /// Its endpoints split by traffic policy and topology
+    /// ([`kp_model::categorize_endpoints`] for this node).
+    pub endpoints: CategorizedEndpoints,
+    /// Every endpoint of the service port, sorted by (ip, port), whether
+    /// usable or not.
+    pub all_endpoints: Vec<Arc<Endpoint>>,
+}
+
+/// Conntrack entries made stale by the changes behind a sync; the conntrack
+/// cleaner removes them once the new rules are in place.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StaleConntrack {
+    /// ClusterIPs of removed UDP service ports
+    /// (`conntrack -D -p udp --orig-dst IP`).
+    pub deleted_udp_cluster_ips: BTreeSet<IpAddr>,
+    /// Endpoints that were removed or stopped being ready, per service port
+    /// (`conntrack -D -p udp --orig-dst SVC-IP --dst-nat ENDPOINT-IP`).
+    pub stale_endpoints: Vec<(ServicePortName, Arc<Endpoint>)>,
+    /// UDP service ports that had no ready endpoint and now have one: entries
+    /// cached while they rejected traffic must go.
+    pub newly_active: BTreeSet<ServicePortName>,
+}
+
+/// What a backend reports about a successful sync, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Whether the backend rewrote everything (it may do a full sync when a
+    /// partial one was asked for, never the other way round).
+    pub full: bool,
+    /// Rules per table after the sync, e.g. `("nat", 1234)`
+    /// (`kubeproxy_sync_proxy_rules_iptables_total{table}`).
+    pub rules_per_table: Vec<(String, usize)>,
+    /// Chains per table after the sync, e.g. `("nat", 321)`.
+    pub chains_per_table: Vec<(String, usize)>,
+    /// Rules, chains, set elements or listeners written by this sync.
+    pub objects_written: usize,
+}
+
+/// A backend could not sync.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The state cannot be expressed by this backend (a bug, or an input the
+    /// sync loop should have filtered out).
+    #[error("{mode} backend: rendering the rules failed: {reason}")]
+    Render {
+        /// The backend's [`Backend::mode`].
+        mode: &'static str,
+        /// What could not be rendered, naming the service port.
+        reason: String,
+    },
+    /// Applying the rendered rules to the kernel (or starting listeners)
+    /// failed.
+    #[error("{mode} backend: {attempted} failed")]
+    Apply {
+        /// The backend's [`Backend::mode`].
+        mode: &'static str,
+        /// What was attempted, e.g. `running iptables-restore for table nat`.
+        attempted: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
+}
+
+impl StaleConntrack {
+    /// True when there is nothing to clean up.
+    pub fn is_empty(&self) -> bool {
+        self.deleted_udp_cluster_ips.is_empty()
+            && self.stale_endpoints.is_empty()
+            && self.newly_active.is_empty()
+    }
+
+    /// Adds `other`'s entries to these (used when a failed sync hands its
+    /// entries on to the next one).
+    pub fn merge(&mut self, other: StaleConntrack) {
+        self.deleted_udp_cluster_ips
+            .extend(other.deleted_udp_cluster_ips);
+        for entry in other.stale_endpoints {
+            if !self.stale_endpoints.contains(&entry) {
+                self.stale_endpoints.push(entry);
+            }
+        }
+        self.newly_active.extend(other.newly_active);
+    }
+}
+
+impl BackendError {
+    /// The mode of the backend that failed.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Render { mode, .. } | Self::Apply { mode, .. } => mode,
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The one sync loop every backend shares, for one IP family.
+//!
+//! Upstream copies this loop into each proxier (`syncProxyRules`); here it is
+//! written once: wait until Services and EndpointSlices are synced, drain the
+//! change trackers, decide full versus partial, categorize every service
+//! port's endpoints, hand the result to the [`Backend`], record the outcome.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{
+    categorize_endpoints, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName, NodeInfo,
+    ObjectEvent, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePortMap,
+    ServicePortName,
+};
+use tokio::time::Instant;
+
+use crate::backend::{
+    Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
+};
+use crate::node::node_info;
+use crate::runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
+use crate::status::{SyncStats, SyncStatus};
+
+/// How to build a [`Proxier`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxierConfig {
+    /// The family this proxier handles; objects of the other family are
+    /// ignored by its trackers.
+    pub family: IpFamily,
+    /// The proxy's own Node as known at start (at least its name).
+    pub node: NodeInfo,
+    /// Timing of the sync runner (`minSyncPeriod`, `syncPeriod`, retry).
+    pub runner: RunnerConfig,
+}
+
+/// Told about every successful sync, in order, while no other sync runs:
+/// the place for work that must follow the rules (service health-check
+/// servers, stale conntrack cleanup).
+pub trait SyncObserver: Send + Sync {
+    /// The backend applied `request` and reported `outcome`.
+    fn on_synced(&self, request: &SyncRequest<'_>, outcome: &SyncOutcome);
+}
+
+/// The change trackers and sync loop of one IP family, driving one backend.
+///
+/// As a [`ProxyEventHandler`] it only records: events go into the trackers
+/// and a sync is requested from the runner. [`run`](Proxier::run) performs
+/// the syncs.
+pub struct Proxier {
+    family: IpFamily,
+    mode: &'static str,
+    runner: BoundedFrequencyRunner,
+    tracked: Mutex<Tracked>,
+    backend: Mutex<Box<dyn Backend>>,
+    status: Arc<SyncStatus>,
+    observers: Vec<Arc<dyn SyncObserver>>,
+}
+
+/// A sync could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Nothing is written before the sources delivered their first lists.
+    #[error("cannot sync {family} proxy rules yet: waiting for the first complete list of {waiting_for}")]
+    NotSynced {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// `Services`, `EndpointSlices`, or both.
+        waiting_for: &'static str,
+    },
+    /// The backend failed to render or apply the rules.
+    #[error("syncing {family} proxy rules failed")]
+    Backend {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+}
+
+/// Everything the event handlers write, under one lock.
+#[derive(Debug)]
+struct Tracked {
+    services: ServiceChangeTracker,
+    endpoints: EndpointsChangeTracker,
+    node: NodeInfo,
+    services_synced: bool,
+    endpoint_slices_synced: bool,
+    needs_full_sync: bool,
+    /// Stale conntrack entries of failed syncs, handed to the next one.
+    carried_stale: StaleConntrack,
+}
+
+/// What one sync took out of the trackers.
+struct Drained {
+    full: bool,
+    changed: BTreeSet<NamespacedName>,
+    service_ports: ServicePortMap,
+    endpoints: EndpointsMap,
+    node: NodeInfo,
+    stale: StaleConntrack,
+    queued_since: Option<Instant>,
+}
+
+impl Proxier {
+    /// A proxier for `config.family` that syncs through `backend`. The first
+    /// sync is full.
+    pub fn new(config: ProxierConfig, backend: Box<dyn Backend>) -> Self {
+        let tracked = Tracked {
+            services: ServiceChangeTracker::new(config.family),
+            endpoints: EndpointsChangeTracker::new(config.family, config.node.name.clone()),
+            node: config.node,
+            services_synced: false,
+            endpoint_slices_synced: false,
+            needs_full_sync: true,
+            carried_stale: StaleConntrack::default(),
+        };
+        Self {
+            family: config.family,
+            mode: backend.mode(),
+            runner: BoundedFrequencyRunner::new(config.runner),
+            tracked: Mutex::new(tracked),
+            backend: Mutex::new(backend),
+            status: Arc::new(SyncStatus::new()),
+            observers: Vec::new(),
+        }
+    }
+
+    /// Adds an observer told about every successful sync.
+    pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// The family this proxier handles.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// The backend's mode (`iptables`, `nftables`, …).
+    pub fn mode(&self) -> &'static str {
+        self.mode
+    }
+
+    /// The sync state, for health and metrics.
+    pub fn status(&self) -> Arc<SyncStatus> {
+        Arc::clone(&self.status)
+    }
+
+    /// The proxy's own Node as last reported.
+    pub fn node(&self) -> NodeInfo {
+        self.lock_tracked().node.clone()
+    }
+
+    /// True once Services and EndpointSlices have both reported their first
+    /// complete list.
+    pub fn is_synced(&self) -> bool {
+        self.lock_tracked().waiting_for().is_none()
+    }
+
+    /// Syncs once, right now, without the runner (`--dry-run`). Fails when
+    /// the sources have not delivered their first lists yet.
+    pub fn sync_once(&self) -> Result<SyncOutcome, SyncError> {
+        self.sync(false)
+    }
+
+    /// Syncs whenever the runner says so until `shutdown` completes. Syncs
+    /// run on tokio's blocking pool, since backends call into the kernel.
+    pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        let runner = self.runner.clone();
+        let task = |reason: RunReason| {
+            let proxier = Arc::clone(&self);
+            async move {
+                // Upstream does a full sync every syncPeriod, and every retry
+                // after a failure starts from scratch.
+                let force_full = reason != RunReason::Requested;
+                match tokio::task::spawn_blocking(move || proxier.sync_for_runner(force_full)).await
+                {
+                    Ok(result) => result,
+                    Err(error) => {
+                        tracing::error!(%error, "proxy rules sync task panicked");
+                        RunResult::Failed
+                    }
+                }
+            }
+        };
+        runner.drive(task, shutdown).await;
+    }
+
+    fn sync_for_runner(&self, force_full: bool) -> RunResult {
+        match self.sync(force_full) {
+            Ok(_) => RunResult::Succeeded,
+            Err(SyncError::NotSynced {
+                family,
+                waiting_for,
+            }) => {
+                tracing::debug!(
+                    family,
+                    waiting_for,
+                    "not syncing proxy rules until the sources are synced"
+                );
+                RunResult::Succeeded
+            }
+            Err(error) => {
+                tracing::error!(
+                    family = family_name(self.family),
+                    mode = self.mode,
+                    error = %error_chain(&error),
+                    "syncing proxy rules failed; a full sync is scheduled"
+                );
+                RunResult::Failed
+            }
+        }
+    }
+
+    fn sync(&self, force_full: bool) -> Result<SyncOutcome, SyncError> {
+        // The backend lock is held from drain to apply so that concurrent
+        // syncs apply drains in order.
+        let mut backend = lock(&self.backend);
+        let started = Instant::now();
+        let drained = self.drain(force_full)?;
+        let service_ports =
+            categorize_all(&drained.service_ports, &drained.endpoints, &drained.node);
+        let request = SyncRequest {
+            family: self.family,
+            full: drained.full,
+            service_ports: &service_ports,
+            changed_services: &drained.changed,
+            node: &drained.node,
+            stale_conntrack: &drained.stale,
+        };
+        let result = backend.sync(&request);
+        let stats = |result| SyncStats {
+            finished_at: Instant::now(),
+            finished_at_wall: SystemTime::now(),
+            duration: started.elapsed(),
+            full: drained.full,
+            service_ports: service_ports.len(),
+            endpoints: service_ports.values().map(|s| s.all_endpoints.len()).sum(),
+            result,
+        };
+        match result {
+            Ok(outcome) => {
+                let stats = stats(Ok(outcome.clone()));
+                self.log_success(&stats, &drained.changed);
+                self.status.record(stats);
+                for observer in &self.observers {
+                    observer.on_synced(&request, &outcome);
+                }
+                Ok(outcome)
+            }
+            Err(source) => {
+                self.status.record(stats(Err(error_chain(&source))));
+                self.restore_after_failure(drained.stale, drained.queued_since);
+                Err(SyncError::Backend {
+                    family: family_name(self.family),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Takes every pending change out of the trackers.
+    fn drain(&self, force_full: bool) -> Result<Drained, SyncError> {
+        let mut tracked = self.lock_tracked();
+        if let Some(waiting_for) = tracked.waiting_for() {
+            return Err(SyncError::NotSynced {
+                family: family_name(self.family),
+                waiting_for,
+            });
+        }
+        let services = tracked.services.drain();
+        let endpoints = tracked.endpoints.drain();
+        let needed_full = std::mem::take(&mut tracked.needs_full_sync);
+        let mut changed = services.changed;
+        changed.extend(endpoints.changed);
+        let mut stale = std::mem::take(&mut tracked.carried_stale);
+        stale.merge(StaleConntrack {
+            deleted_udp_cluster_ips: services.deleted_udp_cluster_ips,
+            stale_endpoints: endpoints.stale_endpoints,
+            newly_active: endpoints.newly_active,
+        });
+        Ok(Drained {
+            full: force_full || needed_full,
+            changed,
+            service_ports: tracked.services.service_ports().clone(),
+            endpoints: tracked.endpoints.endpoints().clone(),
+            node: tracked.node.clone(),
+            stale,
+            queued_since: self.status.take_queued(),
+        })
+    }
+
+    /// After a failed sync the next one is full, and it carries the stale
+    /// conntrack entries and the queue time of the changes that did not make
+    /// it into the kernel.
+    fn restore_after_failure(&self, stale: StaleConntrack, queued_since: Option<Instant>) {
+        let mut tracked = self.lock_tracked();
+        tracked.needs_full_sync = true;
+        tracked.carried_stale.merge(stale);
+        self.status.requeue(queued_since);
+    }
+
+    fn log_success(&self, stats: &SyncStats, changed: &BTreeSet<NamespacedName>) {
+        tracing::debug!(
+            family = family_name(self.family),
+            mode = self.mode,
+            full = stats.full,
+            service_ports = stats.service_ports,
+            endpoints = stats.endpoints,
+            changed_services = changed.len(),
+            duration_ms = stats.duration.as_millis(),
+            "synced proxy rules"
+        );
+    }
+
+    /// Applies `change` to the tracked state; when it reports a change and
+    /// the sources are synced, queues it and asks for a sync.
+    fn record(&self, change: impl FnOnce(&mut Tracked) -> bool) {
+        let wants_sync = {
+            let mut tracked = self.lock_tracked();
+            let changed = change(&mut tracked);
+            let wants_sync = changed && tracked.waiting_for().is_none();
+            if wants_sync {
+                self.status.mark_queued(Instant::now());
+            }
+            wants_sync
+        };
+        if wants_sync {
+            self.runner.run();
+        }
+    }
+
+    fn lock_tracked(&self) -> MutexGuard<'_, Tracked> {
+        lock(&self.tracked)
+    }
+}
+
+impl fmt::Debug for Proxier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxier")
+            .field("family", &self.family)
+            .field("mode", &self.mode)
+            .field("runner", &self.runner.config())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxyEventHandler for Proxier {
+    fn on_service(&self, event: ObjectEvent<Service>) {
+        self.record(|tracked| tracked.services.record(&event));
+    }
+
+    fn on_endpoint_slice(&self, event: ObjectEvent<EndpointSlice>) {
+        self.record(|tracked| tracked.endpoints.record(&event));
+    }
+
+    fn on_node(&self, event: ObjectEvent<Node>) {
+        self.record(|tracked| tracked.apply_node_event(&event));
+    }
+
+    fn on_synced(&self, kind: ResourceKind) {
+        self.record(|tracked| tracked.mark_synced(kind));
+    }
+}
+
+impl Tracked {
+    /// What the first sync still waits for, if anything.
+    fn waiting_for(&self) -> Option<&'static str> {
+        match (self.services_synced, self.endpoint_slices_synced) {
+            (true, true) => None,
+            (false, true) => Some("Services"),
+            (true, false) => Some("EndpointSlices"),
+            (false, false) => Some("Services and EndpointSlices"),
+        }
+    }
+
+    /// Returns true when this completes the initial sync of the sources.
+    fn mark_synced(&mut self, kind: ResourceKind) -> bool {
+        let was_waiting = self.waiting_for().is_some();
+        match kind {
+            ResourceKind::Service => self.services_synced = true,
+            ResourceKind::EndpointSlice => self.endpoint_slices_synced = true,
+            ResourceKind::Node => {}
+        }
+        was_waiting && self.waiting_for().is_none()
+    }
+
+    /// Takes in a change of the proxy's own Node. Returns true when the
+    /// rules depend on what changed (labels for topology, addresses and pod
+    /// CIDRs for NodePorts and local traffic detection): that forces a full
+    /// sync, since every service port may render differently.
+    fn apply_node_event(&mut self, event: &ObjectEvent<Node>) -> bool {
+        let (node, deleted) = match event {
+            ObjectEvent::Apply(node) => (node, false),
+            ObjectEvent::Delete(node) => (node, true),
+        };
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        if name != self.node.name {
+            tracing::debug!(node = name, own_node = %self.node.name, "ignoring event of another node");
+            return false;
+        }
+        let changed = if deleted {
+            // As upstream: forget the labels of a deleted node, so topology
+            // no longer narrows its endpoints.
+            let had_labels = !self.node.labels.is_empty();
+            self.node.labels.clear();
+            had_labels
+        } else {
+            let info = node_info(node);
+            let changed = info.labels != self.node.labels
+                || info.addresses != self.node.addresses
+                || info.pod_cidrs != self.node.pod_cidrs;
+            self.node = info;
+            changed
+        };
+        self.needs_full_sync |= changed;
+        changed
+    }
+}
+
+/// Every service port with its endpoints categorized for `node`, sorted.
+fn categorize_all(
+    service_ports: &ServicePortMap,
+    endpoints: &EndpointsMap,
+    node: &NodeInfo,
+) -> BTreeMap<ServicePortName, ServicePortState> {
+    service_ports
+        .iter()
+        .map(|(name, port)| {
+            let all_endpoints = endpoints.get(name).cloned().unwrap_or_default();
+            let categorized = categorize_endpoints(&all_endpoints, port, &node.name, &node.labels);
+            let state = ServicePortState {
+                port: Arc::clone(port),
+                endpoints: categorized,
+                all_endpoints,
+            };
+            (name.clone(), state)
+        })
+        .collect()
+}
+
+/// `IPv4` or `IPv6`, as Kubernetes spells the families.
+pub(crate) fn family_name(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
+/// `error: cause: cause …`, for logs and the sync status.
+fn error_chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in a backend must not take the whole proxy down with poisoned
+    // locks: the tracked state is only changed by whole assignments, and a
+    // backend left half-applied is repaired by the full sync that follows
+    // the failed run.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,186 @@
+//! The bounded-frequency runner: turns bursts of sync requests into runs that
+//! are at least `min_interval` and at most `max_interval` apart.
+//!
+//! This is upstream's `BoundedFrequencyRunner` (`pkg/util/async`) on tokio
+//! time, so tests drive it with a paused clock. Differences from upstream:
+//! - no burst allowance: requests inside `min_interval` always wait for it to
+//!   end (upstream kube-proxy allows two back-to-back syncs);
+//! - a failed run is retried after an explicit `retry_interval` (upstream's
+//!   proxiers pass a retry interval to `RetryAfter` themselves), and the retry
+//!   is reported as [`RunReason::Retry`] so the caller can force a full sync.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Timing of a [`BoundedFrequencyRunner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Least time between the starts of two runs (`minSyncPeriod`). Zero runs
+    /// every request at once.
+    pub min_interval: Duration,
+    /// Longest time between the end of one run and the start of the next
+    /// (`syncPeriod`): a run happens even when nobody asked. Zero disables
+    /// these periodic runs.
+    pub max_interval: Duration,
+    /// Time from a failed run to its retry (never earlier than `min_interval`
+    /// after the failed run started).
+    pub retry_interval: Duration,
+}
+
+/// Why the runner started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunReason {
+    /// Someone called [`BoundedFrequencyRunner::run`].
+    Requested,
+    /// `max_interval` passed without a run.
+    Periodic,
+    /// The previous run failed and `retry_interval` passed.
+    Retry,
+}
+
+/// What a run reports back to the runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunResult {
+    /// The run did its work.
+    Succeeded,
+    /// The run failed; the runner schedules a retry.
+    Failed,
+}
+
+/// Coalesces run requests and runs a task within the bounds of a
+/// [`RunnerConfig`]. Cloning yields another handle to the same runner.
+#[derive(Debug, Clone)]
+pub struct BoundedFrequencyRunner {
+    config: RunnerConfig,
+    requests: Arc<Notify>,
+}
+
+/// The runner's pure scheduling state: when the next run is due, and why.
+#[derive(Debug)]
+struct Schedule {
+    config: RunnerConfig,
+    /// When the runner started looping; the periodic timer counts from here
+    /// until the first run.
+    epoch: Instant,
+    last_start: Option<Instant>,
+    last_end: Option<Instant>,
+    requested: bool,
+    retry_at: Option<Instant>,
+}
+
+impl BoundedFrequencyRunner {
+    /// A runner with `config`. Nothing runs until [`drive`](Self::drive) is
+    /// awaited.
+    pub fn new(config: RunnerConfig) -> Self {
+        Self {
+            config,
+            requests: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The timing this runner was built with.
+    pub fn config(&self) -> RunnerConfig {
+        self.config
+    }
+
+    /// Asks for a run. Never blocks, may be called from any thread, and any
+    /// number of calls before the run starts result in one run.
+    pub fn run(&self) {
+        // `notify_one` stores at most one permit, which is exactly the
+        // coalescing we want: a burst leaves one pending request.
+        self.requests.notify_one();
+    }
+
+    /// Runs `task` whenever the schedule says so, until `shutdown` completes.
+    /// A run in progress is finished before shutdown is noticed.
+    pub async fn drive<F, Fut, S>(&self, mut task: F, shutdown: S)
+    where
+        F: FnMut(RunReason) -> Fut,
+        Fut: Future<Output = RunResult>,
+        S: Future<Output = ()>,
+    {
+        tokio::pin!(shutdown);
+        let mut schedule = Schedule::new(self.config, Instant::now());
+        loop {
+            let next = schedule.next_run();
+            let due = async {
+                match next {
+                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return,
+                () = self.requests.notified() => schedule.request(),
+                () = due => {
+                    let reason = next.map_or(RunReason::Requested, |(_, reason)| reason);
+                    schedule.start(Instant::now());
+                    tracing::trace!(?reason, "runner starting a run");
+                    let result = task(reason).await;
+                    schedule.finish(Instant::now(), result);
+                }
+            }
+        }
+    }
+}
+
+impl Schedule {
+    fn new(config: RunnerConfig, epoch: Instant) -> Self {
+        Self {
+            config,
+            epoch,
+            last_start: None,
+            last_end: None,
+            requested: false,
+            retry_at: None,
+        }
+    }
+
+    fn request(&mut self) {
+        self.requested = true;
+    }
+
+    fn start(&mut self, now: Instant) {
+        self.last_start = Some(now);
+        self.requested = false;
+        self.retry_at = None;
+    }
+
+    fn finish(&mut self, now: Instant, result: RunResult) {
+        self.last_end = Some(now);
+        if result == RunResult::Failed {
+            self.retry_at = Some(now + self.config.retry_interval);
+        }
+    }
+
+    /// The earliest due run and its reason. On a tie the reason that asks
+    /// for more work wins (retry, then periodic, then requested).
+    fn next_run(&self) -> Option<(Instant, RunReason)> {
+        let not_before = self
+            .last_start
+            .map_or(self.epoch, |start| start + self.config.min_interval);
+        let retry = self
+            .retry_at
+            .map(|at| (at.max(not_before), RunReason::Retry));
+        let periodic = (!self.config.max_interval.is_zero()).then(|| {
+            let from = self.last_end.unwrap_or(self.epoch);
+            (
+                (from + self.config.max_interval).max(not_before),
+                RunReason::Periodic,
+            )
+        });
+        let requested = self.requested.then_some((not_before, RunReason::Requested));
+        [retry, periodic, requested]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(at, _)| *at)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! The state of one family's sync loop, shared with the health and metrics
+//! servers.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::backend::SyncOutcome;
+
+/// What the sync loop of one family has done so far. Cheap to read from any
+/// thread; the sync loop is the only writer.
+///
+/// Health follows upstream's healthz logic: a proxy is healthy when nothing
+/// has been waiting longer than allowed, i.e. when [`queued_since`] is unset
+/// or recent.
+///
+/// [`queued_since`]: SyncStatus::queued_since
+#[derive(Debug, Default)]
+pub struct SyncStatus {
+    inner: Mutex<StatusInner>,
+}
+
+/// One finished sync.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncStats {
+    /// When the sync finished (monotonic clock, tokio time).
+    pub finished_at: Instant,
+    /// When the sync finished (wall clock, for
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`).
+    pub finished_at_wall: SystemTime,
+    /// How long the sync took, categorizing and applying included.
+    pub duration: Duration,
+    /// Whether a full sync was asked of the backend.
+    pub full: bool,
+    /// Number of service ports handed to the backend.
+    pub service_ports: usize,
+    /// Number of endpoints of all service ports handed to the backend.
+    pub endpoints: usize,
+    /// The backend's outcome, or the error (with its causes) when it failed.
+    pub result: Result<SyncOutcome, String>,
+}
+
+/// Counters since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncTotals {
+    /// Successful full syncs.
+    pub full_syncs: u64,
+    /// Successful partial syncs.
+    pub partial_syncs: u64,
+    /// Failed syncs.
+    pub failed_syncs: u64,
+}
+
+#[derive(Debug, Default)]
+struct StatusInner {
+    queued_since: Option<Instant>,
+    last_successful_sync: Option<Instant>,
+    last_sync: Option<SyncStats>,
+    totals: SyncTotals,
+}
+
+impl SyncStatus {
+    /// A status with nothing queued and no sync done.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// When the oldest change that no successful sync has applied yet was
+    /// recorded; `None` when everything recorded is applied.
+    pub fn queued_since(&self) -> Option<Instant> {
+        self.lock().queued_since
+    }
+
+    /// When the last successful sync finished.
+    pub fn last_successful_sync(&self) -> Option<Instant> {
+        self.lock().last_successful_sync
+    }
+
+    /// The last sync, successful or not.
+    pub fn last_sync(&self) -> Option<SyncStats> {
+        self.lock().last_sync.clone()
+    }
+
+    /// Counters of syncs since start.
+    pub fn totals(&self) -> SyncTotals {
+        self.lock().totals
+    }
+
+    /// A change was recorded at `at`; keeps the oldest such time.
+    pub(crate) fn mark_queued(&self, at: Instant) {
+        let mut inner = self.lock();
+        inner.queued_since.get_or_insert(at);
+    }
+
+    /// A sync took every queued change; returns when the oldest was queued.
+    pub(crate) fn take_queued(&self) -> Option<Instant> {
+        self.lock().queued_since.take()
+    }
+
+    /// A sync failed to apply changes queued since `since`.
+    pub(crate) fn requeue(&self, since: Option<Instant>) {
+        let mut inner = self.lock();
+        inner.queued_since = match (inner.queued_since, since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Records a finished sync.
+    pub(crate) fn record(&self, stats: SyncStats) {
+        let mut inner = self.lock();
+        match &stats.result {
+            Ok(_) => {
+                inner.last_successful_sync = Some(stats.finished_at);
+                if stats.full {
+                    inner.totals.full_syncs += 1;
+                } else {
+                    inner.totals.partial_syncs += 1;
+                }
+            }
+            Err(_) => inner.totals.failed_syncs += 1,
+        }
+        inner.last_sync = Some(stats);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StatusInner> {
+        // The state stays consistent even if a holder panicked: every update
+        // is a plain assignment.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

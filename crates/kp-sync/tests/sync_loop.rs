@@ -1,0 +1,280 @@
+//! The shared sync loop, one sync at a time (`sync_once`), with real change
+//! trackers and the fake backend. The cast is in `common/mod.rs`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use kp_model::{IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::RecordedSync;
+use kp_sync::{SyncError, SyncObserver, SyncOutcome, SyncRequest};
+use kp_testkit::builders::node;
+use kp_testkit::plan::{NODE_IP, NODE_NAME, NODE_ZONE, OTHER_NODE_NAME};
+use pretty_assertions::assert_eq;
+
+#[test]
+fn nothing_reaches_the_backend_before_both_sources_are_synced() {
+    let (proxier, backend) = proxier(IpFamily::V4);
+    apply(&proxier, &[web()], &[web_endpoints(&["10.244.1.2"])]);
+    proxier.on_synced(ResourceKind::Service);
+
+    let error = proxier.sync_once().unwrap_err();
+
+    assert!(
+        matches!(
+            error,
+            SyncError::NotSynced {
+                waiting_for: "EndpointSlices",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    backend.assert_no_requests();
+    assert_eq!(proxier.status().last_sync(), None);
+    assert_eq!(proxier.status().queued_since(), None);
+
+    proxier.on_synced(ResourceKind::EndpointSlice);
+    assert!(proxier.sync_once().is_ok());
+    assert_eq!(backend.take_requests().len(), 1);
+}
+
+#[test]
+fn the_first_sync_is_full_and_has_every_service_port() {
+    let (proxier, backend) = proxier(IpFamily::V4);
+    apply(
+        &proxier,
+        &[web(), db()],
+        &[web_endpoints(&["10.244.1.2", "10.244.2.2"]), db_endpoints()],
+    );
+    sources_synced(&proxier);
+
+    let outcome = proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert!(request.full && outcome.full);
+    assert_eq!(request.family, IpFamily::V4);
+    assert_eq!(request.service_port_names(), ["ns1/db:pg", "ns1/web:http"]);
+    assert_eq!(request.changed_service_names(), ["ns1/db", "ns1/web"]);
+    assert_eq!(request.node.name, NODE_NAME);
+    let web = request.service_ports.values().nth(1).unwrap();
+    assert_eq!(
+        endpoint_ips(&web.all_endpoints),
+        ["10.244.1.2", "10.244.2.2"]
+    );
+    assert_eq!(
+        endpoint_ips(&web.endpoints.cluster),
+        ["10.244.1.2", "10.244.2.2"]
+    );
+
+    let stats = proxier.status().last_sync().unwrap();
+    assert_eq!(
+        (stats.full, stats.service_ports, stats.endpoints),
+        (true, 2, 3)
+    );
+    assert_eq!(stats.result, Ok(outcome));
+    assert_eq!(proxier.status().queued_since(), None);
+}
+
+#[test]
+fn an_endpoint_change_gives_a_partial_sync_naming_only_its_service() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    apply(
+        &*proxier,
+        &[],
+        &[web_endpoints(&["10.244.1.2", "10.244.1.3"])],
+    );
+    assert!(proxier.status().queued_since().is_some());
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert!(!request.full);
+    assert_eq!(request.changed_service_names(), ["ns1/web"]);
+    // A partial sync still sees every service port.
+    assert_eq!(
+        request.service_port_names(),
+        ["ns1/db:pg", "ns1/dns:dns", "ns1/web:http"]
+    );
+    assert_eq!(proxier.status().queued_since(), None);
+    assert_eq!(proxier.status().totals().partial_syncs, 1);
+}
+
+#[test]
+fn a_removed_udp_endpoint_is_handed_on_as_stale_conntrack() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert_eq!(stale_endpoint_ips(&request), [ip("10.244.1.6")]);
+}
+
+#[test]
+fn a_backend_failure_makes_the_next_sync_full() {
+    let (proxier, backend) = proxier_after_first_sync();
+    backend.fail_next(1);
+    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+
+    let error = proxier.sync_once().unwrap_err();
+
+    assert!(matches!(error, SyncError::Backend { .. }), "{error}");
+    assert!(!backend.take_single_request().full);
+    let status = proxier.status();
+    assert_eq!(status.totals().failed_syncs, 1);
+    assert!(status
+        .last_sync()
+        .unwrap()
+        .result
+        .unwrap_err()
+        .contains("told to fail"));
+    assert!(
+        status.queued_since().is_some(),
+        "the change is still not applied"
+    );
+
+    proxier.sync_once().unwrap();
+
+    let retry = backend.take_single_request();
+    assert!(retry.full);
+    // The stale endpoint of the failed sync is not forgotten.
+    assert_eq!(stale_endpoint_ips(&retry), [ip("10.244.1.6")]);
+    assert_eq!(status.queued_since(), None);
+}
+
+#[test]
+fn an_update_that_reverts_before_the_sync_changes_no_service() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    apply(&*proxier, &[], &[web_endpoints(&["10.244.1.9"])]);
+    apply(&*proxier, &[], &[web_endpoints(&["10.244.1.2"])]);
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert!(!request.full);
+    assert_eq!(request.changed_service_names(), Vec::<String>::new());
+    assert!(request.stale_conntrack.is_empty());
+}
+
+#[test]
+fn a_node_label_change_forces_a_full_sync_with_the_new_labels() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    proxier.on_node(ObjectEvent::Apply(node(NODE_NAME, |n| {
+        n.zone(NODE_ZONE).internal_ip(NODE_IP)
+    })));
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert!(request.full);
+    assert_eq!(
+        request
+            .node
+            .labels
+            .get(kp_model::LABEL_TOPOLOGY_ZONE)
+            .unwrap(),
+        NODE_ZONE
+    );
+    assert_eq!(request.node.addresses, [IpAddr::V4(NODE_IP)]);
+}
+
+#[test]
+fn events_of_another_node_are_ignored() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    proxier.on_node(ObjectEvent::Apply(node(OTHER_NODE_NAME, |n| {
+        n.zone("zone-b")
+    })));
+    proxier.sync_once().unwrap();
+
+    assert!(!backend.take_single_request().full);
+    assert!(proxier.node().labels.is_empty());
+}
+
+#[test]
+fn dual_stack_fan_out_gives_each_family_only_its_own_objects() {
+    let (v4, v4_backend) = proxier(IpFamily::V4);
+    let (v6, v6_backend) = proxier(IpFamily::V6);
+    let (v4, v6) = (Arc::new(v4), Arc::new(v6));
+    let handler = kp_sync::FanOutHandler::new(vec![v4.clone(), v6.clone()]);
+
+    apply(
+        &handler,
+        &[web(), dual()],
+        &[web_endpoints(&["10.244.1.2"])],
+    );
+    apply(&handler, &[], &dual_endpoints());
+    sources_synced(&handler);
+    v4.sync_once().unwrap();
+    v6.sync_once().unwrap();
+
+    let v4_request = v4_backend.take_single_request();
+    assert_eq!(
+        v4_request.service_port_names(),
+        ["ns1/dual:http", "ns1/web:http"]
+    );
+    assert!(all_addresses(&v4_request).iter().all(IpAddr::is_ipv4));
+    let v6_request = v6_backend.take_single_request();
+    assert_eq!(v6_request.family, IpFamily::V6);
+    assert_eq!(v6_request.service_port_names(), ["ns1/dual:http"]);
+    assert_eq!(
+        all_addresses(&v6_request),
+        [ip("fd00:10:96::20"), ip("fd00:10:244:1::7")]
+    );
+}
+
+#[test]
+fn observers_hear_of_successful_syncs_only() {
+    let seen = Arc::new(Recorder::default());
+    let (proxier, backend) = proxier(IpFamily::V4);
+    let proxier = proxier.with_observer(seen.clone());
+    apply(&proxier, &[web()], &[web_endpoints(&["10.244.1.2"])]);
+    sources_synced(&proxier);
+    backend.fail_next(1);
+
+    assert!(proxier.sync_once().is_err());
+    proxier.sync_once().unwrap();
+
+    assert_eq!(*seen.0.lock().unwrap(), [(true, 1)]);
+}
+
+/// Records (full, objects written) of every sync it hears of.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(bool, usize)>>);
+
+impl SyncObserver for Recorder {
+    fn on_synced(&self, request: &SyncRequest<'_>, outcome: &SyncOutcome) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((request.full, outcome.objects_written));
+    }
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn endpoint_ips(endpoints: &[Arc<kp_model::Endpoint>]) -> Vec<String> {
+    endpoints.iter().map(|ep| ep.ip.to_string()).collect()
+}
+
+fn stale_endpoint_ips(request: &RecordedSync) -> Vec<IpAddr> {
+    let stale = &request.stale_conntrack.stale_endpoints;
+    stale.iter().map(|(_, endpoint)| endpoint.ip).collect()
+}
+
+/// Every ClusterIP and endpoint address of a request, in order.
+fn all_addresses(request: &RecordedSync) -> Vec<IpAddr> {
+    request
+        .service_ports
+        .values()
+        .flat_map(|state| {
+            std::iter::once(state.port.cluster_ip).chain(state.all_endpoints.iter().map(|ep| ep.ip))
+        })
+        .collect()
+}
