@@ -1,10 +1,15 @@
 //! Endpoints: the backends of a service port, merged from EndpointSlices.
 
-use std::collections::{BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use crate::service::ServicePortName;
+use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointSlice};
+
+use crate::ip::parse_ip;
+use crate::service::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::LABEL_SERVICE_NAME;
 
 /// One backend of one service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,3 +39,219 @@ pub struct Endpoint {
 /// Every service port's endpoints, for one IP family. Endpoints of one
 /// service port are sorted by (ip, port) and free of duplicates.
 pub type EndpointsMap = HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
+
+/// The endpoints of one Service's ports, in a stable order.
+pub(crate) type ServiceEndpoints = BTreeMap<ServicePortName, Vec<Arc<Endpoint>>>;
+
+/// One EndpointSlice, reduced to what the proxy uses.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SliceInfo {
+    /// The Service the slice belongs to.
+    pub(crate) service: NamespacedName,
+    /// Usable ports, with their numbers.
+    ports: Vec<(ServicePortName, u16)>,
+    /// Usable endpoints; `port` is 0 until merged with a port.
+    endpoints: Vec<Endpoint>,
+}
+
+/// Merges EndpointSlices into the endpoints of every service port of
+/// `family`, as the [`crate::EndpointsChangeTracker`] does: slices of another
+/// address type (`FQDN`, the other family) and slices without the
+/// `kubernetes.io/service-name` label are ignored, endpoints and ports that do
+/// not parse are skipped with a warning, and an `ip:port` listed by several
+/// slices is kept once (a local copy wins, then the slice first by name).
+pub fn endpoints_from_slices(
+    slices: &[EndpointSlice],
+    family: IpFamily,
+    node_name: &str,
+) -> EndpointsMap {
+    let mut by_service: BTreeMap<NamespacedName, BTreeMap<String, SliceInfo>> = BTreeMap::new();
+    for slice in slices {
+        if let Some(info) = SliceInfo::parse(slice, family, node_name) {
+            let slice_name = slice.metadata.name.clone().unwrap_or_default();
+            by_service
+                .entry(info.service.clone())
+                .or_default()
+                .insert(slice_name, info);
+        }
+    }
+    by_service
+        .values()
+        .flat_map(|slices| merge_slices(slices.values()))
+        .collect()
+}
+
+impl Endpoint {
+    /// `ip:port`.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
+    }
+}
+
+/// `ip:port` (`[ip]:port` for IPv6), as upstream prints an endpoint (and
+/// hashes it into `KUBE-SEP-` chain names).
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.socket_addr())
+    }
+}
+
+impl SliceInfo {
+    /// Reduces `slice`; `None` when the slice is not for `family` or names no
+    /// Service.
+    pub(crate) fn parse(slice: &EndpointSlice, family: IpFamily, node_name: &str) -> Option<Self> {
+        let slice_name = slice_key(slice);
+        if slice.address_type != family.as_api_str() {
+            tracing::trace!(slice = %slice_name, address_type = %slice.address_type, %family, "ignoring EndpointSlice of another address type");
+            return None;
+        }
+        let service = service_of(slice)?;
+        let ports = parse_ports(slice, &service, &slice_name);
+        let endpoints = slice
+            .endpoints
+            .iter()
+            .filter_map(|endpoint| parse_endpoint(endpoint, family, node_name, &slice_name))
+            .collect();
+        Some(Self {
+            service,
+            ports,
+            endpoints,
+        })
+    }
+}
+
+/// The Service an EndpointSlice belongs to, from its
+/// `kubernetes.io/service-name` label.
+pub(crate) fn service_of(slice: &EndpointSlice) -> Option<NamespacedName> {
+    let service_name = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(LABEL_SERVICE_NAME))
+        .filter(|name| !name.is_empty());
+    let Some(service_name) = service_name else {
+        tracing::debug!(slice = %slice_key(slice), label = LABEL_SERVICE_NAME, "ignoring EndpointSlice without service name label");
+        return None;
+    };
+    let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+    Some(NamespacedName::new(namespace, service_name.clone()))
+}
+
+/// Merges the slices of one Service (in the order given, which callers keep
+/// stable by sorting by slice name).
+pub(crate) fn merge_slices<'a>(slices: impl Iterator<Item = &'a SliceInfo>) -> ServiceEndpoints {
+    let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Arc<Endpoint>>> =
+        BTreeMap::new();
+    for slice in slices {
+        for (port_name, port) in &slice.ports {
+            let merged = by_port.entry(port_name.clone()).or_default();
+            for endpoint in &slice.endpoints {
+                let key = (endpoint.ip, *port);
+                // The same address may sit in two slices while it moves between
+                // them; keep the first copy, unless a later one is local.
+                let replace = merged
+                    .get(&key)
+                    .is_none_or(|kept| endpoint.is_local && !kept.is_local);
+                if replace {
+                    let with_port = Endpoint {
+                        port: *port,
+                        ..endpoint.clone()
+                    };
+                    merged.insert(key, Arc::new(with_port));
+                }
+            }
+        }
+    }
+    by_port
+        .into_iter()
+        .filter(|(_, endpoints)| !endpoints.is_empty())
+        .map(|(name, endpoints)| (name, endpoints.into_values().collect()))
+        .collect()
+}
+
+/// `namespace/name` of a slice, for log fields.
+fn slice_key(slice: &EndpointSlice) -> NamespacedName {
+    NamespacedName::of(&slice.metadata)
+}
+
+fn parse_ports(
+    slice: &EndpointSlice,
+    service: &NamespacedName,
+    slice_name: &NamespacedName,
+) -> Vec<(ServicePortName, u16)> {
+    let mut ports = Vec::new();
+    for port in slice.ports.iter().flatten() {
+        let name = port.name.clone().unwrap_or_default();
+        let protocol = match port.protocol.as_deref() {
+            None | Some("") => Some(Protocol::Tcp),
+            Some(text) => Protocol::from_api(text),
+        };
+        let Some(protocol) = protocol else {
+            tracing::warn!(slice = %slice_name, port = %name, protocol = ?port.protocol, "ignoring EndpointSlice port with unknown protocol");
+            continue;
+        };
+        let number = port
+            .port
+            .and_then(|number| u16::try_from(number).ok())
+            .filter(|number| *number != 0);
+        let Some(number) = number else {
+            tracing::warn!(slice = %slice_name, port = %name, number = ?port.port, "ignoring EndpointSlice port without a number in 1..=65535");
+            continue;
+        };
+        ports.push((
+            ServicePortName::new(service.clone(), name, protocol),
+            number,
+        ));
+    }
+    ports
+}
+
+fn parse_endpoint(
+    endpoint: &ApiEndpoint,
+    family: IpFamily,
+    node_name: &str,
+    slice_name: &NamespacedName,
+) -> Option<Endpoint> {
+    // Like upstream, only the first address is used: the API defines the
+    // others as interchangeable and no controller sets more than one.
+    let Some(address) = endpoint.addresses.first() else {
+        tracing::warn!(slice = %slice_name, "ignoring endpoint without addresses");
+        return None;
+    };
+    let Some(ip) = parse_ip(address) else {
+        tracing::warn!(slice = %slice_name, %address, "ignoring endpoint whose address is not an IP address");
+        return None;
+    };
+    if !family.matches(&ip) {
+        tracing::warn!(slice = %slice_name, %ip, %family, "ignoring endpoint of the wrong IP family");
+        return None;
+    }
+    let conditions = endpoint.conditions.as_ref();
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let hints = endpoint.hints.as_ref();
+    Some(Endpoint {
+        ip,
+        port: 0,
+        ready,
+        serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
+        terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+        is_local: !node_name.is_empty() && endpoint.node_name.as_deref() == Some(node_name),
+        node_name: endpoint.node_name.clone(),
+        zone: endpoint.zone.clone(),
+        zone_hints: hint_names(
+            hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|zones| zones.iter().map(|zone| zone.name.clone()).collect()),
+        ),
+        node_hints: hint_names(
+            hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|nodes| nodes.iter().map(|node| node.name.clone()).collect()),
+        ),
+    })
+}
+
+/// An empty hint list counts as no hints, as upstream treats it.
+fn hint_names(names: Option<BTreeSet<String>>) -> Option<BTreeSet<String>> {
+    names.filter(|names| !names.is_empty())
+}

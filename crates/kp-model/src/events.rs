@@ -41,3 +41,18 @@ pub trait ProxyEventHandler: Send + Sync {
     /// both reported it.
     fn on_synced(&self, kind: ResourceKind);
 }
+
+impl<T> ObjectEvent<T> {
+    /// The object the event carries (its new state, or its last known state
+    /// when deleted).
+    pub fn object(&self) -> &T {
+        match self {
+            Self::Apply(object) | Self::Delete(object) => object,
+        }
+    }
+
+    /// The event is a deletion.
+    pub fn is_delete(&self) -> bool {
+        matches!(self, Self::Delete(_))
+    }
+}

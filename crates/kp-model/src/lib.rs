@@ -8,17 +8,18 @@
 pub mod categorize;
 pub mod endpoints;
 pub mod events;
+mod ip;
 pub mod node;
 pub mod service;
 pub mod tracker;
 
 pub use categorize::{categorize_endpoints, CategorizedEndpoints};
-pub use endpoints::{Endpoint, EndpointsMap};
+pub use endpoints::{endpoints_from_slices, Endpoint, EndpointsMap};
 pub use events::{ObjectEvent, ProxyEventHandler, ResourceKind};
 pub use node::NodeInfo;
 pub use service::{
-    IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName,
-    TrafficDistribution,
+    service_ports_from_service, IpFamily, NamespacedName, Protocol, ServiceError, ServicePort,
+    ServicePortMap, ServicePortName, TrafficDistribution,
 };
 pub use tracker::{EndpointsChangeTracker, EndpointsUpdate, ServiceChangeTracker, ServiceUpdate};
 

@@ -3,16 +3,19 @@
 //! Sources record events; the sync loop drains. An update that returns an
 //! object to its state at the last drain cancels out and reports no change.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::endpoints::{Endpoint, EndpointsMap};
+use crate::endpoints::{merge_slices, Endpoint, EndpointsMap, ServiceEndpoints, SliceInfo};
 use crate::events::ObjectEvent;
-use crate::service::{IpFamily, NamespacedName, ServicePortMap, ServicePortName};
+use crate::service::{
+    service_ports_from_service, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap,
+    ServicePortName,
+};
 
 /// What a drain of the [`ServiceChangeTracker`] reports.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,9 +32,14 @@ pub struct ServiceUpdate {
 pub struct EndpointsUpdate {
     /// Services whose endpoints differ from the last drain.
     pub changed: BTreeSet<NamespacedName>,
-    /// Endpoints that were removed or stopped being ready, per service port.
+    /// Endpoints of UDP service ports that were ready at the last drain and
+    /// now are removed or not ready, per service port: conntrack entries
+    /// pointing at them must be deleted, or UDP "flows" keep going to them.
+    /// Ordered by service port name, then (ip, port).
     pub stale_endpoints: Vec<(ServicePortName, Arc<Endpoint>)>,
-    /// Service ports that had no ready endpoint and now have one.
+    /// UDP service ports that had no ready endpoint and now have one: packets
+    /// sent while they had none may have left conntrack entries that
+    /// blackhole the flow, which must be deleted.
     pub newly_active: BTreeSet<ServicePortName>,
 }
 
@@ -39,6 +47,14 @@ pub struct EndpointsUpdate {
 #[derive(Debug)]
 pub struct ServiceChangeTracker {
     family: IpFamily,
+    /// Each Service's ports as of the last drain (Services without ports of
+    /// this family are absent).
+    applied: HashMap<NamespacedName, ServicePorts>,
+    /// The state now of every Service whose ports differ from `applied`
+    /// (empty when the Service is gone or ignored).
+    pending: BTreeMap<NamespacedName, ServicePorts>,
+    /// `applied`, flattened.
+    service_ports: ServicePortMap,
 }
 
 /// Tracks EndpointSlices for one IP family.
@@ -46,34 +62,111 @@ pub struct ServiceChangeTracker {
 pub struct EndpointsChangeTracker {
     family: IpFamily,
     node_name: String,
+    /// The slices now, per Service, by slice name.
+    slices: HashMap<NamespacedName, BTreeMap<String, SliceInfo>>,
+    /// Which Service each recorded slice (`namespace/name`) belongs to.
+    slice_owners: HashMap<NamespacedName, NamespacedName>,
+    /// Each Service's merged endpoints as of the last drain.
+    applied: HashMap<NamespacedName, ServiceEndpoints>,
+    /// The merged endpoints now of every Service whose endpoints differ from
+    /// `applied` (empty when it has none).
+    pending: BTreeMap<NamespacedName, ServiceEndpoints>,
+    /// `applied`, flattened.
+    endpoints: EndpointsMap,
 }
+
+/// The ports of one Service, in a stable order.
+type ServicePorts = BTreeMap<ServicePortName, Arc<ServicePort>>;
 
 impl ServiceChangeTracker {
     /// A tracker for Services of `family`.
     pub fn new(family: IpFamily) -> Self {
-        Self { family }
+        Self {
+            family,
+            applied: HashMap::new(),
+            pending: BTreeMap::new(),
+            service_ports: ServicePortMap::new(),
+        }
     }
 
     /// Records one Service event. Returns true when some Service now differs
     /// from its state at the last drain (the caller should ask for a sync).
+    ///
+    /// A Service that cannot be converted (see
+    /// [`service_ports_from_service`]) keeps its last good state, so that a bad
+    /// edit does not tear down working rules; the error is logged.
     pub fn record(&mut self, event: &ObjectEvent<Service>) -> bool {
-        let _ = (event, self.family);
-        todo!("kp-model: ServiceChangeTracker::record")
+        match event {
+            ObjectEvent::Apply(service) => {
+                let name = NamespacedName::of(&service.metadata);
+                match service_ports_from_service(service, self.family) {
+                    Ok(ports) => {
+                        let ports = ports
+                            .into_iter()
+                            .map(|(port_name, port)| (port_name, Arc::new(port)))
+                            .collect();
+                        self.set_state(name, ports);
+                    }
+                    Err(error) => {
+                        tracing::warn!(service = %name, family = %self.family, %error, "keeping the last good state of a Service that cannot be used");
+                    }
+                }
+            }
+            ObjectEvent::Delete(service) => {
+                self.set_state(NamespacedName::of(&service.metadata), ServicePorts::new());
+            }
+        }
+        !self.pending.is_empty()
     }
 
     /// Number of Services whose state differs from the last drain.
     pub fn pending(&self) -> usize {
-        todo!("kp-model: ServiceChangeTracker::pending")
+        self.pending.len()
     }
 
     /// Applies every pending change to the service port map and reports what changed.
     pub fn drain(&mut self) -> ServiceUpdate {
-        todo!("kp-model: ServiceChangeTracker::drain")
+        let mut update = ServiceUpdate::default();
+        for (name, current) in std::mem::take(&mut self.pending) {
+            let previous = self.applied.remove(&name).unwrap_or_default();
+            for (port_name, old) in &previous {
+                let new = current.get(port_name);
+                if new.is_none() {
+                    self.service_ports.remove(port_name);
+                }
+                let address_gone = new.is_none_or(|new| new.cluster_ip != old.cluster_ip);
+                if port_name.protocol == Protocol::Udp && address_gone {
+                    update.deleted_udp_cluster_ips.insert(old.cluster_ip);
+                }
+            }
+            for (port_name, port) in &current {
+                self.service_ports
+                    .insert(port_name.clone(), Arc::clone(port));
+            }
+            tracing::debug!(service = %name, family = %self.family, ports = current.len(), "service ports changed");
+            if !current.is_empty() {
+                self.applied.insert(name.clone(), current);
+            }
+            update.changed.insert(name);
+        }
+        update
     }
 
     /// The service ports as of the last drain.
     pub fn service_ports(&self) -> &ServicePortMap {
-        todo!("kp-model: ServiceChangeTracker::service_ports")
+        &self.service_ports
+    }
+
+    fn set_state(&mut self, name: NamespacedName, current: ServicePorts) {
+        let unchanged = match self.applied.get(&name) {
+            Some(applied) => *applied == current,
+            None => current.is_empty(),
+        };
+        if unchanged {
+            self.pending.remove(&name);
+        } else {
+            self.pending.insert(name, current);
+        }
     }
 }
 
@@ -84,28 +177,150 @@ impl EndpointsChangeTracker {
         Self {
             family,
             node_name: node_name.into(),
+            slices: HashMap::new(),
+            slice_owners: HashMap::new(),
+            applied: HashMap::new(),
+            pending: BTreeMap::new(),
+            endpoints: EndpointsMap::new(),
         }
     }
 
     /// Records one EndpointSlice event. Returns true when some Service's
     /// endpoints now differ from the last drain.
+    ///
+    /// Slices of another address type (`FQDN`, the other family) and slices
+    /// without the `kubernetes.io/service-name` label are ignored.
     pub fn record(&mut self, event: &ObjectEvent<EndpointSlice>) -> bool {
-        let _ = (event, self.family, &self.node_name);
-        todo!("kp-model: EndpointsChangeTracker::record")
+        match event {
+            ObjectEvent::Apply(slice) => {
+                let key = NamespacedName::of(&slice.metadata);
+                match SliceInfo::parse(slice, self.family, &self.node_name) {
+                    Some(info) => self.put_slice(key, info),
+                    // A slice that lost its service label no longer counts.
+                    None => self.remove_slice(&key),
+                }
+            }
+            ObjectEvent::Delete(slice) => self.remove_slice(&NamespacedName::of(&slice.metadata)),
+        }
+        !self.pending.is_empty()
     }
 
     /// Number of Services whose endpoints differ from the last drain.
     pub fn pending(&self) -> usize {
-        todo!("kp-model: EndpointsChangeTracker::pending")
+        self.pending.len()
     }
 
     /// Applies every pending change to the endpoints map and reports what changed.
     pub fn drain(&mut self) -> EndpointsUpdate {
-        todo!("kp-model: EndpointsChangeTracker::drain")
+        let mut update = EndpointsUpdate::default();
+        for (name, current) in std::mem::take(&mut self.pending) {
+            let previous = self.applied.remove(&name).unwrap_or_default();
+            detect_stale(&previous, &current, &mut update);
+            for port_name in previous.keys() {
+                self.endpoints.remove(port_name);
+            }
+            for (port_name, endpoints) in &current {
+                self.endpoints.insert(port_name.clone(), endpoints.clone());
+            }
+            tracing::debug!(service = %name, family = %self.family, ports = current.len(), "endpoints changed");
+            if !current.is_empty() {
+                self.applied.insert(name.clone(), current);
+            }
+            update.changed.insert(name);
+        }
+        update
     }
 
     /// The endpoints as of the last drain.
     pub fn endpoints(&self) -> &EndpointsMap {
-        todo!("kp-model: EndpointsChangeTracker::endpoints")
+        &self.endpoints
+    }
+
+    fn put_slice(&mut self, key: NamespacedName, info: SliceInfo) {
+        let service = info.service.clone();
+        if let Some(owner) = self.slice_owners.get(&key) {
+            if *owner != service {
+                // The slice moved to another Service (its label changed).
+                self.remove_slice(&key);
+            }
+        }
+        self.slice_owners.insert(key.clone(), service.clone());
+        self.slices
+            .entry(service.clone())
+            .or_default()
+            .insert(key.name, info);
+        self.refresh(service);
+    }
+
+    fn remove_slice(&mut self, key: &NamespacedName) {
+        let Some(service) = self.slice_owners.remove(key) else {
+            return;
+        };
+        if let Some(slices) = self.slices.get_mut(&service) {
+            slices.remove(&key.name);
+            if slices.is_empty() {
+                self.slices.remove(&service);
+            }
+        }
+        self.refresh(service);
+    }
+
+    /// Re-merges one Service's slices and compares with the last drain.
+    fn refresh(&mut self, service: NamespacedName) {
+        let current = self
+            .slices
+            .get(&service)
+            .map(|slices| merge_slices(slices.values()))
+            .unwrap_or_default();
+        let unchanged = match self.applied.get(&service) {
+            Some(applied) => *applied == current,
+            None => current.is_empty(),
+        };
+        if unchanged {
+            self.pending.remove(&service);
+        } else {
+            self.pending.insert(service, current);
+        }
+    }
+}
+
+/// Finds UDP endpoints whose conntrack entries became stale and UDP ports
+/// that got their first ready endpoint (upstream's
+/// `detectStaleConntrackEntries`).
+fn detect_stale(
+    previous: &ServiceEndpoints,
+    current: &ServiceEndpoints,
+    update: &mut EndpointsUpdate,
+) {
+    let still_ready = |port_name: &ServicePortName, old: &Endpoint| {
+        current.get(port_name).is_some_and(|endpoints| {
+            endpoints
+                .binary_search_by(|ep| (ep.ip, ep.port).cmp(&(old.ip, old.port)))
+                .is_ok_and(|index| endpoints[index].ready)
+        })
+    };
+    for (port_name, endpoints) in previous {
+        if port_name.protocol != Protocol::Udp {
+            continue;
+        }
+        // An endpoint that was not ready got no traffic, so has no entries.
+        for old in endpoints.iter().filter(|ep| ep.ready) {
+            if !still_ready(port_name, old) {
+                update
+                    .stale_endpoints
+                    .push((port_name.clone(), Arc::clone(old)));
+            }
+        }
+    }
+    let any_ready = |endpoints: Option<&Vec<Arc<Endpoint>>>| {
+        endpoints.is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
+    };
+    for (port_name, endpoints) in current {
+        if port_name.protocol == Protocol::Udp
+            && any_ready(Some(endpoints))
+            && !any_ready(previous.get(port_name))
+        {
+            update.newly_active.insert(port_name.clone());
+        }
     }
 }
