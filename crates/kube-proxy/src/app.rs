@@ -1,0 +1,190 @@
+//! One run of the proxy, from resolved flags to exit.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::ArgMatches;
+use kp_config::{ConfigError, Flags, KubeProxyConfiguration, ProxyMode, Resolved};
+use kp_model::{IpFamily, NodeInfo, ProxyEventHandler};
+use kp_source::ManifestSource;
+use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
+use tokio::sync::watch;
+
+use crate::logging;
+use crate::modes;
+use crate::node_name::node_name;
+
+/// Runs the proxy as the flags ask: write the config, clean up, print one
+/// dry-run sync, or serve until SIGTERM/SIGINT.
+pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
+    let resolved = kp_config::resolve(flags, matches)?;
+    let config = &resolved.config;
+    logging::init(config.logging.verbosity, &config.logging.format);
+    for warning in &resolved.warnings {
+        tracing::warn!(%warning, "Configuration warning");
+    }
+    if let Some(path) = &resolved.write_config_to {
+        kp_config::write_file(config, path)?;
+        return Ok(());
+    }
+    let mode = config.effective_mode()?;
+    if resolved.cleanup {
+        return modes::cleanup(mode);
+    }
+    if resolved.init_only {
+        bail!("--init-only: the privileged node setup (conntrack sysctls, OOM score) is not available in this build yet");
+    }
+    let node_name = node_name(&config.hostname_override).context("reading the host name")?;
+    tracing::info!(node = %node_name, mode = mode.as_str(), "Starting kube-proxy");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        if resolved.dry_run {
+            dry_run(&resolved, mode, &node_name)
+        } else {
+            serve(&resolved, mode, &node_name, shutdown_signal()).await
+        }
+    })
+}
+
+/// Prints an error for the operator: every validation problem on its own
+/// line, other errors with their chain of causes.
+pub fn report_error(error: &anyhow::Error) {
+    if let Some(ConfigError::Invalid(errors)) = error.downcast_ref::<ConfigError>() {
+        eprintln!("Error: invalid configuration ({} problems):", errors.0.len());
+        for message in errors.messages() {
+            eprintln!("  {message}");
+        }
+        return;
+    }
+    eprintln!("Error: {error:#}");
+}
+
+/// Loads the manifests once, runs one sync per family and lets the backends
+/// print what they would program.
+fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyhow::Result<()> {
+    let Some(manifests) = &resolved.manifests else {
+        bail!("--dry-run needs --manifests: the Kubernetes API source is not available in this build yet");
+    };
+    let proxiers = build_proxiers(&resolved.config, mode, node_name, true)?;
+    let handler = fan_out(&proxiers);
+    let mut source = ManifestSource::new(manifests, node_name);
+    let report = source.load(handler.as_ref())?;
+    tracing::info!(
+        objects = report.objects,
+        rejected = report.rejected().count(),
+        "Loaded manifests"
+    );
+    for proxier in &proxiers {
+        proxier
+            .sync_once()
+            .with_context(|| format!("dry-run sync for {:?}", proxier.family()))?;
+    }
+    Ok(())
+}
+
+/// Runs the proxy until `shutdown` completes. Rules stay in place on exit,
+/// as upstream leaves them.
+async fn serve(
+    resolved: &Resolved,
+    mode: ProxyMode,
+    node_name: &str,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let Some(manifests) = &resolved.manifests else {
+        bail!("the Kubernetes API source is not available in this build yet: run with --manifests PATH");
+    };
+    let proxiers = build_proxiers(&resolved.config, mode, node_name, false)?;
+    let handler = fan_out(&proxiers);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for proxier in &proxiers {
+        tasks.spawn(Arc::clone(proxier).run(stopped(stop_rx.clone())));
+    }
+    let source = ManifestSource::new(manifests, node_name);
+    let source_run = source.run(handler, stopped(stop_rx.clone()));
+    tokio::pin!(source_run);
+    let result = tokio::select! {
+        result = &mut source_run => result.context("manifest source stopped"),
+        () = shutdown => {
+            tracing::info!("Shutting down; rules stay in place");
+            Ok(())
+        }
+    };
+    // Ignoring the send error is right: it fails only when every receiver
+    // is already gone, i.e. everything has stopped.
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    result
+}
+
+/// One proxier per IP family the mode serves.
+fn build_proxiers(
+    config: &KubeProxyConfiguration,
+    mode: ProxyMode,
+    node_name: &str,
+    dry_run: bool,
+) -> anyhow::Result<Vec<Arc<Proxier>>> {
+    let periods = config
+        .sync_periods()
+        .context("sync periods must not be negative")?;
+    let runner = RunnerConfig {
+        min_interval: periods.min_sync_period,
+        max_interval: periods.sync_period,
+        // Upstream retries a failed sync after minSyncPeriod; a floor keeps a
+        // failing kernel from being hammered when minSyncPeriod is 0.
+        retry_interval: periods.min_sync_period.max(Duration::from_secs(1)),
+    };
+    let node = NodeInfo {
+        name: node_name.to_owned(),
+        ..NodeInfo::default()
+    };
+    let mut proxiers = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let backend = modes::backend(mode, family, config, dry_run)?;
+        let proxier_config = ProxierConfig {
+            family,
+            node: node.clone(),
+            runner,
+        };
+        proxiers.push(Arc::new(Proxier::new(proxier_config, backend)));
+    }
+    Ok(proxiers)
+}
+
+fn fan_out(proxiers: &[Arc<Proxier>]) -> Arc<dyn ProxyEventHandler> {
+    let handlers = proxiers
+        .iter()
+        .map(|p| Arc::clone(p) as Arc<dyn ProxyEventHandler>)
+        .collect();
+    Arc::new(FanOutHandler::new(handlers))
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "Cannot listen for SIGTERM; only SIGINT stops the proxy");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+

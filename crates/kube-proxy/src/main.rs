@@ -1,0 +1,63 @@
+//! `kube-proxy`: the kube-proxy-rs node proxy.
+//!
+//! This file only turns the command line into a run and the run's result into
+//! an exit code; the work is in the library crates.
+
+mod app;
+mod logging;
+mod modes;
+mod node_name;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let (flags, matches) = match kp_config::parse_args(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            // --help and --version end here with exit code 0; upstream exits 1
+            // for any flag error, so we do too.
+            let code = if error.use_stderr() { 1 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    match flags.version.as_deref() {
+        Some("true") => {
+            println!("{}", version_line());
+            return ExitCode::SUCCESS;
+        }
+        Some("raw") => {
+            println!("{}", raw_version());
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    match app::run(&flags, &matches) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            app::report_error(&error);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What `--version` prints: our version and the Kubernetes minor release
+/// whose kube-proxy we match.
+fn version_line() -> String {
+    let (major, minor) = kp_config::KUBERNETES_COMPAT_VERSION;
+    format!(
+        "kube-proxy-rs v{} (Kubernetes v{major}.{minor} compatible)",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// What `--version=raw` prints: the same as key/value pairs.
+fn raw_version() -> String {
+    let (major, minor) = kp_config::KUBERNETES_COMPAT_VERSION;
+    format!(
+        "version.Info{{Program:\"kube-proxy-rs\", GitVersion:\"v{}\", Compatible:\"v{major}.{minor}\", Platform:\"{}/{}\"}}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}

@@ -1,0 +1,174 @@
+//! The `kube-proxy` binary as an operator runs it: flags, configuration
+//! files, exit codes and messages. No privileges needed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+fn kube_proxy(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the kube-proxy binary runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn version_and_help_exit_zero_and_name_upstream_flags() {
+    let version = kube_proxy(&["--version"]);
+    assert!(version.status.success());
+    assert!(stdout(&version).contains(env!("CARGO_PKG_VERSION")));
+
+    let help = kube_proxy(&["--help"]);
+    assert!(help.status.success());
+    let text = stdout(&help);
+    for flag in [
+        "--config",
+        "--write-config-to",
+        "--cleanup",
+        "--proxy-mode",
+        "--iptables-masquerade-bit",
+        "--conntrack-max-per-core",
+        "--ipvs-scheduler",
+        "--manifests",
+        "--dry-run",
+    ] {
+        assert!(text.contains(flag), "--help lacks {flag}:\n{text}");
+    }
+}
+
+#[test]
+fn an_unknown_flag_fails_with_exit_code_one() {
+    let output = kube_proxy(&["--no-such-flag"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("--no-such-flag"));
+}
+
+#[test]
+fn written_config_loads_back_to_the_same_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.yaml");
+    let second = dir.path().join("second.yaml");
+    let out = kube_proxy(&["--write-config-to", first.to_str().unwrap(), "--masquerade-all"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = fs::read_to_string(&first).unwrap();
+    assert!(text.contains("apiVersion: kubeproxy.config.k8s.io/v1alpha1"));
+    assert!(text.contains("masqueradeAll: true"), "the flag reaches the file:\n{text}");
+
+    let out = kube_proxy(&[
+        "--config",
+        first.to_str().unwrap(),
+        "--write-config-to",
+        second.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(text, fs::read_to_string(&second).unwrap());
+}
+
+#[test]
+fn flags_beside_config_are_ignored_with_a_warning_naming_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let written = dir.path().join("written.yaml");
+    let out = kube_proxy(&["--write-config-to", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let out = kube_proxy(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--masquerade-all",
+        "--iptables-sync-period=10s",
+        "--hostname-override=Node-7",
+        "--write-config-to",
+        written.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains("--masquerade-all is ignored"), "{log}");
+    assert!(log.contains("--iptables-sync-period is ignored"), "{log}");
+    assert!(!log.contains("--hostname-override is ignored"), "{log}");
+    let text = fs::read_to_string(&written).unwrap();
+    assert!(text.contains("masqueradeAll: false"), "{text}");
+    assert!(text.contains("syncPeriod: 30s"), "{text}");
+    assert!(text.contains("hostnameOverride: node-7"), "{text}");
+}
+
+#[test]
+fn an_invalid_config_file_reports_every_problem_and_exits_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.yaml");
+    fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+         kind: KubeProxyConfiguration\n\
+         mode: fastest\n\
+         iptables:\n  masqueradeBit: 40\n\
+         oomScoreAdj: 5000\n",
+    )
+    .unwrap();
+    let out = kube_proxy(&["--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let log = stderr(&out);
+    assert!(log.contains("mode"), "{log}");
+    assert!(log.contains("fastest"), "{log}");
+    assert!(log.contains("iptables.masqueradeBit"), "{log}");
+    assert!(log.contains("40"), "{log}");
+    assert!(log.contains("oomScoreAdj"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_missing_config_file_names_the_file() {
+    let out = kube_proxy(&["--config", "/nonexistent/kube-proxy.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("/nonexistent/kube-proxy.yaml"));
+}
+
+#[test]
+fn dry_run_without_manifests_says_what_is_missing() {
+    let out = kube_proxy(&["--dry-run", "--proxy-mode", "iptables"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--manifests"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_mode_this_build_lacks_fails_clearly_and_prints_no_rules() {
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--proxy-mode",
+        "ipvs",
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("mode ipvs is not available in this build"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty(), "no fake output: {}", stdout(&out));
+}
+
+#[test]
+fn kernelspace_mode_is_rejected_on_linux() {
+    let out = kube_proxy(&["--proxy-mode", "kernelspace", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("kernelspace"), "{}", stderr(&out));
+}
