@@ -56,7 +56,10 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
 /// line, other errors with their chain of causes.
 pub fn report_error(error: &anyhow::Error) {
     if let Some(ConfigError::Invalid(errors)) = error.downcast_ref::<ConfigError>() {
-        eprintln!("Error: invalid configuration ({} problems):", errors.0.len());
+        eprintln!(
+            "Error: invalid configuration ({} problems):",
+            errors.0.len()
+        );
         for message in errors.messages() {
             eprintln!("  {message}");
         }
@@ -187,4 +190,3 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
 }
-

@@ -63,11 +63,18 @@ fn written_config_loads_back_to_the_same_file() {
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first.yaml");
     let second = dir.path().join("second.yaml");
-    let out = kube_proxy(&["--write-config-to", first.to_str().unwrap(), "--masquerade-all"]);
+    let out = kube_proxy(&[
+        "--write-config-to",
+        first.to_str().unwrap(),
+        "--masquerade-all",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = fs::read_to_string(&first).unwrap();
     assert!(text.contains("apiVersion: kubeproxy.config.k8s.io/v1alpha1"));
-    assert!(text.contains("masqueradeAll: true"), "the flag reaches the file:\n{text}");
+    assert!(
+        text.contains("masqueradeAll: true"),
+        "the flag reaches the file:\n{text}"
+    );
 
     let out = kube_proxy(&[
         "--config",

@@ -1,0 +1,72 @@
+//! `--write-config-to` output: compared byte for byte with a golden file and
+//! loaded back unchanged.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use kp_config::{load_file, load_str, to_yaml, write_file, KubeProxyConfiguration};
+use pretty_assertions::assert_eq;
+
+fn golden_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/defaults.yaml")
+}
+
+#[test]
+fn defaults_serialize_exactly_as_the_golden_file() {
+    let yaml = to_yaml(&KubeProxyConfiguration::defaulted()).unwrap();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(golden_path(), &yaml).unwrap();
+    }
+    let golden = std::fs::read_to_string(golden_path()).unwrap();
+    assert_eq!(yaml, golden);
+}
+
+#[test]
+fn written_defaults_load_back_identical_and_without_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let original = KubeProxyConfiguration::defaulted();
+
+    write_file(&original, &path).unwrap();
+    let (loaded, warnings) = load_file(&path).unwrap();
+
+    assert_eq!(loaded, original);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn a_customised_configuration_round_trips() {
+    let mut original = KubeProxyConfiguration::defaulted();
+    original.mode = "ipvs".into();
+    original
+        .feature_gates
+        .insert("LoggingAlphaOptions".into(), true);
+    original.ipvs.exclude_cidrs = Some(vec!["10.96.0.0/16".into(), "fd00:10:96::/112".into()]);
+    original.ipvs.scheduler = "wrr".into();
+    original.node_port_addresses = Some(vec!["192.168.99.0/24".into()]);
+    original.client_connection.qps = 7.5;
+    original.logging.vmodule = vec![kp_config::VModuleItem {
+        file_pattern: "proxier*".into(),
+        verbosity: 4,
+    }];
+    original.logging.options.json.split_stream = true;
+    original.hostname_override = "true".into();
+    original.healthz_bind_address = "[::]:10256".into();
+    original.conntrack.udp_timeout = kp_config::GoDuration::from_millis(1500);
+
+    let yaml = to_yaml(&original).unwrap();
+    let (loaded, warnings) = load_str(&yaml, "roundtrip").unwrap();
+
+    assert_eq!(loaded, original, "yaml was:\n{yaml}");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(yaml.contains("hostnameOverride: \"true\"\n"), "{yaml}");
+    assert!(
+        yaml.contains("excludeCIDRs:\n  - 10.96.0.0/16\n  - fd00:10:96::/112\n"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("vmodule:\n  - filePattern: proxier*\n    verbosity: 4\n"),
+        "{yaml}"
+    );
+    assert!(yaml.contains("  qps: 7.5\n"), "{yaml}");
+}
