@@ -1,0 +1,44 @@
+//! The iptables backend of kube-proxy-rs: a pure renderer.
+//!
+//! [`Renderer::render`] turns the service ports of one IP family, with their
+//! categorized endpoints, into iptables-restore input that programs the same
+//! data plane as upstream kube-proxy's iptables mode (v1.31 and later), with
+//! the same chain names ([`names`]), so either implementation can take over
+//! from, or `--cleanup` after, the other. The jump rules from the built-in
+//! chains that restore cannot own are listed in [`JUMP_RULES`].
+//!
+//! [`tracer`] parses rendered text and follows a packet through it, so
+//! tests can assert behaviour ("goes to one of these endpoints", "is
+//! dropped") rather than rule text alone.
+//!
+//! Running `iptables-restore`, the canary and stale-chain discovery belong to
+//! the applier, which is not part of this crate yet.
+
+pub mod jumps;
+pub mod names;
+pub mod options;
+pub mod render;
+pub mod tracer;
+
+pub use jumps::{JumpRule, Table, JUMP_RULES};
+pub use names::{ChainKind, ChainName, ChainNameCache};
+pub use options::{IptablesOptions, LocalDetector};
+pub use render::{
+    stale_chains, RenderInput, RenderStats, Rendered, Renderer, ServicePortState,
+    LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+};
+
+/// Why the iptables backend could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IptablesError {
+    /// A configuration value is out of range.
+    #[error("invalid configuration: field {field}: value {value:?} is invalid; valid values are {valid}")]
+    InvalidOption {
+        /// The configuration field, e.g. `iptables.masqueradeBit`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// What would be valid.
+        valid: &'static str,
+    },
+}

@@ -1,0 +1,214 @@
+//! Settings of the iptables renderer that come from configuration or from
+//! what the host supports, and the local-traffic detector.
+
+use ipnet::IpNet;
+use kp_model::IpFamily;
+
+use crate::IptablesError;
+
+/// Longest interface name Linux accepts (IFNAMSIZ − 1).
+const MAX_INTERFACE_NAME_LEN: usize = 15;
+
+/// How the renderer tells traffic from this cluster's pods apart from other
+/// traffic (`--detect-local-mode`). Upstream `proxyutil.LocalTrafficDetector`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalDetector {
+    /// No detection: ClusterIP traffic is never masqueraded unless
+    /// `masquerade_all`, and eTP Local gets no pod short-circuit.
+    #[default]
+    None,
+    /// `ClusterCIDR`: the first CIDR of the render's family (`-s cidr`).
+    ClusterCidr(Vec<IpNet>),
+    /// `NodeCIDR`: the first of the node's pod CIDRs of the render's family.
+    NodeCidr(Vec<IpNet>),
+    /// `BridgeInterface`: traffic entering from this bridge (`-i cbr0`).
+    BridgeInterface(String),
+    /// `InterfaceNamePrefix`: traffic entering from interfaces with this
+    /// prefix (`-i veth+`).
+    InterfaceNamePrefix(String),
+}
+
+/// Renderer settings. See [`IptablesOptions::default`] for the defaults,
+/// which match upstream's on a current iptables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IptablesOptions {
+    /// `iptables.masqueradeBit`: bit of the packet mark that asks for SNAT
+    /// (0..=31, default 14 → `0x4000`).
+    pub masquerade_bit: u8,
+    /// `iptables.masqueradeAll`: SNAT all traffic sent to ClusterIPs.
+    pub masquerade_all: bool,
+    /// `detectLocalMode` and its parameters.
+    pub local_detector: LocalDetector,
+    /// `iptables.localhostNodePorts`: NodePorts answer on 127.0.0.0/8 (IPv4
+    /// only; also off when the node port addresses exclude loopback).
+    pub localhost_node_ports: bool,
+    /// iptables supports `MASQUERADE --random-fully` (iptables ≥ 1.6.2).
+    pub random_fully: bool,
+    /// `net.netfilter.nf_conntrack_tcp_be_liberal` is set: no DROP rule for
+    /// INVALID packets in KUBE-FORWARD (upstream issue 117924).
+    pub conntrack_tcp_be_liberal: bool,
+    /// The nfacct counter `localhost_nps_accepted_pkts` exists, so localhost
+    /// NodePort traffic gets its own counting rule.
+    pub nfacct_localhost_node_ports: bool,
+    /// The nfacct counter `ct_state_invalid_dropped_pkts` exists, so the
+    /// INVALID DROP rule counts its packets.
+    pub nfacct_invalid_dropped: bool,
+}
+
+/// `-s`/`-i` arguments of a detector resolved for one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ResolvedDetector {
+    /// Arguments matching local traffic, e.g. `-s 10.244.0.0/16`.
+    pub if_local: String,
+    /// Arguments matching other traffic, e.g. `! -s 10.244.0.0/16`.
+    pub if_not_local: String,
+}
+
+impl Default for IptablesOptions {
+    fn default() -> Self {
+        IptablesOptions {
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+            localhost_node_ports: true,
+            random_fully: true,
+            conntrack_tcp_be_liberal: false,
+            nfacct_localhost_node_ports: false,
+            nfacct_invalid_dropped: false,
+        }
+    }
+}
+
+impl IptablesOptions {
+    /// Checks values a user can get wrong.
+    pub fn validate(&self) -> Result<(), IptablesError> {
+        if self.masquerade_bit > 31 {
+            return Err(IptablesError::InvalidOption {
+                field: "iptables.masqueradeBit",
+                value: self.masquerade_bit.to_string(),
+                valid: "an integer from 0 to 31",
+            });
+        }
+        match &self.local_detector {
+            LocalDetector::BridgeInterface(name) => check_interface(name, "bridgeInterface"),
+            LocalDetector::InterfaceNamePrefix(name) => {
+                check_interface(name, "interfaceNamePrefix")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
+    /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
+    pub fn masquerade_mark(&self) -> String {
+        format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
+    }
+
+    pub(crate) fn resolve_detector(&self, family: IpFamily) -> Option<ResolvedDetector> {
+        let of_family = |cidrs: &[IpNet]| {
+            cidrs
+                .iter()
+                .find(|cidr| family_of(cidr) == family)
+                .map(|cidr| cidr.trunc())
+        };
+        let (flag, value) = match &self.local_detector {
+            LocalDetector::None => return None,
+            LocalDetector::ClusterCidr(cidrs) | LocalDetector::NodeCidr(cidrs) => {
+                ("-s", of_family(cidrs)?.to_string())
+            }
+            LocalDetector::BridgeInterface(name) => ("-i", name.clone()),
+            LocalDetector::InterfaceNamePrefix(prefix) => ("-i", format!("{prefix}+")),
+        };
+        Some(ResolvedDetector {
+            if_local: format!("{flag} {value}"),
+            if_not_local: format!("! {flag} {value}"),
+        })
+    }
+}
+
+fn family_of(cidr: &IpNet) -> IpFamily {
+    match cidr {
+        IpNet::V4(_) => IpFamily::V4,
+        IpNet::V6(_) => IpFamily::V6,
+    }
+}
+
+fn check_interface(name: &str, field: &'static str) -> Result<(), IptablesError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_INTERFACE_NAME_LEN
+        && !name.contains(|c: char| c.is_whitespace() || c == '/' || c == '+');
+    if valid {
+        Ok(())
+    } else {
+        Err(IptablesError::InvalidOption {
+            field: if field == "bridgeInterface" {
+                "detectLocal.bridgeInterface"
+            } else {
+                "detectLocal.interfaceNamePrefix"
+            },
+            value: name.to_owned(),
+            valid: "an interface name of 1 to 15 characters without whitespace, '/' or '+'",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn mark_is_formatted_like_upstream() {
+        assert_eq!(IptablesOptions::default().masquerade_mark(), "0x00004000");
+        let options = IptablesOptions {
+            masquerade_bit: 0,
+            ..IptablesOptions::default()
+        };
+        assert_eq!(options.masquerade_mark(), "0x00000001");
+    }
+
+    #[test]
+    fn out_of_range_bit_names_the_field() {
+        let options = IptablesOptions {
+            masquerade_bit: 32,
+            ..IptablesOptions::default()
+        };
+        let error = options.validate().unwrap_err().to_string();
+        assert!(error.contains("iptables.masqueradeBit"), "{error}");
+        assert!(error.contains("0 to 31"), "{error}");
+    }
+
+    #[test]
+    fn detector_uses_first_cidr_of_the_family() {
+        let options = IptablesOptions {
+            local_detector: LocalDetector::ClusterCidr(vec![
+                "fd00:10:244::/48".parse().unwrap(),
+                "10.244.0.0/16".parse().unwrap(),
+                "10.245.0.0/16".parse().unwrap(),
+            ]),
+            ..IptablesOptions::default()
+        };
+        let v4 = options.resolve_detector(IpFamily::V4).unwrap();
+        assert_eq!(v4.if_local, "-s 10.244.0.0/16");
+        assert_eq!(v4.if_not_local, "! -s 10.244.0.0/16");
+        let v6 = options.resolve_detector(IpFamily::V6).unwrap();
+        assert_eq!(v6.if_local, "-s fd00:10:244::/48");
+    }
+
+    #[test]
+    fn interface_detectors() {
+        let prefix = IptablesOptions {
+            local_detector: LocalDetector::InterfaceNamePrefix("veth".into()),
+            ..IptablesOptions::default()
+        };
+        assert_eq!(
+            prefix.resolve_detector(IpFamily::V4).unwrap().if_not_local,
+            "! -i veth+"
+        );
+        let bad = IptablesOptions {
+            local_detector: LocalDetector::BridgeInterface(String::new()),
+            ..IptablesOptions::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

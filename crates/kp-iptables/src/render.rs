@@ -1,0 +1,475 @@
+//! The renderer: service ports and endpoints in, iptables-restore text out.
+//!
+//! The text has the layout upstream `syncProxyRules` writes: `*filter`, its
+//! chain declarations, its rules, `COMMIT`, then the same for `*nat`. It is
+//! meant for `iptables-restore --noflush --counters`: a `:CHAIN` line
+//! creates or flushes one of our chains and nothing else is touched.
+//!
+//! Full and partial renders: the top-level chains (KUBE-SERVICES,
+//! KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, …) are rewritten every time. A
+//! service port's own chains (KUBE-SVC/SVL/EXT/FW/SEP) are written only in a
+//! full render or when its Service is in `changed_services`; otherwise they
+//! are left out of the text entirely, so the kernel keeps them as they are
+//! (a `:CHAIN` line would flush them). This is upstream's partial sync.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use kp_model::{
+    CategorizedEndpoints, IpFamily, NamespacedName, NodeInfo, ServicePort, ServicePortName,
+};
+
+use crate::names::{
+    is_service_chain_name, protocol_name, ChainName, ChainNameCache, KUBE_EXTERNAL_SERVICES,
+    KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
+    KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+};
+use crate::options::{IptablesOptions, ResolvedDetector};
+use crate::IptablesError;
+
+/// Appends one line to an [`Out`], or only counts it when the buffer is
+/// discarding (a service port whose chains a partial render leaves alone).
+macro_rules! emit {
+    ($out:expr, $($arg:tt)*) => {{
+        let out: &mut $crate::render::Out = $out;
+        if out.discard {
+            out.skipped += 1;
+        } else {
+            out.written += 1;
+            // Writing into a String cannot fail.
+            let _ = writeln!(out.text, $($arg)*);
+        }
+    }};
+}
+
+mod service;
+
+/// Above this many endpoints in total, per-endpoint rules carry no comment
+/// (upstream `largeClusterEndpointsThreshold`): it shrinks the ruleset by a
+/// third, and the applier may also delete stale chains less often.
+pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
+
+/// nfacct counter of localhost NodePort packets.
+pub const NFACCT_LOCALHOST_NODE_PORTS: &str = "localhost_nps_accepted_pkts";
+/// nfacct counter of INVALID packets dropped in KUBE-FORWARD.
+pub const NFACCT_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";
+
+/// One service port and the endpoints its traffic uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServicePortState {
+    /// The service port.
+    pub port: Arc<ServicePort>,
+    /// Its endpoints, as `kp_model::categorize_endpoints` splits them.
+    pub endpoints: CategorizedEndpoints,
+}
+
+/// Everything one render looks at, for one IP family.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderInput<'a> {
+    /// The family; ip6tables takes the same text format.
+    pub family: IpFamily,
+    /// Rewrite every service port's chains, not only the changed ones.
+    pub full: bool,
+    /// Every service port of this family, with its endpoints.
+    pub service_ports: &'a BTreeMap<ServicePortName, ServicePortState>,
+    /// Services whose service ports or endpoints changed since the last
+    /// successful apply (ignored by a full render).
+    pub changed_services: &'a BTreeSet<NamespacedName>,
+    /// This node.
+    pub node: &'a NodeInfo,
+    /// `nodePortAddresses` resolved to this host's addresses: `None` accepts
+    /// NodePorts on every local address (`-m addrtype --dst-type LOCAL`).
+    pub node_port_addresses: Option<&'a [IpAddr]>,
+    /// Chains of the nat table now in the kernel (from `iptables-save -t
+    /// nat`); stale service chains among them are deleted. `None` skips the
+    /// cleanup (upstream skips it in large clusters between sync periods).
+    pub existing_nat_chains: Option<&'a [String]>,
+}
+
+/// Line counts of one render, for the `sync_proxy_rules_iptables_total`
+/// metrics and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenderStats {
+    /// Chains declared in `*filter`.
+    pub filter_chains: usize,
+    /// Rules in `*filter`.
+    pub filter_rules: usize,
+    /// Chains declared in `*nat` (written in this render).
+    pub nat_chains: usize,
+    /// Rules written in `*nat`, `-X` lines excluded.
+    pub nat_rules: usize,
+    /// Rules the nat table holds after applying, including the chains of
+    /// unchanged service ports a partial render left out.
+    pub nat_rules_total: usize,
+    /// Stale chains deleted with `-X`.
+    pub deleted_chains: usize,
+    /// Service ports with `internalTrafficPolicy: Local` and no local endpoint.
+    pub no_local_endpoints_internal: usize,
+    /// Service ports with `externalTrafficPolicy: Local` and no local endpoint.
+    pub no_local_endpoints_external: usize,
+}
+
+/// The result of a render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The family rendered.
+    pub family: IpFamily,
+    /// Whether every service port's chains were written.
+    pub full: bool,
+    /// Input for `iptables-restore --noflush --counters` (`ip6tables-restore`
+    /// for IPv6): `*filter … COMMIT` then `*nat … COMMIT`.
+    pub restore: String,
+    /// Line counts.
+    pub stats: RenderStats,
+    /// Every per-service chain the nat table should hold after applying
+    /// (also those a partial render left untouched), sorted.
+    pub active_nat_chains: Vec<ChainName>,
+    /// Stale chains this render deletes.
+    pub deleted_chains: Vec<String>,
+    /// More than [`LARGE_CLUSTER_ENDPOINTS_THRESHOLD`] endpoints: comments
+    /// were left out.
+    pub large_cluster_mode: bool,
+}
+
+/// Renders rulesets, keeping chain-name hashes and probability strings
+/// across syncs. One per IP family.
+#[derive(Debug)]
+pub struct Renderer {
+    options: IptablesOptions,
+    names: ChainNameCache,
+    probabilities: Vec<String>,
+    capacity_hint: usize,
+}
+
+/// One of the four parts of the text: lines plus their counts.
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    pub text: String,
+    pub written: usize,
+    pub skipped: usize,
+    pub discard: bool,
+}
+
+/// The four parts of the text, in the order they are joined.
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    pub filter_chains: Out,
+    pub filter_rules: Out,
+    pub nat_chains: Out,
+    pub nat_rules: Out,
+}
+
+/// What every service port's rendering needs to know.
+#[derive(Debug)]
+pub(crate) struct Context<'a> {
+    pub family: IpFamily,
+    pub masquerade_all: bool,
+    pub detector: Option<ResolvedDetector>,
+    pub localhost_node_ports: bool,
+    pub nfacct_localhost_node_ports: bool,
+    pub large_cluster_mode: bool,
+    pub node_ip: Option<IpAddr>,
+    pub probabilities: &'a [String],
+}
+
+impl Renderer {
+    /// A renderer with `options`, after checking them.
+    pub fn new(options: IptablesOptions) -> Result<Self, IptablesError> {
+        options.validate()?;
+        Ok(Renderer {
+            options,
+            names: ChainNameCache::new(),
+            probabilities: vec!["<bad value>".to_owned()],
+            capacity_hint: 0,
+        })
+    }
+
+    /// The options this renderer was built with.
+    pub fn options(&self) -> &IptablesOptions {
+        &self.options
+    }
+
+    /// Renders `input`. Pure apart from the caches: the same input gives the
+    /// same text, byte for byte.
+    pub fn render(&mut self, input: &RenderInput<'_>) -> Rendered {
+        self.names.begin();
+        let (total_endpoints, max_endpoints) = endpoint_counts(input.service_ports);
+        self.precompute_probabilities(max_endpoints);
+        let mark = self.options.masquerade_mark();
+        let ctx = Context {
+            family: input.family,
+            masquerade_all: self.options.masquerade_all,
+            detector: self.options.resolve_detector(input.family),
+            localhost_node_ports: localhost_node_ports(&self.options, input),
+            nfacct_localhost_node_ports: self.options.nfacct_localhost_node_ports,
+            large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+            node_ip: first_of_family(&input.node.addresses, input.family),
+            probabilities: &self.probabilities,
+        };
+        let mut buffers = Buffers::with_capacity(self.capacity_hint);
+        write_head(&ctx, &mut buffers, &mark, self.options.random_fully);
+
+        let mut stats = RenderStats::default();
+        let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
+        for (name, state) in input.service_ports {
+            let endpoints = state.endpoints.all_reachable.iter();
+            let addresses = endpoints.map(|ep| SocketAddr::new(ep.ip, ep.port));
+            let Some(names) = self.names.touch(name, addresses) else {
+                continue; // unreachable: touch inserts what it does not find
+            };
+            let service = service::ServiceView {
+                state,
+                names,
+                protocol: protocol_name(name.protocol),
+                rewrite: input.full || input.changed_services.contains(&name.service),
+            };
+            service::render_service(&ctx, &mut buffers, &service, &mut active, &mut stats);
+        }
+        self.names.prune();
+        active.sort_unstable();
+        active.dedup();
+
+        let deleted = delete_stale_chains(&mut buffers, input.existing_nat_chains, &active);
+        write_tail(&ctx, &mut buffers, input, &mark, &self.options);
+        let restore = buffers.join();
+        self.capacity_hint = restore.len() + restore.len() / 8;
+        buffers.count_into(&mut stats, deleted.len());
+        tracing::debug!(
+            family = ?input.family,
+            full = input.full,
+            service_ports = input.service_ports.len(),
+            endpoints = total_endpoints,
+            filter_rules = stats.filter_rules,
+            nat_rules = stats.nat_rules,
+            nat_chains = stats.nat_chains,
+            deleted_chains = stats.deleted_chains,
+            "rendered iptables rules"
+        );
+        Rendered {
+            family: input.family,
+            full: input.full,
+            restore,
+            stats,
+            active_nat_chains: active,
+            deleted_chains: deleted,
+            large_cluster_mode: ctx.large_cluster_mode,
+        }
+    }
+
+    /// Probabilities `1/n` formatted as upstream does (`%0.10f`), for every
+    /// n up to `max`.
+    fn precompute_probabilities(&mut self, max: usize) {
+        for n in self.probabilities.len()..=max {
+            self.probabilities.push(format!("{:.10}", 1.0 / n as f64));
+        }
+    }
+}
+
+/// The existing per-service chains (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`,
+/// `KUBE-FW-`, `KUBE-SEP-`) that `rendered` no longer uses. Other chains,
+/// ours or not, are never stale.
+pub fn stale_chains(existing: &[String], rendered: &Rendered) -> Vec<String> {
+    stale_among(existing, &rendered.active_nat_chains)
+}
+
+impl Buffers {
+    fn with_capacity(total: usize) -> Self {
+        let mut buffers = Buffers::default();
+        buffers.filter_chains.text.reserve(256);
+        buffers.filter_rules.text.reserve(4096 + total / 32);
+        buffers.nat_chains.text.reserve(total / 5);
+        buffers.nat_rules.text.reserve(total);
+        buffers
+    }
+
+    /// Fills the line counts of `stats`; `-X` lines are not rules.
+    fn count_into(&self, stats: &mut RenderStats, deleted_chains: usize) {
+        stats.filter_chains = self.filter_chains.written;
+        stats.filter_rules = self.filter_rules.written;
+        stats.nat_chains = self.nat_chains.written;
+        stats.nat_rules = self.nat_rules.written - deleted_chains;
+        stats.nat_rules_total = stats.nat_rules + self.nat_rules.skipped;
+        stats.deleted_chains = deleted_chains;
+    }
+
+    fn join(&self) -> String {
+        let parts = [
+            "*filter\n",
+            &self.filter_chains.text,
+            &self.filter_rules.text,
+            "COMMIT\n*nat\n",
+            &self.nat_chains.text,
+            &self.nat_rules.text,
+            "COMMIT\n",
+        ];
+        let mut text = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+        parts.iter().for_each(|part| text.push_str(part));
+        text
+    }
+}
+
+fn endpoint_counts(service_ports: &BTreeMap<ServicePortName, ServicePortState>) -> (usize, usize) {
+    service_ports.values().fold((0, 0), |(total, max), state| {
+        let endpoints = &state.endpoints;
+        let most = endpoints.cluster.len().max(endpoints.local.len());
+        (total + endpoints.all_reachable.len(), max.max(most))
+    })
+}
+
+/// Localhost NodePorts work only for IPv4, and only when the node port
+/// addresses include loopback (upstream turns the option off otherwise).
+fn localhost_node_ports(options: &IptablesOptions, input: &RenderInput<'_>) -> bool {
+    options.localhost_node_ports
+        && input.family == IpFamily::V4
+        && input
+            .node_port_addresses
+            .is_none_or(|addresses| addresses.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()))
+}
+
+fn first_of_family(addresses: &[IpAddr], family: IpFamily) -> Option<IpAddr> {
+    addresses
+        .iter()
+        .copied()
+        .find(|ip| ip.is_ipv4() == (family == IpFamily::V4))
+}
+
+/// Top-level chain declarations and the rules that do not depend on
+/// Services: KUBE-POSTROUTING, KUBE-MARK-MASQ and kubelet's KUBE-FIREWALL.
+fn write_head(ctx: &Context<'_>, buffers: &mut Buffers, mark: &str, random_fully: bool) {
+    let filter_chains = [
+        KUBE_SERVICES,
+        KUBE_EXTERNAL_SERVICES,
+        KUBE_FORWARD,
+        KUBE_NODEPORTS,
+        KUBE_PROXY_FIREWALL,
+    ];
+    for chain in filter_chains {
+        emit!(&mut buffers.filter_chains, ":{chain} - [0:0]");
+    }
+    for chain in [
+        KUBE_SERVICES,
+        KUBE_NODEPORTS,
+        KUBE_POSTROUTING,
+        KUBE_MARK_MASQ,
+    ] {
+        emit!(&mut buffers.nat_chains, ":{chain} - [0:0]");
+    }
+    let nat = &mut buffers.nat_rules;
+    emit!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
+    );
+    // Clearing the mark keeps a packet that goes through the stack again
+    // from being masqueraded twice.
+    emit!(nat, "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}");
+    let random = if random_fully { " --random-fully" } else { "" };
+    emit!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{random}"
+    );
+    emit!(nat, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}");
+    if ctx.localhost_node_ports {
+        // route_localnet, which localhost NodePorts need, lets remote hosts
+        // reach 127.0.0.0/8 services (CVE-2020-8558); kubelet writes the
+        // same rule.
+        emit!(&mut buffers.filter_chains, ":{KUBE_FIREWALL} - [0:0]");
+        emit!(
+            &mut buffers.filter_rules,
+            "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+        );
+    }
+}
+
+/// Flushes and deletes the stale per-service chains among `existing`.
+fn delete_stale_chains(
+    buffers: &mut Buffers,
+    existing: Option<&[String]>,
+    active: &[ChainName],
+) -> Vec<String> {
+    let Some(existing) = existing else {
+        return Vec::new();
+    };
+    let mut stale = stale_among(existing, active);
+    stale.sort_unstable();
+    stale.dedup();
+    for chain in &stale {
+        emit!(&mut buffers.nat_chains, ":{chain} - [0:0]");
+        emit!(&mut buffers.nat_rules, "-X {chain}");
+    }
+    stale
+}
+
+fn stale_among(existing: &[String], active: &[ChainName]) -> Vec<String> {
+    existing
+        .iter()
+        .filter(|name| is_service_chain_name(name))
+        .filter(|name| match ChainName::parse(name) {
+            Some(chain) => active.binary_search(&chain).is_err(),
+            None => true,
+        })
+        .cloned()
+        .collect()
+}
+
+/// The NodePort catch-all that must end KUBE-SERVICES, and KUBE-FORWARD.
+fn write_tail(
+    ctx: &Context<'_>,
+    buffers: &mut Buffers,
+    input: &RenderInput<'_>,
+    mark: &str,
+    options: &IptablesOptions,
+) {
+    let comment = "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+    let nat = &mut buffers.nat_rules;
+    match input.node_port_addresses {
+        None => {
+            // Localhost NodePorts never work for IPv6, and for IPv4 only
+            // with route_localnet.
+            let loopback = match ctx.family {
+                IpFamily::V6 => " ! -d ::1/128",
+                IpFamily::V4 if !ctx.localhost_node_ports => " ! -d 127.0.0.0/8",
+                IpFamily::V4 => "",
+            };
+            emit!(
+                nat,
+                "-A {KUBE_SERVICES} {comment} -m addrtype --dst-type LOCAL{loopback} -j {KUBE_NODEPORTS}"
+            );
+        }
+        Some(addresses) => {
+            let usable = addresses.iter().filter(|ip| {
+                (ip.is_ipv4() == (ctx.family == IpFamily::V4))
+                    && (!ip.is_loopback() || ctx.localhost_node_ports)
+            });
+            for ip in usable {
+                emit!(
+                    nat,
+                    "-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}"
+                );
+            }
+        }
+    }
+    let filter = &mut buffers.filter_rules;
+    if !options.conntrack_tcp_be_liberal {
+        // Without be_liberal, an out-of-window packet marked INVALID would
+        // reach the pod un-NATed and reset the connection (upstream 74839).
+        let nfacct = if options.nfacct_invalid_dropped {
+            format!(" -m nfacct --nfacct-name {NFACCT_INVALID_DROPPED}")
+        } else {
+            String::new()
+        };
+        emit!(
+            filter,
+            "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP"
+        );
+    }
+    emit!(
+        filter,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
+    );
+    emit!(
+        filter,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    );
+}
