@@ -54,7 +54,11 @@ fn the_example_cluster_reaches_the_backend_categorized() {
     copy_examples(dir.path());
     let mut source = ManifestSource::new(dir.path(), NODE);
     let report = source.load(&handler).unwrap();
-    assert!(report.errors.is_empty(), "the examples are valid: {:?}", report.errors);
+    assert!(
+        report.errors.is_empty(),
+        "the examples are valid: {:?}",
+        report.errors
+    );
 
     proxiers[0].sync_once().unwrap();
     let sync = v4.take_single_request();
@@ -100,12 +104,19 @@ fn the_example_cluster_reaches_the_backend_categorized() {
     assert!(empty.endpoints.all_reachable.is_empty());
     assert!(!empty.endpoints.has_any_endpoints);
     let api_local = by_name("demo/api-local:http");
-    assert_eq!(api_local.endpoints.local.len(), 1, "eTP Local uses node-1's endpoint");
+    assert_eq!(
+        api_local.endpoints.local.len(),
+        1,
+        "eTP Local uses node-1's endpoint"
+    );
     assert_eq!(api_local.port.health_check_node_port, Some(30500));
 
     proxiers[1].sync_once().unwrap();
     let v6_sync = v6.take_single_request();
-    assert!(v6_sync.service_ports.is_empty(), "the examples are IPv4 only");
+    assert!(
+        v6_sync.service_ports.is_empty(),
+        "the examples are IPv4 only"
+    );
 }
 
 #[test]
