@@ -149,7 +149,7 @@ fn build_proxiers(
     };
     let mut proxiers = Vec::new();
     for family in [IpFamily::V4, IpFamily::V6] {
-        let backend = modes::backend(mode, family, config, dry_run)?;
+        let backend = modes::backend(mode, family, config, &node, dry_run)?;
         let proxier_config = ProxierConfig {
             family,
             node: node.clone(),

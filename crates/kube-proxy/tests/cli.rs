@@ -179,3 +179,20 @@ fn kernelspace_mode_is_rejected_on_linux() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("kernelspace"), "{}", stderr(&out));
 }
+
+#[test]
+fn iptables_without_dry_run_says_the_kernel_applier_is_missing() {
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("mode iptables can only --dry-run in this build"),
+        "{}",
+        stderr(&out)
+    );
+}

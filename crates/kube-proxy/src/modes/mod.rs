@@ -1,0 +1,92 @@
+//! The data-plane modes this build offers, and how each is constructed.
+
+mod iptables;
+
+use kp_config::{KubeProxyConfiguration, ProxyMode};
+use kp_model::{IpFamily, NodeInfo};
+use kp_sync::Backend;
+
+/// A mode the operator asked for cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModeError {
+    /// This build does not contain the mode.
+    #[error("mode {mode} is not available in this build (available: {available})")]
+    Unavailable {
+        /// The mode asked for.
+        mode: &'static str,
+        /// The modes this build offers.
+        available: String,
+    },
+    /// The mode exists but only prints rules so far.
+    #[error(
+        "mode {mode} can only --dry-run in this build: its kernel applier is not available yet"
+    )]
+    DryRunOnly {
+        /// The mode asked for.
+        mode: &'static str,
+    },
+    /// The configuration cannot be turned into the mode's settings.
+    #[error("mode {mode}: {source:#}")]
+    Config {
+        /// The mode asked for.
+        mode: &'static str,
+        /// What was wrong.
+        #[source]
+        source: anyhow::Error,
+    },
+}
+
+/// The modes this build can run, in the order shown in messages.
+const AVAILABLE: [ProxyMode; 1] = [ProxyMode::Iptables];
+
+/// The backend for `mode` and `family`; with `dry_run`, one that prints what
+/// it would program (to stdout) instead of touching the kernel.
+pub fn backend(
+    mode: ProxyMode,
+    family: IpFamily,
+    config: &KubeProxyConfiguration,
+    node: &NodeInfo,
+    dry_run: bool,
+) -> Result<Box<dyn Backend>, ModeError> {
+    let _ = family;
+    match mode {
+        ProxyMode::Iptables if dry_run => {
+            let config_error = |source| ModeError::Config {
+                mode: mode.as_str(),
+                source,
+            };
+            let options = iptables::options(config, &node.pod_cidrs).map_err(config_error)?;
+            let addresses = iptables::node_port_addresses(config, &node.addresses);
+            let backend =
+                iptables::DryRunBackend::new(options, addresses, Box::new(std::io::stdout()))
+                    .map_err(config_error)?;
+            Ok(Box::new(backend))
+        }
+        ProxyMode::Iptables => Err(ModeError::DryRunOnly {
+            mode: mode.as_str(),
+        }),
+        _ => Err(unavailable(mode)),
+    }
+}
+
+/// `--cleanup`: removes what every mode of this build (and upstream, whose
+/// names we share) may have left behind.
+pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
+    Err(unavailable(mode).into())
+}
+
+fn unavailable(mode: ProxyMode) -> ModeError {
+    let available = if AVAILABLE.is_empty() {
+        "none yet".to_owned()
+    } else {
+        AVAILABLE
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    ModeError::Unavailable {
+        mode: mode.as_str(),
+        available,
+    }
+}
