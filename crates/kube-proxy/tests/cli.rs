@@ -196,3 +196,28 @@ fn iptables_without_dry_run_says_the_kernel_applier_is_missing() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_written_config_drives_a_dry_run_of_the_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("out.yaml");
+    let out = kube_proxy(&["--write-config-to", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rules = stdout(&out);
+    assert!(rules.contains("*nat\n:KUBE-SERVICES - [0:0]"), "{rules}");
+    assert!(
+        rules.contains("--comment demo/web-nodeport:http -m tcp -p tcp --dport 30080"),
+        "the NodePort is programmed:\n{rules}"
+    );
+}
