@@ -1,6 +1,8 @@
 //! Sources of kube-proxy-rs: what turns the outside world into events for
 //! the proxy's [`ProxyEventHandler`](kp_model::ProxyEventHandler).
 //!
+//! The [`api`] module holds the Kubernetes API source (kube-rs watchers).
+//!
 //! This crate holds the manifest source (`--manifests PATH`), which lets the
 //! proxy run without any cluster: Services, EndpointSlices and the proxy's
 //! own Node are read from YAML or JSON files and followed as they change.
@@ -31,6 +33,7 @@
 //! reporting a [`ManifestError`] naming the file, the document, the object
 //! and the field.
 
+pub mod api;
 mod discover;
 mod error;
 mod object;

@@ -3,11 +3,15 @@
 //! - [`builders`]: story-style builders for the Kubernetes objects the proxy
 //!   consumes (`service("ns1", "svc1", |s| s.cluster_ip("10.96.0.41"))`).
 //! - [`plan`]: the fixed address plan every test uses.
+//! - [`netns`]: the network-namespace harness of kernel and system tests:
+//!   a node, pods with echo servers and outside clients, and probes.
 //!
-//! This crate depends only on `k8s-openapi` and `ipnet`, so every other crate
-//! of the workspace can use it as a dev-dependency without a cycle.
+//! This crate depends on no other crate of the workspace, so every crate can
+//! use it as a dev-dependency without a cycle.
 
+pub mod apiserver;
 pub mod builders;
+pub mod netns;
 pub mod plan;
 
 pub use builders::{

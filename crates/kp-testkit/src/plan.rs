@@ -4,7 +4,7 @@
 //! |---|---|
 //! | pod IPs | 10.244.0.0/16 (this node's pods 10.244.1.0/24) |
 //! | service ClusterIPs | 10.96.0.0/16 |
-//! | node and client network | 192.168.99.0/24 (node .2, client .10) |
+//! | node and client network | 192.168.99.0/24 (node .2, clients .10, .11, …) |
 //! | external / LoadBalancer IPs | 203.0.113.0/24 (TEST-NET-3) |
 //! | IPv6 | fd00:10:244::/48 pods, fd00:10:96::/112 services, fd00:192:168:99::/64 nodes |
 //!
@@ -39,6 +39,11 @@ pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 2);
 pub const OTHER_NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 3);
 /// The client outside the cluster.
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 10);
+/// A second client outside the cluster (source-range tests).
+pub const SECOND_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 11);
+/// An address of the node network that no host owns: packets to it go
+/// unanswered (ARP never resolves), which is how tests provoke a timeout.
+pub const UNUSED_NODE_NETWORK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 250);
 /// External and LoadBalancer IPs (TEST-NET-3, RFC 5737).
 pub const EXTERNAL_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(203, 0, 113, 0), 24);
 
@@ -48,6 +53,9 @@ pub const POD_CIDR_V6: Ipv6Net =
 /// IPv6 pod IPs of this node.
 pub const NODE_POD_CIDR_V6: Ipv6Net =
     Ipv6Net::new_assert(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0), 64);
+/// IPv6 pod IPs of [`OTHER_NODE_NAME`].
+pub const OTHER_NODE_POD_CIDR_V6: Ipv6Net =
+    Ipv6Net::new_assert(Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 0), 64);
 /// IPv6 service ClusterIPs.
 pub const SERVICE_CIDR_V6: Ipv6Net =
     Ipv6Net::new_assert(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0), 112);
@@ -58,6 +66,63 @@ pub const NODE_NETWORK_V6: Ipv6Net =
 pub const NODE_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 2);
 /// The outside client's IPv6 address.
 pub const CLIENT_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 0x10);
+/// The second client's IPv6 address.
+pub const SECOND_CLIENT_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 0x11);
+/// IPv6 external and LoadBalancer IPs (inside the documentation prefix
+/// 2001:db8::/32, RFC 3849).
+pub const EXTERNAL_CIDR_V6: Ipv6Net =
+    Ipv6Net::new_assert(Ipv6Addr::new(0x2001, 0xdb8, 0x203, 0x113, 0, 0, 0, 0), 64);
+
+/// The `index`-th address of this node's pod range, counting from `.2`
+/// (`.1` is left out, as CNI plugins keep it for the gateway): index 0 is
+/// 10.244.1.2, index 252 is 10.244.1.254; larger indexes wrap around.
+pub fn node_pod_ip(index: u8) -> Ipv4Addr {
+    nth_host_v4(NODE_POD_CIDR, index)
+}
+
+/// The `index`-th IPv6 address of this node's pod range: index 0 is
+/// fd00:10:244:1::2.
+pub fn node_pod_ip_v6(index: u8) -> Ipv6Addr {
+    nth_host_v6(NODE_POD_CIDR_V6, index)
+}
+
+/// The `index`-th address of the other node's pod range: index 0 is
+/// 10.244.2.2.
+pub fn other_node_pod_ip(index: u8) -> Ipv4Addr {
+    nth_host_v4(OTHER_NODE_POD_CIDR, index)
+}
+
+/// The `index`-th IPv6 address of the other node's pod range: index 0 is
+/// fd00:10:244:2::2.
+pub fn other_node_pod_ip_v6(index: u8) -> Ipv6Addr {
+    nth_host_v6(OTHER_NODE_POD_CIDR_V6, index)
+}
+
+/// The address of the `index`-th client outside the cluster: index 0 is
+/// [`CLIENT_IP`], index 1 [`SECOND_CLIENT_IP`], and so on (.10 + index).
+pub fn client_ip(index: u8) -> Ipv4Addr {
+    let [a, b, c, d] = CLIENT_IP.octets();
+    Ipv4Addr::new(a, b, c, d.wrapping_add(index))
+}
+
+/// The IPv6 address of the `index`-th client: index 0 is [`CLIENT_IP_V6`].
+pub fn client_ip_v6(index: u8) -> Ipv6Addr {
+    let mut segments = CLIENT_IP_V6.segments();
+    segments[7] += u16::from(index);
+    Ipv6Addr::from(segments)
+}
+
+fn nth_host_v4(net: Ipv4Net, index: u8) -> Ipv4Addr {
+    let mut octets = net.network().octets();
+    octets[3] = index % 253 + 2;
+    Ipv4Addr::from(octets)
+}
+
+fn nth_host_v6(net: Ipv6Net, index: u8) -> Ipv6Addr {
+    let mut segments = net.network().segments();
+    segments[7] = u16::from(index) + 2;
+    Ipv6Addr::from(segments)
+}
 
 #[cfg(test)]
 mod tests {
@@ -73,5 +138,24 @@ mod tests {
         assert!(NODE_NETWORK_V6.contains(&NODE_IP_V6));
         assert!(NODE_NETWORK_V6.contains(&CLIENT_IP_V6));
         assert_eq!(SERVICE_CIDR_V6.to_string(), "fd00:10:96::/112");
+        assert!(NODE_NETWORK.contains(&SECOND_CLIENT_IP));
+        assert!(NODE_NETWORK.contains(&UNUSED_NODE_NETWORK_IP));
+        assert!(NODE_NETWORK_V6.contains(&SECOND_CLIENT_IP_V6));
+        assert!(POD_CIDR_V6.contains(&OTHER_NODE_POD_CIDR_V6));
+    }
+
+    #[test]
+    fn numbered_addresses_count_from_the_start_of_their_range() {
+        assert_eq!(node_pod_ip(0).to_string(), "10.244.1.2");
+        assert_eq!(node_pod_ip(3).to_string(), "10.244.1.5");
+        assert_eq!(node_pod_ip_v6(0).to_string(), "fd00:10:244:1::2");
+        assert_eq!(other_node_pod_ip(0).to_string(), "10.244.2.2");
+        assert_eq!(other_node_pod_ip_v6(1).to_string(), "fd00:10:244:2::3");
+        assert_eq!(client_ip(0), CLIENT_IP);
+        assert_eq!(client_ip(1), SECOND_CLIENT_IP);
+        assert_eq!(client_ip_v6(0), CLIENT_IP_V6);
+        assert_eq!(client_ip_v6(1), SECOND_CLIENT_IP_V6);
+        assert_eq!(node_pod_ip(252).to_string(), "10.244.1.254");
+        assert_eq!(node_pod_ip(253), node_pod_ip(0));
     }
 }

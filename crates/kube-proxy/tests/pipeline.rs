@@ -134,7 +134,7 @@ fn editing_a_manifest_gives_a_partial_sync_of_that_service_only() {
     let text = fs::read_to_string(&slices).unwrap();
     // Scale demo/web down: drop its remote endpoint.
     let edited = text.replacen(
-        "  - addresses: [10.244.2.13]\n    conditions: {ready: true, serving: true, terminating: false}\n    nodeName: node-2\n    zone: zone-b\n",
+        "  - addresses: [10.244.2.2]\n    conditions: {ready: true, serving: true, terminating: false}\n    nodeName: node-2\n    zone: zone-b\n",
         "",
         1,
     );
