@@ -9,11 +9,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use kp_iptables::{IptablesOptions, LocalDetector, RenderInput, Renderer, ServicePortState};
+use kp_iptables::{IptablesOptions, LocalDetector, RenderInput, Renderer};
 use kp_model::{
     CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
     ServicePortName,
 };
+use kp_sync::ServicePortState;
 
 fn endpoint(n: u32, port: u16) -> Arc<Endpoint> {
     Arc::new(Endpoint {
@@ -51,9 +52,10 @@ fn state(i: u32, endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
         endpoints: CategorizedEndpoints {
             cluster: endpoints.clone(),
             local: Vec::new(),
-            all_reachable: endpoints,
+            all_reachable: endpoints.clone(),
             has_any_endpoints: true,
         },
+        all_endpoints: endpoints,
     }
 }
 

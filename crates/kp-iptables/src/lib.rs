@@ -1,4 +1,4 @@
-//! The iptables backend of kube-proxy-rs: a pure renderer.
+//! The iptables backend of kube-proxy-rs.
 //!
 //! [`Renderer::render`] turns the service ports of one IP family, with their
 //! categorized endpoints, into iptables-restore input that programs the same
@@ -7,24 +7,39 @@
 //! from, or `--cleanup` after, the other. The jump rules from the built-in
 //! chains that restore cannot own are listed in [`JUMP_RULES`].
 //!
+//! [`IptablesBackend`] is the `--proxy-mode iptables` implementation of
+//! [`kp_sync::Backend`]: it renders and applies through an [`Applier`]
+//! (the real [`SystemApplier`] for `iptables-legacy` or `iptables-nft`, the
+//! in-memory [`FakeApplier`], or the [`DryRunApplier`]), keeps the canary
+//! chain, and [`cleanup`] removes everything again.
+//!
 //! [`tracer`] parses rendered text and follows a packet through it, so
 //! tests can assert behaviour ("goes to one of these endpoints", "is
 //! dropped") rather than rule text alone.
-//!
-//! Running `iptables-restore`, the canary and stale-chain discovery belong to
-//! the applier, which is not part of this crate yet.
 
+pub mod applier;
+pub mod backend;
+pub mod cleanup;
+pub mod host;
 pub mod jumps;
 pub mod names;
 pub mod options;
 pub mod render;
 pub mod tracer;
 
+pub use applier::{
+    Applier, ApplyError, DryRunApplier, FakeApplier, FakeCall, FakeKernel, IptablesFlavor,
+    SystemApplier,
+};
+pub use backend::{IptablesBackend, NodePortAddresses, MODE};
+pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};
+pub use host::{MemorySysctl, ProcSysctl, Sysctl};
 pub use jumps::{JumpRule, Table, JUMP_RULES};
+pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};
 pub use options::{IptablesOptions, LocalDetector};
 pub use render::{
-    stale_chains, RenderInput, RenderStats, Rendered, Renderer, ServicePortState,
+    is_large_cluster, stale_chains, RenderInput, RenderStats, Rendered, Renderer,
     LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
 };
 

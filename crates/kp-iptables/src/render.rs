@@ -15,11 +15,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
-use kp_model::{
-    CategorizedEndpoints, IpFamily, NamespacedName, NodeInfo, ServicePort, ServicePortName,
-};
+use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
+use kp_sync::ServicePortState;
 
 use crate::names::{
     is_service_chain_name, protocol_name, ChainName, ChainNameCache, KUBE_EXTERNAL_SERVICES,
@@ -46,24 +44,17 @@ macro_rules! emit {
 
 mod service;
 
-/// Above this many endpoints in total, per-endpoint rules carry no comment
-/// (upstream `largeClusterEndpointsThreshold`): it shrinks the ruleset by a
-/// third, and the applier may also delete stale chains less often.
+/// Above this many endpoints in total (every endpoint of every service port,
+/// usable or not, as upstream counts them), per-endpoint rules carry no
+/// comment (upstream `largeClusterEndpointsThreshold`): it shrinks the
+/// ruleset by a third, and the backend looks for stale chains only on full
+/// syncs.
 pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
 
 /// nfacct counter of localhost NodePort packets.
 pub const NFACCT_LOCALHOST_NODE_PORTS: &str = "localhost_nps_accepted_pkts";
 /// nfacct counter of INVALID packets dropped in KUBE-FORWARD.
 pub const NFACCT_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";
-
-/// One service port and the endpoints its traffic uses.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServicePortState {
-    /// The service port.
-    pub port: Arc<ServicePort>,
-    /// Its endpoints, as `kp_model::categorize_endpoints` splits them.
-    pub endpoints: CategorizedEndpoints,
-}
 
 /// Everything one render looks at, for one IP family.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +79,12 @@ pub struct RenderInput<'a> {
     pub existing_nat_chains: Option<&'a [String]>,
 }
 
+/// Whether `service_ports` hold more than
+/// [`LARGE_CLUSTER_ENDPOINTS_THRESHOLD`] endpoints in total.
+pub fn is_large_cluster(service_ports: &BTreeMap<ServicePortName, ServicePortState>) -> bool {
+    endpoint_counts(service_ports).0 > LARGE_CLUSTER_ENDPOINTS_THRESHOLD
+}
+
 /// Line counts of one render, for the `sync_proxy_rules_iptables_total`
 /// metrics and logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -98,6 +95,9 @@ pub struct RenderStats {
     pub filter_rules: usize,
     /// Chains declared in `*nat` (written in this render).
     pub nat_chains: usize,
+    /// Chains the nat table holds after applying, including the chains of
+    /// unchanged service ports a partial render left out.
+    pub nat_chains_total: usize,
     /// Rules written in `*nat`, `-X` lines excluded.
     pub nat_rules: usize,
     /// Rules the nat table holds after applying, including the chains of
@@ -289,6 +289,7 @@ impl Buffers {
         stats.filter_chains = self.filter_chains.written;
         stats.filter_rules = self.filter_rules.written;
         stats.nat_chains = self.nat_chains.written;
+        stats.nat_chains_total = self.nat_chains.written + self.nat_chains.skipped - deleted_chains;
         stats.nat_rules = self.nat_rules.written - deleted_chains;
         stats.nat_rules_total = stats.nat_rules + self.nat_rules.skipped;
         stats.deleted_chains = deleted_chains;
@@ -314,7 +315,7 @@ fn endpoint_counts(service_ports: &BTreeMap<ServicePortName, ServicePortState>) 
     service_ports.values().fold((0, 0), |(total, max), state| {
         let endpoints = &state.endpoints;
         let most = endpoints.cluster.len().max(endpoints.local.len());
-        (total + endpoints.all_reachable.len(), max.max(most))
+        (total + state.all_endpoints.len(), max.max(most))
     })
 }
 

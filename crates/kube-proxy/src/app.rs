@@ -1,6 +1,8 @@
 //! One run of the proxy, from resolved flags to exit.
 
 use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +10,7 @@ use anyhow::{bail, Context};
 use clap::ArgMatches;
 use kp_config::{ConfigError, Flags, KubeProxyConfiguration, ProxyMode, Resolved};
 use kp_model::{IpFamily, NodeInfo, ProxyEventHandler};
+use kp_source::api::{client_from, post_starting_event, ApiSource};
 use kp_source::ManifestSource;
 use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
 use tokio::sync::watch;
@@ -15,6 +18,9 @@ use tokio::sync::watch;
 use crate::logging;
 use crate::modes;
 use crate::node_name::node_name;
+
+/// How long `--dry-run` waits for the API server's first complete lists.
+const API_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs the proxy as the flags ask: write the config, clean up, print one
 /// dry-run sync, or serve until SIGTERM/SIGINT.
@@ -45,7 +51,7 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         if resolved.dry_run {
-            dry_run(&resolved, mode, &node_name)
+            dry_run(&resolved, mode, &node_name).await
         } else {
             serve(&resolved, mode, &node_name, shutdown_signal()).await
         }
@@ -68,27 +74,71 @@ pub fn report_error(error: &anyhow::Error) {
     eprintln!("Error: {error:#}");
 }
 
-/// Loads the manifests once, runs one sync per family and lets the backends
-/// print what they would program.
-fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyhow::Result<()> {
-    let Some(manifests) = &resolved.manifests else {
-        bail!("--dry-run needs --manifests: the Kubernetes API source is not available in this build yet");
-    };
+/// Loads the objects once (from the manifests, or a first complete list from
+/// the API server), runs one sync per family and lets the backends print
+/// what they would program.
+async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyhow::Result<()> {
     let proxiers = build_proxiers(&resolved.config, mode, node_name, true)?;
     let handler = fan_out(&proxiers);
-    let mut source = ManifestSource::new(manifests, node_name);
-    let report = source.load(handler.as_ref())?;
-    tracing::info!(
-        objects = report.objects,
-        rejected = report.rejected().count(),
-        "Loaded manifests"
-    );
+    if let Some(manifests) = &resolved.manifests {
+        let mut source = ManifestSource::new(manifests, node_name);
+        let report = source.load(handler.as_ref())?;
+        tracing::info!(
+            objects = report.objects,
+            rejected = report.rejected().count(),
+            "Loaded manifests"
+        );
+    } else {
+        let client = api_client(resolved).await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let source = ApiSource::new(client, node_name);
+        let listing = tokio::spawn(source.run(handler, stopped(stop_rx)));
+        let synced = wait_for(API_LIST_TIMEOUT, || proxiers.iter().all(|p| p.is_synced())).await;
+        // Ignoring the error is right: it only says the source already stopped.
+        let _ = stop_tx.send(true);
+        let _ = listing.await;
+        if !synced {
+            bail!("--dry-run: no complete list of Services and EndpointSlices from the API server within {API_LIST_TIMEOUT:?}");
+        }
+    }
     for proxier in &proxiers {
         proxier
             .sync_once()
             .with_context(|| format!("dry-run sync for {:?}", proxier.family()))?;
     }
     Ok(())
+}
+
+/// The API client from `clientConnection` and `--master`.
+async fn api_client(resolved: &Resolved) -> anyhow::Result<kube::Client> {
+    let connection = &resolved.config.client_connection;
+    let kubeconfig = Some(connection.kubeconfig.as_str())
+        .filter(|path| !path.is_empty())
+        .map(Path::new);
+    // client-go treats a zero qps or burst as "use the default" (5 and 10).
+    let qps = if connection.qps > 0.0 {
+        connection.qps
+    } else {
+        5.0
+    };
+    let burst = u32::try_from(connection.burst)
+        .ok()
+        .filter(|b| *b > 0)
+        .unwrap_or(10);
+    let client = client_from(kubeconfig, resolved.master.as_deref(), qps, burst).await?;
+    Ok(client)
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+async fn wait_for(timeout: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
 }
 
 /// Runs the proxy until `shutdown` completes. Rules stay in place on exit,
@@ -99,9 +149,6 @@ async fn serve(
     node_name: &str,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let Some(manifests) = &resolved.manifests else {
-        bail!("the Kubernetes API source is not available in this build yet: run with --manifests PATH");
-    };
     let proxiers = build_proxiers(&resolved.config, mode, node_name, false)?;
     let handler = fan_out(&proxiers);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -109,11 +156,27 @@ async fn serve(
     for proxier in &proxiers {
         tasks.spawn(Arc::clone(proxier).run(stopped(stop_rx.clone())));
     }
-    let source = ManifestSource::new(manifests, node_name);
-    let source_run = source.run(handler, stopped(stop_rx.clone()));
+    let source_run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> =
+        match &resolved.manifests {
+            Some(manifests) => {
+                let source = ManifestSource::new(manifests, node_name);
+                let run = source.run(handler, stopped(stop_rx.clone()));
+                Box::pin(async move { run.await.context("manifest source stopped") })
+            }
+            None => {
+                let client = api_client(resolved).await?;
+                // Upstream posts this event and carries on when it cannot.
+                let _ = post_starting_event(&client, node_name).await;
+                let run = ApiSource::new(client, node_name).run(handler, stopped(stop_rx.clone()));
+                Box::pin(async move {
+                    run.await;
+                    Ok(())
+                })
+            }
+        };
     tokio::pin!(source_run);
     let result = tokio::select! {
-        result = &mut source_run => result.context("manifest source stopped"),
+        result = &mut source_run => result,
         () = shutdown => {
             tracing::info!("Shutting down; rules stay in place");
             Ok(())

@@ -78,7 +78,7 @@ fn section(output: &str, header: &str) -> String {
         "no {header:?} section in:\n{output}"
     );
     lines
-        .take_while(|l| !l.starts_with("# IPv"))
+        .take_while(|l| !l.starts_with("# "))
         .map(|l| format!("{l}\n"))
         .collect()
 }
@@ -88,8 +88,8 @@ fn dry_run_prints_rules_both_iptables_backends_accept() {
     let output = dry_run_output();
     assert!(output.contains("-A KUBE-SERVICES -m comment --comment \"demo/web:http cluster IP\""));
     assert!(output.contains("demo/empty:http has no endpoints"));
-    let v4 = section(&output, "# IPv4: iptables-restore");
-    let v6 = section(&output, "# IPv6: ip6tables-restore");
+    let v4 = section(&output, "# IPv4 iptables-restore input");
+    let v6 = section(&output, "# IPv6 ip6tables-restore input");
     for flavor in ["legacy", "nft"] {
         let ns = Netns::new(&format!("dry{}", &flavor[..1]));
         let restore = |cmd: &str, text: &str| {

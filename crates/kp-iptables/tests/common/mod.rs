@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kp_iptables::tracer::{Packet, Ruleset, Trace};
-use kp_iptables::{
-    IptablesOptions, LocalDetector, RenderInput, Rendered, Renderer, ServicePortState,
-};
+use kp_iptables::{IptablesOptions, LocalDetector, RenderInput, Rendered, Renderer};
 use kp_model::{
-    CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
+    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
     ServicePortName,
 };
+use kp_sync::ServicePortState;
 use kp_testkit::plan;
 
 /// Parses an address of the plan.
@@ -153,55 +152,24 @@ impl ServiceBuilder {
         &self.name
     }
 
-    /// The service port with its endpoints categorized as upstream does:
-    /// ready endpoints, falling back to serving terminating ones; local
-    /// endpoints only when a policy is Local.
-    pub fn build(self) -> (ServicePortName, ServicePortState) {
-        let port = &self.port;
-        let accessible = port.node_port.is_some()
-            || !port.external_ips.is_empty()
-            || !port.load_balancer_ips.is_empty();
-        let uses_cluster = !port.internal_policy_local || accessible;
-        let uses_local = port.internal_policy_local || (port.external_policy_local && accessible);
-        let all: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
-        let usable = |candidates: Vec<&Arc<Endpoint>>| {
-            let ready: Vec<_> = candidates
-                .iter()
-                .filter(|e| e.ready)
-                .map(|e| (*e).clone())
-                .collect();
-            if !ready.is_empty() {
-                return ready;
-            }
-            candidates
-                .into_iter()
-                .filter(|e| e.serving && e.terminating)
-                .cloned()
-                .collect::<Vec<_>>()
-        };
-        let cluster_usable = usable(all.iter().collect());
-        let local_usable = usable(all.iter().filter(|e| e.is_local).collect());
-        let has_any_endpoints = !cluster_usable.is_empty();
-        let cluster = if uses_cluster {
-            cluster_usable
-        } else {
-            Vec::new()
-        };
-        let local = if uses_local { local_usable } else { Vec::new() };
-        let mut all_reachable: Vec<_> = cluster.iter().chain(&local).cloned().collect();
-        all_reachable.sort_by_key(|e| (e.ip, e.port));
-        all_reachable.dedup_by_key(|e| (e.ip, e.port));
-        let endpoints = CategorizedEndpoints {
-            cluster,
-            local,
-            all_reachable,
-            has_any_endpoints,
-        };
+    /// The service port with its endpoints categorized by
+    /// `kp_model::categorize_endpoints` for this node, as the sync loop does.
+    pub fn build(mut self) -> (ServicePortName, ServicePortState) {
+        self.endpoints.sort_by_key(|e| (e.ip, e.port));
+        self.endpoints.dedup_by_key(|e| (e.ip, e.port));
+        let all_endpoints: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
+        let endpoints = categorize_endpoints(
+            &all_endpoints,
+            &self.port,
+            plan::NODE_NAME,
+            &BTreeMap::new(),
+        );
         (
             self.name,
             ServicePortState {
                 port: Arc::new(self.port),
                 endpoints,
+                all_endpoints,
             },
         )
     }

@@ -17,14 +17,6 @@ pub enum ModeError {
         /// The modes this build offers.
         available: String,
     },
-    /// The mode exists but only prints rules so far.
-    #[error(
-        "mode {mode} can only --dry-run in this build: its kernel applier is not available yet"
-    )]
-    DryRunOnly {
-        /// The mode asked for.
-        mode: &'static str,
-    },
     /// The configuration cannot be turned into the mode's settings.
     #[error("mode {mode}: {source:#}")]
     Config {
@@ -48,31 +40,25 @@ pub fn backend(
     node: &NodeInfo,
     dry_run: bool,
 ) -> Result<Box<dyn Backend>, ModeError> {
-    let _ = family;
     match mode {
-        ProxyMode::Iptables if dry_run => {
-            let config_error = |source| ModeError::Config {
+        ProxyMode::Iptables => {
+            iptables::backend(family, config, node, dry_run).map_err(|source| ModeError::Config {
                 mode: mode.as_str(),
                 source,
-            };
-            let options = iptables::options(config, &node.pod_cidrs).map_err(config_error)?;
-            let addresses = iptables::node_port_addresses(config, &node.addresses);
-            let backend =
-                iptables::DryRunBackend::new(options, addresses, Box::new(std::io::stdout()))
-                    .map_err(config_error)?;
-            Ok(Box::new(backend))
+            })
         }
-        ProxyMode::Iptables => Err(ModeError::DryRunOnly {
-            mode: mode.as_str(),
-        }),
         _ => Err(unavailable(mode)),
     }
 }
 
-/// `--cleanup`: removes what every mode of this build (and upstream, whose
-/// names we share) may have left behind.
+/// `--cleanup`: removes what the modes of this build (and upstream, whose
+/// names we share) may have left behind, whichever mode is configured.
 pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
-    Err(unavailable(mode).into())
+    tracing::info!(
+        configured = mode.as_str(),
+        "Removing the rules of every mode this build has"
+    );
+    iptables::cleanup()
 }
 
 fn unavailable(mode: ProxyMode) -> ModeError {

@@ -1,0 +1,307 @@
+//! Programming the kernel: `iptables-restore` for our chains, single
+//! `iptables` commands for the jump rules in built-in chains and the canary.
+//!
+//! [`Applier`] is the seam between the backend and the kernel. Three
+//! implementations exist:
+//! - [`SystemApplier`] runs the iptables programs of one [`IptablesFlavor`]
+//!   (`iptables-legacy-*`, `iptables-nft-*` or the `iptables` wrapper on the
+//!   PATH), in the network namespace of the calling thread.
+//! - [`FakeApplier`] keeps chains and jump rules in memory, for unit tests.
+//! - [`DryRunApplier`] writes what would be programmed to a writer.
+
+use std::fmt;
+
+use kp_model::IpFamily;
+
+use crate::jumps::{JumpRule, Table};
+
+mod dry_run;
+mod fake;
+mod system;
+
+pub use dry_run::DryRunApplier;
+pub use fake::{FakeApplier, FakeCall, FakeKernel};
+pub use system::SystemApplier;
+
+/// Applies rules for one or both IP families.
+///
+/// Every method names the family: ip6tables programs are used for
+/// [`IpFamily::V6`]. Methods take `&mut self` so a dry run can write and a
+/// fake can record.
+pub trait Applier: Send {
+    /// `iptables-restore --noflush --counters -w 5 -W 100000` with `text` on
+    /// stdin: one atomic transaction over every table in `text`.
+    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
+
+    /// The chains of `table` whose names start with `KUBE-`, from
+    /// `iptables-save -t TABLE`.
+    fn save_chains(&mut self, family: IpFamily, table: Table) -> Result<Vec<String>, ApplyError>;
+
+    /// Whether `chain` exists in `table` (`iptables -t TABLE -S CHAIN`).
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<bool, ApplyError>;
+
+    /// Creates `chain` in `table` unless it exists (`iptables -t TABLE -N
+    /// CHAIN`).
+    fn ensure_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<(), ApplyError>;
+
+    /// Prepends `rule` to its built-in chain unless it is there
+    /// (`iptables -t TABLE -C CHAIN … || iptables -t TABLE -I CHAIN …`).
+    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError>;
+
+    /// Removes `rule` from its built-in chain (`iptables -t TABLE -D CHAIN
+    /// …`). Returns false when it was not there.
+    fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError>;
+
+    /// Flushes and deletes `chain` (`iptables -t TABLE -F CHAIN`, then `-X
+    /// CHAIN`). Returns false when it did not exist.
+    fn flush_and_delete_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<bool, ApplyError>;
+
+    /// Marks the end of one sync. Only a dry run does something here: it
+    /// writes what the sync would have done.
+    fn end_sync(&mut self) -> Result<(), ApplyError> {
+        Ok(())
+    }
+}
+
+/// Which iptables programs to run. Hosts carry two implementations that do
+/// not see each other's rules: the legacy one (x_tables in the kernel) and
+/// the nft one (iptables syntax over nf_tables). kube-proxy must use the one
+/// the rest of the host (kubelet, the CNI plugin) uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IptablesFlavor {
+    /// `iptables-legacy`, `iptables-legacy-save`, `iptables-legacy-restore`.
+    Legacy,
+    /// `iptables-nft`, `iptables-nft-save`, `iptables-nft-restore`.
+    Nft,
+    /// `iptables`, `iptables-save`, `iptables-restore` as found on the PATH
+    /// (whatever the distribution's alternatives point at).
+    System,
+}
+
+/// Why a command could not program the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The program could not be started.
+    #[error("could not run {command} (is the iptables package installed?)")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The program ran and failed.
+    #[error("{command} exited with {status}: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// The exit status.
+        status: String,
+        /// What the program wrote to stderr.
+        stderr: String,
+    },
+    /// `iptables-restore` rejected one line of its input; nothing of the
+    /// input was applied.
+    #[error("{command} rejected line {line} of its input ({text:?}): {stderr}")]
+    RestoreLine {
+        /// The command line.
+        command: String,
+        /// The 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
+        /// What the program wrote to stderr.
+        stderr: String,
+    },
+    /// Writing to a dry run's output failed.
+    #[error("writing the dry-run output failed")]
+    Write(#[source] std::io::Error),
+}
+
+impl IptablesFlavor {
+    /// The program for `family` and `tool` (`""`, `"-save"` or
+    /// `"-restore"`), e.g. `ip6tables-legacy-restore`.
+    pub fn program(self, family: IpFamily, tool: Tool) -> String {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        let flavor = match self {
+            IptablesFlavor::Legacy => "-legacy",
+            IptablesFlavor::Nft => "-nft",
+            IptablesFlavor::System => "",
+        };
+        format!("{base}{flavor}{}", tool.suffix())
+    }
+
+    /// Picks the flavor the host uses, as upstream's iptables wrapper does:
+    /// kubelet's `KUBE-IPTABLES-HINT` chain (kubelet ≥ 1.24) or its
+    /// `KUBE-KUBELET-CANARY` chain in the mangle table names the flavor in
+    /// use; failing that, the flavor holding more rules wins. With no rules
+    /// anywhere, or without the `-legacy`/`-nft` programs, the `iptables`
+    /// wrapper on the PATH is used.
+    pub fn detect() -> IptablesFlavor {
+        const MARKERS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
+        let nft = save_all(IptablesFlavor::Nft, Some(Table::Mangle));
+        let legacy = save_all(IptablesFlavor::Legacy, Some(Table::Mangle));
+        for marker in MARKERS {
+            let declared = |text: &Option<String>| {
+                text.as_deref()
+                    .is_some_and(|t| t.lines().any(|l| l.starts_with(&format!(":{marker} "))))
+            };
+            if declared(&nft) {
+                return IptablesFlavor::Nft;
+            }
+            if declared(&legacy) {
+                return IptablesFlavor::Legacy;
+            }
+        }
+        let rules = |flavor| {
+            save_all(flavor, None).map(|text| text.lines().filter(|l| l.starts_with("-")).count())
+        };
+        let chosen = match (rules(IptablesFlavor::Legacy), rules(IptablesFlavor::Nft)) {
+            (Some(legacy), Some(nft)) if legacy > nft => IptablesFlavor::Legacy,
+            (Some(legacy), Some(nft)) if nft > legacy => IptablesFlavor::Nft,
+            _ => IptablesFlavor::System,
+        };
+        tracing::info!(flavor = %chosen, "detected iptables flavor");
+        chosen
+    }
+}
+
+impl fmt::Display for IptablesFlavor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IptablesFlavor::Legacy => "legacy",
+            IptablesFlavor::Nft => "nft",
+            IptablesFlavor::System => "system",
+        })
+    }
+}
+
+/// One of the three programs of a flavor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tool {
+    /// `iptables`
+    Iptables,
+    /// `iptables-save`
+    Save,
+    /// `iptables-restore`
+    Restore,
+}
+
+impl Tool {
+    fn suffix(self) -> &'static str {
+        match self {
+            Tool::Iptables => "",
+            Tool::Save => "-save",
+            Tool::Restore => "-restore",
+        }
+    }
+}
+
+/// The line number in an `iptables-restore` error: legacy and nft say
+/// `line N failed`, a parse error says `Error occurred at line: N`.
+pub fn restore_error_line(stderr: &str) -> Option<usize> {
+    let number_after = |marker: &str| {
+        let start = stderr.find(marker)? + marker.len();
+        let digits: String = stderr[start..]
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    ["Error occurred at line:", "line "]
+        .iter()
+        .find_map(|marker| number_after(marker))
+        .filter(|line| *line > 0)
+}
+
+/// The lines around 1-based `line` of `text`: up to `context` before and
+/// after, each with its number, the failing one marked with `>`.
+pub fn lines_around(text: &str, line: usize, context: usize) -> String {
+    let first = line.saturating_sub(context).max(1);
+    text.lines()
+        .enumerate()
+        .skip(first - 1)
+        .take(line + context + 1 - first)
+        .map(|(index, content)| {
+            let mark = if index + 1 == line { '>' } else { ' ' };
+            format!("{mark}{:>6} {content}", index + 1)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `iptables-save` output of `table` (all tables when `None`), or `None`
+/// when the program is missing or fails.
+fn save_all(flavor: IptablesFlavor, table: Option<Table>) -> Option<String> {
+    let mut command = std::process::Command::new(flavor.program(IpFamily::V4, Tool::Save));
+    if let Some(table) = table {
+        command.args(["-t", table.as_str()]);
+    }
+    let output = command.output().ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn programs_of_each_flavor() {
+        let restore = IptablesFlavor::Legacy.program(IpFamily::V4, Tool::Restore);
+        assert_eq!(restore, "iptables-legacy-restore");
+        let save = IptablesFlavor::Nft.program(IpFamily::V6, Tool::Save);
+        assert_eq!(save, "ip6tables-nft-save");
+        let plain = IptablesFlavor::System.program(IpFamily::V4, Tool::Iptables);
+        assert_eq!(plain, "iptables");
+    }
+
+    #[test]
+    fn failing_line_is_found_in_legacy_nft_and_parse_errors() {
+        assert_eq!(
+            restore_error_line("iptables-restore: line 4 failed\n"),
+            Some(4)
+        );
+        let nft = "iptables-nft-restore: line 12 failed: No chain/target/match by that name.";
+        assert_eq!(restore_error_line(nft), Some(12));
+        let parse = "iptables-restore v1.8.9 (legacy): Couldn't load match `foo':No such file \
+                     or directory\n\nError occurred at line: 3\nTry `iptables-restore -h'";
+        assert_eq!(restore_error_line(parse), Some(3));
+        assert_eq!(
+            restore_error_line("Another app is currently holding the xtables lock"),
+            None
+        );
+    }
+
+    #[test]
+    fn neighbours_of_the_failing_line() {
+        let text = "a\nb\nc\nd\ne\nf\n";
+        assert_eq!(
+            lines_around(text, 2, 2),
+            "      1 a\n>     2 b\n      3 c\n      4 d"
+        );
+        assert_eq!(lines_around(text, 6, 2).lines().count(), 3);
+    }
+}

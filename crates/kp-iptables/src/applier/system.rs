@@ -1,0 +1,314 @@
+//! The real applier: runs the iptables programs of one flavor.
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+use kp_model::IpFamily;
+
+use super::{lines_around, restore_error_line, Applier, ApplyError, IptablesFlavor, Tool};
+use crate::jumps::{JumpRule, Table};
+
+/// Wait up to 5 s for the xtables lock, polling every 100 ms: upstream's
+/// `-w 5 -W 100000` (iptables ≥ 1.6.2), so that kube-proxy and other users
+/// of the lock (kubelet, CNI plugins) take turns instead of failing.
+const WAIT_ARGS: [&str; 4] = ["-w", "5", "-W", "100000"];
+
+/// Lines shown on each side of a line `iptables-restore` rejected.
+const ERROR_CONTEXT_LINES: usize = 2;
+
+/// Runs `iptables`, `iptables-save` and `iptables-restore` (or their
+/// ip6tables twins) of one [`IptablesFlavor`]. The programs run in the
+/// network namespace of the calling thread, unless
+/// [`in_network_namespace`](SystemApplier::in_network_namespace) says
+/// otherwise.
+#[derive(Debug, Clone)]
+pub struct SystemApplier {
+    flavor: IptablesFlavor,
+    prefix: Vec<String>,
+}
+
+impl SystemApplier {
+    /// An applier running the programs of `flavor`.
+    pub fn new(flavor: IptablesFlavor) -> Self {
+        Self {
+            flavor,
+            prefix: Vec::new(),
+        }
+    }
+
+    /// Runs every program through `ip netns exec NAME`, in that named
+    /// network namespace (benchmarks and tools; the proxy itself runs in the
+    /// namespace it programs).
+    pub fn in_network_namespace(mut self, name: &str) -> Self {
+        self.prefix = ["ip", "netns", "exec", name].map(String::from).to_vec();
+        self
+    }
+
+    /// The flavor whose programs this applier runs.
+    pub fn flavor(&self) -> IptablesFlavor {
+        self.flavor
+    }
+
+    fn command(&self, family: IpFamily, tool: Tool) -> (Command, String) {
+        let program = self.flavor.program(family, tool);
+        let mut words = self.prefix.clone();
+        words.push(program);
+        let mut command = Command::new(&words[0]);
+        command.args(&words[1..]);
+        (command, words.join(" "))
+    }
+
+    /// Runs `iptables [-w…] -t TABLE ARGS…` and returns its output, whatever
+    /// the exit status.
+    fn iptables(
+        &self,
+        family: IpFamily,
+        table: Table,
+        args: &[&str],
+    ) -> Result<(Output, String), ApplyError> {
+        let (mut command, mut line) = self.command(family, Tool::Iptables);
+        command
+            .args(WAIT_ARGS)
+            .args(["-t", table.as_str()])
+            .args(args);
+        line = format!("{line} -t {table} {}", args.join(" "));
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| ApplyError::Spawn {
+                command: line.clone(),
+                source,
+            })?;
+        Ok((output, line))
+    }
+
+    /// Runs an iptables command that must succeed.
+    fn iptables_ok(&self, family: IpFamily, table: Table, args: &[&str]) -> Result<(), ApplyError> {
+        let (output, command) = self.iptables(family, table, args)?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(failed(command, &output))
+        }
+    }
+}
+
+impl Applier for SystemApplier {
+    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        let (mut command, line) = self.command(family, Tool::Restore);
+        let command_line = format!("{line} --noflush --counters {}", WAIT_ARGS.join(" "));
+        let spawn_error = |source| ApplyError::Spawn {
+            command: command_line.clone(),
+            source,
+        };
+        let mut child = command
+            .args(["--noflush", "--counters"])
+            .args(WAIT_ARGS)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
+        let written = match child.stdin.take() {
+            Some(mut stdin) => stdin.write_all(text.as_bytes()),
+            None => Ok(()),
+        };
+        let output = child.wait_with_output().map_err(spawn_error)?;
+        if output.status.success() {
+            // A write error without a failed exit cannot happen: restore
+            // reads all of stdin before it commits.
+            return written.map_err(spawn_error);
+        }
+        Err(restore_failed(command_line, &output, text))
+    }
+
+    fn save_chains(&mut self, family: IpFamily, table: Table) -> Result<Vec<String>, ApplyError> {
+        let (mut command, line) = self.command(family, Tool::Save);
+        let line = format!("{line} -t {table}");
+        let output = command
+            .args(["-t", table.as_str()])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| ApplyError::Spawn {
+                command: line.clone(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(failed(line, &output));
+        }
+        Ok(kube_chains(&String::from_utf8_lossy(&output.stdout)))
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<bool, ApplyError> {
+        let (output, command) = self.iptables(family, table, &["-S", chain])?;
+        match output.status.code() {
+            Some(0) => Ok(true),
+            // Exit status 1: no such chain (nft may also call it
+            // "incompatible" when legacy tables exist in the namespace).
+            Some(1) => Ok(false),
+            _ => Err(failed(command, &output)),
+        }
+    }
+
+    fn ensure_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<(), ApplyError> {
+        let (output, command) = self.iptables(family, table, &["-N", chain])?;
+        if output.status.success() || stderr(&output).contains("already exists") {
+            return Ok(());
+        }
+        // Some versions word it differently; the chain existing is what
+        // counts.
+        if self.chain_exists(family, table, chain)? {
+            return Ok(());
+        }
+        Err(failed(command, &output))
+    }
+
+    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError> {
+        let mut check = vec!["-C", rule.builtin_chain];
+        check.extend(rule.args());
+        let (output, _) = self.iptables(family, rule.table, &check)?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let mut insert = vec!["-I", rule.builtin_chain];
+        insert.extend(rule.args());
+        self.iptables_ok(family, rule.table, &insert)?;
+        tracing::debug!(
+            table = %rule.table,
+            chain = rule.builtin_chain,
+            target = rule.target_chain,
+            "inserted jump rule"
+        );
+        Ok(())
+    }
+
+    fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError> {
+        let mut delete = vec!["-D", rule.builtin_chain];
+        delete.extend(rule.args());
+        let (output, command) = self.iptables(family, rule.table, &delete)?;
+        if output.status.success() {
+            Ok(true)
+        } else if is_not_found(&output) {
+            Ok(false)
+        } else {
+            Err(failed(command, &output))
+        }
+    }
+
+    fn flush_and_delete_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<bool, ApplyError> {
+        let (output, command) = self.iptables(family, table, &["-F", chain])?;
+        if !output.status.success() {
+            return if is_not_found(&output) {
+                Ok(false)
+            } else {
+                Err(failed(command, &output))
+            };
+        }
+        self.iptables_ok(family, table, &["-X", chain])?;
+        Ok(true)
+    }
+}
+
+/// The `KUBE-*` chains declared in `iptables-save` output.
+pub(crate) fn kube_chains(save: &str) -> Vec<String> {
+    save.lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|chain| chain.starts_with("KUBE-"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| !line.contains("deprecated --wait-interval"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A missing rule, chain or jump target: exit status 1, or legacy's
+/// complaint about a target chain that does not exist.
+fn is_not_found(output: &Output) -> bool {
+    let text = stderr(output);
+    output.status.code() == Some(1)
+        || text.contains("Couldn't load target")
+        || text.contains("does not exist")
+        || text.contains("No chain/target/match")
+}
+
+fn failed(command: String, output: &Output) -> ApplyError {
+    ApplyError::Failed {
+        command,
+        status: output.status.to_string(),
+        stderr: stderr(output),
+    }
+}
+
+/// The error of a failed restore, naming the rejected line when the
+/// program said which; the line and its neighbours are logged.
+fn restore_failed(command: String, output: &Output, input: &str) -> ApplyError {
+    let stderr = stderr(output);
+    let Some(line) = restore_error_line(&stderr) else {
+        tracing::error!(%command, %stderr, "iptables-restore failed");
+        return ApplyError::Failed {
+            command,
+            status: output.status.to_string(),
+            stderr,
+        };
+    };
+    let text = input.lines().nth(line - 1).unwrap_or_default().to_owned();
+    tracing::error!(
+        %command,
+        line,
+        rule = %text,
+        context = %lines_around(input, line, ERROR_CONTEXT_LINES),
+        %stderr,
+        "iptables-restore rejected a line of its input"
+    );
+    ApplyError::RestoreLine {
+        command,
+        line,
+        text,
+        stderr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn only_kube_chains_are_listed() {
+        let save = "# Generated by iptables-save\n*nat\n:PREROUTING ACCEPT [0:0]\n\
+                    :KUBE-SERVICES - [0:0]\n:DOCKER - [0:0]\n:KUBE-SEP-ABC - [3:180]\n\
+                    -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
+        assert_eq!(kube_chains(save), ["KUBE-SERVICES", "KUBE-SEP-ABC"]);
+    }
+
+    #[test]
+    fn a_missing_program_names_the_command() {
+        let mut applier = SystemApplier::new(IptablesFlavor::Legacy);
+        applier.prefix = vec!["/nonexistent/kp-test-program".to_owned()];
+        let error = applier.restore(IpFamily::V4, "*nat\nCOMMIT\n").unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("iptables-legacy-restore --noflush --counters -w 5"));
+        assert!(matches!(error, ApplyError::Spawn { .. }));
+    }
+}

@@ -1,0 +1,435 @@
+//! [`IptablesBackend`]: the iptables mode as a [`kp_sync::Backend`].
+//!
+//! One sync is: decide full or partial, on a full sync ensure the canary
+//! chains, list the existing `KUBE-*` chains of the nat table, render, apply
+//! the rendered text with one `iptables-restore` (both tables, one atomic
+//! transaction), and on a full sync ensure the jump rules from the built-in
+//! chains into ours.
+//!
+//! **Canary.** `KUBE-PROXY-CANARY` is created empty in the mangle, nat and
+//! filter tables on every full sync. A partial sync first checks that all
+//! three still exist; if one is gone, someone deleted our tables (a firewall
+//! reload) and the sync becomes full, which recreates everything. Upstream
+//! also polls the canary on a timer of its own; here the sync loop's
+//! periodic run (`syncPeriod`) is a full sync anyway, which also repairs a
+//! flush that leaves chains in place (`iptables -t nat -F`), so a separate
+//! timer would add nothing but wake-ups.
+
+use std::io;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_model::{IpFamily, NodeInfo};
+use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
+
+use crate::applier::{Applier, ApplyError, DryRunApplier, IptablesFlavor, SystemApplier};
+use crate::host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
+use crate::jumps::{Table, JUMP_RULES};
+use crate::names::{KUBE_FIREWALL, KUBE_PROXY_CANARY};
+use crate::options::IptablesOptions;
+use crate::render::{is_large_cluster, RenderInput, Rendered, Renderer};
+use crate::IptablesError;
+
+/// The mode's name, as `--proxy-mode` spells it.
+pub const MODE: &str = "iptables";
+
+/// `net.ipv4.conf.all.route_localnet`: lets packets to 127.0.0.0/8 be
+/// routed (DNATed) off the host, which localhost NodePorts need.
+pub const SYSCTL_ROUTE_LOCALNET: &str = "net.ipv4.conf.all.route_localnet";
+/// `net.bridge.bridge-nf-call-iptables`: bridged IPv4 traffic (pod to pod
+/// on one node) goes through iptables, so Service DNAT applies to it.
+pub const SYSCTL_BRIDGE_CALL_IPTABLES: &str = "net.bridge.bridge-nf-call-iptables";
+/// `net.bridge.bridge-nf-call-ip6tables`: the same for IPv6.
+pub const SYSCTL_BRIDGE_CALL_IP6TABLES: &str = "net.bridge.bridge-nf-call-ip6tables";
+
+/// The tables holding a canary chain.
+const CANARY_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Filter];
+
+/// Where NodePorts answer (`nodePortAddresses`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    /// On every local address (`-m addrtype --dst-type LOCAL`): no
+    /// `nodePortAddresses`, or a CIDR of length 0 for the family.
+    #[default]
+    All,
+    /// On the host's addresses inside `cidrs`, looked up again on every
+    /// sync (interfaces come and go), plus, with `primary`, the node's
+    /// primary address of the family: the first address of that family in
+    /// the Node's `status.addresses` (upstream's `primary` keyword, which
+    /// it resolves to the node IPs it detected at start).
+    Select {
+        /// CIDRs of both families; those of the other family are ignored.
+        cidrs: Vec<IpNet>,
+        /// The `primary` keyword was given.
+        primary: bool,
+    },
+}
+
+/// The iptables mode for one IP family: renders with a [`Renderer`] and
+/// programs through an [`Applier`].
+pub struct IptablesBackend {
+    family: IpFamily,
+    renderer: Renderer,
+    node_port_addresses: NodePortAddresses,
+    applier: Box<dyn Applier>,
+    sysctl: Box<dyn Sysctl>,
+    local_addresses: Box<dyn FnMut() -> io::Result<Vec<IpAddr>> + Send>,
+    needs_full_sync: bool,
+    host_checked: bool,
+}
+
+impl NodePortAddresses {
+    /// Parses `nodePortAddresses` as configured: CIDRs and the keyword
+    /// `primary`; an empty list means [`NodePortAddresses::All`].
+    pub fn parse(values: &[String]) -> Result<Self, IptablesError> {
+        if values.is_empty() {
+            return Ok(NodePortAddresses::All);
+        }
+        let mut cidrs = Vec::new();
+        let mut primary = false;
+        for value in values {
+            if value == "primary" {
+                primary = true;
+                continue;
+            }
+            let cidr = value
+                .parse::<IpNet>()
+                .map_err(|_| IptablesError::InvalidOption {
+                    field: "nodePortAddresses",
+                    value: value.clone(),
+                    valid: "CIDRs such as 192.168.99.0/24, or the keyword primary",
+                })?;
+            cidrs.push(cidr);
+        }
+        Ok(NodePortAddresses::Select { cidrs, primary })
+    }
+
+    /// The addresses NodePorts answer on for `family`, among the host's
+    /// `local` addresses; `None` means every local address. As upstream,
+    /// a selection with no CIDR of the family (and no `primary`) selects
+    /// everything.
+    pub fn resolve(
+        &self,
+        family: IpFamily,
+        node: &NodeInfo,
+        local: &[IpAddr],
+    ) -> Option<Vec<IpAddr>> {
+        let NodePortAddresses::Select { cidrs, primary } = self else {
+            return None;
+        };
+        let of_family: Vec<&IpNet> = cidrs
+            .iter()
+            .filter(|c| is_family(&c.addr(), family))
+            .collect();
+        if (of_family.is_empty() && !primary) || of_family.iter().any(|c| c.prefix_len() == 0) {
+            return None;
+        }
+        let mut selected: Vec<IpAddr> = local
+            .iter()
+            .copied()
+            .filter(|ip| is_family(ip, family) && of_family.iter().any(|c| c.contains(ip)))
+            .collect();
+        if *primary {
+            let node_ip = node.addresses.iter().find(|ip| is_family(ip, family));
+            selected.extend(node_ip.copied());
+        }
+        selected.sort_unstable();
+        selected.dedup();
+        Some(selected)
+    }
+}
+
+impl IptablesBackend {
+    /// A backend for `family` programming through `applier`, with sysctls
+    /// under `/proc/sys` and the host's addresses from `/proc` (both of the
+    /// calling thread's network namespace).
+    pub fn new(
+        family: IpFamily,
+        options: IptablesOptions,
+        node_port_addresses: NodePortAddresses,
+        applier: Box<dyn Applier>,
+    ) -> Result<Self, IptablesError> {
+        Ok(Self {
+            family,
+            renderer: Renderer::new(options)?,
+            node_port_addresses,
+            applier,
+            sysctl: Box::new(ProcSysctl),
+            local_addresses: Box::new(local_addresses),
+            needs_full_sync: true,
+            host_checked: false,
+        })
+    }
+
+    /// A backend running the iptables programs of `flavor` (see
+    /// [`IptablesFlavor::detect`]).
+    pub fn system(
+        family: IpFamily,
+        options: IptablesOptions,
+        node_port_addresses: NodePortAddresses,
+        flavor: IptablesFlavor,
+    ) -> Result<Self, IptablesError> {
+        let applier = Box::new(SystemApplier::new(flavor));
+        Self::new(family, options, node_port_addresses, applier)
+    }
+
+    /// A backend that writes what it would program to `out` and touches
+    /// nothing (`--dry-run`); sysctls are only pretended.
+    pub fn dry_run(
+        family: IpFamily,
+        options: IptablesOptions,
+        node_port_addresses: NodePortAddresses,
+        out: Box<dyn std::io::Write + Send>,
+    ) -> Result<Self, IptablesError> {
+        let applier = Box::new(DryRunApplier::new(out));
+        Ok(Self::new(family, options, node_port_addresses, applier)?
+            .with_sysctl(Box::new(MemorySysctl::new())))
+    }
+
+    /// Uses `sysctl` instead of `/proc/sys`.
+    pub fn with_sysctl(mut self, sysctl: Box<dyn Sysctl>) -> Self {
+        self.sysctl = sysctl;
+        self
+    }
+
+    /// Uses `addresses` to list the host's addresses for
+    /// [`NodePortAddresses::Select`].
+    pub fn with_local_addresses(
+        mut self,
+        addresses: impl FnMut() -> io::Result<Vec<IpAddr>> + Send + 'static,
+    ) -> Self {
+        self.local_addresses = Box::new(addresses);
+        self
+    }
+
+    /// A partial sync is enough unless asked otherwise, this is the first
+    /// sync, the previous one failed, or a canary chain is gone.
+    fn decide_full(&mut self, request: &SyncRequest<'_>) -> Result<bool, BackendError> {
+        if request.full || self.needs_full_sync {
+            return Ok(true);
+        }
+        for table in CANARY_TABLES {
+            let present = self
+                .applier
+                .chain_exists(self.family, table, KUBE_PROXY_CANARY)
+                .map_err(|e| apply_error("checking the canary chain", e))?;
+            if !present {
+                tracing::warn!(
+                    family = family_name(self.family),
+                    %table,
+                    chain = KUBE_PROXY_CANARY,
+                    "canary chain is gone: iptables rules were flushed by someone else; doing a full sync"
+                );
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// What a full sync does before the restore: host settings (once) and
+    /// the canary chains.
+    fn prepare_full_sync(&mut self, node_ports: Option<&[IpAddr]>) -> Result<(), BackendError> {
+        if !self.host_checked {
+            self.check_host(node_ports)?;
+            self.host_checked = true;
+        }
+        for table in CANARY_TABLES {
+            self.applier
+                .ensure_chain(self.family, table, KUBE_PROXY_CANARY)
+                .map_err(|e| apply_error("creating the canary chain", e))?;
+        }
+        Ok(())
+    }
+
+    /// What a full sync does after the restore: the jump rules from the
+    /// built-in chains. Doing them last means a fresh host routes packets
+    /// into our chains only once they are complete. The restore declared
+    /// every target chain except kubelet's KUBE-FIREWALL, which exists
+    /// only with localhost NodePorts, so that one is ensured here.
+    fn ensure_jump_rules(&mut self) -> Result<(), BackendError> {
+        self.applier
+            .ensure_chain(self.family, Table::Filter, KUBE_FIREWALL)
+            .map_err(|e| apply_error("creating kubelet's firewall chain", e))?;
+        for rule in JUMP_RULES {
+            self.applier
+                .ensure_jump(self.family, rule)
+                .map_err(|e| apply_error("ensuring a jump rule", e))?;
+        }
+        Ok(())
+    }
+
+    /// Sets route_localnet when localhost NodePorts need it, and warns when
+    /// bridged traffic bypasses iptables.
+    fn check_host(&mut self, node_ports: Option<&[IpAddr]>) -> Result<(), BackendError> {
+        let loopback_allowed =
+            node_ports.is_none_or(|ips| ips.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()));
+        let options = self.renderer.options();
+        if self.family == IpFamily::V4 && options.localhost_node_ports && loopback_allowed {
+            self.sysctl
+                .set(SYSCTL_ROUTE_LOCALNET, "1")
+                .map_err(|source| BackendError::Apply {
+                    mode: MODE,
+                    attempted: format!(
+                        "setting sysctl {SYSCTL_ROUTE_LOCALNET}=1 (needed by localhost NodePorts; \
+                         set iptables.localhostNodePorts: false to do without)"
+                    ),
+                    source: Box::new(source),
+                })?;
+            tracing::info!(
+                sysctl = SYSCTL_ROUTE_LOCALNET,
+                value = 1,
+                "set sysctl for localhost NodePorts"
+            );
+        }
+        let bridge = match self.family {
+            IpFamily::V4 => SYSCTL_BRIDGE_CALL_IPTABLES,
+            IpFamily::V6 => SYSCTL_BRIDGE_CALL_IP6TABLES,
+        };
+        match self.sysctl.get(bridge) {
+            Ok(value) if value == "1" => {}
+            Ok(value) => tracing::warn!(
+                sysctl = bridge,
+                %value,
+                "bridged traffic bypasses iptables: pods on one bridge may not reach Services; set the sysctl to 1"
+            ),
+            Err(_) => tracing::warn!(
+                sysctl = bridge,
+                "br_netfilter module not loaded: if pods are connected by a Linux bridge, they may not reach Services (modprobe br_netfilter)"
+            ),
+        }
+        Ok(())
+    }
+
+    fn resolve_node_ports(&mut self, node: &NodeInfo) -> Result<Option<Vec<IpAddr>>, BackendError> {
+        if self.node_port_addresses == NodePortAddresses::All {
+            return Ok(None);
+        }
+        let local = (self.local_addresses)().map_err(|source| BackendError::Apply {
+            mode: MODE,
+            attempted: "listing the host's addresses for nodePortAddresses".to_owned(),
+            source: Box::new(source),
+        })?;
+        Ok(self.node_port_addresses.resolve(self.family, node, &local))
+    }
+}
+
+impl Backend for IptablesBackend {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
+        if request.family != self.family {
+            return Err(BackendError::Render {
+                mode: MODE,
+                reason: format!(
+                    "a sync of {} rules reached the {} backend",
+                    family_name(request.family),
+                    family_name(self.family)
+                ),
+            });
+        }
+        let full = self.decide_full(request)?;
+        // Until this sync succeeds, the kernel may hold anything.
+        self.needs_full_sync = true;
+        let node_ports = self.resolve_node_ports(request.node)?;
+        if full {
+            self.prepare_full_sync(node_ports.as_deref())?;
+        }
+        // Listing chains takes long with many rules, so large clusters look
+        // for stale chains only on full syncs, as upstream does.
+        let existing = if full || !is_large_cluster(request.service_ports) {
+            let chains = self.applier.save_chains(self.family, Table::Nat);
+            Some(chains.map_err(|e| apply_error("listing the existing chains", e))?)
+        } else {
+            None
+        };
+        let rendered = self.renderer.render(&RenderInput {
+            family: self.family,
+            full,
+            service_ports: request.service_ports,
+            changed_services: request.changed_services,
+            node: request.node,
+            node_port_addresses: node_ports.as_deref(),
+            existing_nat_chains: existing.as_deref(),
+        });
+        tracing::trace!(family = family_name(self.family), rules = %rendered.restore, "applying iptables rules");
+        self.applier
+            .restore(self.family, &rendered.restore)
+            .map_err(|e| apply_error("applying the rules", e))?;
+        if full {
+            self.ensure_jump_rules()?;
+        }
+        self.applier
+            .end_sync()
+            .map_err(|e| apply_error("finishing the sync", e))?;
+        self.needs_full_sync = false;
+        Ok(outcome(&rendered))
+    }
+}
+
+impl std::fmt::Debug for IptablesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IptablesBackend")
+            .field("family", &self.family)
+            .field("node_port_addresses", &self.node_port_addresses)
+            .field("needs_full_sync", &self.needs_full_sync)
+            .finish_non_exhaustive()
+    }
+}
+
+fn outcome(rendered: &Rendered) -> SyncOutcome {
+    let stats = &rendered.stats;
+    SyncOutcome {
+        full: rendered.full,
+        rules_per_table: vec![
+            ("filter".to_owned(), stats.filter_rules),
+            ("nat".to_owned(), stats.nat_rules_total),
+        ],
+        chains_per_table: vec![
+            ("filter".to_owned(), stats.filter_chains),
+            ("nat".to_owned(), stats.nat_chains_total),
+        ],
+        objects_written: stats.filter_chains
+            + stats.filter_rules
+            + stats.nat_chains
+            + stats.nat_rules
+            + stats.deleted_chains,
+    }
+}
+
+/// A backend error for a failed step; a rejected restore line is named in
+/// `attempted` so it shows in the one-line log of the sync loop.
+fn apply_error(step: &str, error: ApplyError) -> BackendError {
+    let attempted = match &error {
+        ApplyError::RestoreLine {
+            command,
+            line,
+            text,
+            ..
+        } => format!("{step} with {command} (line {line}: {text})"),
+        ApplyError::Spawn { command, .. } | ApplyError::Failed { command, .. } => {
+            format!("{step} with {command}")
+        }
+        ApplyError::Write(_) => step.to_owned(),
+    };
+    BackendError::Apply {
+        mode: MODE,
+        attempted,
+        source: Box::new(error),
+    }
+}
+
+fn is_family(ip: &IpAddr, family: IpFamily) -> bool {
+    ip.is_ipv4() == (family == IpFamily::V4)
+}
+
+fn family_name(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,395 @@
+//! The backend over the fake kernel: what a sync programs, when it is full,
+//! and what the host settings become.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kp_model::{
+    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
+    ServicePortName,
+};
+use kp_sync::{Backend, BackendError, ServicePortState, StaleConntrack, SyncRequest};
+
+use super::*;
+use crate::applier::{FakeCall, FakeKernel};
+use crate::tracer::{Packet, Ruleset};
+
+const NODE_IP: &str = "192.168.99.2";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn node() -> NodeInfo {
+    NodeInfo {
+        name: "node-1".into(),
+        addresses: vec![ip(NODE_IP)],
+        ..NodeInfo::default()
+    }
+}
+
+/// `ns1/<name>:http` at `cluster_ip:80` with ready endpoints on port 8080.
+fn service_port(
+    name: &str,
+    cluster_ip: &str,
+    endpoint_ips: &[&str],
+) -> (ServicePortName, ServicePortState) {
+    let port = ServicePort {
+        cluster_ip: ip(cluster_ip),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: Some(30080),
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        traffic_distribution: None,
+        topology_mode: None,
+    };
+    let all_endpoints: Vec<Arc<Endpoint>> = endpoint_ips
+        .iter()
+        .map(|address| {
+            Arc::new(Endpoint {
+                ip: ip(address),
+                port: 8080,
+                ready: true,
+                serving: true,
+                terminating: false,
+                is_local: false,
+                node_name: Some("node-2".into()),
+                zone: None,
+                zone_hints: None,
+                node_hints: None,
+            })
+        })
+        .collect();
+    let endpoints = categorize_endpoints(&all_endpoints, &port, "node-1", &BTreeMap::new());
+    let name = ServicePortName {
+        service: svc(name),
+        port: "http".into(),
+        protocol: Protocol::Tcp,
+    };
+    let state = ServicePortState {
+        port: Arc::new(port),
+        endpoints,
+        all_endpoints,
+    };
+    (name, state)
+}
+
+fn svc(name: &str) -> NamespacedName {
+    NamespacedName {
+        namespace: "ns1".into(),
+        name: name.into(),
+    }
+}
+
+/// A backend over a fresh fake kernel, and the kernel.
+fn backend() -> (IptablesBackend, FakeKernel, MemorySysctl) {
+    let kernel = FakeKernel::new();
+    let sysctl = MemorySysctl::new().with(SYSCTL_BRIDGE_CALL_IPTABLES, "1");
+    let backend = IptablesBackend::new(
+        IpFamily::V4,
+        IptablesOptions::default(),
+        NodePortAddresses::All,
+        Box::new(kernel.applier()),
+    )
+    .unwrap()
+    .with_sysctl(Box::new(sysctl.clone()));
+    (backend, kernel, sysctl)
+}
+
+struct World {
+    services: BTreeMap<ServicePortName, ServicePortState>,
+    node: NodeInfo,
+    stale: StaleConntrack,
+}
+
+impl World {
+    fn new(services: &[(ServicePortName, ServicePortState)]) -> Self {
+        Self {
+            services: services.iter().cloned().collect(),
+            node: node(),
+            stale: StaleConntrack::default(),
+        }
+    }
+
+    fn sync(
+        &self,
+        backend: &mut IptablesBackend,
+        full: bool,
+        changed: &[&str],
+    ) -> Result<kp_sync::SyncOutcome, BackendError> {
+        let changed: BTreeSet<NamespacedName> = changed.iter().map(|n| svc(n)).collect();
+        backend.sync(&SyncRequest {
+            family: IpFamily::V4,
+            full,
+            service_ports: &self.services,
+            changed_services: &changed,
+            node: &self.node,
+            stale_conntrack: &self.stale,
+        })
+    }
+}
+
+fn restores(calls: &[FakeCall]) -> Vec<&str> {
+    calls
+        .iter()
+        .filter_map(|call| match call {
+            FakeCall::Restore(_, text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn with_jumps(kernel: &FakeKernel) -> Ruleset {
+    kernel.ruleset(IpFamily::V4).with_jump_rules().unwrap()
+}
+
+#[test]
+fn first_sync_is_full_creates_canaries_jumps_and_rules_in_one_restore() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+
+    let outcome = world.sync(&mut backend, false, &[]).unwrap();
+
+    assert!(
+        outcome.full,
+        "a partial request is upgraded on the first sync"
+    );
+    let calls = kernel.take_calls();
+    assert_eq!(restores(&calls).len(), 1, "one atomic restore");
+    for table in [Table::Mangle, Table::Nat, Table::Filter] {
+        let chains = kernel.chains(IpFamily::V4, table);
+        assert!(chains.contains(&KUBE_PROXY_CANARY.to_owned()), "{table}");
+    }
+    assert_eq!(kernel.jumps(IpFamily::V4).len(), JUMP_RULES.len());
+    let trace = with_jumps(&kernel).trace(
+        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
+        &[ip(NODE_IP)],
+    );
+    let reached: Vec<String> = trace.destinations().iter().map(|d| d.to_string()).collect();
+    assert_eq!(reached, ["10.244.2.3:8080"]);
+    assert_eq!(outcome.rules_per_table[1].0, "nat");
+    assert!(outcome.rules_per_table[1].1 > 0);
+}
+
+#[test]
+fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
+    let (mut backend, kernel, _) = backend();
+    let before = World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3"]),
+        service_port("db", "10.96.0.11", &["10.244.2.4"]),
+    ]);
+    before.sync(&mut backend, false, &[]).unwrap();
+    kernel.take_calls();
+
+    let after = World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3", "10.244.2.9"]),
+        service_port("db", "10.96.0.11", &["10.244.2.4"]),
+    ]);
+    let outcome = after.sync(&mut backend, false, &["web"]).unwrap();
+
+    assert!(!outcome.full);
+    let calls = kernel.take_calls();
+    let canary_checks = calls
+        .iter()
+        .filter(|c| matches!(c, FakeCall::ChainExists(_, _, chain) if chain == KUBE_PROXY_CANARY))
+        .count();
+    assert_eq!(canary_checks, 3, "mangle, nat and filter");
+    assert!(!calls.iter().any(|c| matches!(c, FakeCall::EnsureJump(..))));
+    let restore = restores(&calls)[0];
+    assert!(restore.contains("10.244.2.9"));
+    assert!(!restore.contains("10.244.2.4"), "db is left alone");
+    let trace = with_jumps(&kernel).trace(
+        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.11"), 80),
+        &[ip(NODE_IP)],
+    );
+    assert_eq!(trace.destinations().len(), 1, "db still works");
+}
+
+#[test]
+fn a_wiped_table_makes_the_next_sync_full_and_repairs_it() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, false, &[]).unwrap();
+
+    kernel.wipe_table(IpFamily::V4, Table::Nat);
+    let outcome = world.sync(&mut backend, false, &[]).unwrap();
+
+    assert!(outcome.full, "the missing canary forces a full sync");
+    let nat = kernel.chains(IpFamily::V4, Table::Nat);
+    assert!(nat.iter().any(|c| c.starts_with("KUBE-SVC-")));
+    assert!(nat.contains(&KUBE_PROXY_CANARY.to_owned()));
+    let nat_jumps = kernel
+        .jumps(IpFamily::V4)
+        .into_iter()
+        .filter(|j| j.table == Table::Nat);
+    assert_eq!(nat_jumps.count(), 3);
+}
+
+#[test]
+fn a_failed_restore_is_reported_and_the_next_sync_is_full() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+
+    kernel.fail_restores(1);
+    let error = world.sync(&mut backend, false, &["web"]).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("line 2"), "{message}");
+    assert!(message.contains("fake-iptables-restore"), "{message}");
+
+    let outcome = world.sync(&mut backend, false, &[]).unwrap();
+    assert!(outcome.full, "the sync after a failure is full");
+}
+
+#[test]
+fn removed_service_chains_are_deleted_on_a_partial_sync() {
+    let (mut backend, kernel, _) = backend();
+    World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3"]),
+        service_port("db", "10.96.0.11", &["10.244.2.4"]),
+    ])
+    .sync(&mut backend, false, &[])
+    .unwrap();
+    let before = kernel.chains(IpFamily::V4, Table::Nat).len();
+
+    World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])])
+        .sync(&mut backend, false, &["db"])
+        .unwrap();
+
+    let after = kernel.chains(IpFamily::V4, Table::Nat).len();
+    assert_eq!(before - after, 3, "SVC, EXT and SEP of db");
+}
+
+#[test]
+fn localhost_node_ports_set_route_localnet_once() {
+    let (mut backend, _kernel, sysctl) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    assert_eq!(sysctl.get(SYSCTL_ROUTE_LOCALNET).unwrap(), "1");
+}
+
+#[test]
+fn without_localhost_node_ports_route_localnet_is_left_alone() {
+    let kernel = FakeKernel::new();
+    let sysctl = MemorySysctl::new();
+    let options = IptablesOptions {
+        localhost_node_ports: false,
+        ..IptablesOptions::default()
+    };
+    let mut backend = IptablesBackend::new(
+        IpFamily::V4,
+        options,
+        NodePortAddresses::All,
+        Box::new(kernel.applier()),
+    )
+    .unwrap()
+    .with_sysctl(Box::new(sysctl.clone()));
+    World::new(&[]).sync(&mut backend, true, &[]).unwrap();
+    assert!(sysctl.get(SYSCTL_ROUTE_LOCALNET).is_err());
+}
+
+#[test]
+fn node_port_addresses_select_host_addresses_in_cidrs_and_the_primary_ip() {
+    let config = ["192.168.99.0/24", "primary", "fd00::/8"].map(String::from);
+    let selection = NodePortAddresses::parse(&config).unwrap();
+    let mut node = node();
+    node.addresses = vec![ip("10.1.2.3"), ip(NODE_IP)];
+    let local = [
+        ip("127.0.0.1"),
+        ip(NODE_IP),
+        ip("192.168.99.7"),
+        ip("fd00::2"),
+    ];
+
+    let v4 = selection.resolve(IpFamily::V4, &node, &local).unwrap();
+    assert_eq!(v4, [ip("10.1.2.3"), ip(NODE_IP), ip("192.168.99.7")]);
+    let v6 = selection.resolve(IpFamily::V6, &node, &local).unwrap();
+    assert_eq!(v6, [ip("fd00::2")]);
+
+    let everything = NodePortAddresses::parse(&["0.0.0.0/0".to_owned()]).unwrap();
+    assert_eq!(everything.resolve(IpFamily::V4, &node, &local), None);
+    let only_v4 = NodePortAddresses::parse(&["192.168.99.0/24".to_owned()]).unwrap();
+    assert_eq!(
+        only_v4.resolve(IpFamily::V6, &node, &local),
+        None,
+        "no CIDR of the family"
+    );
+    let error = NodePortAddresses::parse(&["192.168.99.0/33".to_owned()]).unwrap_err();
+    assert!(error.to_string().contains("nodePortAddresses"), "{error}");
+}
+
+#[test]
+fn node_ports_follow_the_host_addresses_at_each_sync() {
+    let kernel = FakeKernel::new();
+    let selection = NodePortAddresses::parse(&["192.168.99.0/24".to_owned()]).unwrap();
+    let mut backend = IptablesBackend::new(
+        IpFamily::V4,
+        IptablesOptions::default(),
+        selection,
+        Box::new(kernel.applier()),
+    )
+    .unwrap()
+    .with_sysctl(Box::new(MemorySysctl::new()))
+    .with_local_addresses(|| Ok(vec![ip("127.0.0.1"), ip(NODE_IP)]));
+    World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])])
+        .sync(&mut backend, true, &[])
+        .unwrap();
+    let restore = kernel.take_calls();
+    let text = restores(&restore)[0];
+    assert!(text.contains("-d 192.168.99.2 -j KUBE-NODEPORTS"), "{text}");
+    assert!(!text.contains("--dst-type LOCAL -j KUBE-NODEPORTS"));
+}
+
+#[test]
+fn dry_run_prints_jump_rules_then_the_restore_input() {
+    let out = SharedBuffer::default();
+    let mut backend = IptablesBackend::dry_run(
+        IpFamily::V4,
+        IptablesOptions::default(),
+        NodePortAddresses::All,
+        Box::new(out.clone()),
+    )
+    .unwrap();
+    World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])])
+        .sync(&mut backend, true, &[])
+        .unwrap();
+    let text = out.text();
+    let jump = text
+        .find("# iptables -t nat -I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES")
+        .expect(&text);
+    let header = text.find("# IPv4 iptables-restore input").expect(&text);
+    assert!(jump < header);
+    assert!(text[header..].contains("*nat\n"));
+    assert!(
+        Ruleset::from_restore(&text).is_ok(),
+        "the output is valid restore input"
+    );
+}
+
+/// A writer tests can read back.
+#[derive(Clone, Default)]
+struct SharedBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedBuffer {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl std::io::Write for SharedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

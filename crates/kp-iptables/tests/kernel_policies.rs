@@ -1,0 +1,116 @@
+//! Kernel tests: who may reach a Service, and with which source address,
+//! on iptables-legacy and on iptables-nft.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/lb, http 80/TCP | LoadBalancer 203.0.113.9, NodePort 30081, source range 192.168.99.10/32, endpoints ep1 |
+//! | ns1/local, http 80/TCP | NodePort 30090, eTP Local, endpoints ep1 (node-1), ep3 (node-2) |
+//! | ns1/faraway, http 80/TCP | NodePort 30091, eTP Local, endpoints ep3 (node-2) only |
+//!
+//! Clients: `client` 192.168.99.10, `client2` 192.168.99.11.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use std::net::IpAddr;
+
+use kernel::{at, build, node_at, pod_ip, require, slice, three_pods, Proxy};
+use kp_iptables::applier::Tool;
+use kp_iptables::IptablesFlavor;
+use kp_model::IpFamily;
+use kp_testkit::builders::service;
+use kp_testkit::netns::{connect, expect_timeout, hits};
+
+on_both_flavors!(
+    load_balancer_source_ranges_admit_one_client_and_drop_another,
+    external_traffic_policy_local_keeps_the_client_source_ip,
+);
+
+fn load_balancer_source_ranges_admit_one_client_and_drop_another(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    proxy.apply(
+        &[service("ns1", "lb", |s| {
+            s.service_type("LoadBalancer")
+                .cluster_ip("10.96.0.20")
+                .port("http", 80, "TCP")
+                .node_port(30081)
+                .lb_ingress_ip("203.0.113.9")
+                .lb_source_range("192.168.99.10/32")
+        })],
+        &[slice("lb", &[pod_ip(&topology, "ep1")], &[])],
+    );
+    proxy.sync();
+
+    // The node's default route leads back to client2: a packet of client2
+    // that were not dropped would get no answer either, so the DROP rule's
+    // counter tells the two apart.
+    let admitted = connect(topology.client_named("client"), at("203.0.113.9", 80)).unwrap();
+    assert_eq!(admitted.backend, "ep1");
+    expect_timeout(topology.client_named("client2"), at("203.0.113.9", 80));
+    assert!(
+        firewall_drops(&proxy) > 0,
+        "KUBE-PROXY-FIREWALL dropped client2's packets"
+    );
+}
+
+/// Packets counted by the DROP rules of KUBE-PROXY-FIREWALL.
+fn firewall_drops(proxy: &Proxy<'_>) -> u64 {
+    let program = proxy.flavor.program(IpFamily::V4, Tool::Save);
+    let save = proxy
+        .topology
+        .node()
+        .exec_ok(&program, &["-c", "-t", "filter"]);
+    save.lines()
+        .filter(|line| line.contains("-A KUBE-PROXY-FIREWALL") && line.ends_with("-j DROP"))
+        .filter_map(|line| {
+            line.strip_prefix('[')?
+                .split(':')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn external_traffic_policy_local_keeps_the_client_source_ip(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    let remote = [pod_ip(&topology, "ep3")];
+    proxy.apply(
+        &[
+            service("ns1", "local", |s| {
+                s.service_type("NodePort")
+                    .cluster_ip("10.96.0.21")
+                    .port("http", 80, "TCP")
+                    .node_port(30090)
+                    .external_traffic_policy_local()
+            }),
+            service("ns1", "faraway", |s| {
+                s.service_type("NodePort")
+                    .cluster_ip("10.96.0.22")
+                    .port("http", 80, "TCP")
+                    .node_port(30091)
+                    .external_traffic_policy_local()
+            }),
+        ],
+        &[
+            slice("local", &[pod_ip(&topology, "ep1")], &remote),
+            slice("faraway", &[], &remote),
+        ],
+    );
+    proxy.sync();
+
+    let client = topology.client();
+    let counts = hits(client, node_at(30090), 10);
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1"],
+        "local endpoints only"
+    );
+    let reply = connect(client, node_at(30090)).unwrap();
+    assert_eq!(reply.source, IpAddr::V4(client.ip()), "not masqueraded");
+    expect_timeout(client, node_at(30091));
+}
