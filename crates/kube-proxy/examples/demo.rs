@@ -32,6 +32,7 @@ fn example_cluster() -> Topology {
         .remote_pod("api-2", |p| p.tcp(8080))
         .client("client")
         .build()
+        .and_then(|cluster| cluster.add_node_default_route().map(|()| cluster))
         .expect("building the example network namespaces")
 }
 
@@ -112,15 +113,12 @@ fn main() {
         "{:<58} answered by {}",
         "pod web-1 → UDP 10.96.0.53:53 (kube-system/dns)", dns.backend
     );
-    match connect(pod, addr("10.96.0.17:80")) {
-        Err(e) if e.is_refused() => println!(
-            "{:<58} connection refused",
-            "pod web-1 → 10.96.0.17:80 (demo/empty, no endpoints)"
-        ),
-        other => println!(
-            "{:<58} unexpected: {other:?}",
-            "pod web-1 → 10.96.0.17:80 (demo/empty)"
-        ),
+    for (who, from) in [("pod web-1", pod), ("client", client)] {
+        let what = format!("{who} → 10.96.0.17:80 (demo/empty, no endpoints)");
+        match connect(from, addr("10.96.0.17:80")) {
+            Err(e) if e.is_refused() => println!("{what:<58} connection refused"),
+            other => println!("{what:<58} unexpected: {other:?}"),
+        }
     }
     println!("done: the proxy stops and the namespaces are removed");
 }

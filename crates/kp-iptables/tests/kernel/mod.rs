@@ -68,21 +68,11 @@ pub fn three_pods() -> TopologyBuilder {
         .client("client2")
 }
 
-/// Builds `topology` and gives the node a default route towards its last
-/// client (IPv4 and IPv6), as real nodes have one: packets the proxy does
-/// not DNAT then reach the filter table instead of failing the route
-/// lookup with "network unreachable". Everything stays inside the test's
-/// namespaces. (Not towards the first client: a packet of that client
-/// leaving by the link it came in on would make the node send an ICMP
-/// redirect, which uses up the rate limit that REJECT's answer needs.)
+/// Builds `topology` with a default route on the node, as real nodes have
+/// one (see [`Topology::add_node_default_route`]).
 pub fn build(topology: TopologyBuilder) -> Topology {
     let topology = topology.build().unwrap();
-    let last = topology.clients().last().expect("a topology has a client");
-    let link = last.node_interface().to_owned();
-    let node = topology.node();
-    node.ip(&["route", "add", "default", "dev", &link]).unwrap();
-    node.ip(&["-6", "route", "add", "default", "dev", &link])
-        .unwrap();
+    topology.add_node_default_route().unwrap();
     topology
 }
 

@@ -294,6 +294,20 @@ impl Topology {
         &self.clients
     }
 
+    /// Gives the node a default route (IPv4 and IPv6) out of its last
+    /// client's link, as real nodes have one: packets the proxy does not
+    /// DNAT then reach the filter table (where a Service without endpoints
+    /// is REJECTed) instead of failing the route lookup with "network
+    /// unreachable". Everything stays inside the topology's namespaces.
+    pub fn add_node_default_route(&self) -> Result<(), NetnsError> {
+        // `build` adds a client when none is declared, so there is one.
+        let link = self.clients[self.clients.len() - 1].node_interface();
+        self.node.ip(&["route", "add", "default", "dev", link])?;
+        self.node
+            .ip(&["-6", "route", "add", "default", "dev", link])?;
+        Ok(())
+    }
+
     /// Every namespace name of this topology: node, clients, pods.
     pub fn namespace_names(&self) -> Vec<String> {
         let hosts = self.clients.iter().chain(&self.pods);
@@ -373,7 +387,12 @@ fn find<'a>(hosts: &'a [Host], name: &str, kind: &str) -> &'a Host {
 /// Sysctls of every namespace, plus forwarding on the node. New
 /// namespaces inherit IPv4 settings such as `rp_filter` from the root
 /// namespace (`net.core.devconf_inherit_init_net`), so they are set here
-/// to known values; DAD is off so IPv6 addresses are usable at once.
+/// to known values; DAD is off so IPv6 addresses are usable at once. The
+/// node sends no ICMP redirects, as CNI plugins with routed pod links
+/// configure it: a redirect (for instance to a pod whose Service
+/// connection hairpins back to itself) spends the per-peer ICMP rate
+/// limit that the "port unreachable" of a REJECT needs, so a Service
+/// without endpoints would seem to time out instead of refusing.
 fn configure_sysctls(netns: &Netns, node: bool) -> Result<(), NetnsError> {
     let mut settings = vec![
         ("net/ipv4/conf/all/rp_filter", "0"),
@@ -385,6 +404,8 @@ fn configure_sysctls(netns: &Netns, node: bool) -> Result<(), NetnsError> {
     if node {
         settings.push(("net/ipv4/ip_forward", "1"));
         settings.push(("net/ipv6/conf/all/forwarding", "1"));
+        settings.push(("net/ipv4/conf/all/send_redirects", "0"));
+        settings.push(("net/ipv4/conf/default/send_redirects", "0"));
     }
     settings
         .into_iter()
