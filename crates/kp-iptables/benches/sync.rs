@@ -1,7 +1,7 @@
 //! Sync time against the real kernel, on iptables-legacy and iptables-nft.
 //!
 //! For each size (Services × 2 endpoints, one TCP port each) and flavor, in
-//! a network namespace this program creates and removes: render time, full
+//! a network namespace this program creates, enters and removes: render time, full
 //! sync time (jump rules, iptables-save, render, iptables-restore), and the
 //! time of a partial sync after one endpoint changed; medians of 5 runs.
 //! Prints a markdown table and the peak RSS of the process.
@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,30 +25,10 @@ use kp_model::{
     ServicePortName,
 };
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
+use kp_testkit::netns::Netns;
 
 const RUNS: usize = 5;
 const DEFAULT_SIZES: &str = "1000,5000,10000";
-
-/// A network namespace removed on drop.
-struct Namespace(String);
-
-impl Namespace {
-    fn create(tag: &str) -> Self {
-        let name = format!("kpbench-{}-{tag}", std::process::id());
-        let status = Command::new("ip").args(["netns", "add", &name]).status();
-        assert!(
-            status.is_ok_and(|s| s.success()),
-            "creating network namespace {name} failed: the benchmark needs root and iproute2"
-        );
-        Self(name)
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
 
 fn endpoint(n: u32) -> Arc<Endpoint> {
     Arc::new(Endpoint {
@@ -141,8 +120,14 @@ struct Row {
     change_ms: f64,
 }
 
+/// Measures inside a fresh network namespace: the measuring thread enters
+/// it, so iptables programs start there directly, as they do for the proxy.
 fn measure(flavor: IptablesFlavor, size: u32) -> Row {
-    let namespace = Namespace::create(&format!("{flavor}-{size}"));
+    let namespace = Netns::create(&format!("bench-{flavor}")).expect("the benchmark needs root");
+    namespace.run(|| measure_here(flavor, size))
+}
+
+fn measure_here(flavor: IptablesFlavor, size: u32) -> Row {
     let node = node();
     let mut current = services(size);
     let stale = StaleConntrack::default();
@@ -161,14 +146,14 @@ fn measure(flavor: IptablesFlavor, size: u32) -> Row {
     let render = (0..RUNS).map(|_| time(|| drop(renderer.render(&render_input))));
     let render_ms = median(render.collect());
 
-    let applier = SystemApplier::new(flavor).in_network_namespace(&namespace.0);
+    let applier = SystemApplier::new(flavor);
     let backend = IptablesBackend::new(
         IpFamily::V4,
         options(),
         NodePortAddresses::All,
         Box::new(applier),
     );
-    // Sysctls stay in memory: the process runs in the root namespace.
+    // Sysctls stay in memory: nothing the sync time depends on.
     let mut backend = backend.unwrap().with_sysctl(Box::new(MemorySysctl::new()));
     let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
         let request = SyncRequest {

@@ -30,6 +30,8 @@ use crate::options::IptablesOptions;
 use crate::render::{is_large_cluster, RenderInput, Rendered, Renderer};
 use crate::IptablesError;
 
+use self::unchanged::ChainDigests;
+
 /// The mode's name, as `--proxy-mode` spells it.
 pub const MODE: &str = "iptables";
 
@@ -76,6 +78,7 @@ pub struct IptablesBackend {
     local_addresses: Box<dyn FnMut() -> io::Result<Vec<IpAddr>> + Send>,
     needs_full_sync: bool,
     host_checked: bool,
+    written: ChainDigests,
 }
 
 impl NodePortAddresses {
@@ -158,6 +161,7 @@ impl IptablesBackend {
             local_addresses: Box::new(local_addresses),
             needs_full_sync: true,
             host_checked: false,
+            written: ChainDigests::default(),
         })
     }
 
@@ -208,6 +212,11 @@ impl IptablesBackend {
         if request.full || self.needs_full_sync {
             return Ok(true);
         }
+        // Listing a chain makes iptables-legacy read the whole table (about
+        // 200 ms for the nat table of 10,000 Services; 3 ms with
+        // iptables-nft), but without the check a wiped nat table would wait
+        // for the periodic full sync while partial restores, which leave
+        // unchanged chains out, keep succeeding.
         for table in CANARY_TABLES {
             let present = self
                 .applier
@@ -353,10 +362,17 @@ impl Backend for IptablesBackend {
             node_port_addresses: node_ports.as_deref(),
             existing_nat_chains: existing.as_deref(),
         });
-        tracing::trace!(family = family_name(self.family), rules = %rendered.restore, "applying iptables rules");
+        let text = if full {
+            self.written.clear();
+            rendered.restore.clone()
+        } else {
+            self.written.without_unchanged(&rendered.restore)
+        };
+        tracing::trace!(family = family_name(self.family), rules = %text, "applying iptables rules");
         self.applier
-            .restore(self.family, &rendered.restore)
+            .restore(self.family, &text)
             .map_err(|e| apply_error("applying the rules", e))?;
+        self.written.record(&text);
         if full {
             self.ensure_jump_rules()?;
         }
@@ -430,6 +446,8 @@ fn family_name(family: IpFamily) -> &'static str {
         IpFamily::V6 => "IPv6",
     }
 }
+
+mod unchanged;
 
 #[cfg(test)]
 mod tests;

@@ -206,6 +206,10 @@ fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
     let restore = restores(&calls)[0];
     assert!(restore.contains("10.244.2.9"));
     assert!(!restore.contains("10.244.2.4"), "db is left alone");
+    assert!(
+        !restore.contains(":KUBE-SERVICES") && !restore.contains("-A KUBE-SERVICES"),
+        "an endpoint change leaves KUBE-SERVICES as the kernel holds it:\n{restore}"
+    );
     let trace = with_jumps(&kernel).trace(
         &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.11"), 80),
         &[ip(NODE_IP)],
