@@ -1,6 +1,6 @@
 //! `--dry-run` in iptables mode: the printed rules are exactly what the
 //! kernel accepts. The output is loaded with iptables-restore (legacy and
-//! nft) into a network namespace this test creates and removes.
+//! nft) into network namespaces the harness creates and removes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,45 +8,25 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-/// A network namespace that is removed when dropped, even on panic.
-struct Netns(String);
+use kp_testkit::netns::{require_root, Netns};
 
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("kpt-{tag}-{}", std::process::id());
-        let out = Command::new("ip").args(["netns", "add", &name]).output();
-        let out = out.expect("kernel tests need iproute2 (`ip`): apt-get install iproute2");
-        assert!(
-            out.status.success(),
-            "kernel tests need root to create network namespaces: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self(name)
-    }
-
-    fn exec(&self, program: &str, args: &[&str], stdin: &str) -> Output {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, program])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("running {program}: {e} (apt-get install iptables)"));
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// Runs `program args` inside `ns` with `stdin` as its input.
+fn exec(ns: &Netns, program: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = ns
+        .command(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {program}: {e} (apt-get install iptables)"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
 
 fn dry_run_output() -> String {
@@ -90,10 +70,11 @@ fn dry_run_prints_rules_both_iptables_backends_accept() {
     assert!(output.contains("demo/empty:http has no endpoints"));
     let v4 = section(&output, "# IPv4 iptables-restore input");
     let v6 = section(&output, "# IPv6 ip6tables-restore input");
+    require_root();
     for flavor in ["legacy", "nft"] {
-        let ns = Netns::new(&format!("dry{}", &flavor[..1]));
+        let ns = Netns::create(&format!("dry-{flavor}")).unwrap();
         let restore = |cmd: &str, text: &str| {
-            let out = ns.exec(cmd, &["--noflush"], text);
+            let out = exec(&ns, cmd, &["--noflush"], text);
             assert!(
                 out.status.success(),
                 "{cmd} rejected the dry-run output: {}",
@@ -102,7 +83,7 @@ fn dry_run_prints_rules_both_iptables_backends_accept() {
         };
         restore(&format!("iptables-{flavor}-restore"), &v4);
         restore(&format!("ip6tables-{flavor}-restore"), &v6);
-        let saved = ns.exec(&format!("iptables-{flavor}-save"), &["-t", "nat"], "");
+        let saved = exec(&ns, &format!("iptables-{flavor}-save"), &["-t", "nat"], "");
         let saved = String::from_utf8(saved.stdout).unwrap();
         let chains = saved
             .lines()
