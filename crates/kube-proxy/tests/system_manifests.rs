@@ -1,0 +1,172 @@
+//! The `kube-proxy` binary as a node runs it: started in a node network
+//! namespace with `--manifests`, driven by editing the manifests, checked by
+//! real traffic from a pod and from a client, stopped with SIGTERM (rules
+//! stay) and cleaned up with `--cleanup` (rules go).
+//!
+//! Address plan: kp-testkit's (pods 10.244.1.2–4, client 192.168.99.10,
+//! node 192.168.99.2); the Service is 10.96.0.41:80 → 8080, NodePort 30080.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use kp_testkit::netns::{connect, hits, require_root, wait_until, Netns, Topology};
+
+const SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.41
+  clusterIPs: [10.96.0.41]
+  ports:
+    - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}
+";
+
+fn slice(addresses: &[&str]) -> String {
+    let mut text = String::from(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+  - {name: http, port: 8080, protocol: TCP}
+endpoints:
+",
+    );
+    for address in addresses {
+        text.push_str(&format!(
+            "  - addresses: [{address}]\n    conditions: {{ready: true}}\n    nodeName: node-1\n"
+        ));
+    }
+    if addresses.is_empty() {
+        text = text.replace("endpoints:\n", "endpoints: []\n");
+    }
+    text
+}
+
+fn at(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+fn backends_of(from: &Netns, addr: SocketAddr) -> BTreeSet<String> {
+    hits(from, addr, 24).into_keys().collect()
+}
+
+fn kube_chains(node: &Netns) -> usize {
+    let saved = node.exec_ok("iptables-save", &[]);
+    saved
+        .lines()
+        .filter(|l| l.starts_with(":KUBE-SVC-"))
+        .count()
+}
+
+#[test]
+fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
+    require_root();
+    let cluster = Topology::builder()
+        .pod("ep1", |p| p.tcp(8080))
+        .pod("ep2", |p| p.tcp(8080))
+        .pod("ep3", |p| p.tcp(8080))
+        .build()
+        .unwrap();
+    cluster.add_node_default_route().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path();
+    fs::write(manifests.join("service.yaml"), SERVICE).unwrap();
+    let slice_file = manifests.join("slice.yaml");
+    fs::write(
+        &slice_file,
+        slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
+    )
+    .unwrap();
+
+    let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
+    let mut proxy = node.spawn(
+        env!("CARGO_BIN_EXE_kube-proxy"),
+        &[
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--iptables-min-sync-period",
+            "0s",
+        ],
+    );
+    let cluster_ip = at("10.96.0.41:80");
+    let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
+    assert!(up, "the proxy programmed the ClusterIP within 15 s");
+    let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
+    assert_eq!(
+        backends_of(pod, cluster_ip),
+        all,
+        "ClusterIP spreads over all three"
+    );
+    assert_eq!(
+        backends_of(client, at("192.168.99.2:30080")),
+        all,
+        "the NodePort answers the client"
+    );
+
+    // Scale down by editing the manifest: new connections follow.
+    write_atomically(&slice_file, &slice(&["10.244.1.3"]));
+    let moved = wait_until(Duration::from_secs(5), || {
+        backends_of(pod, cluster_ip) == BTreeSet::from(["ep2".to_owned()])
+    });
+    assert!(moved, "after the edit only ep2 answers");
+
+    // No endpoints left: the Service refuses connections.
+    write_atomically(&slice_file, &slice(&[]));
+    let refused = wait_until(Duration::from_secs(5), || {
+        connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
+    });
+    assert!(refused, "a Service without endpoints refuses connections");
+
+    // SIGTERM stops the proxy; its rules stay in place.
+    write_atomically(&slice_file, &slice(&["10.244.1.4"]));
+    let back = wait_until(Duration::from_secs(5), || {
+        connect(pod, cluster_ip).is_ok_and(|r| r.backend == "ep3")
+    });
+    assert!(back, "ep3 answers after it was added");
+    let pid = proxy.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let exited = wait_until(Duration::from_secs(5), || {
+        proxy.try_wait().is_ok_and(|s| s.is_some())
+    });
+    assert!(exited, "SIGTERM ends the proxy");
+    assert!(proxy.try_wait().unwrap().unwrap().success(), "a clean exit");
+    assert_eq!(
+        connect(pod, cluster_ip).unwrap().backend,
+        "ep3",
+        "rules stay"
+    );
+
+    // --cleanup removes every KUBE- service chain.
+    assert!(kube_chains(node) > 0);
+    let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(kube_chains(node), 0, "--cleanup leaves no KUBE-SVC chain");
+}
+
+/// Replaces `path` the way editors and ConfigMap updates do: write aside,
+/// then rename over it.
+fn write_atomically(path: &Path, text: &str) {
+    let aside = path.with_extension("tmp~");
+    fs::write(&aside, text).unwrap();
+    fs::rename(&aside, path).unwrap();
+}
