@@ -1,0 +1,148 @@
+//! The `kube-proxy` binary against an API server that speaks the real
+//! list/watch protocol, programming real iptables in a node network
+//! namespace. The test API server listens on the node namespace's loopback:
+//! everything in this test runs on a thread inside that namespace.
+//!
+//! Address plan: kp-testkit's (pods 10.244.1.2–3); Services 10.96.0.41 and
+//! 10.96.0.42, port 80 → 8080.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_testkit::apiserver::TestApiServer;
+use kp_testkit::builders::{endpoint_slice, node, service};
+use kp_testkit::netns::{connect, hits, require_root, wait_until, Netns, NsChild, Topology};
+
+fn web(addresses: &[&str]) -> EndpointSlice {
+    endpoint_slice("demo", "web-1", "web", |mut e| {
+        e = e.address_type("IPv4").port("http", 8080, "TCP");
+        for address in addresses {
+            e = e.endpoint(address, |ep| ep.ready(true).node("node-1"));
+        }
+        e
+    })
+}
+
+fn web_service() -> Service {
+    service("demo", "web", |s| {
+        s.cluster_ip("10.96.0.41")
+            .port("http", 80, "TCP")
+            .target_port(8080)
+    })
+}
+
+fn backends(from: &Netns, addr: SocketAddr) -> BTreeSet<String> {
+    hits(from, addr, 16).into_keys().collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+#[test]
+fn the_binary_follows_the_api_server_through_an_outage() {
+    require_root();
+    let cluster = Topology::builder()
+        .pod("ep1", |p| p.tcp(8080))
+        .pod("ep2", |p| p.tcp(8080))
+        .build()
+        .unwrap();
+    cluster.add_node_default_route().unwrap();
+    let pod = cluster.pod("ep1");
+    cluster.node().run(|| {
+        // Built on this thread, so the runtime's threads and the API
+        // server's sockets live in the node namespace.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(story(pod));
+    });
+}
+
+async fn story(pod: &Netns) {
+    let server = TestApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    server.create(node("node-1", |n| n.internal_ip("192.168.99.2")));
+    server.create(web_service());
+    server.create(web(&["10.244.1.2", "10.244.1.3"]));
+    server.create(service("demo", "elsewhere", |s| {
+        s.cluster_ip("10.96.0.42")
+            .port("http", 80, "TCP")
+            .target_port(8080)
+            .label("service.kubernetes.io/service-proxy-name", "another-proxy")
+    }));
+    server.create(endpoint_slice("demo", "elsewhere-1", "elsewhere", |e| {
+        e.address_type("IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint("10.244.1.2", |ep| ep.ready(true))
+    }));
+
+    let _proxy = NsChild::spawn(
+        Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args([
+                "--hostname-override",
+                "node-1",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+            ])
+            .args(["--iptables-min-sync-period", "0s"])
+            .env_remove("KUBECONFIG")
+            // Its log (retries during the outage) would drown the test's.
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
+    let web_ip: SocketAddr = "10.96.0.41:80".parse().unwrap();
+    let up = wait_until(Duration::from_secs(20), || connect(pod, web_ip).is_ok());
+    assert!(
+        up,
+        "creating the Service and its slice through the API programs it"
+    );
+    assert_eq!(backends(pod, web_ip), set(&["ep1", "ep2"]));
+    assert!(
+        connect(pod, "10.96.0.42:80".parse().unwrap()).is_err(),
+        "a Service labelled for another proxy is not programmed"
+    );
+
+    server.update(web(&["10.244.1.3"]));
+    let scaled = wait_until(Duration::from_secs(10), || {
+        backends(pod, web_ip) == set(&["ep2"])
+    });
+    assert!(scaled, "scaling the slice moves traffic");
+
+    // The API server goes away for 10 s: traffic keeps flowing, and a
+    // change made meanwhile is applied once it is back.
+    server.stop().await;
+    server.update(web(&["10.244.1.2"]));
+    let outage = Instant::now();
+    let mut every_half_second = tokio::time::interval(Duration::from_millis(500));
+    while outage.elapsed() < Duration::from_secs(10) {
+        every_half_second.tick().await;
+        let reply = connect(pod, web_ip).expect("rules stay while the API server is down");
+        assert_eq!(reply.backend, "ep2");
+    }
+    server.restart().await.unwrap();
+    let caught_up = wait_until(Duration::from_secs(45), || {
+        backends(pod, web_ip) == set(&["ep1"])
+    });
+    assert!(
+        caught_up,
+        "the change made during the outage arrives after it"
+    );
+
+    server.delete::<Service>("demo", "web");
+    server.delete::<EndpointSlice>("demo", "web-1");
+    let gone = wait_until(Duration::from_secs(10), || connect(pod, web_ip).is_err());
+    assert!(gone, "deleting the Service removes its rules");
+    server.assert_no_protocol_errors();
+}
