@@ -1,6 +1,8 @@
 //! The `kube-proxy` binary against an API server that speaks the real
 //! list/watch protocol, programming real iptables in a node network
-//! namespace. The test API server listens on the node namespace's loopback:
+//! namespace: create, scale, a forced relist that rewrites nothing, a 10 s
+//! outage, a Service of another proxy, delete. The test API server listens
+//! on the node namespace's loopback:
 //! everything in this test runs on a thread inside that namespace.
 //!
 //! Address plan: kp-testkit's (pods 10.244.1.2–3); Services 10.96.0.41 and
@@ -39,6 +41,36 @@ fn web_service() -> Service {
 
 fn backends(from: &Netns, addr: SocketAddr) -> BTreeSet<String> {
     hits(from, addr, 16).into_keys().collect()
+}
+
+/// Packets counted by the nat DNAT rule to `endpoint` (the calling thread
+/// is in the node namespace).
+fn dnat_packets(endpoint: &str) -> u64 {
+    let out = Command::new("iptables-save")
+        .args(["-c", "-t", "nat"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("--to-destination {endpoint}")))
+        .unwrap_or_else(|| panic!("no DNAT rule to {endpoint}:\n{text}"));
+    // "[packets:bytes] -A KUBE-SEP-… -j DNAT …"
+    line.trim_start_matches('[')
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// List (not watch) requests the server has answered.
+fn list_requests(server: &TestApiServer) -> usize {
+    server
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.query.contains("watch="))
+        .count()
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -97,6 +129,8 @@ async fn story(pod: &Netns) {
                 "10.244.0.0/16",
             ])
             .args(["--iptables-min-sync-period", "0s"])
+            // No periodic full sync in the middle of the story.
+            .args(["--iptables-sync-period", "1h"])
             .env_remove("KUBECONFIG")
             // Its log (retries during the outage) would drown the test's.
             .stderr(Stdio::null()),
@@ -119,6 +153,22 @@ async fn story(pod: &Netns) {
         backends(pod, web_ip) == set(&["ep2"])
     });
     assert!(scaled, "scaling the slice moves traffic");
+
+    // A forced relist (410 Gone) that returns the same objects rewrites no
+    // rule: the DNAT rule keeps its packet counter (a rewrite resets it).
+    let before = dnat_packets("10.244.1.3:8080");
+    assert!(before > 0, "traffic went through the DNAT rule");
+    let lists = list_requests(&server);
+    server.expire_history();
+    let relisted = wait_until(Duration::from_secs(20), || {
+        list_requests(&server) >= lists + 3
+    });
+    assert!(relisted, "every watcher relisted after the 410");
+    // Give a (wrong) sync caused by the relist time to land.
+    let rewritten = wait_until(Duration::from_secs(2), || {
+        dnat_packets("10.244.1.3:8080") < before
+    });
+    assert!(!rewritten, "the relist rewrote the rules");
 
     // The API server goes away for 10 s: traffic keeps flowing, and a
     // change made meanwhile is applied once it is back.
