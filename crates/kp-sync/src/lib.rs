@@ -13,7 +13,6 @@
 
 pub mod backend;
 pub mod fan_out;
-pub mod node;
 pub mod proxier;
 pub mod runner;
 pub mod status;
@@ -23,7 +22,6 @@ pub use backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
 };
 pub use fan_out::FanOutHandler;
-pub use node::node_info;
 pub use proxier::{Proxier, ProxierConfig, SyncError, SyncObserver};
 pub use runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
 pub use status::{SyncStats, SyncStatus, SyncTotals};

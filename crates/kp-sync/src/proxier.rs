@@ -24,7 +24,6 @@ use tokio::time::Instant;
 use crate::backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
 };
-use crate::node::node_info;
 use crate::runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
 use crate::status::{SyncStats, SyncStatus};
 
@@ -414,7 +413,7 @@ impl Tracked {
             self.node.labels.clear();
             had_labels
         } else {
-            let info = node_info(node);
+            let info = NodeInfo::from_node(node);
             let changed = info.labels != self.node.labels
                 || info.addresses != self.node.addresses
                 || info.pod_cidrs != self.node.pod_cidrs;
