@@ -22,7 +22,7 @@ use kp_testkit::builders::service;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 
-use kp_testkit::netns::{connect, hits, udp_roundtrip, Netns, ProbeError};
+use kp_testkit::netns::{connect, hits, hits_until_all, udp_roundtrip, Netns, ProbeError};
 
 on_both_flavors!(
     cluster_ip_spreads_connections_over_every_ready_endpoint,
@@ -48,11 +48,16 @@ fn cluster_ip_spreads_connections_over_every_ready_endpoint(flavor: IptablesFlav
 
     // From a pod that is itself an endpoint: a third of the connections
     // hairpin back to it.
-    let counts = hits(topology.pod("ep1"), at("10.96.0.10", 80), 30);
+    let counts = hits_until_all(
+        topology.pod("ep1"),
+        at("10.96.0.10", 80),
+        &["ep1", "ep2", "ep3"],
+        200,
+    );
     assert_eq!(
         counts.keys().collect::<Vec<_>>(),
         ["ep1", "ep2", "ep3"],
-        "30 connections reach every endpoint: {counts:?}"
+        "connections reach every endpoint: {counts:?}"
     );
     let from_outside = connect(topology.client(), at("10.96.0.10", 80)).unwrap();
     assert!(["ep1", "ep2", "ep3"].contains(&from_outside.backend.as_str()));
@@ -91,9 +96,9 @@ fn node_port_external_ip_and_load_balancer_ip_answer_the_client(flavor: Iptables
     proxy.sync();
 
     let client = topology.client();
-    let node_port = hits(client, node_at(30080), 12);
+    let node_port = hits_until_all(client, node_at(30080), &["ep1", "ep3"], 200);
     assert_eq!(node_port.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
-    let external = hits(client, at("203.0.113.5", 80), 12);
+    let external = hits_until_all(client, at("203.0.113.5", 80), &["ep1", "ep3"], 200);
     assert_eq!(external.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
     let balancer = connect(client, at("203.0.113.9", 80)).unwrap();
     assert_eq!(balancer.backend, "ep2");
@@ -184,7 +189,12 @@ fn ipv6_cluster_ip_spreads_connections(flavor: IptablesFlavor) {
     );
     proxy.sync();
 
-    let counts = hits(topology.pod("ep2"), at("fd00:10:96::10", 80), 20);
+    let counts = hits_until_all(
+        topology.pod("ep2"),
+        at("fd00:10:96::10", 80),
+        &["ep1", "ep3"],
+        200,
+    );
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
     assert!(
         proxy.save().contains("-A KUBE-SERVICES"),

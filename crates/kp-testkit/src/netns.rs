@@ -35,7 +35,7 @@
 //! deletes leftovers of crashed runs: namespaces with that prefix whose pid
 //! is no longer alive.
 //!
-//! Probes ([`connect`], [`hits`], [`udp_roundtrip`], [`expect_refused`],
+//! Probes ([`connect`], [`hits`], [`hits_until_all`], [`udp_roundtrip`], [`expect_refused`],
 //! [`expect_timeout`], [`TcpSession`]) run from any namespace on a thread
 //! that entered it, with deadlines of about one second.
 //!
@@ -53,8 +53,8 @@ use std::process::ExitStatus;
 pub use env::{require_root, require_tool, wait_until};
 pub use namespace::{remove_leftovers, Netns, NsChild};
 pub use probe::{
-    connect, expect_refused, expect_timeout, hits, udp_roundtrip, ProbeError, Reply, TcpSession,
-    PROBE_TIMEOUT,
+    connect, expect_refused, expect_timeout, hits, hits_until_all, udp_roundtrip, ProbeError,
+    Reply, TcpSession, PROBE_TIMEOUT,
 };
 pub use topology::{Host, PodBuilder, Topology, TopologyBuilder, POD_GATEWAY, POD_GATEWAY_V6};
 

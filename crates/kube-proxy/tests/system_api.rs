@@ -19,7 +19,9 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_testkit::apiserver::TestApiServer;
 use kp_testkit::builders::{endpoint_slice, node, service};
-use kp_testkit::netns::{connect, hits, require_root, wait_until, Netns, NsChild, Topology};
+use kp_testkit::netns::{
+    connect, hits_until_all, require_root, wait_until, Netns, NsChild, Topology,
+};
 
 fn web(addresses: &[&str]) -> EndpointSlice {
     endpoint_slice("demo", "web-1", "web", |mut e| {
@@ -39,8 +41,11 @@ fn web_service() -> Service {
     })
 }
 
-fn backends(from: &Netns, addr: SocketAddr) -> BTreeSet<String> {
-    hits(from, addr, 16).into_keys().collect()
+/// The pods answering `addr`, sampled until each of `expected` answered.
+fn backends(from: &Netns, addr: SocketAddr, expected: &[&str]) -> BTreeSet<String> {
+    hits_until_all(from, addr, expected, 200)
+        .into_keys()
+        .collect()
 }
 
 /// Packets counted by the nat DNAT rule to `endpoint` (the calling thread
@@ -142,7 +147,7 @@ async fn story(pod: &Netns) {
         up,
         "creating the Service and its slice through the API programs it"
     );
-    assert_eq!(backends(pod, web_ip), set(&["ep1", "ep2"]));
+    assert_eq!(backends(pod, web_ip, &["ep1", "ep2"]), set(&["ep1", "ep2"]));
     assert!(
         connect(pod, "10.96.0.42:80".parse().unwrap()).is_err(),
         "a Service labelled for another proxy is not programmed"
@@ -150,7 +155,7 @@ async fn story(pod: &Netns) {
 
     server.update(web(&["10.244.1.3"]));
     let scaled = wait_until(Duration::from_secs(10), || {
-        backends(pod, web_ip) == set(&["ep2"])
+        backends(pod, web_ip, &["ep2"]) == set(&["ep2"])
     });
     assert!(scaled, "scaling the slice moves traffic");
 
@@ -183,7 +188,7 @@ async fn story(pod: &Netns) {
     }
     server.restart().await.unwrap();
     let caught_up = wait_until(Duration::from_secs(45), || {
-        backends(pod, web_ip) == set(&["ep1"])
+        backends(pod, web_ip, &["ep1"]) == set(&["ep1"])
     });
     assert!(
         caught_up,

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kp_testkit::netns::{connect, hits, require_root, wait_until, Netns, Topology};
+use kp_testkit::netns::{connect, hits_until_all, require_root, wait_until, Netns, Topology};
 
 const SERVICE: &str = "apiVersion: v1
 kind: Service
@@ -57,8 +57,11 @@ fn at(text: &str) -> SocketAddr {
     text.parse().unwrap()
 }
 
-fn backends_of(from: &Netns, addr: SocketAddr) -> BTreeSet<String> {
-    hits(from, addr, 24).into_keys().collect()
+/// The pods answering `addr`, sampled until each of `expected` answered.
+fn backends_of(from: &Netns, addr: SocketAddr, expected: &[&str]) -> BTreeSet<String> {
+    hits_until_all(from, addr, expected, 200)
+        .into_keys()
+        .collect()
 }
 
 fn kube_chains(node: &Netns) -> usize {
@@ -108,12 +111,12 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     assert!(up, "the proxy programmed the ClusterIP within 15 s");
     let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
     assert_eq!(
-        backends_of(pod, cluster_ip),
+        backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]),
         all,
         "ClusterIP spreads over all three"
     );
     assert_eq!(
-        backends_of(client, at("192.168.99.2:30080")),
+        backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
         all,
         "the NodePort answers the client"
     );
@@ -121,7 +124,7 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     // Scale down by editing the manifest: new connections follow.
     write_atomically(&slice_file, &slice(&["10.244.1.3"]));
     let moved = wait_until(Duration::from_secs(5), || {
-        backends_of(pod, cluster_ip) == BTreeSet::from(["ep2".to_owned()])
+        backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
     });
     assert!(moved, "after the edit only ep2 answers");
 

@@ -94,18 +94,61 @@ pub fn connect(from: &Netns, addr: SocketAddr) -> Result<Reply, ProbeError> {
 /// If any connection fails; the message says which one and why.
 #[track_caller]
 pub fn hits(from: &Netns, addr: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    count_answers(from, addr, n, |_| false)
+}
+
+/// Opens fresh TCP connections from `from` to `addr` until every pod in
+/// `expected` has answered at least once and at least eight connections
+/// per expected pod were made, or `max` connections were made; counts the
+/// answers per pod.
+///
+/// Load balancing is random, so a fixed small sample can miss an endpoint
+/// by chance (two endpoints, twelve connections: one run in 2048). Asking
+/// for each expected pod keeps the test's meaning (every endpoint is
+/// reachable; the minimum sample gives an unexpected pod its chance to
+/// show) while making a miss by chance vanishingly rare: with `max` = 200
+/// and two endpoints, one run in 2^199.
+///
+/// # Panics
+/// If any connection fails; the message says which one and why.
+#[track_caller]
+pub fn hits_until_all(
+    from: &Netns,
+    addr: SocketAddr,
+    expected: &[&str],
+    max: usize,
+) -> BTreeMap<String, usize> {
+    let enough = expected.len() * 8;
+    count_answers(from, addr, max, |counts| {
+        counts.values().sum::<usize>() >= enough
+            && expected.iter().all(|pod| counts.contains_key(*pod))
+    })
+}
+
+/// Opens up to `max` TCP connections, stopping early once `done` holds for
+/// the counts so far.
+#[track_caller]
+fn count_answers(
+    from: &Netns,
+    addr: SocketAddr,
+    max: usize,
+    done: impl Fn(&BTreeMap<String, usize>) -> bool + Send + Sync,
+) -> BTreeMap<String, usize> {
     let outcome = from.run(|| {
         let mut counts = BTreeMap::new();
-        for attempt in 1..=n {
+        for attempt in 1..=max {
             let reply = open_tcp(addr).map_err(|error| (attempt, error))?.2;
             *counts.entry(reply.backend).or_insert(0) += 1;
+            if done(&counts) {
+                break;
+            }
         }
         Ok(counts)
     });
     match outcome {
         Ok(counts) => counts,
         Err((attempt, error)) => panic!(
-            "connection {attempt} of {n} from {} to {addr}: {}",
+            "connection {attempt} of {max} from {} to {addr}: {}",
             from.name(),
             error_chain(&error)
         ),
