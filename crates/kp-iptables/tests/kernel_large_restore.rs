@@ -1,0 +1,105 @@
+//! Kernel tests: restores as large as a cluster of thousands of Services
+//! make (enough chains for the nft applier to add its whole-table listing)
+//! apply without touching other owners' chains, and a rejected line is
+//! reported by its number in the input the backend rendered.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use kernel::require;
+use kp_iptables::applier::{Applier, ApplyError, Tool};
+use kp_iptables::{IptablesFlavor, SystemApplier};
+use kp_model::IpFamily;
+use kp_testkit::netns::Netns;
+
+on_both_flavors!(
+    a_restore_of_thousands_of_chains_keeps_foreign_chains,
+    a_rejected_line_of_a_large_restore_is_named_by_its_input_line,
+);
+
+const CHAINS: usize = 1500;
+
+/// A filter section with one chain and a nat section with [`CHAINS`]
+/// chains, one rule each, jumping along the chain of chains.
+fn large_input(extra_nat_line: Option<&str>) -> String {
+    let mut text = String::from("*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n");
+    for n in 0..CHAINS {
+        text.push_str(&format!(":KUBE-SVC-{n:012} - [0:0]\n"));
+    }
+    for n in 0..CHAINS - 1 {
+        text.push_str(&format!("-A KUBE-SVC-{n:012} -j KUBE-SVC-{:012}\n", n + 1));
+    }
+    if let Some(line) = extra_nat_line {
+        text.push_str(line);
+        text.push('\n');
+    }
+    text.push_str("COMMIT\n");
+    text
+}
+
+fn iptables(namespace: &Netns, flavor: IptablesFlavor, args: &[&str]) -> String {
+    namespace.exec_ok(&flavor.program(IpFamily::V4, Tool::Iptables), args)
+}
+
+fn a_restore_of_thousands_of_chains_keeps_foreign_chains(flavor: IptablesFlavor) {
+    require(flavor);
+    let node = Netns::create("large").unwrap();
+    iptables(&node, flavor, &["-t", "nat", "-N", "CNI-HOSTPORT"]);
+    iptables(
+        &node,
+        flavor,
+        &["-t", "nat", "-A", "CNI-HOSTPORT", "-j", "RETURN"],
+    );
+
+    let input = large_input(None);
+    // Twice: into an empty table, and over the rules of the first time.
+    for _ in 0..2 {
+        node.run(|| SystemApplier::new(flavor).restore(IpFamily::V4, &input))
+            .unwrap();
+    }
+
+    let save = node.exec_ok(&flavor.program(IpFamily::V4, Tool::Save), &["-t", "nat"]);
+    let last = format!(
+        "-A KUBE-SVC-{:012} -j KUBE-SVC-{:012}",
+        CHAINS - 2,
+        CHAINS - 1
+    );
+    assert!(save.contains(&last), "every rule is in place");
+    assert_eq!(
+        save.lines()
+            .filter(|l| l.starts_with("-A KUBE-SVC-"))
+            .count(),
+        CHAINS - 1,
+        "each rule once, after two restores"
+    );
+    assert!(
+        save.contains("-A CNI-HOSTPORT -j RETURN"),
+        "foreign rules stay"
+    );
+}
+
+fn a_rejected_line_of_a_large_restore_is_named_by_its_input_line(flavor: IptablesFlavor) {
+    require(flavor);
+    let node = Netns::create("large").unwrap();
+    // A parse error: both flavors name the line itself (a missing jump
+    // target is found by iptables-nft only at COMMIT).
+    let bad = "-A KUBE-SVC-000000000007 -p tcp --dport 99999 -j RETURN";
+    let input = large_input(Some(bad));
+
+    let error = node
+        .run(|| SystemApplier::new(flavor).restore(IpFamily::V4, &input))
+        .unwrap_err();
+
+    let expected_line = input.lines().position(|l| l == bad).unwrap() + 1;
+    match error {
+        ApplyError::RestoreLine { line, text, .. } => {
+            assert_eq!((line, text.as_str()), (expected_line, bad));
+        }
+        other => panic!("expected the rejected line to be named, got {other}"),
+    }
+    let save = node.exec_ok(&flavor.program(IpFamily::V4, Tool::Save), &["-t", "nat"]);
+    assert!(
+        !save.contains("KUBE-SVC-"),
+        "nothing of the input was applied"
+    );
+}
