@@ -33,9 +33,9 @@ pub trait Applier: Send {
     /// stdin: one atomic transaction over every table in `text`.
     fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
 
-    /// The chains of `table` whose names start with `KUBE-`, from
-    /// `iptables-save -t TABLE`.
-    fn save_chains(&mut self, family: IpFamily, table: Table) -> Result<Vec<String>, ApplyError>;
+    /// What `iptables-save -t TABLE` shows of `table`: the `KUBE-` chains
+    /// and which of [`JUMP_RULES`](crate::jumps::JUMP_RULES) are present.
+    fn save_table(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, ApplyError>;
 
     /// Whether `chain` exists in `table` (`iptables -t TABLE -S CHAIN`).
     fn chain_exists(
@@ -91,6 +91,28 @@ pub enum IptablesFlavor {
     /// `iptables`, `iptables-save`, `iptables-restore` as found on the PATH
     /// (whatever the distribution's alternatives point at).
     System,
+}
+
+/// One table as `iptables-save` shows it, reduced to what the proxy needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedTable {
+    /// The chains whose names start with `KUBE-`.
+    pub kube_chains: Vec<String>,
+    /// The jump rules of [`JUMP_RULES`](crate::jumps::JUMP_RULES) found in
+    /// the table's built-in chains.
+    pub jumps: Vec<JumpRule>,
+}
+
+impl SavedTable {
+    /// Whether `chain` exists.
+    pub fn has_chain(&self, chain: &str) -> bool {
+        self.kube_chains.iter().any(|c| c == chain)
+    }
+
+    /// Whether `rule` is in its built-in chain.
+    pub fn has_jump(&self, rule: &JumpRule) -> bool {
+        self.jumps.contains(rule)
+    }
 }
 
 /// Why a command could not program the kernel.

@@ -78,8 +78,8 @@ pub fn cleanup_with(
     let mut report = CleanupReport::default();
     for &family in families {
         // A family whose tables cannot even be listed has nothing of ours.
-        let filter = match applier.save_chains(family, Table::Filter) {
-            Ok(chains) => chains,
+        let filter = match applier.save_table(family, Table::Filter) {
+            Ok(saved) => saved.kube_chains,
             Err(error) => {
                 tracing::warn!(family = family_name(family), error = %error, "skipping cleanup of a family whose iptables does not work");
                 report.skipped_families.push((family, error.to_string()));
@@ -118,8 +118,9 @@ fn cleanup_family(
         }
     }
     let nat = applier
-        .save_chains(family, Table::Nat)
-        .map_err(step("listing the nat chains"))?;
+        .save_table(family, Table::Nat)
+        .map_err(step("listing the nat chains"))?
+        .kube_chains;
     let nat: Vec<String> = nat
         .into_iter()
         .filter(|c| NAT_CHAINS.contains(&c.as_str()) || is_service_chain_name(c))

@@ -29,7 +29,7 @@ pub mod tracer;
 
 pub use applier::{
     Applier, ApplyError, DryRunApplier, FakeApplier, FakeCall, FakeKernel, IptablesFlavor,
-    SystemApplier,
+    SavedTable, SystemApplier,
 };
 pub use backend::{IptablesBackend, NodePortAddresses, MODE};
 pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};

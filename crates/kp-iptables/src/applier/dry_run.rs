@@ -5,7 +5,7 @@ use std::io::Write;
 
 use kp_model::IpFamily;
 
-use super::{Applier, ApplyError};
+use super::{Applier, ApplyError, SavedTable};
 use crate::jumps::{JumpRule, Table};
 
 /// Writes, per sync, the commands that would create chains and insert jump
@@ -71,8 +71,8 @@ impl Applier for DryRunApplier {
             .map_err(ApplyError::Write)
     }
 
-    fn save_chains(&mut self, _family: IpFamily, _table: Table) -> Result<Vec<String>, ApplyError> {
-        Ok(Vec::new())
+    fn save_table(&mut self, _family: IpFamily, _table: Table) -> Result<SavedTable, ApplyError> {
+        Ok(SavedTable::default())
     }
 
     fn chain_exists(

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_model::IpFamily;
 
-use super::{restore_error_line, Applier, ApplyError};
+use super::{restore_error_line, Applier, ApplyError, SavedTable};
 use crate::jumps::{JumpRule, Table};
 use crate::tracer::Ruleset;
 
@@ -26,8 +26,8 @@ pub struct FakeApplier(FakeKernel);
 pub enum FakeCall {
     /// [`Applier::restore`] with its input.
     Restore(IpFamily, String),
-    /// [`Applier::save_chains`].
-    SaveChains(IpFamily, Table),
+    /// [`Applier::save_table`].
+    SaveTable(IpFamily, Table),
     /// [`Applier::chain_exists`].
     ChainExists(IpFamily, Table, String),
     /// [`Applier::ensure_chain`].
@@ -169,10 +169,14 @@ impl Applier for FakeApplier {
         }
     }
 
-    fn save_chains(&mut self, family: IpFamily, table: Table) -> Result<Vec<String>, ApplyError> {
-        drop(self.record(FakeCall::SaveChains(family, table)));
+    fn save_table(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, ApplyError> {
+        drop(self.record(FakeCall::SaveTable(family, table)));
         let chains = self.0.chains(family, table).into_iter();
-        Ok(chains.filter(|c| c.starts_with("KUBE-")).collect())
+        let jumps = self.0.jumps(family).into_iter();
+        Ok(SavedTable {
+            kube_chains: chains.filter(|c| c.starts_with("KUBE-")).collect(),
+            jumps: jumps.filter(|rule| rule.table == table).collect(),
+        })
     }
 
     fn chain_exists(

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kp_model::{
     categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
@@ -100,7 +101,8 @@ fn backend() -> (IptablesBackend, FakeKernel, MemorySysctl) {
         Box::new(kernel.applier()),
     )
     .unwrap()
-    .with_sysctl(Box::new(sysctl.clone()));
+    .with_sysctl(Box::new(sysctl.clone()))
+    .with_canary_check_interval(Duration::ZERO);
     (backend, kernel, sysctl)
 }
 
@@ -396,4 +398,56 @@ impl std::io::Write for SharedBuffer {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+#[test]
+fn a_full_sync_over_intact_rules_lists_filter_and_nat_once_and_inserts_nothing() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    kernel.take_calls();
+
+    world.sync(&mut backend, true, &[]).unwrap();
+
+    let calls = kernel.take_calls();
+    let listed: Vec<_> = calls
+        .iter()
+        .filter_map(|c| match c {
+            FakeCall::SaveTable(_, table) => Some(*table),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(listed, [Table::Filter, Table::Nat]);
+    assert!(!calls.iter().any(|c| matches!(c, FakeCall::EnsureJump(..))));
+    let ensured: Vec<_> = calls
+        .iter()
+        .filter_map(|c| match c {
+            FakeCall::EnsureChain(_, table, chain) => Some((*table, chain.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ensured,
+        [(Table::Mangle, KUBE_PROXY_CANARY)],
+        "only the canary of the table that is not listed"
+    );
+}
+
+#[test]
+fn partial_syncs_soon_after_a_check_do_not_list_the_canaries_again() {
+    let (backend, kernel, _) = backend();
+    let mut backend = backend.with_canary_check_interval(Duration::from_secs(3600));
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    kernel.take_calls();
+
+    let moved = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.7"])]);
+    let outcome = moved.sync(&mut backend, false, &["web"]).unwrap();
+
+    assert!(!outcome.full);
+    let calls = kernel.take_calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, FakeCall::ChainExists(..))),
+        "the full sync just ensured the canaries: {calls:?}"
+    );
 }

@@ -1,20 +1,22 @@
-//! Kernel tests: restores as large as a cluster of thousands of Services
-//! make (enough chains for the nft applier to add its whole-table listing)
-//! apply without touching other owners' chains, and a rejected line is
-//! reported by its number in the input the backend rendered.
+//! Kernel tests of the system applier: restores as large as a cluster of
+//! thousands of Services makes (enough chains for the nft applier to add
+//! its whole-table listing) apply without touching other owners' chains, a
+//! rejected line is reported by its number in the input the backend
+//! rendered, and a table listing finds the jump rules the applier inserted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
 
 use kernel::require;
 use kp_iptables::applier::{Applier, ApplyError, Tool};
-use kp_iptables::{IptablesFlavor, SystemApplier};
+use kp_iptables::{IptablesFlavor, SystemApplier, Table, JUMP_RULES};
 use kp_model::IpFamily;
 use kp_testkit::netns::Netns;
 
 on_both_flavors!(
     a_restore_of_thousands_of_chains_keeps_foreign_chains,
     a_rejected_line_of_a_large_restore_is_named_by_its_input_line,
+    a_listing_finds_every_jump_rule_the_applier_inserted,
 );
 
 const CHAINS: usize = 1500;
@@ -102,4 +104,34 @@ fn a_rejected_line_of_a_large_restore_is_named_by_its_input_line(flavor: Iptable
         !save.contains("KUBE-SVC-"),
         "nothing of the input was applied"
     );
+}
+
+fn a_listing_finds_every_jump_rule_the_applier_inserted(flavor: IptablesFlavor) {
+    require(flavor);
+    let node = Netns::create("jumps").unwrap();
+    let mut applier = SystemApplier::new(flavor);
+    let saved = node.run(|| {
+        for rule in JUMP_RULES {
+            applier.ensure_chain(IpFamily::V4, rule.table, rule.target_chain)?;
+            applier.ensure_jump(IpFamily::V4, rule)?;
+        }
+        let filter = applier.save_table(IpFamily::V4, Table::Filter)?;
+        let nat = applier.save_table(IpFamily::V4, Table::Nat)?;
+        Ok::<_, ApplyError>([filter, nat])
+    });
+    let saved = saved.unwrap();
+
+    for rule in JUMP_RULES {
+        let listing = if rule.table == Table::Filter {
+            &saved[0]
+        } else {
+            &saved[1]
+        };
+        assert!(
+            listing.has_jump(rule),
+            "{} found in iptables-save output of table {}",
+            rule.restore_line(),
+            rule.table
+        );
+    }
 }
