@@ -15,6 +15,7 @@
 //! flush that leaves chains in place (`iptables -t nat -F`), so a separate
 //! timer would add nothing but wake-ups.
 
+use std::borrow::Cow;
 use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -420,7 +421,7 @@ impl Backend for IptablesBackend {
         });
         let text = if full {
             self.written.clear();
-            rendered.restore.clone()
+            Cow::Borrowed(rendered.restore.as_str())
         } else {
             self.written.without_unchanged(&rendered.restore)
         };

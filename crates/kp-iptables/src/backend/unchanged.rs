@@ -10,6 +10,7 @@
 //! declared in the input keeps its rules. A full sync (the repair path)
 //! always writes everything and starts the digests afresh.
 
+use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -49,7 +50,7 @@ impl ChainDigests {
 
     /// `text` without the declarations and rules of the chains whose rules
     /// equal the recorded ones.
-    pub fn without_unchanged(&self, text: &str) -> String {
+    pub fn without_unchanged<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let parsed = parse(text);
         let unchanged: HashSet<(&str, &str)> = parsed
             .chains
@@ -61,7 +62,7 @@ impl ChainDigests {
             .map(|(key, _)| *key)
             .collect();
         if unchanged.is_empty() {
-            return text.to_owned();
+            return Cow::Borrowed(text);
         }
         let mut out = String::with_capacity(text.len());
         let mut table = "";
@@ -75,7 +76,7 @@ impl ChainDigests {
                 out.push('\n');
             }
         }
-        out
+        Cow::Owned(out)
     }
 }
 
