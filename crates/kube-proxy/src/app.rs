@@ -15,9 +15,11 @@ use kp_source::ManifestSource;
 use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
 use tokio::sync::watch;
 
+use crate::config_watch::{ConfigWatch, CONFIG_CHANGED_MESSAGE};
 use crate::logging;
 use crate::modes;
 use crate::node_name::node_name;
+use crate::node_setup::{self, InitStep};
 
 /// How long `--dry-run` waits for the API server's first complete lists.
 const API_LIST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,8 +42,13 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
         return modes::cleanup(mode);
     }
     if resolved.init_only {
-        bail!("--init-only: the privileged node setup (conntrack sysctls, OOM score) is not available in this build yet");
+        return init_only(config);
     }
+    // Armed before the slow start-up, so a change made meanwhile counts.
+    let config_watch = match (&resolved.config_file, resolved.dry_run) {
+        (Some(path), false) => Some(ConfigWatch::start(path).context("watching --config")?),
+        _ => None,
+    };
     let node_name = node_name(&config.hostname_override).context("reading the host name")?;
     tracing::info!(node = %node_name, mode = mode.as_str(), "Starting kube-proxy");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -53,9 +60,57 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
         if resolved.dry_run {
             dry_run(&resolved, mode, &node_name).await
         } else {
-            serve(&resolved, mode, &node_name, shutdown_signal()).await
+            let stop = async {
+                tokio::select! {
+                    () = shutdown_signal() => Ok(()),
+                    changed = config_changed(config_watch) => changed,
+                }
+            };
+            serve(&resolved, mode, &node_name, stop).await
         }
     })
+}
+
+/// `--init-only`: the privileged node setup (conntrack sysctls, the mode's
+/// sysctls), then exit.
+fn init_only(config: &KubeProxyConfiguration) -> anyhow::Result<()> {
+    for step in node_setup::init_only_steps(config) {
+        tracing::info!(%step, "Initializing the node");
+        match step {
+            InitStep::ConntrackSysctls => {
+                let report = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
+                if let Some(error) = report.failures.into_iter().next() {
+                    return Err(error).context("--init-only: setting the conntrack sysctls");
+                }
+            }
+            InitStep::Sysctl(setting) => {
+                node_setup::ensure_sysctl(&setting, Path::new(node_setup::PROC_SYS))
+                    .context("--init-only")?;
+            }
+        }
+    }
+    tracing::info!("System initialized and --init-only specified");
+    Ok(())
+}
+
+/// Completes when the `--config` file changed (never without one), with the
+/// error that ends the process so that the DaemonSet restarts it with the
+/// new configuration.
+async fn config_changed(watch: Option<ConfigWatch>) -> anyhow::Result<()> {
+    let Some(watch) = watch else {
+        return std::future::pending().await;
+    };
+    match watch.changed().await {
+        Ok(changed) => {
+            tracing::error!(
+                path = %changed.path.display(),
+                change = %changed.change,
+                "{CONFIG_CHANGED_MESSAGE}"
+            );
+            Err(changed.into())
+        }
+        Err(error) => Err(anyhow::Error::new(error).context("watching --config")),
+    }
 }
 
 /// Prints an error for the operator: every validation problem on its own
@@ -78,7 +133,10 @@ pub fn report_error(error: &anyhow::Error) {
 /// the API server), runs one sync per family and lets the backends print
 /// what they would program.
 async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyhow::Result<()> {
-    let proxiers = build_proxiers(&resolved.config, mode, node_name, true)?;
+    let proxiers: Vec<_> = build_proxiers(&resolved.config, mode, node_name, true)?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let handler = fan_out(&proxiers);
     if let Some(manifests) = &resolved.manifests {
         let mut source = ManifestSource::new(manifests, node_name);
@@ -141,15 +199,32 @@ async fn wait_for(timeout: Duration, condition: impl Fn() -> bool) -> bool {
     true
 }
 
-/// Runs the proxy until `shutdown` completes. Rules stay in place on exit,
-/// as upstream leaves them.
+/// Runs the proxy until `stop` completes, returning its result. Rules stay
+/// in place on exit, as upstream leaves them.
 async fn serve(
     resolved: &Resolved,
     mode: ProxyMode,
     node_name: &str,
-    shutdown: impl Future<Output = ()>,
+    stop: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let proxiers = build_proxiers(&resolved.config, mode, node_name, false)?;
+    let config = &resolved.config;
+    if let Some(score) = config.oom_score_adj {
+        if let Err(error) = node_setup::apply_oom_score(score, Path::new(node_setup::PROC_SELF)) {
+            tracing::warn!(%error, "Failed to apply the OOM score adjustment; continuing");
+        }
+    }
+    // Each failure is logged by name; none stops the proxy.
+    let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
+    let conntrack_metrics = kp_conntrack::ConntrackMetrics::new();
+    let proxiers = build_proxiers(config, mode, node_name, false)?
+        .into_iter()
+        .map(|proxier| {
+            let family = proxier.family();
+            let cleaner = kp_conntrack::ConntrackCleaner::new(family, conntrack_metrics.clone());
+            proxier.with_observer(Arc::new(cleaner))
+        })
+        .map(Arc::new)
+        .collect::<Vec<_>>();
     let handler = fan_out(&proxiers);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -177,9 +252,9 @@ async fn serve(
     tokio::pin!(source_run);
     let result = tokio::select! {
         result = &mut source_run => result,
-        () = shutdown => {
+        stopped = stop => {
             tracing::info!("Shutting down; rules stay in place");
-            Ok(())
+            stopped
         }
     };
     // Ignoring the send error is right: it fails only when every receiver
@@ -195,7 +270,7 @@ fn build_proxiers(
     mode: ProxyMode,
     node_name: &str,
     dry_run: bool,
-) -> anyhow::Result<Vec<Arc<Proxier>>> {
+) -> anyhow::Result<Vec<Proxier>> {
     let periods = config
         .sync_periods()
         .context("sync periods must not be negative")?;
@@ -218,7 +293,7 @@ fn build_proxiers(
             node: node.clone(),
             runner,
         };
-        proxiers.push(Arc::new(Proxier::new(proxier_config, backend)));
+        proxiers.push(Proxier::new(proxier_config, backend));
     }
     Ok(proxiers)
 }

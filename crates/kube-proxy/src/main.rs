@@ -4,9 +4,11 @@
 //! an exit code; the work is in the library crates.
 
 mod app;
+mod config_watch;
 mod logging;
 mod modes;
 mod node_name;
+mod node_setup;
 
 use std::process::ExitCode;
 
