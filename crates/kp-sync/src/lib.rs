@@ -24,4 +24,4 @@ pub use backend::{
 pub use fan_out::FanOutHandler;
 pub use proxier::{Proxier, ProxierConfig, SyncError, SyncObserver};
 pub use runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
-pub use status::{SyncStats, SyncStatus, SyncTotals};
+pub use status::{ChangeCounts, ChangeKind, SyncStats, SyncStatus, SyncTotals};

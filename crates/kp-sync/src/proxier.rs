@@ -25,7 +25,7 @@ use crate::backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
 };
 use crate::runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
-use crate::status::{SyncStats, SyncStatus};
+use crate::status::{ChangeKind, SyncStats, SyncStatus};
 
 /// How to build a [`Proxier`].
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +45,10 @@ pub struct ProxierConfig {
 pub trait SyncObserver: Send + Sync {
     /// The backend applied `request` and reported `outcome`.
     fn on_synced(&self, request: &SyncRequest<'_>, outcome: &SyncOutcome);
+
+    /// A sync attempt ended, successfully or not (for metrics); called after
+    /// [`on_synced`](SyncObserver::on_synced) on success.
+    fn on_sync_finished(&self, _family: IpFamily, _stats: &SyncStats) {}
 }
 
 /// The change trackers and sync loop of one IP family, driving one backend.
@@ -249,14 +253,19 @@ impl Proxier {
             Ok(outcome) => {
                 let stats = stats(Ok(outcome.clone()));
                 self.log_success(&stats, &drained.changed);
-                self.status.record(stats);
                 for observer in &self.observers {
                     observer.on_synced(&request, &outcome);
+                    observer.on_sync_finished(self.family, &stats);
                 }
+                self.status.record(stats);
                 Ok(outcome)
             }
             Err(source) => {
-                self.status.record(stats(Err(error_chain(&source))));
+                let stats = stats(Err(error_chain(&source)));
+                for observer in &self.observers {
+                    observer.on_sync_finished(self.family, &stats);
+                }
+                self.status.record(stats);
                 self.restore_after_failure(drained.stale, drained.queued_since);
                 Err(SyncError::Backend {
                     family: family_name(self.family),
@@ -354,11 +363,23 @@ impl fmt::Debug for Proxier {
 
 impl ProxyEventHandler for Proxier {
     fn on_service(&self, event: ObjectEvent<Service>) {
-        self.record(|tracked| tracked.services.record(&event));
+        self.record(|tracked| {
+            let changed = tracked.services.record(&event);
+            if changed {
+                self.status.count_change(ChangeKind::Service);
+            }
+            changed
+        });
     }
 
     fn on_endpoint_slice(&self, event: ObjectEvent<EndpointSlice>) {
-        self.record(|tracked| tracked.endpoints.record(&event));
+        self.record(|tracked| {
+            let changed = tracked.endpoints.record(&event);
+            if changed {
+                self.status.count_change(ChangeKind::EndpointSlice);
+            }
+            changed
+        });
     }
 
     fn on_node(&self, event: ObjectEvent<Node>) {
@@ -411,6 +432,9 @@ impl Tracked {
             // no longer narrows its endpoints.
             let had_labels = !self.node.labels.is_empty();
             self.node.labels.clear();
+            // A deleted Node is not eligible for load-balancer traffic
+            // (healthz answers 503), as one being deleted is not.
+            self.node.deleting = true;
             had_labels
         } else {
             let info = NodeInfo::from_node(node);

@@ -52,12 +52,37 @@ pub struct SyncTotals {
     pub failed_syncs: u64,
 }
 
+/// Which kind of object a recorded change was of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// A Service.
+    Service,
+    /// An EndpointSlice.
+    EndpointSlice,
+}
+
+/// Changes recorded by the trackers: since start, and not yet taken by a
+/// sync (`kubeproxy_sync_proxy_rules_{service,endpoint}_changes_{total,pending}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChangeCounts {
+    /// Service changes since start.
+    pub services_total: u64,
+    /// EndpointSlice changes since start.
+    pub endpoint_slices_total: u64,
+    /// Service changes no sync has taken yet.
+    pub services_pending: u64,
+    /// EndpointSlice changes no sync has taken yet.
+    pub endpoint_slices_pending: u64,
+}
+
 #[derive(Debug, Default)]
 struct StatusInner {
     queued_since: Option<Instant>,
+    last_queued_wall: Option<SystemTime>,
     last_successful_sync: Option<Instant>,
     last_sync: Option<SyncStats>,
     totals: SyncTotals,
+    changes: ChangeCounts,
 }
 
 impl SyncStatus {
@@ -87,15 +112,46 @@ impl SyncStatus {
         self.lock().totals
     }
 
+    /// Changes recorded since start and not yet synced.
+    pub fn changes(&self) -> ChangeCounts {
+        self.lock().changes
+    }
+
+    /// When a sync was last asked for (wall clock, for
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`).
+    pub fn last_queued_wall(&self) -> Option<SystemTime> {
+        self.lock().last_queued_wall
+    }
+
     /// A change was recorded at `at`; keeps the oldest such time.
     pub(crate) fn mark_queued(&self, at: Instant) {
         let mut inner = self.lock();
         inner.queued_since.get_or_insert(at);
+        inner.last_queued_wall = Some(SystemTime::now());
+    }
+
+    /// The trackers took in a change of `kind`.
+    pub(crate) fn count_change(&self, kind: ChangeKind) {
+        let mut inner = self.lock();
+        let changes = &mut inner.changes;
+        match kind {
+            ChangeKind::Service => {
+                changes.services_total += 1;
+                changes.services_pending += 1;
+            }
+            ChangeKind::EndpointSlice => {
+                changes.endpoint_slices_total += 1;
+                changes.endpoint_slices_pending += 1;
+            }
+        }
     }
 
     /// A sync took every queued change; returns when the oldest was queued.
     pub(crate) fn take_queued(&self) -> Option<Instant> {
-        self.lock().queued_since.take()
+        let mut inner = self.lock();
+        inner.changes.services_pending = 0;
+        inner.changes.endpoint_slices_pending = 0;
+        inner.queued_since.take()
     }
 
     /// A sync failed to apply changes queued since `since`.

@@ -15,6 +15,7 @@ use kp_source::ManifestSource;
 use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
 use tokio::sync::watch;
 
+use crate::agent::Agent;
 use crate::config_watch::{ConfigWatch, CONFIG_CHANGED_MESSAGE};
 use crate::logging;
 use crate::modes;
@@ -215,15 +216,10 @@ async fn serve(
     }
     // Each failure is logged by name; none stops the proxy.
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
-    let conntrack_metrics = kp_conntrack::ConntrackMetrics::new();
+    let agent = Agent::new(mode);
     let proxiers = build_proxiers(config, mode, node_name, false)?
         .into_iter()
-        .map(|proxier| {
-            let family = proxier.family();
-            let cleaner = kp_conntrack::ConntrackCleaner::new(family, conntrack_metrics.clone());
-            proxier.with_observer(Arc::new(cleaner))
-        })
-        .map(Arc::new)
+        .map(|proxier| Arc::new(agent.observe(proxier)))
         .collect::<Vec<_>>();
     let handler = fan_out(&proxiers);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -231,6 +227,7 @@ async fn serve(
     for proxier in &proxiers {
         tasks.spawn(Arc::clone(proxier).run(stopped(stop_rx.clone())));
     }
+    agent.serve(config, mode, &proxiers, &stop_rx, &mut tasks)?;
     let source_run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> =
         match &resolved.manifests {
             Some(manifests) => {
@@ -260,6 +257,7 @@ async fn serve(
     // Ignoring the send error is right: it fails only when every receiver
     // is already gone, i.e. everything has stopped.
     let _ = stop_tx.send(true);
+    agent.stop();
     while tasks.join_next().await.is_some() {}
     result
 }

@@ -3,6 +3,7 @@
 //! This file only turns the command line into a run and the run's result into
 //! an exit code; the work is in the library crates.
 
+mod agent;
 mod app;
 mod config_watch;
 mod logging;

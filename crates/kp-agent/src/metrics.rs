@@ -1,0 +1,416 @@
+//! The `kubeproxy_*` metrics, with upstream's names, help texts, labels
+//! and buckets (`pkg/proxy/metrics`), plus the process metrics.
+//!
+//! Sync metrics are fed by a [`SyncObserver`] on each family's proxier;
+//! change counts, the last queued time and the process metrics are read
+//! when `/metrics` is scraped. `kubeproxy_network_programming_duration_seconds`
+//! is registered but not observed: it needs the EndpointSlice
+//! `endpoints.kubernetes.io/last-change-trigger-time` annotation, which the
+//! model does not carry yet. `kubeproxy_sync_proxy_rules_iptables_last`
+//! (rules written per table by the last sync) is not registered: the backend
+//! reports what it wrote in total, not per table.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kp_model::IpFamily;
+use kp_sync::{Proxier, SyncObserver, SyncOutcome, SyncRequest, SyncStats};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+mod process;
+
+/// Label pairs of one series.
+type Labels = Vec<(&'static str, String)>;
+/// A gauge holding seconds or timestamps.
+type FloatGauge = Gauge<f64, AtomicU64>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// The metrics of one proxy process, shared by the metrics server, the
+/// healthz server and the sync observers.
+#[derive(Clone)]
+pub struct ProxyMetrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Mutex<Registry>,
+    proxiers: Mutex<Vec<Arc<Proxier>>>,
+    sync: Sync,
+    changes: Changes,
+    healthz: Family<Labels, Counter>,
+    livez: Family<Labels, Counter>,
+    process: process::ProcessMetrics,
+}
+
+/// Metrics moved by syncs.
+struct Sync {
+    duration: Histograms,
+    full_duration: Histograms,
+    partial_duration: Histograms,
+    last_timestamp: Family<Labels, FloatGauge>,
+    network_programming: Histograms,
+    iptables_total: Family<Labels, Gauge>,
+    restore_failures: Family<Labels, Counter>,
+    partial_restore_failures: Family<Labels, Counter>,
+    nftables_sync_failures: Family<Labels, Counter>,
+    no_local_endpoints: Family<Labels, Gauge>,
+}
+
+/// Metrics read from the trackers when scraped.
+#[derive(Default)]
+struct Changes {
+    last_queued: Family<Labels, FloatGauge>,
+    service_pending: Gauge,
+    service_total: Counter,
+    endpoint_pending: Gauge,
+    endpoint_total: Counter,
+}
+
+fn sync_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// 0, 0.25 s, 0.5 s, 1–59 s, 60–115 s by 5 s, 2–5 min by 30 s (upstream's
+/// merged linear buckets).
+fn programming_buckets() -> Histogram {
+    let mut buckets = vec![0.0, 0.25, 0.5];
+    buckets.extend((1..=59).map(f64::from));
+    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    Histogram::new(buckets)
+}
+
+fn histograms(constructor: fn() -> Histogram) -> Histograms {
+    Family::new_with_constructor(constructor)
+}
+
+fn family_label(family: IpFamily) -> Labels {
+    let name = match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    };
+    vec![("ip_family", name.to_owned())]
+}
+
+impl ProxyMetrics {
+    /// Every metric that applies to `mode` (`iptables`, `nftables`, `ipvs`,
+    /// `userspace`), registered under upstream's names.
+    pub fn new(mode: &'static str) -> Self {
+        let sync = Sync {
+            duration: histograms(sync_buckets),
+            full_duration: histograms(sync_buckets),
+            partial_duration: histograms(sync_buckets),
+            last_timestamp: Family::default(),
+            network_programming: histograms(programming_buckets),
+            iptables_total: Family::default(),
+            restore_failures: Family::default(),
+            partial_restore_failures: Family::default(),
+            nftables_sync_failures: Family::default(),
+            no_local_endpoints: Family::default(),
+        };
+        let changes = Changes::default();
+        let healthz = Family::default();
+        let livez = Family::default();
+        let mut registry = Registry::default();
+        register_common(&mut registry, &sync, &changes, &healthz, &livez);
+        register_mode(&mut registry, &sync, mode);
+        let process = process::ProcessMetrics::register(&mut registry);
+        Self {
+            inner: Arc::new(Inner {
+                registry: Mutex::new(registry),
+                proxiers: Mutex::new(Vec::new()),
+                sync,
+                changes,
+                healthz,
+                livez,
+                process,
+            }),
+        }
+    }
+
+    /// The registry, to add the metrics of other parts (conntrack).
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        lock(&self.inner.registry)
+    }
+
+    /// The proxiers whose change counts and queue times are reported. Their
+    /// families' sync histograms and failure counters show from the start,
+    /// at zero.
+    pub fn watch(&self, proxiers: &[Arc<Proxier>]) {
+        let sync = &self.inner.sync;
+        for proxier in proxiers {
+            let labels = family_label(proxier.family());
+            for histograms in [
+                &sync.duration,
+                &sync.full_duration,
+                &sync.partial_duration,
+                &sync.network_programming,
+            ] {
+                drop(histograms.get_or_create(&labels));
+            }
+            for counters in [
+                &sync.restore_failures,
+                &sync.partial_restore_failures,
+                &sync.nftables_sync_failures,
+            ] {
+                drop(counters.get_or_create(&labels));
+            }
+        }
+        *lock(&self.inner.proxiers) = proxiers.to_vec();
+    }
+
+    /// The observer to attach to each family's proxier.
+    pub fn observer(&self) -> Arc<dyn SyncObserver> {
+        Arc::new(self.clone())
+    }
+
+    /// Counts one `/healthz` answer with status `code`.
+    pub fn healthz_answered(&self, code: u16) {
+        self.inner
+            .healthz
+            .get_or_create(&vec![("code", code.to_string())])
+            .inc();
+    }
+
+    /// Counts one `/livez` answer with status `code`.
+    pub fn livez_answered(&self, code: u16) {
+        self.inner
+            .livez
+            .get_or_create(&vec![("code", code.to_string())])
+            .inc();
+    }
+
+    /// The metrics in Prometheus' text format, with the values read at
+    /// scrape time brought up to date.
+    pub fn render(&self) -> String {
+        self.refresh_changes();
+        self.inner.process.refresh();
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &self.registry());
+        text
+    }
+
+    fn refresh_changes(&self) {
+        let changes = &self.inner.changes;
+        let mut totals = kp_sync::ChangeCounts::default();
+        for proxier in lock(&self.inner.proxiers).iter() {
+            let status = proxier.status();
+            let counts = status.changes();
+            // Both families see every object; the counts are the same, so
+            // the largest is reported once, as upstream's shared trackers do.
+            totals.services_total = totals.services_total.max(counts.services_total);
+            totals.endpoint_slices_total = totals
+                .endpoint_slices_total
+                .max(counts.endpoint_slices_total);
+            totals.services_pending = totals.services_pending.max(counts.services_pending);
+            totals.endpoint_slices_pending = totals
+                .endpoint_slices_pending
+                .max(counts.endpoint_slices_pending);
+            if let Some(queued) = status.last_queued_wall() {
+                changes
+                    .last_queued
+                    .get_or_create(&family_label(proxier.family()))
+                    .set(unix_seconds(queued));
+            }
+        }
+        catch_up(&changes.service_total, totals.services_total);
+        catch_up(&changes.endpoint_total, totals.endpoint_slices_total);
+        changes
+            .service_pending
+            .set(as_gauge(totals.services_pending));
+        changes
+            .endpoint_pending
+            .set(as_gauge(totals.endpoint_slices_pending));
+    }
+}
+
+impl SyncObserver for ProxyMetrics {
+    fn on_synced(&self, request: &SyncRequest<'_>, _outcome: &SyncOutcome) {
+        let (mut internal, mut external) = (0, 0);
+        for state in request.service_ports.values() {
+            let no_local = state.endpoints.local.is_empty();
+            if state.port.internal_policy_local && no_local {
+                internal += 1;
+            }
+            if state.port.external_policy_local && no_local {
+                external += 1;
+            }
+        }
+        let sync = &self.inner.sync;
+        for (policy, count) in [("internal", internal), ("external", external)] {
+            let mut labels = family_label(request.family);
+            labels.push(("traffic_policy", policy.to_owned()));
+            sync.no_local_endpoints.get_or_create(&labels).set(count);
+        }
+    }
+
+    fn on_sync_finished(&self, family: IpFamily, stats: &SyncStats) {
+        let sync = &self.inner.sync;
+        let labels = family_label(family);
+        let seconds = stats.duration.as_secs_f64();
+        match &stats.result {
+            Ok(outcome) => {
+                sync.duration.get_or_create(&labels).observe(seconds);
+                let by_kind = if outcome.full {
+                    &sync.full_duration
+                } else {
+                    &sync.partial_duration
+                };
+                by_kind.get_or_create(&labels).observe(seconds);
+                let now = unix_seconds(stats.finished_at_wall);
+                sync.last_timestamp.get_or_create(&labels).set(now);
+                for (table, rules) in &outcome.rules_per_table {
+                    let mut labels = labels.clone();
+                    labels.push(("table", table.clone()));
+                    sync.iptables_total
+                        .get_or_create(&labels)
+                        .set(as_gauge(*rules as u64));
+                }
+            }
+            Err(_) => {
+                sync.restore_failures.get_or_create(&labels).inc();
+                sync.nftables_sync_failures.get_or_create(&labels).inc();
+                if !stats.full {
+                    sync.partial_restore_failures.get_or_create(&labels).inc();
+                }
+            }
+        }
+    }
+}
+
+fn register_common(
+    registry: &mut Registry,
+    sync: &Sync,
+    changes: &Changes,
+    healthz: &Family<Labels, Counter>,
+    livez: &Family<Labels, Counter>,
+) {
+    registry.register(
+        "kubeproxy_sync_proxy_rules_duration_seconds",
+        "SyncProxyRules latency in seconds",
+        sync.duration.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        "The last time a sync of proxy rules was queued",
+        changes.last_queued.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "The last time proxy rules were successfully synced",
+        sync.last_timestamp.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "Pending proxy rules Endpoint changes",
+        changes.endpoint_pending.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_endpoint_changes",
+        "Cumulative proxy rules Endpoint changes",
+        changes.endpoint_total.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "Pending proxy rules Service changes",
+        changes.service_pending.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_service_changes",
+        "Cumulative proxy rules Service changes",
+        changes.service_total.clone(),
+    );
+    registry.register(
+        "kubeproxy_proxy_healthz",
+        "Cumulative proxy healthz HTTP status",
+        healthz.clone(),
+    );
+    registry.register(
+        "kubeproxy_proxy_livez",
+        "Cumulative proxy livez HTTP status",
+        livez.clone(),
+    );
+    registry.register(
+        "kubeproxy_network_programming_duration_seconds",
+        "In Cluster Network Programming Latency in seconds",
+        sync.network_programming.clone(),
+    );
+    registry.register(
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+        "Number of services with a Local traffic policy and no endpoints",
+        sync.no_local_endpoints.clone(),
+    );
+}
+
+fn register_mode(registry: &mut Registry, sync: &Sync, mode: &str) {
+    if mode == "iptables" {
+        registry.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            sync.full_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            sync.partial_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            sync.partial_restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            sync.iptables_total.clone(),
+        );
+    }
+    if mode == "iptables" || mode == "ipvs" {
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            sync.restore_failures.clone(),
+        );
+    }
+    if mode == "nftables" {
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            sync.nftables_sync_failures.clone(),
+        );
+    }
+}
+
+/// Raises `counter` to `total` (counters only go up).
+fn catch_up(counter: &Counter, total: u64) {
+    let current = counter.get();
+    if total > current {
+        counter.inc_by(total - current);
+    }
+}
+
+fn as_gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a plain assignment.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;

@@ -1,0 +1,260 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, SystemTime};
+
+use kp_model::{NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::FakeBackend;
+use kp_sync::{ProxierConfig, RunnerConfig};
+use kp_testkit::builders::service;
+
+use super::*;
+
+/// Upstream's metric names for the iptables mode (`pkg/proxy/metrics`).
+const UPSTREAM_IPTABLES: &[&str] = &[
+    "kubeproxy_sync_proxy_rules_duration_seconds",
+    "kubeproxy_sync_full_proxy_rules_duration_seconds",
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+    "kubeproxy_network_programming_duration_seconds",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+    "kubeproxy_sync_proxy_rules_service_changes_pending",
+    "kubeproxy_sync_proxy_rules_service_changes_total",
+    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+    "kubeproxy_sync_proxy_rules_iptables_total",
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+    "kubeproxy_proxy_healthz_total",
+    "kubeproxy_proxy_livez_total",
+];
+
+fn proxier(backend: FakeBackend, metrics: &ProxyMetrics) -> Arc<Proxier> {
+    let config = ProxierConfig {
+        family: IpFamily::V4,
+        node: NodeInfo {
+            name: "node-1".into(),
+            ..NodeInfo::default()
+        },
+        runner: RunnerConfig {
+            min_interval: Duration::ZERO,
+            max_interval: Duration::from_secs(30),
+            retry_interval: Duration::from_secs(1),
+        },
+    };
+    let proxier = Proxier::new(config, Box::new(backend)).with_observer(metrics.observer());
+    let proxier = Arc::new(proxier);
+    proxier.on_synced(ResourceKind::Service);
+    proxier.on_synced(ResourceKind::EndpointSlice);
+    metrics.watch(&[Arc::clone(&proxier)]);
+    proxier
+}
+
+/// The metric named in a `# TYPE` line; counters are declared without
+/// their `_total` suffix.
+fn declared(text: &str, name: &str) -> bool {
+    let counter_base = name.strip_suffix("_total").unwrap_or(name);
+    text.contains(&format!("# TYPE {name} "))
+        || text.contains(&format!("# TYPE {counter_base} counter"))
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    let line = text.lines().find(|line| line.starts_with(series))?;
+    line[series.len()..].trim().parse().ok()
+}
+
+/// A sync outcome as the iptables backend reports it.
+fn iptables_sync(full: bool) -> SyncStats {
+    SyncStats {
+        finished_at: tokio::time::Instant::now(),
+        finished_at_wall: SystemTime::now(),
+        duration: Duration::from_millis(30),
+        full,
+        service_ports: 1,
+        endpoints: 2,
+        result: Ok(SyncOutcome {
+            full,
+            rules_per_table: vec![("filter".into(), 4), ("nat".into(), 12)],
+            chains_per_table: vec![("filter".into(), 6), ("nat".into(), 9)],
+            objects_written: 16,
+        }),
+    }
+}
+
+#[test]
+fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
+    let metrics = ProxyMetrics::new("iptables");
+    let proxier = proxier(FakeBackend::new(), &metrics);
+    proxier.sync_once().unwrap();
+    metrics.on_sync_finished(IpFamily::V4, &iptables_sync(true));
+    metrics.healthz_answered(200);
+    metrics.livez_answered(200);
+
+    let text = metrics.render();
+
+    let missing: Vec<_> = UPSTREAM_IPTABLES
+        .iter()
+        .filter(|name| !declared(&text, name))
+        .collect();
+
+    assert!(missing.is_empty(), "missing: {missing:?}\n{text}");
+    assert!(declared(&text, "process_resident_memory_bytes"));
+    assert!(!declared(
+        &text,
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+    ));
+}
+
+#[test]
+fn nftables_mode_has_its_failure_counter_and_no_iptables_ones() {
+    let metrics = ProxyMetrics::new("nftables");
+    proxier(FakeBackend::new(), &metrics);
+    let text = metrics.render();
+
+    assert!(declared(
+        &text,
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+    ));
+    assert!(!declared(
+        &text,
+        "kubeproxy_sync_proxy_rules_iptables_total"
+    ));
+}
+
+#[test]
+fn syncs_move_the_sync_metrics_with_upstreams_buckets() {
+    let metrics = ProxyMetrics::new("iptables");
+    let backend = FakeBackend::new();
+    let proxier = proxier(backend.clone(), &metrics);
+
+    proxier.sync_once().unwrap();
+    let web = service("ns1", "web", |s| {
+        s.cluster_ip("10.96.0.10").port("http", 80, "TCP")
+    });
+    proxier.on_service(ObjectEvent::Apply(web));
+    let queued = metrics.render();
+    proxier.sync_once().unwrap();
+    let synced = metrics.render();
+
+    let family = "{ip_family=\"IPv4\"}";
+    assert_eq!(
+        sample(
+            &synced,
+            &format!("kubeproxy_sync_proxy_rules_duration_seconds_count{family}")
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &synced,
+            &format!("kubeproxy_sync_full_proxy_rules_duration_seconds_count{family}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &synced,
+            &format!("kubeproxy_sync_partial_proxy_rules_duration_seconds_count{family}")
+        ),
+        Some(1.0)
+    );
+    assert!(
+        sample(
+            &synced,
+            &format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{family}")
+        )
+        .unwrap()
+            > 1.7e9
+    );
+    assert!(
+        synced.contains(
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"}"
+        ) || synced.contains(
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"}"
+        )
+    );
+    assert!(
+        synced.contains("le=\"16.384\""),
+        "15 exponential buckets from 1 ms"
+    );
+    assert_eq!(
+        sample(&queued, "kubeproxy_sync_proxy_rules_service_changes_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &queued,
+            "kubeproxy_sync_proxy_rules_service_changes_pending"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &synced,
+            "kubeproxy_sync_proxy_rules_service_changes_pending"
+        ),
+        Some(0.0)
+    );
+    assert!(sample(
+        &synced,
+        &format!("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{family}")
+    )
+    .is_some());
+}
+
+#[test]
+fn a_failed_sync_counts_as_a_restore_failure() {
+    let metrics = ProxyMetrics::new("iptables");
+    let backend = FakeBackend::new();
+    let proxier = proxier(backend.clone(), &metrics);
+    backend.fail_next(1);
+
+    assert!(proxier.sync_once().is_err());
+
+    let text = metrics.render();
+    assert_eq!(
+        sample(
+            &text,
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn network_programming_buckets_are_upstreams() {
+    let metrics = ProxyMetrics::new("iptables");
+    proxier(FakeBackend::new(), &metrics);
+    let text = metrics.render();
+    for bound in [
+        "0.25", "0.5", "1.0", "59.0", "60.0", "115.0", "120.0", "300.0",
+    ] {
+        assert!(
+            text.contains(&format!("le=\"{bound}\"")),
+            "bucket {bound}:\n{text}"
+        );
+    }
+    assert!(!text.contains("le=\"330.0\""));
+    assert!(
+        text.contains("kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 0")
+    );
+}
+
+#[test]
+fn healthz_answers_are_counted_by_code() {
+    let metrics = ProxyMetrics::new("iptables");
+    metrics.healthz_answered(200);
+    metrics.healthz_answered(503);
+    metrics.livez_answered(200);
+
+    let text = metrics.render();
+
+    assert_eq!(
+        sample(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "kubeproxy_proxy_livez_total{code=\"200\"}"),
+        Some(1.0)
+    );
+}

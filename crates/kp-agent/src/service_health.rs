@@ -1,0 +1,197 @@
+//! Health-check node ports: for every `externalTrafficPolicy: Local`
+//! LoadBalancer Service with a `healthCheckNodePort`, an HTTP server on that
+//! port tells the cloud load balancer whether this node has local endpoints
+//! (200) or not (503), with upstream's JSON and headers.
+//!
+//! The servers follow the syncs: an observer on each family's proxier opens
+//! and closes them as Services change. A port that cannot be bound (taken by
+//! another process) is logged with its Service and tried again after the
+//! next sync; it never stops the proxy. Servers listen on every address of
+//! the node (upstream narrows them to `nodePortAddresses` when set).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener as StdListener};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use kp_model::{IpFamily, NamespacedName};
+use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::health::ProxyHealth;
+use crate::http::{serve, Handler, Response};
+
+/// The health-check servers of one proxy process.
+#[derive(Clone)]
+pub struct ServiceHealthServers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    runtime: Handle,
+    health: OnceLock<ProxyHealth>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per family: health-check port → Service and its local ready
+    /// endpoints, as the family's last sync saw them.
+    wanted: HashMap<IpFamily, BTreeMap<u16, (NamespacedName, usize)>>,
+    /// Ports with a running server, and how to stop it.
+    serving: BTreeMap<u16, watch::Sender<bool>>,
+}
+
+impl ServiceHealthServers {
+    /// Servers spawned on `runtime`.
+    pub fn new(runtime: Handle) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                runtime,
+                health: OnceLock::new(),
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// Reports `health` as `serviceProxyHealthy` (healthy until set: the
+    /// proxiers this judges are built with these servers as observers).
+    pub fn set_proxy_health(&self, health: ProxyHealth) {
+        // Set once at start; a second call keeps the first.
+        let _ = self.inner.health.set(health);
+    }
+
+    /// The ports with a running server.
+    pub fn serving(&self) -> Vec<u16> {
+        self.inner.lock().serving.keys().copied().collect()
+    }
+
+    /// The answer of the server on `port` now, as `(status, body)`.
+    pub fn answer(&self, port: u16) -> Response {
+        let (name, local) = {
+            let state = self.inner.lock();
+            let mut found = None;
+            for ports in state.wanted.values() {
+                if let Some((name, count)) = ports.get(&port) {
+                    let total = found.as_ref().map_or(0, |(_, c)| *c) + count;
+                    found = Some((name.clone(), total));
+                }
+            }
+            match found {
+                Some(found) => found,
+                None => return Response::not_found(),
+            }
+        };
+        let healthy = self
+            .inner
+            .health
+            .get()
+            .is_none_or(|health| health.check().healthy);
+        let body = serde_json::json!({
+            "service": { "namespace": name.namespace, "name": name.name },
+            "localEndpoints": local,
+            "serviceProxyHealthy": healthy,
+        });
+        let code = if local > 0 && healthy { 200 } else { 503 };
+        Response::new(code, "application/json", body.to_string())
+            .with_header("X-Content-Type-Options", "nosniff")
+            .with_header("X-Load-Balancing-Endpoint-Weight", local.to_string())
+    }
+
+    /// Stops every server.
+    pub fn stop_all(&self) {
+        let mut state = self.inner.lock();
+        for (_, stop) in std::mem::take(&mut state.serving) {
+            // A server that already ended has dropped its receiver.
+            let _ = stop.send(true);
+        }
+    }
+
+    fn reconcile(&self) {
+        let mut state = self.inner.lock();
+        let mut wanted: BTreeMap<u16, NamespacedName> = BTreeMap::new();
+        for ports in state.wanted.values() {
+            for (port, (name, _)) in ports {
+                wanted.insert(*port, name.clone());
+            }
+        }
+        state.serving.retain(|port, stop| {
+            let keep = wanted.contains_key(port);
+            if !keep {
+                tracing::info!(port, "Closing health-check node port");
+                let _ = stop.send(true);
+            }
+            keep
+        });
+        for (port, service) in wanted {
+            if state.serving.contains_key(&port) {
+                continue;
+            }
+            match self.start(port) {
+                Ok(stop) => {
+                    tracing::info!(port, service = %service, "Serving health-check node port");
+                    state.serving.insert(port, stop);
+                }
+                Err(error) => tracing::warn!(
+                    port,
+                    service = %service,
+                    %error,
+                    "Cannot listen on health-check node port; retrying after the next sync"
+                ),
+            }
+        }
+    }
+
+    fn start(&self, port: u16) -> std::io::Result<watch::Sender<bool>> {
+        let listener = bind_all(port)?;
+        listener.set_nonblocking(true)?;
+        let _entered = self.inner.runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let (stop, stopped) = watch::channel(false);
+        let servers = self.clone();
+        let handler: Handler = Arc::new(move |_method, _path| servers.answer(port));
+        self.inner.runtime.spawn(serve(listener, handler, stopped));
+        Ok(stop)
+    }
+}
+
+/// Listens on `port` of every address: IPv6 and IPv4 when the host has
+/// IPv6, IPv4 only otherwise.
+fn bind_all(port: u16) -> std::io::Result<StdListener> {
+    StdListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
+        .or_else(|_| StdListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))))
+}
+
+impl SyncObserver for ServiceHealthServers {
+    fn on_synced(&self, request: &SyncRequest<'_>, _outcome: &SyncOutcome) {
+        let mut ports = BTreeMap::new();
+        for (name, state) in request.service_ports {
+            let port = &state.port;
+            let Some(health_port) = port
+                .health_check_node_port
+                .filter(|_| port.external_policy_local)
+            else {
+                continue;
+            };
+            let local = state
+                .all_endpoints
+                .iter()
+                .filter(|endpoint| endpoint.is_local && endpoint.ready)
+                .count();
+            ports.insert(health_port, (name.service.clone(), local));
+        }
+        self.inner.lock().wanted.insert(request.family, ports);
+        self.reconcile();
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update under the lock leaves the state whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+#[path = "service_health_tests.rs"]
+mod tests;

@@ -1,0 +1,156 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::FakeBackend;
+use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
+use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::netns::{require_root, wait_until, Netns};
+
+use super::*;
+
+fn proxier() -> Proxier {
+    let config = ProxierConfig {
+        family: IpFamily::V4,
+        node: NodeInfo {
+            name: "node-1".into(),
+            ..NodeInfo::default()
+        },
+        runner: RunnerConfig {
+            min_interval: Duration::ZERO,
+            max_interval: Duration::from_secs(30),
+            retry_interval: Duration::from_secs(1),
+        },
+    };
+    Proxier::new(config, Box::new(FakeBackend::new()))
+}
+
+fn balancer(health_port: u16) -> k8s_openapi::api::core::v1::Service {
+    service("ns1", "lb", |s| {
+        s.service_type("LoadBalancer")
+            .cluster_ip("10.96.0.20")
+            .port("http", 80, "TCP")
+            .node_port(30080)
+            .external_traffic_policy_local()
+            .health_check_node_port(i32::from(health_port))
+    })
+}
+
+/// The slice of `lb` with one ready endpoint per `(address, node)`.
+fn slice(endpoints: &[(&str, &str)]) -> EndpointSlice {
+    endpoint_slice("ns1", "lb-1", "lb", |mut slice| {
+        slice = slice.port("http", 8080, "TCP");
+        for (address, node) in endpoints {
+            slice = slice.endpoint(address, |e| e.ready(true).node(node));
+        }
+        slice
+    })
+}
+
+/// `GET /` on `port` of loopback: the status code and the body.
+fn get(port: u16) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    let code = reply[9..12].parse().unwrap_or(0);
+    let body = reply
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    Ok((code, body))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_health_check_port_answers_200_with_local_endpoints_and_503_without() {
+    require_root();
+    let node = Netns::create("hcport").unwrap();
+    node.run(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let proxier = proxier();
+        let servers = ServiceHealthServers::new(runtime.handle().clone());
+        let proxier = Arc::new(proxier.with_observer(Arc::new(servers.clone())));
+        proxier.on_synced(ResourceKind::Service);
+        proxier.on_synced(ResourceKind::EndpointSlice);
+        let port = free_port();
+
+        proxier.on_service(ObjectEvent::Apply(balancer(port)));
+        proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[
+            ("10.244.1.2", "node-1"),
+            ("10.244.1.3", "node-1"),
+            ("10.244.2.2", "node-2"),
+        ])));
+        proxier.sync_once().unwrap();
+
+        assert_eq!(servers.serving(), [port]);
+        let (code, body) = get(port).unwrap();
+        assert_eq!(code, 200);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "service": {"namespace": "ns1", "name": "lb"},
+                "localEndpoints": 2,
+                "serviceProxyHealthy": true
+            })
+        );
+        let weight = servers.answer(port);
+        assert!(weight
+            .headers
+            .contains(&("X-Load-Balancing-Endpoint-Weight", "2".to_owned())));
+
+        // The last local endpoint goes away: 503.
+        proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.2.2", "node-2")])));
+        proxier.sync_once().unwrap();
+        let (code, body) = get(port).unwrap();
+        assert_eq!(code, 503);
+        assert!(body.contains("\"localEndpoints\":0"), "{body}");
+
+        // The Service goes away: so does its server.
+        proxier.on_service(ObjectEvent::Delete(balancer(port)));
+        proxier.sync_once().unwrap();
+        assert!(servers.serving().is_empty());
+        let closed = wait_until(Duration::from_secs(5), || get(port).is_err());
+        assert!(closed, "the port is closed");
+    });
+}
+
+#[test]
+fn a_taken_port_is_retried_after_the_next_sync() {
+    require_root();
+    let node = Netns::create("hctaken").unwrap();
+    node.run(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let servers = ServiceHealthServers::new(runtime.handle().clone());
+        let proxier = Arc::new(proxier().with_observer(Arc::new(servers.clone())));
+        proxier.on_synced(ResourceKind::Service);
+        proxier.on_synced(ResourceKind::EndpointSlice);
+        let squatter = TcpListener::bind("[::]:0").unwrap();
+        let port = squatter.local_addr().unwrap().port();
+
+        proxier.on_service(ObjectEvent::Apply(balancer(port)));
+        proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.1.2", "node-1")])));
+        proxier.sync_once().unwrap();
+        assert!(servers.serving().is_empty(), "the port is taken");
+
+        drop(squatter);
+        proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.1.4", "node-1")])));
+        proxier.sync_once().unwrap();
+        assert_eq!(servers.serving(), [port]);
+        assert_eq!(get(port).unwrap().0, 200);
+    });
+}

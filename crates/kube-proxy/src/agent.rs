@@ -1,0 +1,88 @@
+//! The node agent around the proxiers: the sync observers (conntrack
+//! cleanup, metrics, service health-check ports) and the healthz and
+//! metrics servers.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use kp_agent::servers::{configz_json, healthz_handler, metrics_handler};
+use kp_agent::{
+    serve_healthz, serve_metrics, MetricsEndpoints, ProxyHealth, ProxyMetrics, ServiceHealthServers,
+};
+use kp_config::{KubeProxyConfiguration, ProxyMode};
+use kp_conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kp_sync::Proxier;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// What the agent shares between the proxiers and its servers.
+pub struct Agent {
+    metrics: ProxyMetrics,
+    health_checks: ServiceHealthServers,
+    conntrack: ConntrackMetrics,
+}
+
+impl Agent {
+    /// The agent of a proxy in `mode`; call inside the runtime.
+    pub fn new(mode: ProxyMode) -> Self {
+        let metrics = ProxyMetrics::new(mode.as_str());
+        let conntrack = ConntrackMetrics::new();
+        conntrack.register(&mut metrics.registry());
+        Self {
+            metrics,
+            health_checks: ServiceHealthServers::new(tokio::runtime::Handle::current()),
+            conntrack,
+        }
+    }
+
+    /// `proxier` with the agent's observers attached.
+    pub fn observe(&self, proxier: Proxier) -> Proxier {
+        let family = proxier.family();
+        let cleaner = ConntrackCleaner::new(family, self.conntrack.clone());
+        proxier
+            .with_observer(Arc::new(cleaner))
+            .with_observer(self.metrics.observer())
+            .with_observer(Arc::new(self.health_checks.clone()))
+    }
+
+    /// Starts the healthz and metrics servers on `tasks`; they stop with
+    /// `stop`.
+    pub fn serve(
+        &self,
+        config: &KubeProxyConfiguration,
+        mode: ProxyMode,
+        proxiers: &[Arc<Proxier>],
+        stop: &watch::Receiver<bool>,
+        tasks: &mut JoinSet<()>,
+    ) -> anyhow::Result<()> {
+        let periods = config
+            .sync_periods()
+            .context("sync periods must not be negative")?;
+        // Upstream's health timeout: two sync periods.
+        let health = ProxyHealth::new(proxiers.to_vec(), 2 * periods.sync_period);
+        self.health_checks.set_proxy_health(health.clone());
+        self.metrics.watch(proxiers);
+
+        let healthz = healthz_handler(health, self.metrics.clone());
+        let address = config.healthz_bind_address.clone();
+        let stopped = stop.clone();
+        tasks.spawn(async move { serve_healthz(&address, healthz, stopped).await });
+
+        let endpoints = MetricsEndpoints {
+            metrics: self.metrics.clone(),
+            mode: mode.as_str(),
+            configz: configz_json(config),
+            profiling: config.enable_profiling,
+        };
+        let address = config.metrics_bind_address.clone();
+        let stopped = stop.clone();
+        let handler = metrics_handler(endpoints);
+        tasks.spawn(async move { serve_metrics(&address, handler, stopped).await });
+        Ok(())
+    }
+
+    /// Closes the health-check node ports.
+    pub fn stop(&self) {
+        self.health_checks.stop_all();
+    }
+}

@@ -1,0 +1,210 @@
+//! The `kube-proxy` binary's servers as a node runs them: the healthz
+//! server (10256), the metrics server (10249) and a health-check node port,
+//! checked by HTTP from inside the node network namespace while the proxy
+//! follows manifest edits.
+//!
+//! The LoadBalancer Service `demo/lb` (10.96.0.43:80, NodePort 30081,
+//! `externalTrafficPolicy: Local`, health-check node port 32000) has one
+//! endpoint on this node (10.244.1.2) and one on node-2.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use kp_testkit::netns::{require_root, wait_until, Netns};
+
+const SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.43
+  clusterIPs: [10.96.0.43]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports:
+    - {name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}
+";
+
+fn slice(endpoints: &[(&str, &str)]) -> String {
+    let mut text = String::from(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: lb-1
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+ports:
+  - {name: http, port: 8080, protocol: TCP}
+endpoints:
+",
+    );
+    for (address, node) in endpoints {
+        text.push_str(&format!(
+            "  - addresses: [{address}]\n    conditions: {{ready: true}}\n    nodeName: {node}\n"
+        ));
+    }
+    text
+}
+
+/// The answer to `GET path` on `port` of the node's loopback.
+struct Answer {
+    code: u16,
+    head: String,
+    body: String,
+}
+
+fn get(node: &Netns, port: u16, path: &str) -> std::io::Result<Answer> {
+    node.run(|| {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        Ok(Answer {
+            code: head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0),
+            head: head.to_owned(),
+            body: body.to_owned(),
+        })
+    })
+}
+
+fn json(answer: &Answer) -> serde_json::Value {
+    serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {}", answer.body))
+}
+
+/// The value of the metric sample `series` (name and labels, exactly).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    let line = metrics.lines().find(|l| l.starts_with(series))?;
+    line[series.len()..].trim().parse().ok()
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let aside = path.with_extension("tmp~");
+    fs::write(&aside, text).unwrap();
+    fs::rename(&aside, path).unwrap();
+}
+
+#[test]
+fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
+    require_root();
+    let node = Netns::create("agent").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("lb.yaml"), SERVICE).unwrap();
+    let slice_file = dir.path().join("slice.yaml");
+    fs::write(
+        &slice_file,
+        slice(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]),
+    )
+    .unwrap();
+    let _proxy = node.spawn(
+        env!("CARGO_BIN_EXE_kube-proxy"),
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--iptables-min-sync-period",
+            "0s",
+        ],
+    );
+    let up = wait_until(Duration::from_secs(15), || {
+        get(&node, 32000, "/").is_ok_and(|a| a.code == 200)
+    });
+    assert!(
+        up,
+        "the health-check node port answers once the proxy synced"
+    );
+
+    // Health-check node port: one local endpoint.
+    let answer = get(&node, 32000, "/").unwrap();
+    assert_eq!(
+        json(&answer),
+        serde_json::json!({
+            "service": {"namespace": "demo", "name": "lb"},
+            "localEndpoints": 1,
+            "serviceProxyHealthy": true
+        })
+    );
+    assert!(
+        answer.head.contains("X-Load-Balancing-Endpoint-Weight: 1")
+            || answer
+                .head
+                .to_lowercase()
+                .contains("x-load-balancing-endpoint-weight: 1")
+    );
+
+    // healthz and livez on 10256.
+    let healthz = get(&node, 10256, "/healthz").unwrap();
+    assert_eq!(healthz.code, 200);
+    let body = json(&healthz);
+    assert_eq!(body["nodeEligible"], true);
+    assert!(body["lastUpdated"]
+        .as_str()
+        .unwrap()
+        .ends_with(" +0000 UTC"));
+    assert!(body["currentTime"].is_string());
+    let livez = get(&node, 10256, "/livez").unwrap();
+    assert_eq!(livez.code, 200);
+    let keys: Vec<_> = json(&livez).as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys, ["currentTime", "lastUpdated"]);
+    assert_eq!(get(&node, 10256, "/other").unwrap().code, 404);
+
+    // The metrics server on 10249.
+    assert_eq!(get(&node, 10249, "/proxyMode").unwrap().body, "iptables");
+    assert_eq!(get(&node, 10249, "/healthz").unwrap().body, "ok");
+    let configz = json(&get(&node, 10249, "/configz").unwrap());
+    assert_eq!(
+        configz["kubeproxy.config.k8s.io"]["hostnameOverride"],
+        "node-1"
+    );
+    let metrics = get(&node, 10249, "/metrics").unwrap();
+    assert_eq!(metrics.code, 200);
+    let syncs = "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
+    let before = sample(&metrics.body, syncs).unwrap();
+    assert!(before >= 1.0, "{}", metrics.body);
+    assert!(sample(&metrics.body, "kubeproxy_proxy_healthz_total{code=\"200\"}").unwrap() >= 1.0);
+    assert!(
+        sample(
+            &metrics.body,
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"}"
+        )
+        .unwrap()
+            > 0.0
+    );
+    assert!(sample(&metrics.body, "process_resident_memory_bytes").unwrap() > 0.0);
+
+    // The last local endpoint goes away: the health-check port says 503,
+    // and the metrics count the sync.
+    write_atomically(&slice_file, &slice(&[("10.244.2.2", "node-2")]));
+    let drained = wait_until(Duration::from_secs(10), || {
+        get(&node, 32000, "/").is_ok_and(|a| a.code == 503)
+    });
+    assert!(drained, "503 without local endpoints");
+    assert_eq!(json(&get(&node, 32000, "/").unwrap())["localEndpoints"], 0);
+    let after = sample(&get(&node, 10249, "/metrics").unwrap().body, syncs).unwrap();
+    assert!(
+        after > before,
+        "the edit's sync is counted: {before} → {after}"
+    );
+    let changes = get(&node, 10249, "/metrics").unwrap().body;
+    assert!(
+        sample(
+            &changes,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total"
+        )
+        .unwrap()
+            >= 2.0
+    );
+}
