@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
-use kp_sync::testing::FakeBackend;
-use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
+use kp_model::{IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::{fake_proxier, IMMEDIATE};
+use kp_sync::Proxier;
 use kp_testkit::builders::{node, service};
 use tokio::time::Instant;
 
@@ -14,19 +14,8 @@ use super::*;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn proxier() -> Arc<Proxier> {
-    let config = ProxierConfig {
-        family: IpFamily::V4,
-        node: NodeInfo {
-            name: "node-1".into(),
-            ..NodeInfo::default()
-        },
-        runner: RunnerConfig {
-            min_interval: Duration::ZERO,
-            max_interval: Duration::from_secs(30),
-            retry_interval: Duration::from_secs(1),
-        },
-    };
-    let proxier = Arc::new(Proxier::new(config, Box::new(FakeBackend::new())));
+    let (proxier, _) = fake_proxier(IpFamily::V4, "node-1", IMMEDIATE);
+    let proxier = Arc::new(proxier);
     proxier.on_synced(ResourceKind::Service);
     proxier.on_synced(ResourceKind::EndpointSlice);
     proxier

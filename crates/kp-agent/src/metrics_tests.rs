@@ -2,9 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use kp_model::{NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
-use kp_sync::testing::FakeBackend;
-use kp_sync::{ProxierConfig, RunnerConfig};
+use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::{fake_proxier, FakeBackend, IMMEDIATE};
 use kp_testkit::builders::service;
 
 use super::*;
@@ -29,25 +28,14 @@ const UPSTREAM_IPTABLES: &[&str] = &[
     "kubeproxy_proxy_livez_total",
 ];
 
-fn proxier(backend: FakeBackend, metrics: &ProxyMetrics) -> Arc<Proxier> {
-    let config = ProxierConfig {
-        family: IpFamily::V4,
-        node: NodeInfo {
-            name: "node-1".into(),
-            ..NodeInfo::default()
-        },
-        runner: RunnerConfig {
-            min_interval: Duration::ZERO,
-            max_interval: Duration::from_secs(30),
-            retry_interval: Duration::from_secs(1),
-        },
-    };
-    let proxier = Proxier::new(config, Box::new(backend)).with_observer(metrics.observer());
-    let proxier = Arc::new(proxier);
+/// A proxier whose syncs `metrics` observe, with its sources synced.
+fn proxier(metrics: &ProxyMetrics) -> (Arc<Proxier>, FakeBackend) {
+    let (proxier, backend) = fake_proxier(IpFamily::V4, "node-1", IMMEDIATE);
+    let proxier = Arc::new(proxier.with_observer(metrics.observer()));
     proxier.on_synced(ResourceKind::Service);
     proxier.on_synced(ResourceKind::EndpointSlice);
     metrics.watch(&[Arc::clone(&proxier)]);
-    proxier
+    (proxier, backend)
 }
 
 /// The metric named in a `# TYPE` line; counters are declared without
@@ -84,7 +72,7 @@ fn iptables_sync(full: bool) -> SyncStats {
 #[test]
 fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
     let metrics = ProxyMetrics::new("iptables");
-    let proxier = proxier(FakeBackend::new(), &metrics);
+    let (proxier, _) = proxier(&metrics);
     proxier.sync_once().unwrap();
     metrics.on_sync_finished(IpFamily::V4, &iptables_sync(true));
     metrics.healthz_answered(200);
@@ -108,7 +96,7 @@ fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
 #[test]
 fn nftables_mode_has_its_failure_counter_and_no_iptables_ones() {
     let metrics = ProxyMetrics::new("nftables");
-    proxier(FakeBackend::new(), &metrics);
+    proxier(&metrics);
     let text = metrics.render();
 
     assert!(declared(
@@ -124,8 +112,7 @@ fn nftables_mode_has_its_failure_counter_and_no_iptables_ones() {
 #[test]
 fn syncs_move_the_sync_metrics_with_upstreams_buckets() {
     let metrics = ProxyMetrics::new("iptables");
-    let backend = FakeBackend::new();
-    let proxier = proxier(backend.clone(), &metrics);
+    let (proxier, _) = proxier(&metrics);
 
     proxier.sync_once().unwrap();
     let web = service("ns1", "web", |s| {
@@ -205,8 +192,7 @@ fn syncs_move_the_sync_metrics_with_upstreams_buckets() {
 #[test]
 fn a_failed_sync_counts_as_a_restore_failure() {
     let metrics = ProxyMetrics::new("iptables");
-    let backend = FakeBackend::new();
-    let proxier = proxier(backend.clone(), &metrics);
+    let (proxier, backend) = proxier(&metrics);
     backend.fail_next(1);
 
     assert!(proxier.sync_once().is_err());
@@ -224,7 +210,7 @@ fn a_failed_sync_counts_as_a_restore_failure() {
 #[test]
 fn network_programming_buckets_are_upstreams() {
     let metrics = ProxyMetrics::new("iptables");
-    proxier(FakeBackend::new(), &metrics);
+    proxier(&metrics);
     let text = metrics.render();
     for bound in [
         "0.25", "0.5", "1.0", "59.0", "60.0", "115.0", "120.0", "300.0",

@@ -5,28 +5,16 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_model::{NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
-use kp_sync::testing::FakeBackend;
-use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
+use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_sync::testing::{fake_proxier, IMMEDIATE};
+use kp_sync::Proxier;
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::netns::{require_root, wait_until, Netns};
 
 use super::*;
 
 fn proxier() -> Proxier {
-    let config = ProxierConfig {
-        family: IpFamily::V4,
-        node: NodeInfo {
-            name: "node-1".into(),
-            ..NodeInfo::default()
-        },
-        runner: RunnerConfig {
-            min_interval: Duration::ZERO,
-            max_interval: Duration::from_secs(30),
-            retry_interval: Duration::from_secs(1),
-        },
-    };
-    Proxier::new(config, Box::new(FakeBackend::new()))
+    fake_proxier(IpFamily::V4, "node-1", IMMEDIATE).0
 }
 
 fn balancer(health_port: u16) -> k8s_openapi::api::core::v1::Service {

@@ -176,23 +176,11 @@ impl SyncObserver for ConntrackCleaner {
             ),
             Err(error) => tracing::warn!(
                 family,
-                error = %error_chain(&error),
+                error = %kp_sync::error_chain(&error),
                 "reconciling conntrack entries failed; retrying after the next sync"
             ),
         }
     }
-}
-
-/// `error: cause: cause …`, for logs.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -212,7 +212,7 @@ fn grow_hashsize(wanted: u64, paths: &SysctlPaths, report: &mut SysctlReport) {
                 path: paths.hashsize.clone(),
                 source,
             };
-            tracing::warn!(sysctl = NAME, error = %error_chain(&error), "reading conntrack hash size failed");
+            tracing::warn!(sysctl = NAME, error = %kp_sync::error_chain(&error), "reading conntrack hash size failed");
             report.failures.push(error);
             return;
         }
@@ -263,7 +263,7 @@ impl Setting {
                     path: path.to_owned(),
                     source,
                 };
-                tracing::warn!(sysctl = self.name, value = self.value, error = %error_chain(&error), "setting conntrack sysctl failed");
+                tracing::warn!(sysctl = self.name, value = self.value, error = %kp_sync::error_chain(&error), "setting conntrack sysctl failed");
                 report.failures.push(error);
                 false
             }
@@ -276,12 +276,4 @@ fn read_number(path: &Path) -> io::Result<u64> {
     text.trim()
         .parse()
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
-}
-
-/// `error: cause`, for logs.
-fn error_chain(error: &SysctlError) -> String {
-    let cause = match error {
-        SysctlError::Write { source, .. } | SysctlError::ReadHashsize { source, .. } => source,
-    };
-    format!("{error}: {cause}")
 }

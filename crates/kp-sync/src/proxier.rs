@@ -479,7 +479,7 @@ pub(crate) fn family_name(family: IpFamily) -> &'static str {
 }
 
 /// `error: cause: cause …`, for logs and the sync status.
-fn error_chain(error: &dyn Error) -> String {
+pub fn error_chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -7,6 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use tokio::sync::watch;
 
+use crate::proxier::{Proxier, ProxierConfig};
+use crate::runner::RunnerConfig;
+
 use crate::backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
 };
@@ -202,4 +205,31 @@ impl RecordedSync {
             .map(|name| format!("{}/{}", name.namespace, name.name))
             .collect()
     }
+}
+
+/// Runner timing for tests: every request runs at once, failures are
+/// retried at once, no periodic runs.
+pub const IMMEDIATE: RunnerConfig = RunnerConfig {
+    min_interval: std::time::Duration::ZERO,
+    max_interval: std::time::Duration::ZERO,
+    retry_interval: std::time::Duration::ZERO,
+};
+
+/// A proxier of `family` on node `node_name` with `runner` timing, and the
+/// fake backend behind it; its sources have not reported a list yet.
+pub fn fake_proxier(
+    family: IpFamily,
+    node_name: &str,
+    runner: RunnerConfig,
+) -> (Proxier, FakeBackend) {
+    let backend = FakeBackend::new();
+    let config = ProxierConfig {
+        family,
+        node: NodeInfo {
+            name: node_name.to_owned(),
+            ..NodeInfo::default()
+        },
+        runner,
+    };
+    (Proxier::new(config, Box::new(backend.clone())), backend)
 }

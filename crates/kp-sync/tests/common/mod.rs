@@ -14,23 +14,16 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
+use kp_model::{IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind};
 use kp_sync::testing::FakeBackend;
-use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
+use kp_sync::{Proxier, RunnerConfig};
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::plan::{NODE_NAME, OTHER_NODE_NAME};
 
-/// Runner timing for tests that drive the real loop: every request runs at
-/// once, failures are retried at once, no periodic runs.
-pub const IMMEDIATE: RunnerConfig = RunnerConfig {
-    min_interval: Duration::ZERO,
-    max_interval: Duration::ZERO,
-    retry_interval: Duration::ZERO,
-};
+pub use kp_sync::testing::IMMEDIATE;
 
 /// A proxier of `family` on [`NODE_NAME`] and the fake backend behind it.
 pub fn proxier(family: IpFamily) -> (Proxier, FakeBackend) {
@@ -39,16 +32,7 @@ pub fn proxier(family: IpFamily) -> (Proxier, FakeBackend) {
 
 /// Like [`proxier`], with the given runner timing.
 pub fn proxier_with(family: IpFamily, runner: RunnerConfig) -> (Proxier, FakeBackend) {
-    let backend = FakeBackend::new();
-    let config = ProxierConfig {
-        family,
-        node: NodeInfo {
-            name: NODE_NAME.to_owned(),
-            ..NodeInfo::default()
-        },
-        runner,
-    };
-    (Proxier::new(config, Box::new(backend.clone())), backend)
+    kp_sync::testing::fake_proxier(family, NODE_NAME, runner)
 }
 
 /// Both sources report their first complete list.
