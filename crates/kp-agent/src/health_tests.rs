@@ -107,3 +107,14 @@ async fn a_node_tainted_for_removal_by_the_autoscaler_fails_healthz() {
         "the taint removed, eligible again"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_node_is_not_eligible() {
+    let proxier = proxier();
+    let health = ProxyHealth::new(vec![Arc::clone(&proxier)], TIMEOUT);
+
+    proxier.on_node(ObjectEvent::Delete(node("node-1", |n| n)));
+
+    assert!(!health.check().healthz_ok());
+    assert!(health.check().healthy);
+}
