@@ -184,6 +184,15 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
             > 0.0
     );
     assert!(sample(&metrics.body, "process_resident_memory_bytes").unwrap() > 0.0);
+    assert!(
+        sample(
+            &metrics.body,
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"}"
+        )
+        .unwrap()
+            >= 1.0,
+        "the conntrack reconciler ran after the first sync"
+    );
 
     // The last local endpoint goes away: the health-check port says 503,
     // and the metrics count the sync.
