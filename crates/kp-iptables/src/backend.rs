@@ -83,6 +83,8 @@ pub struct IptablesBackend {
     needs_full_sync: bool,
     host_checked: bool,
     canary_check_interval: Duration,
+    /// A dry run: sysctls are only pretended, and logged as such.
+    dry_run: bool,
     /// When the canary chains were last known to be in place.
     canaries_seen: Option<Instant>,
     written: ChainDigests,
@@ -169,6 +171,7 @@ impl IptablesBackend {
             needs_full_sync: true,
             host_checked: false,
             canary_check_interval: CANARY_CHECK_INTERVAL,
+            dry_run: false,
             canaries_seen: None,
             written: ChainDigests::default(),
         })
@@ -195,8 +198,10 @@ impl IptablesBackend {
         out: Box<dyn std::io::Write + Send>,
     ) -> Result<Self, IptablesError> {
         let applier = Box::new(DryRunApplier::new(out));
-        Ok(Self::new(family, options, node_port_addresses, applier)?
-            .with_sysctl(Box::new(MemorySysctl::new())))
+        let mut backend = Self::new(family, options, node_port_addresses, applier)?
+            .with_sysctl(Box::new(MemorySysctl::new()));
+        backend.dry_run = true;
+        Ok(backend)
     }
 
     /// Checks the canary chains before a partial sync at most once per
@@ -335,11 +340,19 @@ impl IptablesBackend {
                     ),
                     source: Box::new(source),
                 })?;
-            tracing::info!(
-                sysctl = SYSCTL_ROUTE_LOCALNET,
-                value = 1,
-                "set sysctl for localhost NodePorts"
-            );
+            if self.dry_run {
+                tracing::info!(
+                    sysctl = SYSCTL_ROUTE_LOCALNET,
+                    value = 1,
+                    "dry run: would set sysctl for localhost NodePorts"
+                );
+            } else {
+                tracing::info!(
+                    sysctl = SYSCTL_ROUTE_LOCALNET,
+                    value = 1,
+                    "set sysctl for localhost NodePorts"
+                );
+            }
         }
         let bridge = match self.family {
             IpFamily::V4 => SYSCTL_BRIDGE_CALL_IPTABLES,
