@@ -9,6 +9,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointSlice};
 
 use crate::ip::parse_ip;
 use crate::service::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::vec_map::VecMap;
 use crate::LABEL_SERVICE_NAME;
 
 /// One backend of one service port.
@@ -41,7 +42,7 @@ pub struct Endpoint {
 pub type EndpointsMap = HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
 
 /// The endpoints of one Service's ports, in a stable order.
-pub(crate) type ServiceEndpoints = BTreeMap<ServicePortName, Vec<Arc<Endpoint>>>;
+pub(crate) type ServiceEndpoints = VecMap<ServicePortName, Vec<Arc<Endpoint>>>;
 
 /// One EndpointSlice, reduced to what the proxy uses.
 #[derive(Debug, Clone, PartialEq)]

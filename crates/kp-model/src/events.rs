@@ -12,7 +12,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub enum ObjectEvent<T> {
     /// The object was created or updated; this is its whole new state.
     Apply(T),
-    /// The object was deleted; this is its last known state.
+    /// The object was deleted; this is its last known state, or only its
+    /// namespace and name when a source found it gone without seeing the
+    /// deletion (a relist after a broken watch).
     Delete(T),
 }
 

@@ -12,6 +12,7 @@ mod ip;
 pub mod node;
 pub mod service;
 pub mod tracker;
+mod vec_map;
 
 pub use categorize::{categorize_endpoints, CategorizedEndpoints};
 pub use endpoints::{endpoints_from_slices, Endpoint, EndpointsMap};
@@ -22,6 +23,7 @@ pub use service::{
     ServicePortMap, ServicePortName, TrafficDistribution,
 };
 pub use tracker::{EndpointsChangeTracker, EndpointsUpdate, ServiceChangeTracker, ServiceUpdate};
+pub use vec_map::VecMap;
 
 /// Label on a Service that hands it to another proxy implementation.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";

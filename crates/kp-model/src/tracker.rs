@@ -16,6 +16,7 @@ use crate::service::{
     service_ports_from_service, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap,
     ServicePortName,
 };
+use crate::vec_map::VecMap;
 
 /// What a drain of the [`ServiceChangeTracker`] reports.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -53,8 +54,9 @@ pub struct ServiceChangeTracker {
     /// The state now of every Service whose ports differ from `applied`
     /// (empty when the Service is gone or ignored).
     pending: BTreeMap<NamespacedName, ServicePorts>,
-    /// `applied`, flattened.
-    service_ports: ServicePortMap,
+    /// `applied`, flattened; shared with the sync in progress, and copied
+    /// by a drain only while one still holds it.
+    service_ports: Arc<ServicePortMap>,
 }
 
 /// Tracks EndpointSlices for one IP family.
@@ -63,7 +65,7 @@ pub struct EndpointsChangeTracker {
     family: IpFamily,
     node_name: String,
     /// The slices now, per Service, by slice name.
-    slices: HashMap<NamespacedName, BTreeMap<String, SliceInfo>>,
+    slices: HashMap<NamespacedName, VecMap<String, SliceInfo>>,
     /// Which Service each recorded slice (`namespace/name`) belongs to.
     slice_owners: HashMap<NamespacedName, NamespacedName>,
     /// Each Service's merged endpoints as of the last drain.
@@ -71,12 +73,12 @@ pub struct EndpointsChangeTracker {
     /// The merged endpoints now of every Service whose endpoints differ from
     /// `applied` (empty when it has none).
     pending: BTreeMap<NamespacedName, ServiceEndpoints>,
-    /// `applied`, flattened.
-    endpoints: EndpointsMap,
+    /// `applied`, flattened; shared like the service port map.
+    endpoints: Arc<EndpointsMap>,
 }
 
 /// The ports of one Service, in a stable order.
-type ServicePorts = BTreeMap<ServicePortName, Arc<ServicePort>>;
+type ServicePorts = VecMap<ServicePortName, Arc<ServicePort>>;
 
 impl ServiceChangeTracker {
     /// A tracker for Services of `family`.
@@ -85,7 +87,7 @@ impl ServiceChangeTracker {
             family,
             applied: HashMap::new(),
             pending: BTreeMap::new(),
-            service_ports: ServicePortMap::new(),
+            service_ports: Arc::default(),
         }
     }
 
@@ -127,12 +129,16 @@ impl ServiceChangeTracker {
     /// Applies every pending change to the service port map and reports what changed.
     pub fn drain(&mut self) -> ServiceUpdate {
         let mut update = ServiceUpdate::default();
+        if self.pending.is_empty() {
+            return update;
+        }
+        let service_ports = Arc::make_mut(&mut self.service_ports);
         for (name, current) in std::mem::take(&mut self.pending) {
             let previous = self.applied.remove(&name).unwrap_or_default();
             for (port_name, old) in &previous {
                 let new = current.get(port_name);
                 if new.is_none() {
-                    self.service_ports.remove(port_name);
+                    service_ports.remove(port_name);
                 }
                 let address_gone = new.is_none_or(|new| new.cluster_ip != old.cluster_ip);
                 if port_name.protocol == Protocol::Udp && address_gone {
@@ -140,8 +146,7 @@ impl ServiceChangeTracker {
                 }
             }
             for (port_name, port) in &current {
-                self.service_ports
-                    .insert(port_name.clone(), Arc::clone(port));
+                service_ports.insert(port_name.clone(), Arc::clone(port));
             }
             tracing::debug!(service = %name, family = %self.family, ports = current.len(), "service ports changed");
             if !current.is_empty() {
@@ -155,6 +160,12 @@ impl ServiceChangeTracker {
     /// The service ports as of the last drain.
     pub fn service_ports(&self) -> &ServicePortMap {
         &self.service_ports
+    }
+
+    /// The service ports as of the last drain, shared rather than copied:
+    /// a sync renders from this while events keep arriving.
+    pub fn service_ports_snapshot(&self) -> Arc<ServicePortMap> {
+        Arc::clone(&self.service_ports)
     }
 
     fn set_state(&mut self, name: NamespacedName, current: ServicePorts) {
@@ -181,7 +192,7 @@ impl EndpointsChangeTracker {
             slice_owners: HashMap::new(),
             applied: HashMap::new(),
             pending: BTreeMap::new(),
-            endpoints: EndpointsMap::new(),
+            endpoints: Arc::default(),
         }
     }
 
@@ -213,14 +224,18 @@ impl EndpointsChangeTracker {
     /// Applies every pending change to the endpoints map and reports what changed.
     pub fn drain(&mut self) -> EndpointsUpdate {
         let mut update = EndpointsUpdate::default();
+        if self.pending.is_empty() {
+            return update;
+        }
+        let flat = Arc::make_mut(&mut self.endpoints);
         for (name, current) in std::mem::take(&mut self.pending) {
             let previous = self.applied.remove(&name).unwrap_or_default();
             detect_stale(&previous, &current, &mut update);
             for port_name in previous.keys() {
-                self.endpoints.remove(port_name);
+                flat.remove(port_name);
             }
             for (port_name, endpoints) in &current {
-                self.endpoints.insert(port_name.clone(), endpoints.clone());
+                flat.insert(port_name.clone(), endpoints.clone());
             }
             tracing::debug!(service = %name, family = %self.family, ports = current.len(), "endpoints changed");
             if !current.is_empty() {
@@ -234,6 +249,11 @@ impl EndpointsChangeTracker {
     /// The endpoints as of the last drain.
     pub fn endpoints(&self) -> &EndpointsMap {
         &self.endpoints
+    }
+
+    /// The endpoints as of the last drain, shared rather than copied.
+    pub fn endpoints_snapshot(&self) -> Arc<EndpointsMap> {
+        Arc::clone(&self.endpoints)
     }
 
     fn put_slice(&mut self, key: NamespacedName, info: SliceInfo) {

@@ -105,8 +105,10 @@ struct Tracked {
 struct Drained {
     full: bool,
     changed: BTreeSet<NamespacedName>,
-    service_ports: ServicePortMap,
-    endpoints: EndpointsMap,
+    /// Shared with the trackers, which copy them on their next drain only
+    /// if this sync still holds them.
+    service_ports: Arc<ServicePortMap>,
+    endpoints: Arc<EndpointsMap>,
     node: NodeInfo,
     stale: StaleConntrack,
     queued_since: Option<Instant>,
@@ -298,8 +300,8 @@ impl Proxier {
         Ok(Drained {
             full: force_full || needed_full,
             changed,
-            service_ports: tracked.services.service_ports().clone(),
-            endpoints: tracked.endpoints.endpoints().clone(),
+            service_ports: tracked.services.service_ports_snapshot(),
+            endpoints: tracked.endpoints.endpoints_snapshot(),
             node: tracked.node.clone(),
             stale,
             queued_since: self.status.take_queued(),
