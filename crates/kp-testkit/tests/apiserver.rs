@@ -91,6 +91,33 @@ async fn a_list_is_paged_with_limit_and_continue() {
 }
 
 #[tokio::test]
+async fn a_list_at_any_version_ignores_limit_as_the_watch_cache_does() {
+    let server = TestApiServer::start().await.unwrap();
+    for (index, name) in ["a", "b", "c"].iter().enumerate() {
+        server.create(svc(name, &format!("10.96.0.{}", index + 1)));
+    }
+    let api = Api::<Service>::all(client(&server));
+
+    // client-go's reflector sends both; kube-rs drops resourceVersion=0
+    // when a limit is set, so the request is written out.
+    let request = http::Request::get("/api/v1/services?limit=2&resourceVersion=0")
+        .body(Vec::new())
+        .unwrap();
+    let text = client(&server).request_text(request).await.unwrap();
+    let list: k8s_openapi::List<Service> = serde_json::from_str(&text).unwrap();
+    let paged = api.list(&ListParams::default().limit(2)).await.unwrap();
+
+    assert_eq!(names(list.items), ["a", "b", "c"]);
+    assert_eq!(list.metadata.continue_, None);
+    assert_eq!(
+        names(paged.items),
+        ["a", "b"],
+        "without resourceVersion=0 it pages"
+    );
+    server.assert_no_protocol_errors();
+}
+
+#[tokio::test]
 async fn selectors_filter_by_label_and_by_name() {
     let server = TestApiServer::start().await.unwrap();
     server.create(svc("web", "10.96.0.10"));

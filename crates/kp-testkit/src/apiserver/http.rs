@@ -170,6 +170,13 @@ fn list(
             None => None,
         }
         .filter(|limit| *limit > 0);
+    // resourceVersion=0 ("any version") is served from the real server's
+    // watch cache, which ignores `limit` and answers in one page.
+    let from_cache = params.get("resourceVersion").is_some_and(|v| v == "0")
+        && params
+            .get("resourceVersionMatch")
+            .is_none_or(|m| m.is_empty() || m == "NotOlderThan");
+    let limit = limit.filter(|_| !from_cache);
     let store = shared.lock();
     check_list_resource_version(&store, params)?;
     let (list_version, after) = match params.get("continue").filter(|token| !token.is_empty()) {

@@ -8,7 +8,8 @@
 //!   (`/api/v1/nodes`), cluster-wide or (for namespaced kinds) in one
 //!   namespace, with `labelSelector`, `fieldSelector` (`metadata.name`,
 //!   `metadata.namespace`), `limit`/`continue` paging, `resourceVersion`
-//!   and `resourceVersionMatch`;
+//!   and `resourceVersionMatch` (`resourceVersion=0` answers in one page,
+//!   as the real server's watch cache does);
 //! - watches (`watch=true`) resuming from a `resourceVersion`, with
 //!   `allowWatchBookmarks`, `sendInitialEvents` and `timeoutSeconds`, as
 //!   newline-delimited JSON events; a watch from before the kept history

@@ -61,12 +61,12 @@ fn db(version: &str) -> Service {
     db
 }
 
-fn relist(delivered: &mut Delivered<Service>, handler: &Lines, objects: Vec<Service>) {
-    delivered.handle(watcher::Event::Init, handler);
+fn relist(delivered: &mut Delivered, handler: &Lines, objects: Vec<Service>) {
+    delivered.handle(watcher::Event::<Service>::Init, handler);
     for object in objects {
         delivered.handle(watcher::Event::InitApply(object), handler);
     }
-    delivered.handle(watcher::Event::InitDone, handler);
+    delivered.handle(watcher::Event::<Service>::InitDone, handler);
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn the_first_list_applies_everything_then_reports_synced() {
     relist(&mut delivered, &handler, vec![web("1", 80), db("2")]);
     assert_eq!(
         handler.take(),
-        ["apply demo/db", "apply demo/web", "synced Service"]
+        ["apply demo/web", "apply demo/db", "synced Service"]
     );
 }
 
@@ -133,8 +133,25 @@ fn watch_events_flow_through_and_unknown_deletions_are_dropped() {
 #[test]
 fn synced_is_reported_once() {
     let handler = Lines::default();
-    let mut delivered = Delivered::<Service>::default();
+    let mut delivered = Delivered::default();
     relist(&mut delivered, &handler, vec![]);
     relist(&mut delivered, &handler, vec![]);
     assert_eq!(handler.take(), ["synced Service"]);
+}
+
+#[test]
+fn a_change_of_managed_fields_alone_is_not_delivered() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    let handler = Lines::default();
+    let mut delivered = Delivered::default();
+    relist(&mut delivered, &handler, vec![web("1", 80)]);
+    handler.take();
+    let mut touched = web("2", 80);
+    touched.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("kubectl".to_owned()),
+        ..ManagedFieldsEntry::default()
+    }]);
+    delivered.handle(watcher::Event::Apply(touched), &handler);
+    delivered.handle(watcher::Event::Apply(web("3", 81)), &handler);
+    assert_eq!(handler.take(), ["apply demo/web"]);
 }
