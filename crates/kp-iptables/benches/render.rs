@@ -112,6 +112,7 @@ fn render(c: &mut Criterion) {
             node: &node,
             node_port_addresses: None,
             existing_nat_chains: None,
+            jumps: &[],
         };
         let mut renderer = Renderer::new(options()).unwrap();
         group.bench_function(BenchmarkId::new("full", count), |b| {

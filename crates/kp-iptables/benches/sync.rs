@@ -142,6 +142,7 @@ fn measure_here(flavor: IptablesFlavor, size: u32) -> Row {
         node: &node,
         node_port_addresses: None,
         existing_nat_chains: None,
+        jumps: &[],
     };
     let render = (0..RUNS).map(|_| time(|| drop(renderer.render(&render_input))));
     let render_ms = median(render.collect());

@@ -1,10 +1,10 @@
 //! [`IptablesBackend`]: the iptables mode as a [`kp_sync::Backend`].
 //!
-//! One sync is: decide full or partial, on a full sync ensure the canary
-//! chains, list the existing `KUBE-*` chains of the nat table, render, apply
-//! the rendered text with one `iptables-restore` (both tables, one atomic
-//! transaction), and on a full sync ensure the jump rules from the built-in
-//! chains into ours.
+//! One sync is: decide full or partial, on a full sync list the filter and
+//! nat tables and ensure the canary chains, render, and apply the rendered
+//! text with one `iptables-restore` (both tables, one atomic transaction).
+//! A full sync's text also inserts the jump rules from the built-in chains
+//! into ours that the listing did not show.
 //!
 //! **Canary.** `KUBE-PROXY-CANARY` is created empty in the mangle, nat and
 //! filter tables on every full sync. A partial sync first checks that all
@@ -28,7 +28,7 @@ use crate::applier::{
     Applier, ApplyError, DryRunApplier, IptablesFlavor, SavedTable, SystemApplier,
 };
 use crate::host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
-use crate::jumps::{Table, JUMP_RULES};
+use crate::jumps::{JumpRule, Table, JUMP_RULES};
 use crate::names::{KUBE_FIREWALL, KUBE_PROXY_CANARY};
 use crate::options::IptablesOptions;
 use crate::render::{is_large_cluster, RenderInput, Rendered, Renderer};
@@ -287,6 +287,13 @@ impl IptablesBackend {
                 .map_err(|e| apply_error("listing the existing chains", e))
         };
         let saved = [save(Table::Filter)?, save(Table::Nat)?];
+        // The restore declares every chain the jump rules target except
+        // kubelet's KUBE-FIREWALL (declared only with localhost NodePorts).
+        if !saved_of(&saved, Table::Filter).is_some_and(|s| s.has_chain(KUBE_FIREWALL)) {
+            self.applier
+                .ensure_chain(self.family, Table::Filter, KUBE_FIREWALL)
+                .map_err(|e| apply_error("creating kubelet's firewall chain", e))?;
+        }
         for table in CANARY_TABLES {
             let listed = saved_of(&saved, table);
             if listed.is_some_and(|saved| saved.has_chain(KUBE_PROXY_CANARY)) {
@@ -299,28 +306,16 @@ impl IptablesBackend {
         Ok(saved)
     }
 
-    /// What a full sync does after the restore: the jump rules from the
-    /// built-in chains that the listing before it did not show (the restore
-    /// never touches built-in chains). Doing them last means a fresh host
-    /// routes packets into our chains only once they are complete. The
-    /// restore declared every target chain except kubelet's KUBE-FIREWALL,
-    /// which exists only with localhost NodePorts, so that one is ensured
-    /// here.
-    fn ensure_jump_rules(&mut self, saved: &[SavedTable; 2]) -> Result<(), BackendError> {
-        if !saved_of(saved, Table::Filter).is_some_and(|s| s.has_chain(KUBE_FIREWALL)) {
-            self.applier
-                .ensure_chain(self.family, Table::Filter, KUBE_FIREWALL)
-                .map_err(|e| apply_error("creating kubelet's firewall chain", e))?;
-        }
-        for rule in JUMP_RULES {
-            if saved_of(saved, rule.table).is_some_and(|s| s.has_jump(rule)) {
-                continue;
-            }
-            self.applier
-                .ensure_jump(self.family, rule)
-                .map_err(|e| apply_error("ensuring a jump rule", e))?;
-        }
-        Ok(())
+    /// The jump rules from the built-in chains that the listing before a
+    /// full sync did not show; the restore inserts them after declaring the
+    /// chains they jump to, so a fresh host routes packets into our chains
+    /// only once they are complete.
+    fn missing_jumps(saved: &[SavedTable; 2]) -> Vec<JumpRule> {
+        JUMP_RULES
+            .iter()
+            .filter(|rule| !saved_of(saved, rule.table).is_some_and(|s| s.has_jump(rule)))
+            .copied()
+            .collect()
     }
 
     /// Sets route_localnet when localhost NodePorts need it, and warns when
@@ -423,6 +418,7 @@ impl Backend for IptablesBackend {
             }
             None => None,
         };
+        let jumps = saved.as_ref().map(Self::missing_jumps).unwrap_or_default();
         let rendered = self.renderer.render(&RenderInput {
             family: self.family,
             full,
@@ -431,6 +427,7 @@ impl Backend for IptablesBackend {
             node: request.node,
             node_port_addresses: node_ports.as_deref(),
             existing_nat_chains: existing.as_deref(),
+            jumps: &jumps,
         });
         let text = if full {
             self.written.clear();
@@ -443,9 +440,6 @@ impl Backend for IptablesBackend {
             .restore(self.family, &text)
             .map_err(|e| apply_error("applying the rules", e))?;
         self.written.record(&text);
-        if let Some(saved) = &saved {
-            self.ensure_jump_rules(saved)?;
-        }
         self.applier
             .end_sync()
             .map_err(|e| apply_error("finishing the sync", e))?;

@@ -166,6 +166,14 @@ impl JumpRule {
             .collect();
         format!("-A {} {}", self.builtin_chain, words.join(" "))
     }
+
+    /// The rule as an iptables-restore line that prepends it
+    /// (`-I INPUT … -j KUBE-…`), as upstream inserts it.
+    pub fn insert_line(&self) -> String {
+        let line = self.restore_line();
+        let rest = line.strip_prefix("-A ").unwrap_or(&line);
+        format!("-I {rest}")
+    }
 }
 
 const fn jump(

@@ -154,7 +154,8 @@ impl Ruleset {
     }
 
     /// Applies restore text as `iptables-restore --noflush` does: `:CHAIN`
-    /// creates or flushes a chain, `-A` appends, `-X` deletes; each table
+    /// creates or flushes a chain, `-A` appends, `-I` prepends, `-X`
+    /// deletes; each table
     /// changes only at its `COMMIT`.
     pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
         let mut pending: Option<(String, BTreeMap<String, Vec<Rule>>)> = None;
@@ -512,6 +513,19 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
                 .get_mut(chain)
                 .ok_or_else(|| format!("chain {chain} does not exist"))?;
             rules.push(rule);
+            Ok(())
+        }
+        Some("-I") => {
+            let chain = words.get(1).ok_or("-I needs a chain")?;
+            let rule = parse_rule(&words[2..])?;
+            let rules = if BUILTIN_CHAINS.contains(&chain.as_str()) {
+                chains.entry(chain.clone()).or_default()
+            } else {
+                chains
+                    .get_mut(chain)
+                    .ok_or_else(|| format!("chain {chain} does not exist"))?
+            };
+            rules.insert(0, rule);
             Ok(())
         }
         Some("-X") => {

@@ -81,6 +81,17 @@ fn dry_run_prints_rules_both_iptables_backends_accept() {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
+        // The commands printed before the restore inputs create the chains
+        // they need and do not declare (kubelet's KUBE-FIREWALL).
+        for command in output.lines().filter_map(|l| l.strip_prefix("# ")) {
+            let mut words = command.split(' ');
+            let program = words.next().unwrap();
+            if program == "iptables" || program == "ip6tables" {
+                let args: Vec<&str> = words.collect();
+                let out = exec(&ns, &format!("{program}-{flavor}"), &args, "");
+                assert!(out.status.success(), "{command}: {out:?}");
+            }
+        }
         restore(&format!("iptables-{flavor}-restore"), &v4);
         restore(&format!("ip6tables-{flavor}-restore"), &v6);
         let saved = exec(&ns, &format!("iptables-{flavor}-save"), &["-t", "nat"], "");

@@ -94,9 +94,7 @@ impl Applier for DryRunApplier {
     }
 
     fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError> {
-        let line = rule.restore_line();
-        let rest = line.strip_prefix("-A ").unwrap_or(&line);
-        self.comment(family, rule.table, format_args!("-I {rest}"))
+        self.comment(family, rule.table, format_args!("{}", rule.insert_line()))
     }
 
     fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError> {

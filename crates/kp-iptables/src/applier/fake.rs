@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use kp_model::IpFamily;
 
 use super::{restore_error_line, Applier, ApplyError, SavedTable};
-use crate::jumps::{JumpRule, Table};
+use crate::jumps::{JumpRule, Table, JUMP_RULES};
 use crate::tracer::Ruleset;
 
 /// The shared state behind any number of [`FakeApplier`]s. Clone it to keep
@@ -122,6 +122,29 @@ impl FakeKernel {
     }
 }
 
+/// `text` with each `-I` line that inserts one of the [`JUMP_RULES`] into
+/// its table turned into a comment, and those rules.
+fn split_jump_inserts(text: &str) -> (String, Vec<JumpRule>) {
+    let mut out = String::with_capacity(text.len());
+    let mut jumps = Vec::new();
+    let mut table = "";
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name;
+        }
+        let rule = JUMP_RULES
+            .iter()
+            .find(|rule| rule.table.as_str() == table && rule.insert_line() == line);
+        if let Some(rule) = rule {
+            jumps.push(*rule);
+            out.push('#');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    (out, jumps)
+}
+
 impl FakeApplier {
     fn record(&self, call: FakeCall) -> MutexGuard<'_, State> {
         let mut state = self.0.lock();
@@ -146,11 +169,20 @@ impl Applier for FakeApplier {
                 stderr,
             });
         }
+        // Jump rules inserted into built-in chains are kept apart from the
+        // ruleset (as `ensure_jump` keeps them); their lines become comments
+        // so that error line numbers stay those of the input.
+        let (text, jumps) = split_jump_inserts(text);
         // Apply to a copy: a rejected input changes nothing.
         let mut ruleset = state.rulesets.get(&family).cloned().unwrap_or_default();
-        match ruleset.apply(text) {
+        match ruleset.apply(&text) {
             Ok(()) => {
                 state.rulesets.insert(family, ruleset);
+                for rule in jumps {
+                    if !state.jumps.contains(&(family, rule)) {
+                        state.jumps.push((family, rule));
+                    }
+                }
                 Ok(())
             }
             Err(crate::tracer::TraceError::Parse { line, text, reason }) => {

@@ -355,7 +355,7 @@ fn node_ports_follow_the_host_addresses_at_each_sync() {
 }
 
 #[test]
-fn dry_run_prints_jump_rules_then_the_restore_input() {
+fn dry_run_prints_the_restore_input_with_its_jump_rules() {
     let out = SharedBuffer::default();
     let mut backend = IptablesBackend::dry_run(
         IpFamily::V4,
@@ -368,12 +368,12 @@ fn dry_run_prints_jump_rules_then_the_restore_input() {
         .sync(&mut backend, true, &[])
         .unwrap();
     let text = out.text();
-    let jump = text
-        .find("# iptables -t nat -I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES")
-        .expect(&text);
     let header = text.find("# IPv4 iptables-restore input").expect(&text);
-    assert!(jump < header);
-    assert!(text[header..].contains("*nat\n"));
+    let nat = text.find("*nat\n").expect(&text);
+    let jump = text
+        .find("\n-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+        .expect(&text);
+    assert!(header < nat && nat < jump, "{text}");
     assert!(
         Ruleset::from_restore(&text).is_ok(),
         "the output is valid restore input"

@@ -248,6 +248,7 @@ impl World {
             node: &self.node,
             node_port_addresses: self.node_port_addresses.as_deref(),
             existing_nat_chains: existing,
+            jumps: &[],
         })
     }
 
