@@ -1,7 +1,7 @@
 //! The `kube-proxy` binary against an API server that speaks the real
 //! list/watch protocol, programming real iptables in a node network
 //! namespace: create, scale, a forced relist that rewrites nothing, a 10 s
-//! outage, a Service of another proxy, delete. The test API server listens
+//! outage, a Service of another proxy, no endpoints (refused), delete. The test API server listens
 //! on the node namespace's loopback:
 //! everything in this test runs on a thread inside that namespace.
 //!
@@ -67,6 +67,18 @@ fn dnat_packets(endpoint: &str) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// Whether any rule of the nat or filter table names `text` (the calling
+/// thread is in the node namespace).
+fn rules_mention(text: &str) -> bool {
+    ["nat", "filter"].iter().any(|table| {
+        let out = Command::new("iptables-save")
+            .args(["-t", table])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().contains(text)
+    })
 }
 
 /// List (not watch) requests the server has answered.
@@ -195,9 +207,24 @@ async fn story(pod: &Netns) {
         "the change made during the outage arrives after it"
     );
 
+    // Its last endpoint goes: the Service refuses connections.
+    server.update(web(&[]));
+    let refused = wait_until(Duration::from_secs(10), || {
+        connect(pod, web_ip).is_err_and(|e| e.is_refused())
+    });
+    assert!(refused, "a Service without endpoints refuses connections");
+
+    // Deleting the Service (and, as the garbage collector does, its slice)
+    // removes every rule for its address, the REJECT included. What a
+    // client sees then is up to the node's routes, as with upstream's
+    // iptables mode; here no pod answers.
     server.delete::<Service>("demo", "web");
     server.delete::<EndpointSlice>("demo", "web-1");
-    let gone = wait_until(Duration::from_secs(10), || connect(pod, web_ip).is_err());
+    let gone = wait_until(Duration::from_secs(10), || !rules_mention("10.96.0.41"));
     assert!(gone, "deleting the Service removes its rules");
+    assert!(
+        connect(pod, web_ip).is_err(),
+        "no pod answers a deleted Service"
+    );
     server.assert_no_protocol_errors();
 }
