@@ -17,7 +17,11 @@
 //!    iptables-legacy, as the in-process part uses.
 //!
 //! Needs root. `cargo bench -p kube-proxy --bench api_source`;
-//! `KP_BENCH_SIZES=1000,10000` (default) and `KP_BENCH_RUNS=3`.
+//! `KP_BENCH_SIZES=1000,10000` (default) and `KP_BENCH_RUNS=3`;
+//! `KP_BENCH_PARTS=latency` or `binary` runs one part only, and
+//! `KP_BENCH_WRAPPER` runs the binary under a profiler (for example
+//! `KP_BENCH_WRAPPER="heaptrack -o /tmp/kube-proxy"`), `KP_BENCH_LOG=FILE`
+//! keeps its debug log.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -255,9 +259,22 @@ async fn binary(size: usize, kubeconfig: &Path) -> BinaryRun {
         .status()
         .unwrap();
     assert!(hint.success(), "creating kubelet's hint chain");
+    let wrapper = std::env::var("KP_BENCH_WRAPPER").unwrap_or_default();
+    let mut command = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(env!("CARGO_BIN_EXE_kube-proxy"));
+            command
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_kube-proxy")),
+    };
+    // `KP_BENCH_LOG=FILE` keeps the binary's debug log.
+    let log = std::env::var("KP_BENCH_LOG")
+        .ok()
+        .map(|path| std::fs::File::create(path).unwrap());
     let started = unix_now();
     let child = NsChild::spawn(
-        Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        command
             .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
             .args([
                 "--hostname-override",
@@ -267,7 +284,8 @@ async fn binary(size: usize, kubeconfig: &Path) -> BinaryRun {
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null()),
+            .args(log.as_ref().map(|_| "--v=4"))
+            .stderr(log.map_or_else(Stdio::null, Stdio::from)),
     )
     .unwrap();
     let watching = |kind: &str| {
@@ -323,16 +341,26 @@ fn main() {
     let runs = env_list("KP_BENCH_RUNS", "3")[0];
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
+    let parts = std::env::var("KP_BENCH_PARTS").unwrap_or_default();
+    if parts != "binary" {
+        latency_table(&sizes, runs, &kubeconfig);
+    }
+    if parts != "latency" {
+        binary_table(&sizes, runs, &kubeconfig);
+    }
+}
+
+fn latency_table(sizes: &[usize], runs: usize, kubeconfig: &Path) {
     println!("| Services (×2 endpoints) | minSyncPeriod | p50 (ms) | p99 (ms) |");
     println!("|---:|---:|---:|---:|");
-    for &size in &sizes {
+    for &size in sizes {
         for min_sync in [Duration::ZERO, Duration::from_secs(1)] {
             let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
             for _ in 0..runs {
                 eprintln!("latency: {size} Services, minSyncPeriod {min_sync:?}");
                 let node = Netns::create("apibench").expect("the benchmark needs root");
                 let mut latencies =
-                    node.run(|| runtime().block_on(latencies(size, min_sync, &kubeconfig)));
+                    node.run(|| runtime().block_on(latencies(size, min_sync, kubeconfig)));
                 latencies.sort_by(f64::total_cmp);
                 p50s.push(percentile(&latencies, 0.50));
                 p99s.push(percentile(&latencies, 0.99));
@@ -345,12 +373,15 @@ fn main() {
             );
         }
     }
+}
+
+fn binary_table(sizes: &[usize], runs: usize, kubeconfig: &Path) {
     let size = *sizes.iter().max().unwrap();
     let mut results = Vec::new();
     for _ in 0..runs {
         eprintln!("binary: {size} Services");
         let node = Netns::create("apibench").expect("the benchmark needs root");
-        results.push(node.run(|| runtime().block_on(binary(size, &kubeconfig))));
+        results.push(node.run(|| runtime().block_on(binary(size, kubeconfig))));
     }
     println!();
     println!("The kube-proxy binary, {size} Services × 2 endpoints, medians of {runs} runs:");
