@@ -1,7 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::Duration;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -9,6 +8,7 @@ use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
 use kp_sync::testing::{fake_proxier, IMMEDIATE};
 use kp_sync::Proxier;
 use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::http;
 use kp_testkit::netns::{require_root, wait_until, Netns};
 
 use super::*;
@@ -41,18 +41,7 @@ fn slice(endpoints: &[(&str, &str)]) -> EndpointSlice {
 
 /// `GET /` on `port` of loopback: the status code and the body.
 fn get(port: u16) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(b"GET / HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    let code = reply[9..12].parse().unwrap_or(0);
-    let body = reply
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    Ok((code, body))
+    http::get(("127.0.0.1", port), "/").map(|reply| (reply.code, reply.body))
 }
 
 fn free_port() -> u16 {

@@ -54,10 +54,6 @@ pub trait Applier: Send {
         chain: &str,
     ) -> Result<(), ApplyError>;
 
-    /// Prepends `rule` to its built-in chain unless it is there
-    /// (`iptables -t TABLE -C CHAIN … || iptables -t TABLE -I CHAIN …`).
-    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError>;
-
     /// Removes `rule` from its built-in chain (`iptables -t TABLE -D CHAIN
     /// …`). Returns false when it was not there.
     fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError>;

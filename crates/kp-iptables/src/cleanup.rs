@@ -198,8 +198,17 @@ mod tests {
             applier
                 .ensure_chain(IpFamily::V4, rule.table, rule.target_chain)
                 .unwrap();
-            applier.ensure_jump(IpFamily::V4, rule).unwrap();
         }
+        // The jump rules, inserted as a full sync's restore inserts them.
+        let inserts: String = [Table::Filter, Table::Nat]
+            .iter()
+            .map(|table| {
+                let rules = JUMP_RULES.iter().filter(|rule| rule.table == *table);
+                let lines: String = rules.map(|rule| rule.insert_line() + "\n").collect();
+                format!("*{table}\n{lines}COMMIT\n")
+            })
+            .collect();
+        applier.restore(IpFamily::V4, &inserts).unwrap();
         kernel
     }
 

@@ -5,12 +5,15 @@
 //! - [`plan`]: the fixed address plan every test uses.
 //! - [`netns`]: the network-namespace harness of kernel and system tests:
 //!   a node, pods with echo servers and outside clients, and probes.
+//! - [`files`]: manifest files for `--manifests`; [`http`]: a plain `GET`.
 //!
 //! This crate depends on no other crate of the workspace, so every crate can
 //! use it as a dev-dependency without a cycle.
 
 pub mod apiserver;
 pub mod builders;
+pub mod files;
+pub mod http;
 pub mod netns;
 pub mod plan;
 

@@ -25,8 +25,8 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
+
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,7 @@ use kp_source::api::{client_from, ApiSource};
 use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncObserver, SyncOutcome, SyncRequest};
 use kp_testkit::apiserver::TestApiServer;
 use kp_testkit::builders::{endpoint_slice, node, service};
+use kp_testkit::http;
 use kp_testkit::netns::{Netns, NsChild};
 use tokio::sync::watch;
 
@@ -225,14 +226,8 @@ fn vm_hwm_mib(pid: u32) -> f64 {
 
 /// `GET /metrics` of the binary's metrics server, if it answers.
 fn metrics() -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", 10249)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    Some(text)
+    let reply = http::get(("127.0.0.1", 10249), "/metrics").ok()?;
+    Some(reply.body)
 }
 
 fn last_sync_wall(metrics: &str) -> Option<f64> {

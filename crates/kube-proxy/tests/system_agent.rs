@@ -10,75 +10,44 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::files::{manifest, write_atomically};
+use kp_testkit::http::{self, HttpReply};
 use kp_testkit::netns::{require_root, wait_until, Netns};
 
-const SERVICE: &str = "apiVersion: v1
-kind: Service
-metadata: {namespace: demo, name: lb}
-spec:
-  type: LoadBalancer
-  clusterIP: 10.96.0.43
-  clusterIPs: [10.96.0.43]
-  externalTrafficPolicy: Local
-  healthCheckNodePort: 32000
-  ports:
-    - {name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}
-";
-
-fn slice(endpoints: &[(&str, &str)]) -> String {
-    let mut text = String::from(
-        "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  namespace: demo
-  name: lb-1
-  labels: {kubernetes.io/service-name: lb}
-addressType: IPv4
-ports:
-  - {name: http, port: 8080, protocol: TCP}
-endpoints:
-",
-    );
-    for (address, node) in endpoints {
-        text.push_str(&format!(
-            "  - addresses: [{address}]\n    conditions: {{ready: true}}\n    nodeName: {node}\n"
-        ));
-    }
-    text
-}
-
-/// The answer to `GET path` on `port` of the node's loopback.
-struct Answer {
-    code: u16,
-    head: String,
-    body: String,
-}
-
-fn get(node: &Netns, port: u16, path: &str) -> std::io::Result<Answer> {
-    node.run(|| {
-        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-        Ok(Answer {
-            code: head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0),
-            head: head.to_owned(),
-            body: body.to_owned(),
-        })
+fn lb_service() -> Service {
+    service("demo", "lb", |s| {
+        s.service_type("LoadBalancer")
+            .cluster_ip("10.96.0.43")
+            .external_traffic_policy_local()
+            .health_check_node_port(32000)
+            .port("http", 80, "TCP")
+            .target_port(8080)
+            .node_port(30081)
     })
 }
 
-fn json(answer: &Answer) -> serde_json::Value {
+/// `demo/lb-1` with one ready endpoint per `(address, node)`.
+fn slice(endpoints: &[(&str, &str)]) -> EndpointSlice {
+    endpoint_slice("demo", "lb-1", "lb", |mut e| {
+        e = e.address_type("IPv4").port("http", 8080, "TCP");
+        for (address, node) in endpoints {
+            e = e.endpoint(address, |ep| ep.ready(true).node(node));
+        }
+        e
+    })
+}
+
+/// `GET path` on `port` of the node's loopback.
+fn get(node: &Netns, port: u16, path: &str) -> std::io::Result<HttpReply> {
+    node.run(|| http::get(("127.0.0.1", port), path))
+}
+
+fn json(answer: &HttpReply) -> serde_json::Value {
     serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {}", answer.body))
 }
 
@@ -88,24 +57,15 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     line[series.len()..].trim().parse().ok()
 }
 
-fn write_atomically(path: &Path, text: &str) {
-    let aside = path.with_extension("tmp~");
-    fs::write(&aside, text).unwrap();
-    fs::rename(&aside, path).unwrap();
-}
-
 #[test]
 fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
     require_root();
     let node = Netns::create("agent").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("lb.yaml"), SERVICE).unwrap();
-    let slice_file = dir.path().join("slice.yaml");
-    fs::write(
-        &slice_file,
-        slice(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]),
-    )
-    .unwrap();
+    fs::write(dir.path().join("lb.json"), manifest(&lb_service())).unwrap();
+    let slice_file = dir.path().join("slice.json");
+    let both = slice(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
+    fs::write(&slice_file, manifest(&both)).unwrap();
     let _proxy = node.spawn(
         env!("CARGO_BIN_EXE_kube-proxy"),
         &[
@@ -196,7 +156,7 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
 
     // The last local endpoint goes away: the health-check port says 503,
     // and the metrics count the sync.
-    write_atomically(&slice_file, &slice(&[("10.244.2.2", "node-2")]));
+    write_atomically(&slice_file, &manifest(&slice(&[("10.244.2.2", "node-2")])));
     let drained = wait_until(Duration::from_secs(10), || {
         get(&node, 32000, "/").is_ok_and(|a| a.code == 503)
     });

@@ -15,33 +15,29 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::files::manifest;
 use kp_testkit::netns::{require_root, wait_until, Netns, NsChild};
 
 const MESSAGE: &str = "Configuration file changed; exiting so the new configuration takes effect";
 
-const MANIFESTS: &str = "apiVersion: v1
-kind: Service
-metadata: {namespace: demo, name: web}
-spec:
-  clusterIP: 10.96.0.41
-  clusterIPs: [10.96.0.41]
-  ports:
-    - {name: http, port: 80, targetPort: 8080, protocol: TCP}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  namespace: demo
-  name: web-1
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports:
-  - {name: http, port: 8080, protocol: TCP}
-endpoints:
-  - addresses: [10.244.1.2]
-    conditions: {ready: true}
-    nodeName: node-1
-";
+/// One Service (10.96.0.41:80) and its EndpointSlice, as two manifests.
+fn manifests() -> [(&'static str, String); 2] {
+    let web = service("demo", "web", |s| {
+        s.cluster_ip("10.96.0.41")
+            .port("http", 80, "TCP")
+            .target_port(8080)
+    });
+    let slice = endpoint_slice("demo", "web-1", "web", |e| {
+        e.address_type("IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint("10.244.1.2", |ep| ep.ready(true).node("node-1"))
+    });
+    [
+        ("web.json", manifest(&web)),
+        ("web-1.json", manifest(&slice)),
+    ]
+}
 
 fn config(sync_period: &str) -> String {
     format!(
@@ -97,7 +93,9 @@ struct Proxy {
 
 fn start(node: &Netns, config: &Path) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("web.yaml"), MANIFESTS).unwrap();
+    for (name, text) in manifests() {
+        fs::write(dir.path().join(name), text).unwrap();
+    }
     let log = dir.path().join("proxy.log");
     let mut command = node.command(env!("CARGO_BIN_EXE_kube-proxy"));
     command
@@ -112,7 +110,9 @@ fn start(node: &Netns, config: &Path) -> Proxy {
         log,
         _dir: dir,
     };
-    let programmed = wait_until(Duration::from_secs(15), || service_chains(node) > 0);
+    let programmed = wait_until(Duration::from_secs(15), || {
+        node.iptables_chains("nat", "KUBE-SVC-") > 0
+    });
     assert!(
         programmed,
         "the proxy programmed the Service:\n{}",
@@ -137,17 +137,24 @@ impl Proxy {
         exited.then(|| self.child.try_wait().unwrap().unwrap().success())
     }
 
+    /// The proxy exited non-zero with its message, leaving its rules.
+    fn assert_ended_by_config_change(&mut self, node: &Netns) {
+        assert_eq!(
+            self.exit(),
+            Some(false),
+            "a non-zero exit:\n{}",
+            self.output()
+        );
+        assert!(self.output().contains(MESSAGE), "{}", self.output());
+        assert!(
+            node.iptables_chains("nat", "KUBE-SVC-") > 0,
+            "the rules stay"
+        );
+    }
+
     fn still_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
-}
-
-fn service_chains(node: &Netns) -> usize {
-    let saved = node.exec_ok("iptables-save", &["-t", "nat"]);
-    saved
-        .lines()
-        .filter(|l| l.starts_with(":KUBE-SVC-"))
-        .count()
 }
 
 #[test]
@@ -162,14 +169,7 @@ fn writing_the_config_file_ends_the_proxy_with_its_message() {
     fs::write(dir.path().join("unrelated.yaml"), "other: file\n").unwrap();
     fs::write(&path, config("45s")).unwrap();
 
-    assert_eq!(
-        proxy.exit(),
-        Some(false),
-        "a non-zero exit:\n{}",
-        proxy.output()
-    );
-    assert!(proxy.output().contains(MESSAGE), "{}", proxy.output());
-    assert!(service_chains(&node) > 0, "the rules stay");
+    proxy.assert_ended_by_config_change(&node);
 }
 
 #[test]
@@ -182,12 +182,5 @@ fn a_configmap_update_ends_the_proxy_with_its_message() {
 
     volume.publish("..2026_11_22_10_05_00.2", &config("45s"));
 
-    assert_eq!(
-        proxy.exit(),
-        Some(false),
-        "a non-zero exit:\n{}",
-        proxy.output()
-    );
-    assert!(proxy.output().contains(MESSAGE), "{}", proxy.output());
-    assert!(service_chains(&node) > 0, "the rules stay");
+    proxy.assert_ended_by_config_change(&node);
 }

@@ -11,10 +11,11 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::net::SocketAddr;
-use std::path::Path;
+
 use std::process::Command;
 use std::time::Duration;
 
+use kp_testkit::files::write_atomically;
 use kp_testkit::netns::{connect, hits_until_all, require_root, wait_until, Netns, Topology};
 
 const SERVICE: &str = "apiVersion: v1
@@ -62,14 +63,6 @@ fn backends_of(from: &Netns, addr: SocketAddr, expected: &[&str]) -> BTreeSet<St
     hits_until_all(from, addr, expected, 200)
         .into_keys()
         .collect()
-}
-
-fn kube_chains(node: &Netns) -> usize {
-    let saved = node.exec_ok("iptables-save", &[]);
-    saved
-        .lines()
-        .filter(|l| l.starts_with(":KUBE-SVC-"))
-        .count()
 }
 
 #[test]
@@ -156,20 +149,16 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     );
 
     // --cleanup removes every KUBE- service chain.
-    assert!(kube_chains(node) > 0);
+    assert!(node.iptables_chains("nat", "KUBE-SVC-") > 0);
     let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(kube_chains(node), 0, "--cleanup leaves no KUBE-SVC chain");
-}
-
-/// Replaces `path` the way editors and ConfigMap updates do: write aside,
-/// then rename over it.
-fn write_atomically(path: &Path, text: &str) {
-    let aside = path.with_extension("tmp~");
-    fs::write(&aside, text).unwrap();
-    fs::rename(&aside, path).unwrap();
+    assert_eq!(
+        node.iptables_chains("nat", "KUBE-SVC-"),
+        0,
+        "--cleanup leaves no KUBE-SVC chain"
+    );
 }

@@ -93,10 +93,6 @@ impl Applier for DryRunApplier {
         self.comment(family, table, format_args!("-N {chain}"))
     }
 
-    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError> {
-        self.comment(family, rule.table, format_args!("{}", rule.insert_line()))
-    }
-
     fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError> {
         let line = rule.restore_line();
         let rest = line.strip_prefix("-A ").unwrap_or(&line);

@@ -32,8 +32,6 @@ pub enum FakeCall {
     ChainExists(IpFamily, Table, String),
     /// [`Applier::ensure_chain`].
     EnsureChain(IpFamily, Table, String),
-    /// [`Applier::ensure_jump`]: table, built-in chain, target.
-    EnsureJump(IpFamily, Table, &'static str, &'static str),
     /// [`Applier::delete_jump`]: table, built-in chain, target.
     DeleteJump(IpFamily, Table, &'static str, &'static str),
     /// [`Applier::flush_and_delete_chain`].
@@ -123,12 +121,12 @@ impl FakeKernel {
 }
 
 /// `text` with each `-I` line that inserts one of the [`JUMP_RULES`] into
-/// its table turned into a comment, and those rules.
-fn split_jump_inserts(text: &str) -> (String, Vec<JumpRule>) {
+/// its table turned into a comment, and those rules with their line numbers.
+fn split_jump_inserts(text: &str) -> (String, Vec<(usize, JumpRule)>) {
     let mut out = String::with_capacity(text.len());
     let mut jumps = Vec::new();
     let mut table = "";
-    for line in text.lines() {
+    for (index, line) in text.lines().enumerate() {
         if let Some(name) = line.strip_prefix('*') {
             table = name;
         }
@@ -136,7 +134,7 @@ fn split_jump_inserts(text: &str) -> (String, Vec<JumpRule>) {
             .iter()
             .find(|rule| rule.table.as_str() == table && rule.insert_line() == line);
         if let Some(rule) = rule {
-            jumps.push(*rule);
+            jumps.push((index + 1, *rule));
             out.push('#');
         }
         out.push_str(line);
@@ -170,15 +168,29 @@ impl Applier for FakeApplier {
             });
         }
         // Jump rules inserted into built-in chains are kept apart from the
-        // ruleset (as `ensure_jump` keeps them); their lines become comments
+        // ruleset (see `FakeKernel::jumps`); their lines become comments
         // so that error line numbers stay those of the input.
         let (text, jumps) = split_jump_inserts(text);
         // Apply to a copy: a rejected input changes nothing.
         let mut ruleset = state.rulesets.get(&family).cloned().unwrap_or_default();
-        match ruleset.apply(&text) {
+        let applied = ruleset.apply(&text).and_then(|()| {
+            // As the real restore, refuse a jump to a chain that is not there.
+            let missing = jumps
+                .iter()
+                .find(|(_, rule)| !ruleset.chains(rule.table).contains(&rule.target_chain));
+            match missing {
+                Some((line, rule)) => Err(crate::tracer::TraceError::Parse {
+                    line: *line,
+                    text: rule.insert_line(),
+                    reason: format!("Couldn't load target `{}'", rule.target_chain),
+                }),
+                None => Ok(()),
+            }
+        });
+        match applied {
             Ok(()) => {
                 state.rulesets.insert(family, ruleset);
-                for rule in jumps {
+                for (_, rule) in jumps {
                     if !state.jumps.contains(&(family, rule)) {
                         state.jumps.push((family, rule));
                     }
@@ -235,28 +247,6 @@ impl Applier for FakeApplier {
         let ruleset = state.rulesets.entry(family).or_default();
         // Declaring a chain that does not exist yet cannot fail.
         let _ = ruleset.apply(&format!("*{table}\n:{chain} - [0:0]\nCOMMIT\n"));
-        Ok(())
-    }
-
-    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError> {
-        let call = FakeCall::EnsureJump(family, rule.table, rule.builtin_chain, rule.target_chain);
-        drop(self.record(call));
-        if !self
-            .0
-            .chains(family, rule.table)
-            .iter()
-            .any(|c| c == rule.target_chain)
-        {
-            return Err(ApplyError::Failed {
-                command: format!("fake-iptables -t {} -I {}", rule.table, rule.restore_line()),
-                status: "exit status: 2".to_owned(),
-                stderr: format!("Couldn't load target `{}'", rule.target_chain),
-            });
-        }
-        let mut state = self.0.lock();
-        if !state.jumps.contains(&(family, *rule)) {
-            state.jumps.push((family, *rule));
-        }
         Ok(())
     }
 

@@ -182,25 +182,6 @@ impl Applier for SystemApplier {
         Err(failed(command, &output))
     }
 
-    fn ensure_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<(), ApplyError> {
-        let mut check = vec!["-C", rule.builtin_chain];
-        check.extend(rule.args());
-        let (output, _) = self.iptables(family, rule.table, &check)?;
-        if output.status.success() {
-            return Ok(());
-        }
-        let mut insert = vec!["-I", rule.builtin_chain];
-        insert.extend(rule.args());
-        self.iptables_ok(family, rule.table, &insert)?;
-        tracing::debug!(
-            table = %rule.table,
-            chain = rule.builtin_chain,
-            target = rule.target_chain,
-            "inserted jump rule"
-        );
-        Ok(())
-    }
-
     fn delete_jump(&mut self, family: IpFamily, rule: &JumpRule) -> Result<bool, ApplyError> {
         let mut delete = vec!["-D", rule.builtin_chain];
         delete.extend(rule.args());

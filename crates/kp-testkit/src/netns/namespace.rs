@@ -188,6 +188,21 @@ impl Netns {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// How many chains of the IPv4 iptables `table` have names starting
+    /// with `prefix` (from `iptables-save -t TABLE`).
+    ///
+    /// # Panics
+    /// As [`exec_ok`](Self::exec_ok).
+    #[track_caller]
+    pub fn iptables_chains(&self, table: &str, prefix: &str) -> usize {
+        let saved = self.exec_ok("iptables-save", &["-t", table]);
+        saved
+            .lines()
+            .filter_map(|line| line.strip_prefix(':'))
+            .filter(|chain| chain.starts_with(prefix))
+            .count()
+    }
+
     /// Starts the long-running `program ARGS…` in this namespace (stdin
     /// closed, stdout and stderr inherited); it is killed when the returned
     /// [`NsChild`] is dropped. Use [`Netns::command`] and
