@@ -6,9 +6,7 @@
 //! when `/metrics` is scraped. `kubeproxy_network_programming_duration_seconds`
 //! is registered but not observed: it needs the EndpointSlice
 //! `endpoints.kubernetes.io/last-change-trigger-time` annotation, which the
-//! model does not carry yet. `kubeproxy_sync_proxy_rules_iptables_last`
-//! (rules written per table by the last sync) is not registered: the backend
-//! reports what it wrote in total, not per table.
+//! model does not carry yet.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -56,6 +54,7 @@ struct Sync {
     last_timestamp: Family<Labels, FloatGauge>,
     network_programming: Histograms,
     iptables_total: Family<Labels, Gauge>,
+    iptables_last: Family<Labels, Gauge>,
     restore_failures: Family<Labels, Counter>,
     partial_restore_failures: Family<Labels, Counter>,
     nftables_sync_failures: Family<Labels, Counter>,
@@ -109,6 +108,7 @@ impl ProxyMetrics {
             last_timestamp: Family::default(),
             network_programming: histograms(programming_buckets),
             iptables_total: Family::default(),
+            iptables_last: Family::default(),
             restore_failures: Family::default(),
             partial_restore_failures: Family::default(),
             nftables_sync_failures: Family::default(),
@@ -266,13 +266,12 @@ impl SyncObserver for ProxyMetrics {
                 by_kind.get_or_create(&labels).observe(seconds);
                 let now = unix_seconds(stats.finished_at_wall);
                 sync.last_timestamp.get_or_create(&labels).set(now);
-                for (table, rules) in &outcome.rules_per_table {
-                    let mut labels = labels.clone();
-                    labels.push(("table", table.clone()));
-                    sync.iptables_total
-                        .get_or_create(&labels)
-                        .set(as_gauge(*rules as u64));
-                }
+                set_per_table(&sync.iptables_total, &labels, &outcome.rules_per_table);
+                set_per_table(
+                    &sync.iptables_last,
+                    &labels,
+                    &outcome.rules_written_per_table,
+                );
             }
             Err(_) => {
                 sync.restore_failures.get_or_create(&labels).inc();
@@ -371,6 +370,11 @@ fn register_mode(registry: &mut Registry, sync: &Sync, mode: &str) {
             "Total number of iptables rules owned by kube-proxy",
             sync.iptables_total.clone(),
         );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            sync.iptables_last.clone(),
+        );
     }
     if mode == "iptables" || mode == "ipvs" {
         registry.register(
@@ -385,6 +389,17 @@ fn register_mode(registry: &mut Registry, sync: &Sync, mode: &str) {
             "Cumulative proxy nftables sync failures",
             sync.nftables_sync_failures.clone(),
         );
+    }
+}
+
+/// Sets one gauge per table, labelled with `labels` and the table.
+fn set_per_table(gauges: &Family<Labels, Gauge>, labels: &Labels, counts: &[(String, usize)]) {
+    for (table, count) in counts {
+        let mut labels = labels.clone();
+        labels.push(("table", table.clone()));
+        gauges
+            .get_or_create(&labels)
+            .set(as_gauge(u64::try_from(*count).unwrap_or(u64::MAX)));
     }
 }
 

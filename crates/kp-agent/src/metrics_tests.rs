@@ -23,6 +23,7 @@ const UPSTREAM_IPTABLES: &[&str] = &[
     "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
     "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
     "kubeproxy_sync_proxy_rules_iptables_total",
+    "kubeproxy_sync_proxy_rules_iptables_last",
     "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
     "kubeproxy_proxy_healthz_total",
     "kubeproxy_proxy_livez_total",
@@ -64,6 +65,10 @@ fn iptables_sync(full: bool) -> SyncStats {
             full,
             rules_per_table: vec![("filter".into(), 4), ("nat".into(), 12)],
             chains_per_table: vec![("filter".into(), 6), ("nat".into(), 9)],
+            rules_written_per_table: vec![
+                ("filter".into(), 4),
+                ("nat".into(), if full { 12 } else { 3 }),
+            ],
             objects_written: 16,
         }),
     }
@@ -205,6 +210,27 @@ fn a_failed_sync_counts_as_a_restore_failure() {
         ),
         Some(1.0)
     );
+}
+
+#[test]
+fn rule_counts_show_what_the_table_holds_and_what_the_last_sync_wrote() {
+    let metrics = ProxyMetrics::new("iptables");
+    proxier(&metrics);
+
+    metrics.on_sync_finished(IpFamily::V4, &iptables_sync(true));
+    let after_full = metrics.render();
+    metrics.on_sync_finished(IpFamily::V4, &iptables_sync(false));
+    let after_partial = metrics.render();
+
+    let series = |name: &str, table: &str| {
+        format!(
+            "kubeproxy_sync_proxy_rules_iptables_{name}{{ip_family=\"IPv4\",table=\"{table}\"}}"
+        )
+    };
+    assert_eq!(sample(&after_full, &series("last", "nat")), Some(12.0));
+    assert_eq!(sample(&after_partial, &series("last", "nat")), Some(3.0));
+    assert_eq!(sample(&after_partial, &series("total", "nat")), Some(12.0));
+    assert_eq!(sample(&after_partial, &series("last", "filter")), Some(4.0));
 }
 
 #[test]

@@ -448,7 +448,7 @@ impl Backend for IptablesBackend {
             // The full sync ensured them.
             self.canaries_seen = Some(Instant::now());
         }
-        Ok(outcome(&rendered))
+        Ok(outcome(&rendered, &text))
     }
 }
 
@@ -477,7 +477,9 @@ fn saved_of(saved: &[SavedTable; 2], table: Table) -> Option<&SavedTable> {
     }
 }
 
-fn outcome(rendered: &Rendered) -> SyncOutcome {
+/// `written` is the restore input as applied: a partial sync leaves out
+/// the chains the kernel already holds, so the rendered stats overcount.
+fn outcome(rendered: &Rendered, written: &str) -> SyncOutcome {
     let stats = &rendered.stats;
     SyncOutcome {
         full: rendered.full,
@@ -489,12 +491,36 @@ fn outcome(rendered: &Rendered) -> SyncOutcome {
             ("filter".to_owned(), stats.filter_chains),
             ("nat".to_owned(), stats.nat_chains_total),
         ],
+        rules_written_per_table: rules_per_table_in(written),
         objects_written: stats.filter_chains
             + stats.filter_rules
             + stats.nat_chains
             + stats.nat_rules
             + stats.deleted_chains,
     }
+}
+
+/// The rules (`-A` and `-I` lines) of each `*table` section of a restore
+/// input, in the order of the sections; filter and nat always appear.
+fn rules_per_table_in(text: &str) -> Vec<(String, usize)> {
+    let mut counts: Vec<(String, usize)> = vec![("filter".to_owned(), 0), ("nat".to_owned(), 0)];
+    let mut current: Option<usize> = None;
+    for line in text.lines() {
+        if let Some(table) = line.strip_prefix('*') {
+            current = Some(match counts.iter().position(|(name, _)| name == table) {
+                Some(index) => index,
+                None => {
+                    counts.push((table.to_owned(), 0));
+                    counts.len() - 1
+                }
+            });
+        } else if line.starts_with("-A ") || line.starts_with("-I ") {
+            if let Some(index) = current {
+                counts[index].1 += 1;
+            }
+        }
+    }
+    counts
 }
 
 /// A backend error for a failed step; a rejected restore line is named in

@@ -86,6 +86,10 @@ pub struct SyncOutcome {
     pub rules_per_table: Vec<(String, usize)>,
     /// Chains per table after the sync, e.g. `("nat", 321)`.
     pub chains_per_table: Vec<(String, usize)>,
+    /// Rules per table that this sync wrote, e.g. `("nat", 12)` for a
+    /// partial sync that rewrote one Service's chains
+    /// (`kubeproxy_sync_proxy_rules_iptables_last{table}`).
+    pub rules_written_per_table: Vec<(String, usize)>,
     /// Rules, chains, set elements or listeners written by this sync.
     pub objects_written: usize,
 }

@@ -165,6 +165,7 @@ impl Backend for FakeBackend {
             full: request.full,
             rules_per_table: vec![("fake".to_owned(), request.service_ports.len())],
             chains_per_table: vec![("fake".to_owned(), 1)],
+            rules_written_per_table: vec![("fake".to_owned(), objects_written)],
             objects_written,
         })
     }

@@ -211,6 +211,27 @@ fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
     );
     assert!(restore.contains("10.244.2.9"));
     assert!(!restore.contains("10.244.2.4"), "db is left alone");
+    let count = |table: &str| {
+        let section = restore
+            .split('*')
+            .find(|s| s.starts_with(table))
+            .unwrap_or("");
+        section.lines().filter(|l| l.starts_with("-A ")).count()
+    };
+    assert_eq!(
+        outcome.rules_written_per_table,
+        [
+            ("filter".to_owned(), count("filter")),
+            ("nat".to_owned(), count("nat"))
+        ],
+        "the rules written are those of the restore as applied"
+    );
+    let nat_total = outcome.rules_per_table[1].1;
+    assert!(
+        count("nat") > 0 && count("nat") < nat_total,
+        "a partial sync writes part of the nat table ({} of {nat_total})",
+        count("nat")
+    );
     assert!(
         !restore.contains(":KUBE-SERVICES") && !restore.contains("-A KUBE-SERVICES"),
         "an endpoint change leaves KUBE-SERVICES as the kernel holds it:\n{restore}"
