@@ -3,10 +3,7 @@
 //!
 //! Sync metrics are fed by a [`SyncObserver`] on each family's proxier;
 //! change counts, the last queued time and the process metrics are read
-//! when `/metrics` is scraped. `kubeproxy_network_programming_duration_seconds`
-//! is registered but not observed: it needs the EndpointSlice
-//! `endpoints.kubernetes.io/last-change-trigger-time` annotation, which the
-//! model does not carry yet.
+//! when `/metrics` is scraped.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -264,6 +261,11 @@ impl SyncObserver for ProxyMetrics {
                     &sync.partial_duration
                 };
                 by_kind.get_or_create(&labels).observe(seconds);
+                let programming = sync.network_programming.get_or_create(&labels);
+                for latency in &stats.network_programming {
+                    programming.observe(latency.as_secs_f64());
+                }
+                drop(programming);
                 let now = unix_seconds(stats.finished_at_wall);
                 sync.last_timestamp.get_or_create(&labels).set(now);
                 set_per_table(&sync.iptables_total, &labels, &outcome.rules_per_table);

@@ -71,6 +71,7 @@ fn iptables_sync(full: bool) -> SyncStats {
             ],
             objects_written: 16,
         }),
+        network_programming: vec![Duration::from_millis(700), Duration::from_secs(2)],
     }
 }
 
@@ -231,6 +232,35 @@ fn rule_counts_show_what_the_table_holds_and_what_the_last_sync_wrote() {
     assert_eq!(sample(&after_partial, &series("last", "nat")), Some(3.0));
     assert_eq!(sample(&after_partial, &series("total", "nat")), Some(12.0));
     assert_eq!(sample(&after_partial, &series("last", "filter")), Some(4.0));
+}
+
+#[test]
+fn each_applied_change_is_one_network_programming_observation() {
+    let metrics = ProxyMetrics::new("iptables");
+    proxier(&metrics);
+
+    metrics.on_sync_finished(IpFamily::V4, &iptables_sync(false));
+    let text = metrics.render();
+
+    let family = "ip_family=\"IPv4\"";
+    let series = |suffix: &str| format!("kubeproxy_network_programming_duration_seconds_{suffix}");
+    assert_eq!(
+        sample(&text, &format!("{}{{{family}}}", series("count"))),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, &format!("{}{{{family}}}", series("sum"))),
+        Some(2.7)
+    );
+    let bucket = |le: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&series("bucket")) && l.contains(&format!("le=\"{le}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(bucket("0.5"), Some(0.0));
+    assert_eq!(bucket("1.0"), Some(1.0));
+    assert_eq!(bucket("2.0"), Some(2.0));
 }
 
 #[test]

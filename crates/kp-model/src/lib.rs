@@ -31,5 +31,10 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label on an EndpointSlice naming the Service it belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The EndpointSlice annotation the EndpointSlice controller sets to the
+/// time of the Pod or Service change that led to the slice's last update
+/// (RFC 3339); network-programming latency is measured from it.
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Node label carrying the node's topology zone.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";

@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::endpoints::{merge_slices, Endpoint, EndpointsMap, ServiceEndpoints, SliceInfo};
 use crate::events::ObjectEvent;
@@ -17,6 +19,7 @@ use crate::service::{
     ServicePortName,
 };
 use crate::vec_map::VecMap;
+use crate::ANNOTATION_LAST_CHANGE_TRIGGER_TIME;
 
 /// What a drain of the [`ServiceChangeTracker`] reports.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -42,6 +45,10 @@ pub struct EndpointsUpdate {
     /// sent while they had none may have left conntrack entries that
     /// blackhole the flow, which must be deleted.
     pub newly_active: BTreeSet<ServicePortName>,
+    /// Per changed Service, the `endpoints.kubernetes.io/last-change-trigger-time`
+    /// of each slice update behind the change, oldest first: once the sync
+    /// applied the change, now minus each is one network-programming latency.
+    pub trigger_times: BTreeMap<NamespacedName, Vec<SystemTime>>,
 }
 
 /// Tracks Services for one IP family.
@@ -75,6 +82,8 @@ pub struct EndpointsChangeTracker {
     pending: BTreeMap<NamespacedName, ServiceEndpoints>,
     /// `applied`, flattened; shared like the service port map.
     endpoints: Arc<EndpointsMap>,
+    /// Trigger times of the slice updates behind each pending change.
+    trigger_times: HashMap<NamespacedName, Vec<SystemTime>>,
 }
 
 /// The ports of one Service, in a stable order.
@@ -193,6 +202,7 @@ impl EndpointsChangeTracker {
             applied: HashMap::new(),
             pending: BTreeMap::new(),
             endpoints: Arc::default(),
+            trigger_times: HashMap::new(),
         }
     }
 
@@ -201,17 +211,36 @@ impl EndpointsChangeTracker {
     ///
     /// Slices of another address type (`FQDN`, the other family) and slices
     /// without the `kubernetes.io/service-name` label are ignored.
+    ///
+    /// An update that changes its Service's endpoints notes the slice's
+    /// last-change trigger time; a deletion forgets the Service's noted
+    /// times, since a deleted slice's annotation tells when it was last
+    /// updated, not when it was deleted (upstream does the same).
     pub fn record(&mut self, event: &ObjectEvent<EndpointSlice>) -> bool {
         match event {
             ObjectEvent::Apply(slice) => {
                 let key = NamespacedName::of(&slice.metadata);
                 match SliceInfo::parse(slice, self.family, &self.node_name) {
-                    Some(info) => self.put_slice(key, info),
+                    Some(info) => {
+                        let service = info.service.clone();
+                        self.put_slice(key, info);
+                        if let Some(time) = last_change_trigger_time(&slice.metadata) {
+                            if self.pending.contains_key(&service) {
+                                self.trigger_times.entry(service).or_default().push(time);
+                            }
+                        }
+                    }
                     // A slice that lost its service label no longer counts.
-                    None => self.remove_slice(&key),
+                    None => {
+                        self.remove_slice(&key);
+                    }
                 }
             }
-            ObjectEvent::Delete(slice) => self.remove_slice(&NamespacedName::of(&slice.metadata)),
+            ObjectEvent::Delete(slice) => {
+                if let Some(service) = self.remove_slice(&NamespacedName::of(&slice.metadata)) {
+                    self.trigger_times.remove(&service);
+                }
+            }
         }
         !self.pending.is_empty()
     }
@@ -241,8 +270,14 @@ impl EndpointsChangeTracker {
             if !current.is_empty() {
                 self.applied.insert(name.clone(), current);
             }
+            if let Some(mut times) = self.trigger_times.remove(&name) {
+                times.sort_unstable();
+                update.trigger_times.insert(name.clone(), times);
+            }
             update.changed.insert(name);
         }
+        // Times of changes that cancelled out belong to no applied change.
+        self.trigger_times.clear();
         update
     }
 
@@ -272,17 +307,17 @@ impl EndpointsChangeTracker {
         self.refresh(service);
     }
 
-    fn remove_slice(&mut self, key: &NamespacedName) {
-        let Some(service) = self.slice_owners.remove(key) else {
-            return;
-        };
+    /// Forgets a slice; returns the Service it belonged to, if it was known.
+    fn remove_slice(&mut self, key: &NamespacedName) -> Option<NamespacedName> {
+        let service = self.slice_owners.remove(key)?;
         if let Some(slices) = self.slices.get_mut(&service) {
             slices.remove(&key.name);
             if slices.is_empty() {
                 self.slices.remove(&service);
             }
         }
-        self.refresh(service);
+        self.refresh(service.clone());
+        Some(service)
     }
 
     /// Re-merges one Service's slices and compares with the last drain.
@@ -298,8 +333,28 @@ impl EndpointsChangeTracker {
         };
         if unchanged {
             self.pending.remove(&service);
+            self.trigger_times.remove(&service);
         } else {
             self.pending.insert(service, current);
+        }
+    }
+}
+
+/// The slice's `endpoints.kubernetes.io/last-change-trigger-time`, when it
+/// is set and valid RFC 3339.
+fn last_change_trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
+    let text = meta
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
+    match text.parse::<k8s_openapi::jiff::Timestamp>() {
+        // Times before 1970 are not trigger times of anything.
+        Ok(time) => u64::try_from(time.as_nanosecond())
+            .ok()
+            .map(|nanos| UNIX_EPOCH + Duration::from_nanos(nanos)),
+        Err(error) => {
+            tracing::debug!(value = %text, %error, "ignoring an unparsable last-change-trigger-time annotation");
+            None
         }
     }
 }

@@ -6,12 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
     EndpointsChangeTracker, IpFamily, NamespacedName, ObjectEvent, Protocol, ServiceChangeTracker,
-    ServicePortName,
+    ServicePortName, ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
 };
 use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
 use pretty_assertions::assert_eq;
@@ -389,4 +390,84 @@ fn endpoints_on_this_node_are_local() {
         .map(|ep| ep.is_local)
         .collect();
     assert_eq!(local, vec![true, false]);
+}
+
+/// The `dns` slice with `address` ready, updated by a change at `trigger`
+/// (`None`: no annotation).
+fn triggered_slice(address: &str, trigger: Option<&str>) -> EndpointSlice {
+    endpoint_slice("ns1", "svc1-a", "svc1", |mut e| {
+        e = e.port("dns", 53, "UDP").endpoint(address, ready);
+        if let Some(time) = trigger {
+            e = e.annotation(ANNOTATION_LAST_CHANGE_TRIGGER_TIME, time);
+        }
+        e
+    })
+}
+
+fn at(unix_secs: u64, millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(unix_secs) + Duration::from_millis(millis)
+}
+
+#[test]
+fn a_drain_hands_over_the_trigger_times_of_the_slice_updates_behind_each_change() {
+    let mut tracker = endpoints();
+
+    tracker.record(&apply(triggered_slice(
+        "10.244.2.3",
+        Some("2026-11-24T10:00:00.250Z"),
+    )));
+    tracker.record(&apply(triggered_slice(
+        "10.244.2.4",
+        Some("2026-11-24T10:00:01Z"),
+    )));
+    let update = tracker.drain();
+
+    // 2026-11-24T10:00:00Z is 1_795_514_400 seconds after the epoch.
+    assert_eq!(
+        update.trigger_times.get(&svc1()),
+        Some(&vec![at(1_795_514_400, 250), at(1_795_514_401, 0)])
+    );
+    assert!(tracker.drain().trigger_times.is_empty(), "handed over once");
+}
+
+#[test]
+fn trigger_times_of_a_change_that_cancelled_out_or_of_a_deleted_slice_are_dropped() {
+    let mut tracker = endpoints();
+    tracker.record(&apply(triggered_slice("10.244.2.3", None)));
+    tracker.drain();
+
+    // A change and its reversal before the next sync: nothing is programmed.
+    tracker.record(&apply(triggered_slice(
+        "10.244.2.4",
+        Some("2026-11-24T10:00:01Z"),
+    )));
+    tracker.record(&apply(triggered_slice(
+        "10.244.2.3",
+        Some("2026-11-24T10:00:02Z"),
+    )));
+    assert!(tracker.drain().trigger_times.is_empty());
+
+    // A deleted slice's annotation tells when it was last updated.
+    tracker.record(&apply(triggered_slice(
+        "10.244.2.5",
+        Some("2026-11-24T10:00:03Z"),
+    )));
+    tracker.record(&delete(triggered_slice(
+        "10.244.2.5",
+        Some("2026-11-24T10:00:03Z"),
+    )));
+    let update = tracker.drain();
+    assert_eq!(update.changed, BTreeSet::from([svc1()]));
+    assert!(update.trigger_times.is_empty());
+}
+
+#[test]
+fn an_unparsable_trigger_time_is_ignored_and_the_change_still_counts() {
+    let mut tracker = endpoints();
+
+    tracker.record(&apply(triggered_slice("10.244.2.3", Some("yesterday"))));
+    let update = tracker.drain();
+
+    assert_eq!(update.changed, BTreeSet::from([svc1()]));
+    assert!(update.trigger_times.is_empty());
 }

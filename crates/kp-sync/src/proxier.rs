@@ -10,7 +10,7 @@ use std::error::Error;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -64,6 +64,9 @@ pub struct Proxier {
     backend: Mutex<Box<dyn Backend>>,
     status: Arc<SyncStatus>,
     observers: Vec<Arc<dyn SyncObserver>>,
+    /// Trigger times before this are of changes made before the proxy ran,
+    /// whose latency says nothing about it (upstream's `trackerStartTime`).
+    started_at: SystemTime,
 }
 
 /// A sync could not be done.
@@ -99,6 +102,8 @@ struct Tracked {
     needs_full_sync: bool,
     /// Stale conntrack entries of failed syncs, handed to the next one.
     carried_stale: StaleConntrack,
+    /// Trigger times of the changes of failed syncs, handed to the next one.
+    carried_trigger_times: Vec<SystemTime>,
 }
 
 /// What one sync took out of the trackers.
@@ -112,6 +117,8 @@ struct Drained {
     node: NodeInfo,
     stale: StaleConntrack,
     queued_since: Option<Instant>,
+    /// Last-change trigger times of the slice updates behind `changed`.
+    trigger_times: Vec<SystemTime>,
 }
 
 impl Proxier {
@@ -126,6 +133,7 @@ impl Proxier {
             endpoint_slices_synced: false,
             needs_full_sync: true,
             carried_stale: StaleConntrack::default(),
+            carried_trigger_times: Vec::new(),
         };
         Self {
             family: config.family,
@@ -135,12 +143,22 @@ impl Proxier {
             backend: Mutex::new(backend),
             status: Arc::new(SyncStatus::new()),
             observers: Vec::new(),
+            started_at: SystemTime::now(),
         }
     }
 
     /// Adds an observer told about every successful sync.
     pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
         self.observers.push(observer);
+        self
+    }
+
+    /// Measures network-programming latency only for changes triggered at
+    /// or after `start` (by default, when the proxier was created): the
+    /// trigger times of objects listed at start tell of changes made before
+    /// the proxy ran.
+    pub fn measuring_changes_since(mut self, start: SystemTime) -> Self {
+        self.started_at = start;
         self
     }
 
@@ -242,14 +260,23 @@ impl Proxier {
             stale_conntrack: &drained.stale,
         };
         let result = backend.sync(&request);
-        let stats = |result| SyncStats {
-            finished_at: Instant::now(),
-            finished_at_wall: SystemTime::now(),
-            duration: started.elapsed(),
-            full: drained.full,
-            service_ports: service_ports.len(),
-            endpoints: service_ports.values().map(|s| s.all_endpoints.len()).sum(),
-            result,
+        let stats = |result: Result<SyncOutcome, String>| {
+            let finished_at_wall = SystemTime::now();
+            let network_programming = if result.is_ok() {
+                self.programming_latencies(&drained.trigger_times, finished_at_wall)
+            } else {
+                Vec::new()
+            };
+            SyncStats {
+                finished_at: Instant::now(),
+                finished_at_wall,
+                duration: started.elapsed(),
+                full: drained.full,
+                service_ports: service_ports.len(),
+                endpoints: service_ports.values().map(|s| s.all_endpoints.len()).sum(),
+                result,
+                network_programming,
+            }
         };
         match result {
             Ok(outcome) => {
@@ -268,7 +295,7 @@ impl Proxier {
                     observer.on_sync_finished(self.family, &stats);
                 }
                 self.status.record(stats);
-                self.restore_after_failure(drained.stale, drained.queued_since);
+                self.restore_after_failure(drained);
                 Err(SyncError::Backend {
                     family: family_name(self.family),
                     source,
@@ -287,7 +314,12 @@ impl Proxier {
             });
         }
         let services = tracked.services.drain();
-        let endpoints = tracked.endpoints.drain();
+        let mut endpoints = tracked.endpoints.drain();
+        let mut trigger_times = std::mem::take(&mut tracked.carried_trigger_times);
+        for (name, times) in std::mem::take(&mut endpoints.trigger_times) {
+            tracing::trace!(service = %name, changes = times.len(), "endpoint change trigger times");
+            trigger_times.extend(times);
+        }
         let needed_full = std::mem::take(&mut tracked.needs_full_sync);
         let mut changed = services.changed;
         changed.extend(endpoints.changed);
@@ -305,17 +337,32 @@ impl Proxier {
             node: tracked.node.clone(),
             stale,
             queued_since: self.status.take_queued(),
+            trigger_times,
         })
     }
 
+    /// `finished_at` minus each trigger time after the proxy started.
+    fn programming_latencies(
+        &self,
+        trigger_times: &[SystemTime],
+        finished_at: SystemTime,
+    ) -> Vec<Duration> {
+        trigger_times
+            .iter()
+            .filter(|time| **time >= self.started_at)
+            .map(|time| finished_at.duration_since(*time).unwrap_or_default())
+            .collect()
+    }
+
     /// After a failed sync the next one is full, and it carries the stale
-    /// conntrack entries and the queue time of the changes that did not make
-    /// it into the kernel.
-    fn restore_after_failure(&self, stale: StaleConntrack, queued_since: Option<Instant>) {
+    /// conntrack entries, the queue time and the trigger times of the
+    /// changes that did not make it into the kernel.
+    fn restore_after_failure(&self, drained: Drained) {
         let mut tracked = self.lock_tracked();
         tracked.needs_full_sync = true;
-        tracked.carried_stale.merge(stale);
-        self.status.requeue(queued_since);
+        tracked.carried_stale.merge(drained.stale);
+        tracked.carried_trigger_times.extend(drained.trigger_times);
+        self.status.requeue(drained.queued_since);
     }
 
     fn log_success(&self, stats: &SyncStats, changed: &BTreeSet<NamespacedName>) {

@@ -39,6 +39,11 @@ pub struct SyncStats {
     pub endpoints: usize,
     /// The backend's outcome, or the error (with its causes) when it failed.
     pub result: Result<SyncOutcome, String>,
+    /// On success, for each EndpointSlice update this sync applied that
+    /// carried a trigger time later than the proxy's start, the time from
+    /// that trigger to the end of the sync
+    /// (`kubeproxy_network_programming_duration_seconds`).
+    pub network_programming: Vec<Duration>,
 }
 
 /// Counters since start.

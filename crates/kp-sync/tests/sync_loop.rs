@@ -6,9 +6,13 @@ mod common;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use kp_model::{IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{
+    IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind, ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
+};
 use kp_sync::testing::RecordedSync;
 use kp_sync::{SyncError, SyncObserver, SyncOutcome, SyncRequest};
 use kp_testkit::builders::node;
@@ -144,6 +148,85 @@ fn a_backend_failure_makes_the_next_sync_full() {
     // The stale endpoint of the failed sync is not forgotten.
     assert_eq!(stale_endpoint_ips(&retry), [ip("10.244.1.6")]);
     assert_eq!(status.queued_since(), None);
+}
+
+/// The endpoints of web at `ips`, written by a change made `ago` before now.
+fn web_endpoints_changed(ips: &[&str], ago: Duration) -> EndpointSlice {
+    let trigger = SystemTime::now() - ago;
+    let seconds = trigger.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+    let text = k8s_openapi::jiff::Timestamp::from_nanosecond((seconds * 1e9) as i128)
+        .unwrap()
+        .to_string();
+    let mut slice = web_endpoints(ips);
+    slice.metadata.annotations =
+        Some([(ANNOTATION_LAST_CHANGE_TRIGGER_TIME.to_owned(), text)].into());
+    slice
+}
+
+#[test]
+fn a_sync_reports_the_network_programming_latency_of_each_change_it_applied() {
+    let (proxier, _backend) = proxier(IpFamily::V4);
+    let proxier = proxier.measuring_changes_since(SystemTime::now() - Duration::from_secs(60));
+    sources_synced(&proxier);
+    proxier.sync_once().unwrap();
+    apply(
+        &proxier,
+        &[web()],
+        &[web_endpoints_changed(
+            &["10.244.1.3"],
+            Duration::from_secs(3),
+        )],
+    );
+
+    proxier.sync_once().unwrap();
+
+    let latencies = proxier.status().last_sync().unwrap().network_programming;
+    assert_eq!(latencies.len(), 1, "{latencies:?}");
+    assert!(
+        latencies[0] >= Duration::from_secs(3) && latencies[0] < Duration::from_secs(60),
+        "{latencies:?}"
+    );
+}
+
+#[test]
+fn changes_made_before_the_proxy_started_report_no_latency() {
+    let (proxier, _backend) = proxier_after_first_sync();
+    // A slice listed at start carries the time of a change made before.
+    let old = web_endpoints_changed(&["10.244.1.3"], Duration::from_secs(3600));
+    apply(&*proxier, &[], &[old]);
+
+    proxier.sync_once().unwrap();
+
+    let stats = proxier.status().last_sync().unwrap();
+    assert!(stats.result.is_ok());
+    assert_eq!(stats.network_programming, []);
+}
+
+#[test]
+fn the_latency_of_a_change_whose_sync_failed_is_reported_by_the_retry() {
+    let (proxier, backend) = proxier(IpFamily::V4);
+    let proxier = proxier.measuring_changes_since(SystemTime::now() - Duration::from_secs(60));
+    sources_synced(&proxier);
+    proxier.sync_once().unwrap();
+    apply(
+        &proxier,
+        &[web()],
+        &[web_endpoints_changed(
+            &["10.244.1.3"],
+            Duration::from_secs(1),
+        )],
+    );
+    backend.fail_next(1);
+
+    proxier.sync_once().unwrap_err();
+    assert_eq!(
+        proxier.status().last_sync().unwrap().network_programming,
+        []
+    );
+    proxier.sync_once().unwrap();
+
+    let latencies = proxier.status().last_sync().unwrap().network_programming;
+    assert_eq!(latencies.len(), 1, "{latencies:?}");
 }
 
 #[test]

@@ -361,6 +361,12 @@ impl EndpointSliceBuilder {
         self
     }
 
+    /// `metadata.annotations[key] = value`.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        insert(&mut self.slice.metadata.annotations, key, value);
+        self
+    }
+
     /// Removes the `kubernetes.io/service-name` label (an orphan slice).
     pub fn without_service_name(mut self) -> Self {
         if let Some(labels) = self.slice.metadata.labels.as_mut() {
