@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kp_model::IpFamily;
+use kp_nfacct::{CounterMetric, CounterReader, NfacctCollector};
 use kp_sync::{Proxier, SyncObserver, SyncOutcome, SyncRequest, SyncStats};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -160,6 +161,32 @@ impl ProxyMetrics {
             }
         }
         *lock(&self.inner.proxiers) = proxiers.to_vec();
+    }
+
+    /// Publishes the iptables mode's nfacct counters under upstream's names:
+    /// the packets dropped as conntrack-INVALID (counter `invalid_dropped`)
+    /// and those accepted on localhost NodePorts (`localhost_accepted`),
+    /// read through `reader` on every scrape.
+    pub fn count_nfacct(
+        &self,
+        reader: Box<dyn CounterReader>,
+        invalid_dropped: &'static str,
+        localhost_accepted: &'static str,
+    ) {
+        let metrics = vec![
+            CounterMetric {
+                metric: "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+                help: "packets dropped by iptables to work around conntrack problems",
+                counter: invalid_dropped,
+            },
+            CounterMetric {
+                metric: "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+                help: "Number of packets accepted on nodeports of loopback interface",
+                counter: localhost_accepted,
+            },
+        ];
+        self.registry()
+            .register_collector(Box::new(NfacctCollector::new(reader, metrics)));
     }
 
     /// The observer to attach to each family's proxier.

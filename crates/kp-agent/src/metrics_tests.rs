@@ -282,6 +282,43 @@ fn network_programming_buckets_are_upstreams() {
     );
 }
 
+#[derive(Debug)]
+struct FakeNfacct;
+
+impl kp_nfacct::CounterReader for FakeNfacct {
+    fn counts(&mut self, name: &str) -> Result<kp_nfacct::Counts, kp_nfacct::NfacctError> {
+        let packets = match name {
+            "invalid" => 7,
+            "localhost" => 3,
+            _ => panic!("unexpected counter {name}"),
+        };
+        Ok(kp_nfacct::Counts { packets, bytes: 0 })
+    }
+}
+
+#[test]
+fn nfacct_counters_are_published_under_upstreams_names() {
+    let metrics = ProxyMetrics::new("iptables");
+    metrics.count_nfacct(Box::new(FakeNfacct), "invalid", "localhost");
+
+    let text = metrics.render();
+
+    assert_eq!(
+        sample(
+            &text,
+            "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+        ),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+        ),
+        Some(3.0)
+    );
+}
+
 #[test]
 fn healthz_answers_are_counted_by_code() {
     let metrics = ProxyMetrics::new("iptables");

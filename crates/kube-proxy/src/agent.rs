@@ -11,6 +11,8 @@ use kp_agent::{
 };
 use kp_config::{KubeProxyConfiguration, ProxyMode};
 use kp_conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kp_iptables::{NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS};
+use kp_nfacct::NfacctClient;
 use kp_sync::Proxier;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -26,6 +28,13 @@ impl Agent {
     /// The agent of a proxy in `mode`; call inside the runtime.
     pub fn new(mode: ProxyMode) -> Self {
         let metrics = ProxyMetrics::new(mode.as_str());
+        if mode == ProxyMode::Iptables {
+            metrics.count_nfacct(
+                Box::new(NfacctClient::new()),
+                NFACCT_INVALID_DROPPED,
+                NFACCT_LOCALHOST_NODE_PORTS,
+            );
+        }
         let conntrack = ConntrackMetrics::new();
         conntrack.register(&mut metrics.registry());
         Self {

@@ -57,6 +57,45 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     line[series.len()..].trim().parse().ok()
 }
 
+/// Upstream's metrics of the iptables mode (`pkg/proxy/metrics`), with the
+/// suffix a sample of each carries.
+const UPSTREAM_IPTABLES_METRICS: &[&str] = &[
+    "kubeproxy_sync_proxy_rules_duration_seconds_count",
+    "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+    "kubeproxy_network_programming_duration_seconds_count",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+    "kubeproxy_sync_proxy_rules_service_changes_pending",
+    "kubeproxy_sync_proxy_rules_service_changes_total",
+    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+    "kubeproxy_sync_proxy_rules_iptables_total",
+    "kubeproxy_sync_proxy_rules_iptables_last",
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+    "kubeproxy_proxy_healthz_total",
+    "kubeproxy_proxy_livez_total",
+    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count",
+    "kubeproxy_conntrack_reconciler_deleted_entries_total",
+    "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+    "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+];
+
+/// The annotation the EndpointSlice controller sets, stamped now.
+fn changed_now(mut slice: EndpointSlice) -> EndpointSlice {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    slice.metadata.annotations = Some(
+        [(
+            "endpoints.kubernetes.io/last-change-trigger-time".to_owned(),
+            now,
+        )]
+        .into(),
+    );
+    slice
+}
+
 #[test]
 fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
     require_root();
@@ -154,9 +193,42 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
         "the conntrack reconciler ran after the first sync"
     );
 
+    // A connection to a NodePort on the node's loopback is counted.
+    node.run(|| {
+        let address = "127.0.0.1:30081".parse().unwrap();
+        // The endpoint is not there; the SYN is counted all the same.
+        let _ = std::net::TcpStream::connect_timeout(&address, Duration::from_millis(300));
+    });
+    let metrics = get(&node, 10249, "/metrics").unwrap().body;
+    let missing: Vec<_> = UPSTREAM_IPTABLES_METRICS
+        .iter()
+        .filter(|name| !metrics.lines().any(|l| l.starts_with(*name)))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?}:\n{metrics}");
+    assert!(
+        sample(
+            &metrics,
+            "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+        )
+        .unwrap()
+            >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"}"
+        )
+        .unwrap()
+            > 0.0
+    );
+    let programmed = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}";
+    assert_eq!(sample(&metrics, programmed), Some(0.0), "no change yet");
+
     // The last local endpoint goes away: the health-check port says 503,
-    // and the metrics count the sync.
-    write_atomically(&slice_file, &manifest(&slice(&[("10.244.2.2", "node-2")])));
+    // and the metrics count the sync and its network-programming latency.
+    let remote_only = changed_now(slice(&[("10.244.2.2", "node-2")]));
+    write_atomically(&slice_file, &manifest(&remote_only));
     let drained = wait_until(Duration::from_secs(10), || {
         get(&node, 32000, "/").is_ok_and(|a| a.code == 503)
     });
@@ -176,4 +248,5 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
         .unwrap()
             >= 2.0
     );
+    assert_eq!(sample(&changes, programmed), Some(1.0), "{changes}");
 }

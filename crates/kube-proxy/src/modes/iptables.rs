@@ -3,10 +3,14 @@
 
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode};
+use std::sync::OnceLock;
+
 use kp_iptables::{
     IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NodePortAddresses,
+    NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
 };
 use kp_model::{IpFamily, NodeInfo};
+use kp_nfacct::NfacctClient;
 use kp_sync::Backend;
 
 /// Renderer options from the configuration. The node's pod CIDRs are needed
@@ -65,14 +69,46 @@ pub fn backend(
     node: &NodeInfo,
     dry_run: bool,
 ) -> anyhow::Result<Box<dyn Backend>> {
-    let options = options(config, &node.pod_cidrs)?;
+    let mut options = options(config, &node.pod_cidrs)?;
     let addresses = node_port_addresses(config)?;
     let backend = if dry_run {
         IptablesBackend::dry_run(family, options, addresses, Box::new(std::io::stdout()))?
     } else {
+        let counters = nfacct_counters();
+        options.nfacct_invalid_dropped = counters.invalid_dropped;
+        options.nfacct_localhost_node_ports = counters.localhost_node_ports;
         IptablesBackend::system(family, options, addresses, IptablesFlavor::detect())?
     };
     Ok(Box::new(backend))
+}
+
+/// Which of the mode's nfacct counters exist.
+#[derive(Debug, Clone, Copy)]
+struct NfacctCounters {
+    invalid_dropped: bool,
+    localhost_node_ports: bool,
+}
+
+/// Creates the nfacct counters the rules count with, once per process (both
+/// families share them), as upstream does at start. A kernel without
+/// `nfnetlink_acct` gets the rules without counting; a dry run creates
+/// nothing and so prints the rules without them.
+fn nfacct_counters() -> NfacctCounters {
+    static COUNTERS: OnceLock<NfacctCounters> = OnceLock::new();
+    *COUNTERS.get_or_init(|| {
+        let mut client = NfacctClient::new();
+        let mut ensure = |name: &str| match client.ensure(name) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(counter = name, error = %kp_sync::error_chain(&error), "Cannot create the nfacct counter; its packets are not counted");
+                false
+            }
+        };
+        NfacctCounters {
+            invalid_dropped: ensure(NFACCT_INVALID_DROPPED),
+            localhost_node_ports: ensure(NFACCT_LOCALHOST_NODE_PORTS),
+        }
+    })
 }
 
 /// `--cleanup` for the iptables mode: removes our (and upstream's) chains
