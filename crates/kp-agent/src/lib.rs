@@ -21,4 +21,4 @@ mod time_format;
 pub use health::{Health, ProxyHealth};
 pub use metrics::ProxyMetrics;
 pub use servers::{serve_healthz, serve_metrics, MetricsEndpoints};
-pub use service_health::ServiceHealthServers;
+pub use service_health::{ListenAddresses, ServiceHealthServers};

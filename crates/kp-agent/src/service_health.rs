@@ -6,14 +6,15 @@
 //! The servers follow the syncs: an observer on each family's proxier opens
 //! and closes them as Services change. A port that cannot be bound (taken by
 //! another process) is logged with its Service and tried again after the
-//! next sync; it never stops the proxy. Servers listen on every address of
-//! the node (upstream narrows them to `nodePortAddresses` when set).
+//! next sync; it never stops the proxy. Servers listen where NodePorts
+//! answer (`nodePortAddresses`), as upstream: on every address unless the
+//! configuration narrows them ([`ServiceHealthServers::listening_on`]).
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener as StdListener};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener as StdListener};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use kp_model::{IpFamily, NamespacedName};
+use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -27,9 +28,14 @@ pub struct ServiceHealthServers {
     inner: Arc<Inner>,
 }
 
+/// The addresses of `family` on which health-check servers listen for the
+/// node as a sync saw it; `None` means every address.
+pub type ListenAddresses = Arc<dyn Fn(IpFamily, &NodeInfo) -> Option<Vec<IpAddr>> + Send + Sync>;
+
 struct Inner {
     runtime: Handle,
     health: OnceLock<ProxyHealth>,
+    listen: ListenAddresses,
     state: Mutex<State>,
 }
 
@@ -38,6 +44,9 @@ struct State {
     /// Per family: health-check port → Service and its local ready
     /// endpoints, as the family's last sync saw them.
     wanted: HashMap<IpFamily, BTreeMap<u16, (NamespacedName, usize)>>,
+    /// Per family: the addresses to listen on (`None`: every address), as
+    /// of the family's last sync.
+    listen: HashMap<IpFamily, Option<Vec<IpAddr>>>,
     /// Ports with a running server, and how to stop it.
     serving: BTreeMap<u16, watch::Sender<bool>>,
 }
@@ -49,6 +58,21 @@ impl ServiceHealthServers {
             inner: Arc::new(Inner {
                 runtime,
                 health: OnceLock::new(),
+                listen: Arc::new(|_, _| None),
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// Servers that listen on the addresses `listen` gives for each family
+    /// (call before the first sync). Servers already listening keep their
+    /// addresses, as upstream resolves them once.
+    pub fn listening_on(runtime: Handle, listen: ListenAddresses) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                runtime,
+                health: OnceLock::new(),
+                listen,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -127,7 +151,8 @@ impl ServiceHealthServers {
             if state.serving.contains_key(&port) {
                 continue;
             }
-            match self.start(port) {
+            let addresses = listen_addresses(&state, port);
+            match self.start(port, addresses.as_ref()) {
                 Ok(stop) => {
                     tracing::info!(port, service = %service, "Serving health-check node port");
                     state.serving.insert(port, stop);
@@ -142,17 +167,50 @@ impl ServiceHealthServers {
         }
     }
 
-    fn start(&self, port: u16) -> std::io::Result<watch::Sender<bool>> {
-        let listener = bind_all(port)?;
-        listener.set_nonblocking(true)?;
+    /// Serves `port` on `addresses` (every address when `None`); binds all
+    /// of them before serving any, so a taken port opens nothing.
+    fn start(
+        &self,
+        port: u16,
+        addresses: Option<&BTreeSet<IpAddr>>,
+    ) -> std::io::Result<watch::Sender<bool>> {
+        let listeners = match addresses {
+            None => vec![bind_all(port)?],
+            Some(addresses) => addresses
+                .iter()
+                .map(|ip| StdListener::bind(SocketAddr::new(*ip, port)))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if listeners.is_empty() {
+            tracing::warn!(port, "No node address matches nodePortAddresses; the health-check node port listens nowhere");
+        }
         let _entered = self.inner.runtime.enter();
-        let listener = tokio::net::TcpListener::from_std(listener)?;
         let (stop, stopped) = watch::channel(false);
         let servers = self.clone();
         let handler: Handler = Arc::new(move |_method, _path| servers.answer(port));
-        self.inner.runtime.spawn(serve(listener, handler, stopped));
+        for listener in listeners {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let handler = Arc::clone(&handler);
+            self.inner
+                .runtime
+                .spawn(serve(listener, handler, stopped.clone()));
+        }
         Ok(stop)
     }
+}
+
+/// Where `port` listens: the addresses of the families whose Services want
+/// it (a single-stack Service's port is not opened on the other family's
+/// addresses); `None`, every address, when one of them listens everywhere.
+fn listen_addresses(state: &State, port: u16) -> Option<BTreeSet<IpAddr>> {
+    let mut all = BTreeSet::new();
+    for (family, ports) in &state.wanted {
+        if ports.contains_key(&port) {
+            all.extend(state.listen.get(family)?.as_ref()?);
+        }
+    }
+    Some(all)
 }
 
 /// Listens on `port` of every address: IPv6 and IPv4 when the host has
@@ -180,7 +238,12 @@ impl SyncObserver for ServiceHealthServers {
                 .count();
             ports.insert(health_port, (name.service.clone(), local));
         }
-        self.inner.lock().wanted.insert(request.family, ports);
+        let listen = (self.inner.listen)(request.family, request.node);
+        {
+            let mut state = self.inner.lock();
+            state.wanted.insert(request.family, ports);
+            state.listen.insert(request.family, listen);
+        }
         self.reconcile();
     }
 }

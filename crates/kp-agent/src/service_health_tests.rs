@@ -131,3 +131,40 @@ fn a_taken_port_is_retried_after_the_next_sync() {
         assert_eq!(get(port).unwrap().0, 200);
     });
 }
+
+#[test]
+fn with_node_port_addresses_the_server_listens_only_on_them() {
+    require_root();
+    let node = Netns::create("hcaddrs").unwrap();
+    node.run(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        // nodePortAddresses with IPv4 CIDRs only: 127.0.0.1 out of
+        // 127.0.0.0/8; the IPv6 family, with no CIDR of its own, would
+        // listen everywhere, but has no Service asking for the port.
+        let listen: ListenAddresses = Arc::new(|family, _node: &NodeInfo| {
+            (family == IpFamily::V4).then(|| vec!["127.0.0.1".parse().unwrap()])
+        });
+        let servers = ServiceHealthServers::listening_on(runtime.handle().clone(), listen);
+        let observe = |family| {
+            let proxier = fake_proxier(family, "node-1", IMMEDIATE).0;
+            let proxier = Arc::new(proxier.with_observer(Arc::new(servers.clone())));
+            proxier.on_synced(ResourceKind::Service);
+            proxier.on_synced(ResourceKind::EndpointSlice);
+            proxier
+        };
+        let (v4, v6) = (observe(IpFamily::V4), observe(IpFamily::V6));
+        let port = free_port();
+
+        for proxier in [&v4, &v6] {
+            proxier.on_service(ObjectEvent::Apply(balancer(port)));
+            proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.1.2", "node-1")])));
+        }
+        v6.sync_once().unwrap();
+        v4.sync_once().unwrap();
+
+        assert_eq!(servers.serving(), [port]);
+        assert_eq!(get(port).unwrap().0, 200);
+        let other = http::get(("127.0.0.2", port), "/");
+        assert!(other.is_err(), "127.0.0.2 is not selected: {other:?}");
+    });
+}

@@ -33,7 +33,7 @@ pub use applier::{
 };
 pub use backend::{IptablesBackend, NodePortAddresses, MODE};
 pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};
-pub use host::{MemorySysctl, ProcSysctl, Sysctl};
+pub use host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
 pub use jumps::{JumpRule, Table, JUMP_RULES};
 pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};

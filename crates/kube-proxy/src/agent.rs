@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use kp_agent::servers::{configz_json, healthz_handler, metrics_handler};
 use kp_agent::{
-    serve_healthz, serve_metrics, MetricsEndpoints, ProxyHealth, ProxyMetrics, ServiceHealthServers,
+    serve_healthz, serve_metrics, ListenAddresses, MetricsEndpoints, ProxyHealth, ProxyMetrics,
+    ServiceHealthServers,
 };
 use kp_config::{KubeProxyConfiguration, ProxyMode};
 use kp_conntrack::{ConntrackCleaner, ConntrackMetrics};
@@ -25,8 +26,9 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// The agent of a proxy in `mode`; call inside the runtime.
-    pub fn new(mode: ProxyMode) -> Self {
+    /// The agent of a proxy in `mode` with `config`; call inside the
+    /// runtime.
+    pub fn new(config: &KubeProxyConfiguration, mode: ProxyMode) -> anyhow::Result<Self> {
         let metrics = ProxyMetrics::new(mode.as_str());
         if mode == ProxyMode::Iptables {
             metrics.count_nfacct(
@@ -37,11 +39,15 @@ impl Agent {
         }
         let conntrack = ConntrackMetrics::new();
         conntrack.register(&mut metrics.registry());
-        Self {
+        let health_checks = ServiceHealthServers::listening_on(
+            tokio::runtime::Handle::current(),
+            health_check_addresses(config)?,
+        );
+        Ok(Self {
             metrics,
-            health_checks: ServiceHealthServers::new(tokio::runtime::Handle::current()),
+            health_checks,
             conntrack,
-        }
+        })
     }
 
     /// `proxier` with the agent's observers attached.
@@ -93,5 +99,51 @@ impl Agent {
     /// Closes the health-check node ports.
     pub fn stop(&self) {
         self.health_checks.stop_all();
+    }
+}
+
+/// Where health-check node ports listen: the node-port addresses, resolved
+/// against the host's addresses when a sync needs a new server. When the
+/// host's addresses cannot be read, every address, so that load balancers
+/// keep getting answers.
+fn health_check_addresses(config: &KubeProxyConfiguration) -> anyhow::Result<ListenAddresses> {
+    let node_ports = crate::modes::node_port_addresses(config)?;
+    Ok(Arc::new(move |family, node| {
+        let local = match kp_iptables::local_addresses() {
+            Ok(local) => local,
+            Err(error) => {
+                tracing::warn!(%error, "Cannot read the node's addresses; health-check node ports listen on every address");
+                return None;
+            }
+        };
+        node_ports.resolve(family, node, &local)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kp_model::{IpFamily, NodeInfo};
+
+    use super::*;
+
+    #[test]
+    fn health_check_ports_listen_on_the_selected_node_port_addresses() {
+        let node = NodeInfo::default();
+        let everywhere = health_check_addresses(&KubeProxyConfiguration::default()).unwrap();
+        assert_eq!(everywhere(IpFamily::V4, &node), None);
+
+        let config = KubeProxyConfiguration {
+            node_port_addresses: Some(vec!["127.0.0.0/8".to_owned()]),
+            ..KubeProxyConfiguration::default()
+        };
+        let loopback = health_check_addresses(&config).unwrap();
+        let selected = loopback(IpFamily::V4, &node).unwrap();
+        assert!(
+            selected.contains(&"127.0.0.1".parse().unwrap()),
+            "{selected:?}"
+        );
+        assert!(selected.iter().all(|ip| ip.is_loopback()), "{selected:?}");
     }
 }

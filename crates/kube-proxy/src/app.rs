@@ -216,7 +216,7 @@ async fn serve(
     }
     // Each failure is logged by name; none stops the proxy.
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
-    let agent = Agent::new(mode);
+    let agent = Agent::new(config, mode)?;
     let proxiers = build_proxiers(config, mode, node_name, false)?
         .into_iter()
         .map(|proxier| Arc::new(agent.observe(proxier)))

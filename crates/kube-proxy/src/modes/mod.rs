@@ -2,6 +2,8 @@
 
 mod iptables;
 
+pub use iptables::node_port_addresses;
+
 use kp_config::{KubeProxyConfiguration, ProxyMode};
 use kp_model::{IpFamily, NodeInfo};
 use kp_sync::Backend;
