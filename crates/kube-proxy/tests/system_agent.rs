@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::builders::{self, endpoint_slice, service};
 use kp_testkit::files::{manifest, write_atomically};
 use kp_testkit::http::{self, HttpReply};
 use kp_testkit::netns::{require_root, wait_until, Netns};
@@ -249,4 +249,24 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
             >= 2.0
     );
     assert_eq!(sample(&changes, programmed), Some(1.0), "{changes}");
+
+    // Profiling is off: no pprof endpoint, as upstream.
+    assert_eq!(get(&node, 10249, "/debug/pprof/").unwrap().code, 404);
+
+    // The cluster autoscaler is about to delete the node: load balancers
+    // must stop sending to it (/healthz 503), but the proxy is alive.
+    let leaving = builders::node("node-1", |n| {
+        n.internal_ip("192.168.99.2")
+            .taint("ToBeDeletedByClusterAutoscaler", "NoSchedule")
+    });
+    fs::write(dir.path().join("node.json"), manifest(&leaving)).unwrap();
+    let ineligible = wait_until(Duration::from_secs(10), || {
+        get(&node, 10256, "/healthz").is_ok_and(|a| a.code == 503)
+    });
+    assert!(ineligible, "/healthz answers 503 for a node being deleted");
+    let healthz = get(&node, 10256, "/healthz").unwrap();
+    assert_eq!(json(&healthz)["nodeEligible"], false);
+    assert_eq!(get(&node, 10256, "/livez").unwrap().code, 200);
+    let metrics = get(&node, 10249, "/metrics").unwrap().body;
+    assert!(sample(&metrics, "kubeproxy_proxy_healthz_total{code=\"503\"}").unwrap() >= 1.0);
 }
