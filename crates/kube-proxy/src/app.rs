@@ -216,6 +216,7 @@ async fn serve(
     }
     // Each failure is logged by name; none stops the proxy.
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
+    modes::remove_leftovers(mode);
     let agent = Agent::new(config, mode)?;
     let proxiers = build_proxiers(config, mode, node_name, false)?
         .into_iter()

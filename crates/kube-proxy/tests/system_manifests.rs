@@ -16,7 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use kp_testkit::files::write_atomically;
-use kp_testkit::netns::{connect, hits_until_all, require_root, wait_until, Netns, Topology};
+use kp_testkit::netns::{
+    connect, hits_until_all, require_root, require_tool, wait_until, Netns, Topology,
+};
 
 const SERVICE: &str = "apiVersion: v1
 kind: Service
@@ -68,6 +70,7 @@ fn backends_of(from: &Netns, addr: SocketAddr, expected: &[&str]) -> BTreeSet<St
 #[test]
 fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     require_root();
+    require_tool("nft");
     let cluster = Topology::builder()
         .pod("ep1", |p| p.tcp(8080))
         .pod("ep2", |p| p.tcp(8080))
@@ -86,6 +89,9 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     .unwrap();
 
     let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
+    // What upstream's nftables mode would have left, and a table of others.
+    nft_leftovers(node);
+    node.exec_ok("nft", &["add", "table", "inet", "other"]);
     let mut proxy = node.spawn(
         env!("CARGO_BIN_EXE_kube-proxy"),
         &[
@@ -102,6 +108,12 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     let cluster_ip = at("10.96.0.41:80");
     let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
     assert!(up, "the proxy programmed the ClusterIP within 15 s");
+    let tables = nft_tables(node);
+    assert!(
+        !tables.iter().any(|t| t.ends_with(" kube-proxy"))
+            && tables.contains(&"table inet other".to_owned()),
+        "the nftables mode's tables are gone at start, others stay: {tables:?}"
+    );
     let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
     assert_eq!(
         backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]),
@@ -148,8 +160,10 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
         "rules stay"
     );
 
-    // --cleanup removes every KUBE- service chain.
+    // --cleanup removes every KUBE- service chain, and the nftables mode's
+    // tables.
     assert!(node.iptables_chains("nat", "KUBE-SVC-") > 0);
+    nft_leftovers(node);
     let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
     assert!(
         out.status.success(),
@@ -161,4 +175,23 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
         0,
         "--cleanup leaves no KUBE-SVC chain"
     );
+    let tables = nft_tables(node);
+    assert!(
+        !tables.iter().any(|t| t.ends_with(" kube-proxy"))
+            && tables.contains(&"table inet other".to_owned()),
+        "--cleanup removes the nftables mode's tables only: {tables:?}"
+    );
+}
+
+/// The tables upstream's nftables mode programs, with a chain each.
+fn nft_leftovers(node: &Netns) {
+    for family in ["ip", "ip6"] {
+        node.exec_ok("nft", &["add", "table", family, "kube-proxy"]);
+        node.exec_ok("nft", &["add", "chain", family, "kube-proxy", "services"]);
+    }
+}
+
+fn nft_tables(node: &Netns) -> Vec<String> {
+    let listing = node.exec_ok("nft", &["list", "tables"]);
+    listing.lines().map(str::to_owned).collect()
 }

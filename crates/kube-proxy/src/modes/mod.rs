@@ -1,6 +1,7 @@
 //! The data-plane modes this build offers, and how each is constructed.
 
 mod iptables;
+mod nftables_leftovers;
 
 pub use iptables::node_port_addresses;
 
@@ -60,7 +61,30 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
         configured = mode.as_str(),
         "Removing the rules of every mode this build has"
     );
-    iptables::cleanup()
+    let iptables = iptables::cleanup();
+    let nftables = nftables_leftovers::remove();
+    if let Ok(tables) = &nftables {
+        tracing::info!(tables = ?tables, "Removed nftables tables");
+    }
+    iptables?;
+    nftables?;
+    Ok(())
+}
+
+/// Removes, at start, what the modes other than `mode` left behind that
+/// would act on the same traffic: for the iptables mode, the tables of the
+/// nftables mode. A failure is logged; it does not stop the proxy.
+pub fn remove_leftovers(mode: ProxyMode) {
+    if mode != ProxyMode::Iptables {
+        return;
+    }
+    match nftables_leftovers::remove() {
+        Ok(tables) if tables.is_empty() => {}
+        Ok(tables) => tracing::info!(tables = ?tables, "Removed the nftables mode's tables"),
+        Err(error) => {
+            tracing::warn!(error = %kp_sync::error_chain(&error), "Cannot remove the nftables mode's tables")
+        }
+    }
 }
 
 fn unavailable(mode: ProxyMode) -> ModeError {
