@@ -17,6 +17,7 @@ on_both_flavors!(
     a_restore_of_thousands_of_chains_keeps_foreign_chains,
     a_rejected_line_of_a_large_restore_is_named_by_its_input_line,
     a_listing_finds_every_jump_rule_a_restore_inserted,
+    a_large_first_restore_on_a_fresh_host_inserts_the_jump_rules,
 );
 
 const CHAINS: usize = 1500;
@@ -104,6 +105,33 @@ fn a_rejected_line_of_a_large_restore_is_named_by_its_input_line(flavor: Iptable
         !save.contains("KUBE-SVC-"),
         "nothing of the input was applied"
     );
+}
+
+/// A first full sync on a fresh host: the nat table holds only the canary
+/// chain, none of its built-in chains exists yet (iptables-nft creates them
+/// on first use), and the restore of thousands of chains inserts the jump
+/// rules into them.
+fn a_large_first_restore_on_a_fresh_host_inserts_the_jump_rules(flavor: IptablesFlavor) {
+    require(flavor);
+    let node = Netns::create("fresh").unwrap();
+    let mut applier = SystemApplier::new(flavor);
+    let nat_jumps: String = JUMP_RULES
+        .iter()
+        .filter(|rule| rule.table == Table::Nat)
+        .map(|rule| format!(":{} - [0:0]\n{}\n", rule.target_chain, rule.insert_line()))
+        .collect();
+    let input = large_input(None).replace("*nat\n", &format!("*nat\n{nat_jumps}"));
+
+    let saved = node.run(|| {
+        applier.ensure_chain(IpFamily::V4, Table::Nat, "KUBE-PROXY-CANARY")?;
+        applier.restore(IpFamily::V4, &input)?;
+        applier.save_table(IpFamily::V4, Table::Nat)
+    });
+
+    let saved = saved.unwrap_or_else(|error| panic!("{error}"));
+    for rule in JUMP_RULES.iter().filter(|rule| rule.table == Table::Nat) {
+        assert!(saved.has_jump(rule), "{}", rule.restore_line());
+    }
 }
 
 fn a_listing_finds_every_jump_rule_a_restore_inserted(flavor: IptablesFlavor) {

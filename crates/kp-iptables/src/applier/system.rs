@@ -272,12 +272,27 @@ fn failed(command: String, output: &Output) -> ApplyError {
 /// table; see [`whole_table_listings`].
 const WHOLE_TABLE_CACHE_MIN_CHAINS: usize = 1000;
 
-/// A `-S` line added to the input: where it goes (byte offset in the
-/// original input) and the 1-based number of the original line it follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Lines added to the input: a `-S` line and the declarations of the
+/// built-in chains the section inserts into, where they go (byte offset in
+/// the original input) and the 1-based number of the original line they
+/// follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Listing {
     offset: usize,
     after_line: usize,
+    builtin_chains: Vec<String>,
+}
+
+/// The nat table's built-in chains. Their policy can only be ACCEPT
+/// (iptables inhibits DROP in nat), so declaring them `ACCEPT` changes
+/// nothing but their policy counters.
+const NAT_BUILTIN_CHAINS: [&str; 4] = ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"];
+
+impl Listing {
+    /// How many lines it adds.
+    fn len(&self) -> usize {
+        1 + self.builtin_chains.len()
+    }
 }
 
 /// Where to add a `-S` command to the restore input of iptables-nft: right
@@ -294,25 +309,40 @@ struct Listing {
 /// only such command without side effects; its output is discarded. It
 /// costs one listing of the table (about 0.8 s at 10,000 Services), so
 /// small restores, e.g. partial syncs, go without it.
+///
+/// With the whole table fetched, iptables-nft no longer creates a missing
+/// built-in chain for a rule inserted into it ("RULE_INSERT failed (No such
+/// file or directory): rule in chain OUTPUT"), as on a fresh host whose nat
+/// table holds only the canary chain. So the nat built-in chains a section
+/// inserts jump rules into are declared right after the `-S`.
 fn whole_table_listings(text: &str) -> Vec<Listing> {
     let mut listings = Vec::new();
-    let mut section: Option<(Listing, usize)> = None;
+    let mut section: Option<(Listing, usize, bool)> = None;
     let mut offset = 0;
     for (index, line) in text.split_inclusive('\n').enumerate() {
         offset += line.len();
         let content = line.trim_end();
-        if content.starts_with('*') {
+        if let Some(table) = content.strip_prefix('*') {
             let listing = Listing {
                 offset,
                 after_line: index + 1,
+                builtin_chains: Vec::new(),
             };
-            section = Some((listing, 0));
+            section = Some((listing, 0, table == "nat"));
         } else if content.starts_with(':') {
-            if let Some((_, chains)) = section.as_mut() {
+            if let Some((_, chains, _)) = section.as_mut() {
                 *chains += 1;
             }
+        } else if let Some(rule) = content.strip_prefix("-I ") {
+            if let Some((listing, _, true)) = section.as_mut() {
+                let chain = rule.split_whitespace().next().unwrap_or_default();
+                let builtin = NAT_BUILTIN_CHAINS.contains(&chain);
+                if builtin && !listing.builtin_chains.iter().any(|c| c == chain) {
+                    listing.builtin_chains.push(chain.to_owned());
+                }
+            }
         } else if content == "COMMIT" {
-            if let Some((listing, chains)) = section.take() {
+            if let Some((listing, chains, _)) = section.take() {
                 if chains >= WHOLE_TABLE_CACHE_MIN_CHAINS {
                     listings.push(listing);
                 }
@@ -322,12 +352,15 @@ fn whole_table_listings(text: &str) -> Vec<Listing> {
     listings
 }
 
-/// Writes `text` with a `-S` line at each of `listings`.
+/// Writes `text` with the lines of each of `listings` added.
 fn write_with_listings(out: &mut impl Write, text: &str, listings: &[Listing]) -> io::Result<()> {
     let mut start = 0;
     for listing in listings {
         out.write_all(&text.as_bytes()[start..listing.offset])?;
         out.write_all(b"-S\n")?;
+        for chain in &listing.builtin_chains {
+            writeln!(out, ":{chain} ACCEPT [0:0]")?;
+        }
         start = listing.offset;
     }
     out.write_all(&text.as_bytes()[start..])
@@ -338,14 +371,14 @@ fn write_with_listings(out: &mut impl Write, text: &str, listings: &[Listing]) -
 fn original_line(sent: usize, listings: &[Listing]) -> Option<usize> {
     let mut added = 0;
     for listing in listings {
-        let sent_listing_line = listing.after_line + added + 1;
-        if sent < sent_listing_line {
+        let first_added = listing.after_line + added + 1;
+        if sent < first_added {
             break;
         }
-        if sent == sent_listing_line {
+        if sent < first_added + listing.len() {
             return None;
         }
-        added += 1;
+        added += listing.len();
     }
     Some(sent - added)
 }
@@ -451,16 +484,57 @@ mod tests {
             Listing {
                 offset: 8,
                 after_line: 1,
+                builtin_chains: Vec::new(),
             },
             Listing {
                 offset: 20,
                 after_line: 3,
+                builtin_chains: vec!["OUTPUT".to_owned()],
             },
         ];
-        let mapped: Vec<_> = (1..=7).map(|sent| original_line(sent, &listings)).collect();
+        let mapped: Vec<_> = (1..=8).map(|sent| original_line(sent, &listings)).collect();
         assert_eq!(
             mapped,
-            [Some(1), None, Some(2), Some(3), None, Some(4), Some(5)]
+            [
+                Some(1),
+                None,
+                Some(2),
+                Some(3),
+                None,
+                None,
+                Some(4),
+                Some(5)
+            ]
         );
+    }
+
+    #[test]
+    fn a_large_nat_section_inserting_jumps_declares_their_builtin_chains() {
+        let mut nat = section("nat", WHOLE_TABLE_CACHE_MIN_CHAINS);
+        let jumps = "-I OUTPUT -j KUBE-C0\n-I PREROUTING -j KUBE-C0\n-I OUTPUT -j KUBE-C1\n";
+        nat.insert_str(nat.len() - "COMMIT\n".len(), jumps);
+        let filter = "*filter\n:KUBE-F - [0:0]\n-I INPUT -j KUBE-F\nCOMMIT\n";
+        let text = format!("{filter}{nat}");
+
+        let listings = whole_table_listings(&text);
+        let mut sent = Vec::new();
+        write_with_listings(&mut sent, &text, &listings).unwrap();
+        let sent = String::from_utf8(sent).unwrap();
+
+        assert!(sent.starts_with(filter), "filter's INPUT is left alone");
+        assert!(sent[filter.len()..].starts_with(
+            "*nat\n-S\n:OUTPUT ACCEPT [0:0]\n:PREROUTING ACCEPT [0:0]\n:KUBE-C0 - [0:0]\n"
+        ));
+        let jump_line = text
+            .lines()
+            .position(|l| l == "-I PREROUTING -j KUBE-C0")
+            .unwrap()
+            + 1;
+        let sent_line = sent
+            .lines()
+            .position(|l| l == "-I PREROUTING -j KUBE-C0")
+            .unwrap()
+            + 1;
+        assert_eq!(original_line(sent_line, &listings), Some(jump_line));
     }
 }
