@@ -112,7 +112,7 @@ impl ServiceHealthServers {
             .get()
             .is_none_or(|health| health.check().healthy);
         let body = serde_json::json!({
-            "service": { "namespace": name.namespace, "name": name.name },
+            "service": { "namespace": &*name.namespace, "name": &*name.name },
             "localEndpoints": local,
             "serviceProxyHealthy": healthy,
         });

@@ -62,10 +62,10 @@ fn state(i: u32, endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
 fn name(i: u32) -> ServicePortName {
     ServicePortName {
         service: NamespacedName {
-            namespace: format!("ns{}", i % 100),
-            name: format!("svc{i}"),
+            namespace: format!("ns{}", i % 100).into(),
+            name: format!("svc{i}").into(),
         },
-        port: "http".to_owned(),
+        port: "http".into(),
         protocol: Protocol::Tcp,
     }
 }

@@ -48,10 +48,10 @@ fn endpoint(n: u32) -> Arc<Endpoint> {
 fn name(i: u32) -> ServicePortName {
     ServicePortName {
         service: NamespacedName {
-            namespace: format!("ns{}", i % 100),
-            name: format!("svc{i}"),
+            namespace: format!("ns{}", i % 100).into(),
+            name: format!("svc{i}").into(),
         },
-        port: "http".to_owned(),
+        port: "http".into(),
         protocol: Protocol::Tcp,
     }
 }

@@ -8,10 +8,10 @@ use kp_model::{NamespacedName, Protocol, ServicePortName};
 fn port(namespace: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         service: NamespacedName {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
+            namespace: namespace.into(),
+            name: name.into(),
         },
-        port: port.to_owned(),
+        port: port.into(),
         protocol,
     }
 }

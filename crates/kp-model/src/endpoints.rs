@@ -28,9 +28,9 @@ pub struct Endpoint {
     /// `nodeName` equals this proxy's node name.
     pub is_local: bool,
     /// `nodeName`, when set.
-    pub node_name: Option<String>,
+    pub node_name: Option<Arc<str>>,
     /// `zone`, when set.
-    pub zone: Option<String>,
+    pub zone: Option<Arc<str>>,
     /// `hints.forZones[].name`; `None` when the endpoint has no zone hints.
     pub zone_hints: Option<BTreeSet<String>>,
     /// `hints.forNodes[].name`; `None` when the endpoint has no node hints.
@@ -49,10 +49,10 @@ pub(crate) type ServiceEndpoints = VecMap<ServicePortName, Vec<Arc<Endpoint>>>;
 pub(crate) struct SliceInfo {
     /// The Service the slice belongs to.
     pub(crate) service: NamespacedName,
-    /// Usable ports, with their numbers.
-    ports: Vec<(ServicePortName, u16)>,
-    /// Usable endpoints; `port` is 0 until merged with a port.
-    endpoints: Vec<Endpoint>,
+    /// Usable ports, each with the slice's usable endpoints on that port.
+    /// The endpoints are the very ones a merge hands out, so a Service's
+    /// endpoints are held once, not once per slice and once merged.
+    ports: Box<[(ServicePortName, Box<[Arc<Endpoint>]>)]>,
 }
 
 /// Merges EndpointSlices into the endpoints of every service port of
@@ -108,16 +108,48 @@ impl SliceInfo {
         }
         let service = service_of(slice)?;
         let ports = parse_ports(slice, &service, &slice_name);
-        let endpoints = slice
+        let mut names = Names::default();
+        let endpoints: Vec<Endpoint> = slice
             .endpoints
             .iter()
-            .filter_map(|endpoint| parse_endpoint(endpoint, family, node_name, &slice_name))
+            .filter_map(|endpoint| {
+                parse_endpoint(endpoint, family, node_name, &slice_name, &mut names)
+            })
             .collect();
-        Some(Self {
-            service,
-            ports,
-            endpoints,
-        })
+        let ports = ports
+            .into_iter()
+            .map(|(port_name, port)| {
+                let with_port = endpoints
+                    .iter()
+                    .map(|endpoint| {
+                        Arc::new(Endpoint {
+                            port,
+                            ..endpoint.clone()
+                        })
+                    })
+                    .collect();
+                (port_name, with_port)
+            })
+            .collect();
+        Some(Self { service, ports })
+    }
+}
+
+/// Node and zone names seen in one slice: its endpoints share one string
+/// per name (a slice's endpoints mostly sit on a few nodes of one zone).
+#[derive(Default)]
+struct Names {
+    seen: Vec<Arc<str>>,
+}
+
+impl Names {
+    fn shared(&mut self, name: &str) -> Arc<str> {
+        if let Some(known) = self.seen.iter().find(|known| ***known == *name) {
+            return Arc::clone(known);
+        }
+        let new: Arc<str> = Arc::from(name);
+        self.seen.push(Arc::clone(&new));
+        new
     }
 }
 
@@ -141,24 +173,20 @@ pub(crate) fn service_of(slice: &EndpointSlice) -> Option<NamespacedName> {
 /// Merges the slices of one Service (in the order given, which callers keep
 /// stable by sorting by slice name).
 pub(crate) fn merge_slices<'a>(slices: impl Iterator<Item = &'a SliceInfo>) -> ServiceEndpoints {
-    let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Arc<Endpoint>>> =
+    let mut by_port: BTreeMap<&ServicePortName, BTreeMap<(IpAddr, u16), &Arc<Endpoint>>> =
         BTreeMap::new();
     for slice in slices {
-        for (port_name, port) in &slice.ports {
-            let merged = by_port.entry(port_name.clone()).or_default();
-            for endpoint in &slice.endpoints {
-                let key = (endpoint.ip, *port);
+        for (port_name, endpoints) in slice.ports.iter() {
+            let merged = by_port.entry(port_name).or_default();
+            for endpoint in endpoints.iter() {
+                let key = (endpoint.ip, endpoint.port);
                 // The same address may sit in two slices while it moves between
                 // them; keep the first copy, unless a later one is local.
                 let replace = merged
                     .get(&key)
                     .is_none_or(|kept| endpoint.is_local && !kept.is_local);
                 if replace {
-                    let with_port = Endpoint {
-                        port: *port,
-                        ..endpoint.clone()
-                    };
-                    merged.insert(key, Arc::new(with_port));
+                    merged.insert(key, endpoint);
                 }
             }
         }
@@ -166,7 +194,10 @@ pub(crate) fn merge_slices<'a>(slices: impl Iterator<Item = &'a SliceInfo>) -> S
     by_port
         .into_iter()
         .filter(|(_, endpoints)| !endpoints.is_empty())
-        .map(|(name, endpoints)| (name, endpoints.into_values().collect()))
+        .map(|(name, endpoints)| {
+            let endpoints: Vec<Arc<Endpoint>> = endpoints.into_values().map(Arc::clone).collect();
+            (name.clone(), endpoints)
+        })
         .collect()
 }
 
@@ -182,7 +213,7 @@ fn parse_ports(
 ) -> Vec<(ServicePortName, u16)> {
     let mut ports = Vec::new();
     for port in slice.ports.iter().flatten() {
-        let name = port.name.clone().unwrap_or_default();
+        let name = port.name.as_deref().unwrap_or_default();
         let protocol = match port.protocol.as_deref() {
             None | Some("") => Some(Protocol::Tcp),
             Some(text) => Protocol::from_api(text),
@@ -212,6 +243,7 @@ fn parse_endpoint(
     family: IpFamily,
     node_name: &str,
     slice_name: &NamespacedName,
+    names: &mut Names,
 ) -> Option<Endpoint> {
     // Like upstream, only the first address is used: the API defines the
     // others as interchangeable and no controller sets more than one.
@@ -237,8 +269,8 @@ fn parse_endpoint(
         serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         is_local: !node_name.is_empty() && endpoint.node_name.as_deref() == Some(node_name),
-        node_name: endpoint.node_name.clone(),
-        zone: endpoint.zone.clone(),
+        node_name: endpoint.node_name.as_deref().map(|name| names.shared(name)),
+        zone: endpoint.zone.as_deref().map(|zone| names.shared(zone)),
         zone_hints: hint_names(
             hints
                 .and_then(|h| h.for_zones.as_ref())

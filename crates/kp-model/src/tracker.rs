@@ -72,7 +72,7 @@ pub struct EndpointsChangeTracker {
     family: IpFamily,
     node_name: String,
     /// The slices now, per Service, by slice name.
-    slices: HashMap<NamespacedName, VecMap<String, SliceInfo>>,
+    slices: HashMap<NamespacedName, VecMap<Arc<str>, SliceInfo>>,
     /// Which Service each recorded slice (`namespace/name`) belongs to.
     slice_owners: HashMap<NamespacedName, NamespacedName>,
     /// Each Service's merged endpoints as of the last drain.

@@ -61,6 +61,11 @@ impl<K: Ord, V> VecMap<K, V> {
         match self.position(&key) {
             Ok(index) => Some(std::mem::replace(&mut self.entries[index].1, value)),
             Err(index) => {
+                // Grow by one: these maps hold one or two entries, and
+                // doubling would leave room for four.
+                if self.entries.len() == self.entries.capacity() && self.entries.len() < 8 {
+                    self.entries.reserve_exact(1);
+                }
                 self.entries.insert(index, (key, value));
                 None
             }

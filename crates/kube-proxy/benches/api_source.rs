@@ -169,8 +169,8 @@ async fn latencies(size: usize, min_sync: Duration, kubeconfig: &Path) -> Vec<f6
         tokio::time::sleep_until(at.into()).await;
         let i = (k * 37) % size;
         let name = NamespacedName {
-            namespace: namespace(i),
-            name: format!("svc{i}"),
+            namespace: namespace(i).into(),
+            name: format!("svc{i}").into(),
         };
         let sent = Instant::now();
         server.update(slice(i, &ip(0x0afa_0000, k)));

@@ -38,10 +38,10 @@ pub fn service(namespace: &str, name: &str, cluster_ip: &str, port: u16) -> Serv
     ServiceBuilder {
         name: ServicePortName {
             service: NamespacedName {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
+                namespace: namespace.into(),
+                name: name.into(),
             },
-            port: format!("p{port}"),
+            port: format!("p{port}").into(),
             protocol: Protocol::Tcp,
         },
         port: ServicePort {
@@ -70,7 +70,7 @@ impl ServiceBuilder {
         self
     }
     pub fn unnamed_port(mut self) -> Self {
-        self.name.port = String::new();
+        self.name.port = "".into();
         self
     }
     pub fn node_port(mut self, port: u16) -> Self {
@@ -140,7 +140,7 @@ impl ServiceBuilder {
             serving: true,
             terminating,
             is_local: local,
-            node_name: Some(node.to_owned()),
+            node_name: Some(node.into()),
             zone: None,
             zone_hints: None,
             node_hints: None,
@@ -278,7 +278,7 @@ pub fn ruleset(rendered: &Rendered) -> Ruleset {
 
 pub fn namespaced(namespace: &str, name: &str) -> NamespacedName {
     NamespacedName {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
+        namespace: namespace.into(),
+        name: name.into(),
     }
 }
