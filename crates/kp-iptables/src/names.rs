@@ -79,15 +79,18 @@ pub struct CachedService {
     /// `ns/name:port` (upstream `ServicePortName.String()`).
     pub name: String,
     hash: [u8; 16],
-    endpoints: HashMap<SocketAddr, CachedEndpoint>,
+    /// Sorted by address. A service port has a handful of endpoints; a
+    /// vector of exactly those is a fraction of a hash table's size.
+    endpoints: Vec<CachedEndpoint>,
     seen: u64,
 }
 
 /// Cached names of one endpoint of one service port.
 #[derive(Debug)]
 pub struct CachedEndpoint {
-    /// `ip:port` (`[ip]:port` for IPv6), as written in `--to-destination`.
-    pub address: String,
+    /// `ip:port`; its `Display` (`[ip]:port` for IPv6) is what
+    /// `--to-destination` and the comments write.
+    pub address: SocketAddr,
     /// The `KUBE-SEP-` chain.
     pub chain: ChainName,
     seen: u64,
@@ -173,10 +176,17 @@ impl ChainNameCache {
             let CachedService {
                 name, endpoints, ..
             } = &mut *entry;
-            endpoints
-                .entry(address)
-                .or_insert_with(|| CachedEndpoint::new(name, protocol, address))
-                .seen = generation;
+            let index = match endpoints.binary_search_by(|ep| ep.address.cmp(&address)) {
+                Ok(index) => index,
+                Err(index) => {
+                    if endpoints.len() == endpoints.capacity() {
+                        endpoints.reserve_exact(1);
+                    }
+                    endpoints.insert(index, CachedEndpoint::new(name, protocol, address));
+                    index
+                }
+            };
+            endpoints[index].seen = generation;
         }
         Some(entry)
     }
@@ -185,7 +195,7 @@ impl ChainNameCache {
     pub fn prune(&mut self) {
         let generation = self.generation;
         self.services.retain(|_, service| {
-            service.endpoints.retain(|_, ep| ep.seen == generation);
+            service.endpoints.retain(|ep| ep.seen == generation);
             service.seen == generation
         });
     }
@@ -211,7 +221,7 @@ impl CachedService {
         CachedService {
             name,
             hash,
-            endpoints: HashMap::new(),
+            endpoints: Vec::new(),
             seen: 0,
         }
     }
@@ -227,17 +237,21 @@ impl CachedService {
 
     /// The cached names of one endpoint, when it was touched.
     pub fn endpoint(&self, address: &SocketAddr) -> Option<&CachedEndpoint> {
-        self.endpoints.get(address)
+        let index = self
+            .endpoints
+            .binary_search_by(|ep| ep.address.cmp(address))
+            .ok()?;
+        self.endpoints.get(index)
     }
 }
 
 impl CachedEndpoint {
     fn new(service_port_name: &str, protocol: &str, address: SocketAddr) -> Self {
-        let address = address.to_string();
+        let text = address.to_string();
         let hash = hash16(&[
             service_port_name.as_bytes(),
             protocol.as_bytes(),
-            address.as_bytes(),
+            text.as_bytes(),
         ]);
         CachedEndpoint {
             address,

@@ -517,7 +517,7 @@ fn write_endpoint_chains(
 struct NameComment<'a>(bool, &'a str);
 
 /// `-m comment --comment "ns/svc:port -> ip:port" ` unless comments are left out.
-struct ArrowComment<'a>(bool, &'a str, &'a str);
+struct ArrowComment<'a>(bool, &'a str, &'a SocketAddr);
 
 impl fmt::Display for NameComment<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
