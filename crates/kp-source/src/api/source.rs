@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -53,17 +53,28 @@ struct Delivered {
     synced: bool,
 }
 
-/// Namespace and name.
-type Key = (String, String);
+/// `namespace/name` (`/name` for a cluster-scoped object) in one string:
+/// neither part can contain a slash. One allocation per object, where a
+/// pair of strings took two.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key(Box<str>);
 
 /// What identifies the content of a delivered object.
 #[derive(PartialEq)]
 struct Seen {
-    resource_version: Option<String>,
+    resource_version: Option<Version>,
     /// A hash of the object without its bookkeeping metadata
     /// (resourceVersion, managedFields); `None` if it could not be
     /// serialized, which makes it differ from everything.
     content: Option<u64>,
+}
+
+/// A resourceVersion, compared as the opaque string it is; the decimal
+/// numbers etcd-backed API servers hand out are kept without a string.
+#[derive(PartialEq)]
+enum Version {
+    Number(u64),
+    Text(Box<str>),
 }
 
 impl Followed for Service {
@@ -245,12 +256,10 @@ impl Seen {
     fn of<K: Followed>(object: &mut K) -> Self {
         let resource_version = object.meta_mut().resource_version.take();
         let content = content_hash(object);
-        object
-            .meta_mut()
-            .resource_version
-            .clone_from(&resource_version);
+        let version = resource_version.as_deref().map(Version::of);
+        object.meta_mut().resource_version = resource_version;
         Self {
-            resource_version,
+            resource_version: version,
             content,
         }
     }
@@ -261,6 +270,27 @@ impl Seen {
         let same_version =
             self.resource_version.is_some() && self.resource_version == new.resource_version;
         same_version || (self.content.is_some() && self.content == new.content)
+    }
+}
+
+impl Version {
+    fn of(text: &str) -> Self {
+        match text.parse::<u64>() {
+            // Only the canonical spelling: "007" must stay unequal to "7".
+            Ok(number) if number.to_string() == text => Self::Number(number),
+            _ => Self::Text(text.into()),
+        }
+    }
+}
+
+impl Key {
+    fn new(namespace: &str, name: &str) -> Self {
+        Self(format!("{namespace}/{name}").into_boxed_str())
+    }
+
+    /// Namespace (empty for a cluster-scoped object) and name.
+    fn parts(&self) -> (&str, &str) {
+        self.0.split_once('/').unwrap_or(("", &self.0))
     }
 }
 
@@ -286,13 +316,19 @@ fn content_hash<K: Serialize>(object: &K) -> Option<u64> {
 fn tombstone<K: Followed>(key: &Key) -> K {
     let mut object = K::default();
     let meta = object.meta_mut();
-    meta.namespace = Some(key.0.clone()).filter(|namespace| !namespace.is_empty());
-    meta.name = Some(key.1.clone());
+    let (namespace, name) = key.parts();
+    meta.namespace = Some(namespace.to_owned()).filter(|namespace| !namespace.is_empty());
+    meta.name = Some(name.to_owned());
     object
 }
 
 fn key_of<K: Resource>(object: &K) -> Key {
-    (object.namespace().unwrap_or_default(), object.name_any())
+    let meta = object.meta();
+    let name = match &meta.name {
+        Some(name) => name.as_str(),
+        None => meta.generate_name.as_deref().unwrap_or_default(),
+    };
+    Key::new(meta.namespace.as_deref().unwrap_or_default(), name)
 }
 
 #[cfg(test)]

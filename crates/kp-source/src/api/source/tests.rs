@@ -22,7 +22,8 @@ impl Lines {
             ObjectEvent::Apply(object) => ("apply", object),
             ObjectEvent::Delete(object) => ("delete", object),
         };
-        let (namespace, name) = key_of(object);
+        let key = key_of(object);
+        let (namespace, name) = key.parts();
         self.0
             .lock()
             .unwrap()
