@@ -5,29 +5,9 @@ use std::time::{Duration, SystemTime};
 use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
 use kp_sync::testing::{fake_proxier, FakeBackend, IMMEDIATE};
 use kp_testkit::builders::service;
+use kp_testkit::upstream;
 
 use super::*;
-
-/// Upstream's metric names for the iptables mode (`pkg/proxy/metrics`).
-const UPSTREAM_IPTABLES: &[&str] = &[
-    "kubeproxy_sync_proxy_rules_duration_seconds",
-    "kubeproxy_sync_full_proxy_rules_duration_seconds",
-    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-    "kubeproxy_network_programming_duration_seconds",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-    "kubeproxy_sync_proxy_rules_service_changes_pending",
-    "kubeproxy_sync_proxy_rules_service_changes_total",
-    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-    "kubeproxy_sync_proxy_rules_iptables_total",
-    "kubeproxy_sync_proxy_rules_iptables_last",
-    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-    "kubeproxy_proxy_healthz_total",
-    "kubeproxy_proxy_livez_total",
-];
 
 /// A proxier whose syncs `metrics` observe, with its sources synced.
 fn proxier(metrics: &ProxyMetrics) -> (Arc<Proxier>, FakeBackend) {
@@ -78,6 +58,7 @@ fn iptables_sync(full: bool) -> SyncStats {
 #[test]
 fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
     let metrics = ProxyMetrics::new("iptables");
+    metrics.count_nfacct(Box::new(FakeNfacct), "invalid", "localhost");
     let (proxier, _) = proxier(&metrics);
     proxier.sync_once().unwrap();
     metrics.on_sync_finished(IpFamily::V4, &iptables_sync(true));
@@ -86,9 +67,10 @@ fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
 
     let text = metrics.render();
 
-    let missing: Vec<_> = UPSTREAM_IPTABLES
+    // The conntrack reconciler registers its own metrics.
+    let missing: Vec<_> = upstream::IPTABLES_METRICS
         .iter()
-        .filter(|name| !declared(&text, name))
+        .filter(|name| !name.starts_with("kubeproxy_conntrack_") && !declared(&text, name))
         .collect();
 
     assert!(missing.is_empty(), "missing: {missing:?}\n{text}");

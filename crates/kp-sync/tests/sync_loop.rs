@@ -13,8 +13,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
     IpFamily, ObjectEvent, ProxyEventHandler, ResourceKind, ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
 };
-use kp_sync::testing::RecordedSync;
-use kp_sync::{SyncError, SyncObserver, SyncOutcome, SyncRequest};
+use kp_sync::testing::{FakeBackend, RecordedSync};
+use kp_sync::{Proxier, SyncError, SyncObserver, SyncOutcome, SyncRequest};
 use kp_testkit::builders::node;
 use kp_testkit::plan::{NODE_IP, NODE_NAME, NODE_ZONE, OTHER_NODE_NAME};
 use pretty_assertions::assert_eq;
@@ -153,8 +153,8 @@ fn a_backend_failure_makes_the_next_sync_full() {
 /// The endpoints of web at `ips`, written by a change made `ago` before now.
 fn web_endpoints_changed(ips: &[&str], ago: Duration) -> EndpointSlice {
     let trigger = SystemTime::now() - ago;
-    let seconds = trigger.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let text = k8s_openapi::jiff::Timestamp::from_nanosecond((seconds * 1e9) as i128)
+    let nanos = trigger.duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let text = k8s_openapi::jiff::Timestamp::from_nanosecond(nanos as i128)
         .unwrap()
         .to_string();
     let mut slice = web_endpoints(ips);
@@ -163,20 +163,24 @@ fn web_endpoints_changed(ips: &[&str], ago: Duration) -> EndpointSlice {
     slice
 }
 
-#[test]
-fn a_sync_reports_the_network_programming_latency_of_each_change_it_applied() {
-    let (proxier, _backend) = proxier(IpFamily::V4);
+/// A proxier started a minute ago, after its first sync, and its backend;
+/// web's endpoints change `ago` before now.
+fn proxier_with_web_changed(ago: Duration) -> (Proxier, FakeBackend) {
+    let (proxier, backend) = proxier(IpFamily::V4);
     let proxier = proxier.measuring_changes_since(SystemTime::now() - Duration::from_secs(60));
     sources_synced(&proxier);
     proxier.sync_once().unwrap();
     apply(
         &proxier,
         &[web()],
-        &[web_endpoints_changed(
-            &["10.244.1.3"],
-            Duration::from_secs(3),
-        )],
+        &[web_endpoints_changed(&["10.244.1.3"], ago)],
     );
+    (proxier, backend)
+}
+
+#[test]
+fn a_sync_reports_the_network_programming_latency_of_each_change_it_applied() {
+    let (proxier, _backend) = proxier_with_web_changed(Duration::from_secs(3));
 
     proxier.sync_once().unwrap();
 
@@ -204,18 +208,7 @@ fn changes_made_before_the_proxy_started_report_no_latency() {
 
 #[test]
 fn the_latency_of_a_change_whose_sync_failed_is_reported_by_the_retry() {
-    let (proxier, backend) = proxier(IpFamily::V4);
-    let proxier = proxier.measuring_changes_since(SystemTime::now() - Duration::from_secs(60));
-    sources_synced(&proxier);
-    proxier.sync_once().unwrap();
-    apply(
-        &proxier,
-        &[web()],
-        &[web_endpoints_changed(
-            &["10.244.1.3"],
-            Duration::from_secs(1),
-        )],
-    );
+    let (proxier, backend) = proxier_with_web_changed(Duration::from_secs(1));
     backend.fail_next(1);
 
     proxier.sync_once().unwrap_err();

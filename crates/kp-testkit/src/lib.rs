@@ -6,6 +6,7 @@
 //! - [`netns`]: the network-namespace harness of kernel and system tests:
 //!   a node, pods with echo servers and outside clients, and probes.
 //! - [`files`]: manifest files for `--manifests`; [`http`]: a plain `GET`.
+//! - [`upstream`]: names upstream kube-proxy shows operators (metrics).
 //!
 //! This crate depends on no other crate of the workspace, so every crate can
 //! use it as a dev-dependency without a cycle.
@@ -16,6 +17,7 @@ pub mod files;
 pub mod http;
 pub mod netns;
 pub mod plan;
+pub mod upstream;
 
 pub use builders::{
     endpoint_slice, node, service, EndpointBuilder, EndpointSliceBuilder, NodeBuilder,

@@ -18,6 +18,7 @@ use kp_testkit::builders::{self, endpoint_slice, service};
 use kp_testkit::files::{manifest, write_atomically};
 use kp_testkit::http::{self, HttpReply};
 use kp_testkit::netns::{require_root, wait_until, Netns};
+use kp_testkit::upstream;
 
 fn lb_service() -> Service {
     service("demo", "lb", |s| {
@@ -56,32 +57,6 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     let line = metrics.lines().find(|l| l.starts_with(series))?;
     line[series.len()..].trim().parse().ok()
 }
-
-/// Upstream's metrics of the iptables mode (`pkg/proxy/metrics`), with the
-/// suffix a sample of each carries.
-const UPSTREAM_IPTABLES_METRICS: &[&str] = &[
-    "kubeproxy_sync_proxy_rules_duration_seconds_count",
-    "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
-    "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
-    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-    "kubeproxy_network_programming_duration_seconds_count",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-    "kubeproxy_sync_proxy_rules_service_changes_pending",
-    "kubeproxy_sync_proxy_rules_service_changes_total",
-    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-    "kubeproxy_sync_proxy_rules_iptables_total",
-    "kubeproxy_sync_proxy_rules_iptables_last",
-    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-    "kubeproxy_proxy_healthz_total",
-    "kubeproxy_proxy_livez_total",
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count",
-    "kubeproxy_conntrack_reconciler_deleted_entries_total",
-    "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
-    "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
-];
 
 /// The annotation the EndpointSlice controller sets, stamped now.
 fn changed_now(mut slice: EndpointSlice) -> EndpointSlice {
@@ -200,7 +175,7 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
         let _ = std::net::TcpStream::connect_timeout(&address, Duration::from_millis(300));
     });
     let metrics = get(&node, 10249, "/metrics").unwrap().body;
-    let missing: Vec<_> = UPSTREAM_IPTABLES_METRICS
+    let missing: Vec<_> = upstream::IPTABLES_METRICS
         .iter()
         .filter(|name| !metrics.lines().any(|l| l.starts_with(*name)))
         .collect();
