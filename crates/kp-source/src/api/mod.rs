@@ -25,6 +25,7 @@
 //! The client speaks JSON; kube-rs has no protobuf support.
 
 mod client;
+mod compact;
 mod event;
 mod source;
 

@@ -16,6 +16,8 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::compact::Compact;
+
 /// The label selector upstream lists Services and EndpointSlices with: no
 /// `service.kubernetes.io/service-proxy-name` (the Service belongs to
 /// another proxy) and no `service.kubernetes.io/headless`.
@@ -163,8 +165,11 @@ impl ApiSource {
 
 /// Follows one kind forever: each watcher event is turned into handler
 /// calls, each error is logged and retried after a backoff.
+///
+/// The watcher holds the objects as [`Compact`] text; each becomes a typed
+/// object again only when it is delivered.
 async fn follow<K: Followed>(
-    api: Api<K>,
+    api: Api<Compact<K>>,
     config: watcher::Config,
     handler: Arc<dyn ProxyEventHandler>,
 ) {
@@ -172,7 +177,11 @@ async fn follow<K: Followed>(
     let mut events = watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         match event {
-            Ok(event) => delivered.handle(event, handler.as_ref()),
+            Ok(event) => {
+                if let Some(event) = typed(event) {
+                    delivered.handle(event, handler.as_ref());
+                }
+            }
             Err(error) => {
                 let cause = std::error::Error::source(&error)
                     .map(ToString::to_string)
@@ -186,6 +195,26 @@ async fn follow<K: Followed>(
             }
         }
     }
+}
+
+/// The watcher event with its object typed again; `None` (logged) for an
+/// object that does not parse back, which cannot happen for text written
+/// from a parsed object.
+fn typed<K: Followed>(event: watcher::Event<Compact<K>>) -> Option<watcher::Event<K>> {
+    let object = |compact: Compact<K>| match compact.object() {
+        Ok(object) => Some(object),
+        Err(error) => {
+            tracing::warn!(kind = ?K::KIND, %error, "skipping an object that does not parse back");
+            None
+        }
+    };
+    Some(match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(compact) => watcher::Event::InitApply(object(compact)?),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::Apply(compact) => watcher::Event::Apply(object(compact)?),
+        watcher::Event::Delete(compact) => watcher::Event::Delete(object(compact)?),
+    })
 }
 
 impl Delivered {
