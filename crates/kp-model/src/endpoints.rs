@@ -52,8 +52,11 @@ pub(crate) struct SliceInfo {
     /// Usable ports, each with the slice's usable endpoints on that port.
     /// The endpoints are the very ones a merge hands out, so a Service's
     /// endpoints are held once, not once per slice and once merged.
-    ports: Box<[(ServicePortName, Box<[Arc<Endpoint>]>)]>,
+    ports: Box<[(ServicePortName, SliceEndpoints)]>,
 }
+
+/// The endpoints of one slice on one of its ports.
+type SliceEndpoints = Box<[Arc<Endpoint>]>;
 
 /// Merges EndpointSlices into the endpoints of every service port of
 /// `family`, as the [`crate::EndpointsChangeTracker`] does: slices of another
