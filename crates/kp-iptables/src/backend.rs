@@ -419,7 +419,7 @@ impl Backend for IptablesBackend {
             None => None,
         };
         let jumps = saved.as_ref().map(Self::missing_jumps).unwrap_or_default();
-        let rendered = self.renderer.render(&RenderInput {
+        let mut rendered = self.renderer.render(&RenderInput {
             family: self.family,
             full,
             service_ports: request.service_ports,
@@ -429,6 +429,11 @@ impl Backend for IptablesBackend {
             existing_nat_chains: existing.as_deref(),
             jumps: &jumps,
         });
+        // Only the render needs the listing and the active chains (each
+        // some 40,000 names at 10,000 Services); they need not live
+        // through the restore.
+        drop((saved, existing));
+        drop(std::mem::take(&mut rendered.active_nat_chains));
         let text = if full {
             self.written.clear();
             Cow::Borrowed(rendered.restore.as_str())
