@@ -316,20 +316,23 @@ impl Buffers {
     /// The restore text. The nat rules, the largest part by far, become
     /// the text: the rest is put in front of them in place rather than
     /// everything being copied into a new string, which at 10,000 Services
-    /// would briefly hold the whole ruleset twice.
+    /// would briefly hold the whole ruleset twice. Each part is inserted
+    /// and freed on its own (a few moves of the text, milliseconds), so no
+    /// copy of the head (1.6 MB) is made either.
     fn join(&mut self) -> String {
-        let head = [
-            "*filter\n",
-            &self.filter_chains.text,
-            &self.filter_rules.text,
-            "COMMIT\n*nat\n",
-            &self.nat_chains.text,
-        ];
-        let mut prefix = String::with_capacity(head.iter().map(|part| part.len()).sum());
-        head.iter().for_each(|part| prefix.push_str(part));
+        let head_len = "*filter\n".len()
+            + self.filter_chains.text.len()
+            + self.filter_rules.text.len()
+            + "COMMIT\n*nat\n".len()
+            + self.nat_chains.text.len();
         let mut text = std::mem::take(&mut self.nat_rules.text);
-        text.reserve_exact(prefix.len() + "COMMIT\n".len());
-        text.insert_str(0, &prefix);
+        text.reserve_exact(head_len + "COMMIT\n".len());
+        // Last part of the head first: each goes in front of the previous.
+        text.insert_str(0, &std::mem::take(&mut self.nat_chains.text));
+        text.insert_str(0, "COMMIT\n*nat\n");
+        text.insert_str(0, &std::mem::take(&mut self.filter_rules.text));
+        text.insert_str(0, &std::mem::take(&mut self.filter_chains.text));
+        text.insert_str(0, "*filter\n");
         text.push_str("COMMIT\n");
         text
     }
