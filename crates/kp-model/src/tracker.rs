@@ -142,6 +142,13 @@ impl ServiceChangeTracker {
             return update;
         }
         let service_ports = Arc::make_mut(&mut self.service_ports);
+        // The first drain fills the maps from nothing: room for every
+        // pending Service up front, rather than growing by doubling and
+        // briefly holding both tables each time.
+        if self.applied.is_empty() {
+            service_ports.reserve(self.pending.len());
+            self.applied.reserve(self.pending.len());
+        }
         for (name, current) in std::mem::take(&mut self.pending) {
             let previous = self.applied.remove(&name).unwrap_or_default();
             for (port_name, old) in &previous {
@@ -257,6 +264,11 @@ impl EndpointsChangeTracker {
             return update;
         }
         let flat = Arc::make_mut(&mut self.endpoints);
+        // As for service ports: no doubling on the first drain.
+        if self.applied.is_empty() {
+            flat.reserve(self.pending.len());
+            self.applied.reserve(self.pending.len());
+        }
         for (name, current) in std::mem::take(&mut self.pending) {
             let previous = self.applied.remove(&name).unwrap_or_default();
             detect_stale(&previous, &current, &mut update);
