@@ -73,11 +73,11 @@ pub struct ChainNameCache {
     generation: u64,
 }
 
-/// Cached names of one service port.
+/// Cached names of one service port. Its `ns/name:port` text is not kept:
+/// the renderer writes it from the name when it needs it, and 10,000 copies
+/// of it cost more than writing it.
 #[derive(Debug)]
 pub struct CachedService {
-    /// `ns/name:port` (upstream `ServicePortName.String()`).
-    pub name: String,
     hash: [u8; 16],
     /// Sorted by address. A service port has a handful of endpoints; a
     /// vector of exactly those is a fraction of a hash table's size.
@@ -172,16 +172,17 @@ impl ChainNameCache {
         let entry = self.services.get_mut(service_port)?;
         entry.seen = generation;
         let protocol = protocol_name(service_port.protocol);
+        // Written only when an endpoint is new, to hash its chain name.
+        let mut name: Option<String> = None;
         for address in endpoints {
-            let CachedService {
-                name, endpoints, ..
-            } = &mut *entry;
+            let endpoints = &mut entry.endpoints;
             let index = match endpoints.binary_search_by(|ep| ep.address.cmp(&address)) {
                 Ok(index) => index,
                 Err(index) => {
                     if endpoints.len() == endpoints.capacity() {
                         endpoints.reserve_exact(1);
                     }
+                    let name = name.get_or_insert_with(|| service_port_name_string(service_port));
                     endpoints.insert(index, CachedEndpoint::new(name, protocol, address));
                     index
                 }
@@ -219,7 +220,6 @@ impl CachedService {
             protocol_name(service_port.protocol).as_bytes(),
         ]);
         CachedService {
-            name,
             hash,
             endpoints: Vec::new(),
             seen: 0,

@@ -231,14 +231,19 @@ impl Renderer {
 
         let mut stats = RenderStats::default();
         let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
+        let mut name_text = String::new();
         for (name, state) in input.service_ports {
             let endpoints = state.endpoints.all_reachable.iter();
             let addresses = endpoints.map(|ep| SocketAddr::new(ep.ip, ep.port));
             let Some(names) = self.names.touch(name, addresses) else {
                 continue; // unreachable: touch inserts what it does not find
             };
+            name_text.clear();
+            // Writing into a String cannot fail.
+            let _ = write!(name_text, "{name}");
             let service = service::ServiceView {
                 state,
+                name: &name_text,
                 names,
                 protocol: protocol_name(name.protocol),
                 rewrite: input.full || input.changed_services.contains(&name.service),

@@ -17,6 +17,8 @@ use crate::names::{
 /// One service port as the renderer sees it.
 pub(super) struct ServiceView<'a> {
     pub state: &'a ServicePortState,
+    /// `ns/name:port` (upstream `ServicePortName.String()`).
+    pub name: &'a str,
     pub names: &'a CachedService,
     pub protocol: &'static str,
     /// Write the service port's own chains (false: only count them).
@@ -191,7 +193,7 @@ fn externally_accessible(port: &ServicePort) -> bool {
 }
 
 fn write_cluster_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan: &Plan) {
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     let (ip, port) = (service.state.port.cluster_ip, service.state.port.port);
     if plan.has_internal_endpoints {
         emit!(
@@ -211,7 +213,7 @@ fn write_cluster_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan
 }
 
 fn write_external_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan: &Plan) {
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     let port = service.state.port.port;
     let refusal = plan.external_refusal();
     for ip in &service.state.port.external_ips {
@@ -236,7 +238,7 @@ fn write_external_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, pla
 }
 
 fn write_load_balancer_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan: &Plan) {
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     let port = service.state.port.port;
     let lb_ips = &service.state.port.load_balancer_ips;
     for ip in lb_ips {
@@ -274,7 +276,7 @@ fn write_node_port_rules(
     service: &ServiceView<'_>,
     plan: &Plan,
 ) {
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     if let Some(node_port) = service.state.port.node_port {
         let ext = plan.external_chain;
         if plan.has_endpoints {
@@ -324,7 +326,7 @@ fn write_internal_masquerade(
     if !plan.has_internal_endpoints {
         return;
     }
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     let (ip, port) = (service.state.port.cluster_ip, service.state.port.port);
     let chain = plan.internal_chain;
     if ctx.masquerade_all {
@@ -351,7 +353,7 @@ fn write_external_chain(
     if !plan.uses_external_chain {
         return;
     }
-    let (ext, svc, name) = (plan.external_chain, plan.cluster_chain, &service.names.name);
+    let (ext, svc, name) = (plan.external_chain, plan.cluster_chain, service.name);
     emit!(&mut buffers.nat_chains, ":{ext} - [0:0]");
     active.push(ext);
     let nat = &mut buffers.nat_rules;
@@ -398,11 +400,7 @@ fn write_firewall_chain(
     if !plan.uses_firewall_chain {
         return;
     }
-    let (fw, ext, name) = (
-        plan.firewall_chain,
-        plan.external_chain,
-        &service.names.name,
-    );
+    let (fw, ext, name) = (plan.firewall_chain, plan.external_chain, service.name);
     emit!(&mut buffers.nat_chains, ":{fw} - [0:0]");
     active.push(fw);
     let port = &*service.state.port;
@@ -446,7 +444,7 @@ fn write_policy_chain(
 ) {
     emit!(&mut buffers.nat_chains, ":{chain} - [0:0]");
     active.push(chain);
-    let name = &service.names.name;
+    let name = service.name;
     let resolved = || {
         endpoints
             .iter()
@@ -483,7 +481,7 @@ fn write_endpoint_chains(
     service: &ServiceView<'_>,
     active: &mut Vec<ChainName>,
 ) {
-    let (name, p) = (&service.names.name, service.protocol);
+    let (name, p) = (service.name, service.protocol);
     let affinity = service.state.port.session_affinity_timeout.is_some();
     for endpoint in &service.state.endpoints.all_reachable {
         let address = SocketAddr::new(endpoint.ip, endpoint.port);
