@@ -58,6 +58,13 @@ pub(crate) struct SliceInfo {
 /// The endpoints of one slice on one of its ports.
 type SliceEndpoints = Box<[Arc<Endpoint>]>;
 
+/// Node and zone names seen in one slice: its endpoints share one string
+/// per name (a slice's endpoints mostly sit on a few nodes of one zone).
+#[derive(Default)]
+struct Names {
+    seen: Vec<Arc<str>>,
+}
+
 /// Merges EndpointSlices into the endpoints of every service port of
 /// `family`, as the [`crate::EndpointsChangeTracker`] does: slices of another
 /// address type (`FQDN`, the other family) and slices without the
@@ -136,13 +143,6 @@ impl SliceInfo {
             .collect();
         Some(Self { service, ports })
     }
-}
-
-/// Node and zone names seen in one slice: its endpoints share one string
-/// per name (a slice's endpoints mostly sit on a few nodes of one zone).
-#[derive(Default)]
-struct Names {
-    seen: Vec<Arc<str>>,
 }
 
 impl Names {
