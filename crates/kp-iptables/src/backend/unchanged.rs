@@ -47,25 +47,23 @@ impl ChainDigests {
     pub fn record(&mut self, text: &str) {
         let mut declared: HashSet<u64> = HashSet::new();
         let mut deleted = Vec::new();
-        let mut table = "";
-        for line in text.lines() {
-            if let Some(name) = line.strip_prefix('*') {
-                table = name;
-            } else if let Some(rest) = line.strip_prefix(':') {
-                let chain = rest.split(' ').next().unwrap_or(rest);
-                let key = chain_key(table, chain);
-                declared.insert(key);
-                self.digests.insert(key, EMPTY_CHAIN);
-            } else if let Some(rest) = line.strip_prefix("-A ") {
-                let chain = rest.split(' ').next().unwrap_or(rest);
-                let key = chain_key(table, chain);
-                // As in `parse`: rules of an undeclared chain get no digest.
-                if declared.contains(&key) {
-                    let digest = self.digests.entry(key).or_insert(EMPTY_CHAIN);
-                    *digest = fold(*digest, line);
+        for (table, line, kind) in restore_lines(text) {
+            match kind {
+                LineKind::Declare(chain) => {
+                    let key = chain_key(table, chain);
+                    declared.insert(key);
+                    self.digests.insert(key, EMPTY_CHAIN);
                 }
-            } else if let Some(rest) = line.strip_prefix("-X ") {
-                deleted.push(chain_key(table, rest.trim()));
+                LineKind::Rule(chain) => {
+                    let key = chain_key(table, chain);
+                    // As in `parse`: rules of an undeclared chain get no digest.
+                    if declared.contains(&key) {
+                        let digest = self.digests.entry(key).or_insert(EMPTY_CHAIN);
+                        *digest = fold(*digest, line);
+                    }
+                }
+                LineKind::Delete(chain) => deleted.push(chain_key(table, chain)),
+                LineKind::Other => {}
             }
         }
         for key in deleted {
@@ -89,12 +87,13 @@ impl ChainDigests {
             return Cow::Borrowed(text);
         }
         let mut out = String::with_capacity(text.len());
-        let mut table = "";
-        for line in text.lines() {
-            if let Some(name) = line.strip_prefix('*') {
-                table = name;
-            }
-            let skip = chain_of(line).is_some_and(|chain| unchanged.contains(&(table, chain)));
+        for (table, line, kind) in restore_lines(text) {
+            let skip = match kind {
+                LineKind::Declare(chain) | LineKind::Rule(chain) => {
+                    unchanged.contains(&(table, chain))
+                }
+                LineKind::Delete(_) | LineKind::Other => false,
+            };
             if !skip {
                 out.push_str(line);
                 out.push('\n');
@@ -104,33 +103,60 @@ impl ChainDigests {
     }
 }
 
-/// The chain a declaration (`:CHAIN - [0:0]`) or rule (`-A CHAIN …`) line
-/// belongs to.
-fn chain_of(line: &str) -> Option<&str> {
-    let rest = line
-        .strip_prefix(':')
-        .or_else(|| line.strip_prefix("-A "))?;
-    rest.split(' ').next()
+/// What a line of restore input does to a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineKind<'a> {
+    /// `:CHAIN - [0:0]`: declares (and flushes) the chain.
+    Declare(&'a str),
+    /// `-A CHAIN …`: appends a rule to the chain.
+    Rule(&'a str),
+    /// `-X CHAIN`: deletes the chain.
+    Delete(&'a str),
+    /// Anything else (`*table`, `COMMIT`, `-I …`).
+    Other,
+}
+
+fn first_word(text: &str) -> &str {
+    text.split(' ').next().unwrap_or(text)
+}
+
+/// Every line of `text` with the table it belongs to and what it does.
+fn restore_lines(text: &str) -> impl Iterator<Item = (&str, &str, LineKind<'_>)> {
+    let mut table = "";
+    text.lines().map(move |line| {
+        let kind = if let Some(name) = line.strip_prefix('*') {
+            table = name;
+            LineKind::Other
+        } else if let Some(rest) = line.strip_prefix(':') {
+            LineKind::Declare(first_word(rest))
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            LineKind::Rule(first_word(rest))
+        } else if let Some(rest) = line.strip_prefix("-X ") {
+            LineKind::Delete(rest.trim())
+        } else {
+            LineKind::Other
+        };
+        (table, line, kind)
+    })
 }
 
 fn parse(text: &str) -> Parsed<'_> {
     // One u64 per chain (not a hasher state each): at 10,000 Services a
     // restore declares some 40,000 chains.
     let mut chains: HashMap<(&str, &str), u64> = HashMap::new();
-    let mut table = "";
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = name;
-        } else if let Some(rest) = line.strip_prefix(':') {
-            let chain = rest.split(' ').next().unwrap_or(rest);
-            chains.insert((table, chain), EMPTY_CHAIN);
-        } else if let Some(rest) = line.strip_prefix("-A ") {
-            let chain = rest.split(' ').next().unwrap_or(rest);
+    for (table, line, kind) in restore_lines(text) {
+        match kind {
+            LineKind::Declare(chain) => {
+                chains.insert((table, chain), EMPTY_CHAIN);
+            }
             // Rules of a chain this input does not declare are appended
             // without a flush; such a chain is never left out (no digest).
-            if let Some(digest) = chains.get_mut(&(table, chain)) {
-                *digest = fold(*digest, line);
+            LineKind::Rule(chain) => {
+                if let Some(digest) = chains.get_mut(&(table, chain)) {
+                    *digest = fold(*digest, line);
+                }
             }
+            LineKind::Delete(_) | LineKind::Other => {}
         }
     }
     Parsed { chains }
