@@ -292,7 +292,6 @@ impl SyncObserver for ProxyMetrics {
                 for latency in &stats.network_programming {
                     programming.observe(latency.as_secs_f64());
                 }
-                drop(programming);
                 let now = unix_seconds(stats.finished_at_wall);
                 sync.last_timestamp.get_or_create(&labels).set(now);
                 set_per_table(&sync.iptables_total, &labels, &outcome.rules_per_table);

@@ -52,16 +52,9 @@ struct State {
 }
 
 impl ServiceHealthServers {
-    /// Servers spawned on `runtime`.
+    /// Servers spawned on `runtime`, listening on every address.
     pub fn new(runtime: Handle) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                runtime,
-                health: OnceLock::new(),
-                listen: Arc::new(|_, _| None),
-                state: Mutex::new(State::default()),
-            }),
-        }
+        Self::listening_on(runtime, Arc::new(|_, _| None))
     }
 
     /// Servers that listen on the addresses `listen` gives for each family
