@@ -125,6 +125,12 @@ fn a_taken_port_is_retried_after_the_next_sync() {
         assert!(servers.serving().is_empty(), "the port is taken");
 
         drop(squatter);
+        // A process another test forks in that instant holds a copy of the
+        // socket until it execs (close-on-exec): wait until nothing listens.
+        let freed = wait_until(Duration::from_secs(5), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+        assert!(freed, "the squatter's socket is closed");
         proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.1.4", "node-1")])));
         proxier.sync_once().unwrap();
         assert_eq!(servers.serving(), [port]);
