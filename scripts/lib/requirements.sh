@@ -1,0 +1,79 @@
+# Sourced by scripts/demo, scripts/test and .ci/run: the one list of the
+# programs the proxy's demo and tests need, and the Debian package of each.
+#
+# `require_programs` checks them all. When some are missing it installs their
+# packages if it runs as root where apt-get exists; otherwise it prints one
+# line naming the missing programs and the command that installs them, and
+# exits 1.
+
+# "program package" pairs. iptables brings both flavors (legacy and nft) and
+# both families; cc builds the C parts of the TLS stack (ring).
+KP_REQUIRED_PROGRAMS=(
+  "iptables-legacy-restore iptables"
+  "iptables-nft-restore iptables"
+  "ip6tables-legacy-restore iptables"
+  "ip6tables-nft-restore iptables"
+  "nft nftables"
+  "ipset ipset"
+  "conntrack conntrack"
+  "ip iproute2"
+  "sysctl procps"
+  "cc gcc"
+)
+
+# Programs in /usr/sbin are found for non-root users too.
+kp_find_program() {
+  PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1
+}
+
+# Sets KP_MISSING_PROGRAMS and KP_MISSING_PACKAGES.
+kp_missing() {
+  KP_MISSING_PROGRAMS=()
+  KP_MISSING_PACKAGES=()
+  local pair program package
+  for pair in "${KP_REQUIRED_PROGRAMS[@]}"; do
+    program=${pair% *}
+    package=${pair#* }
+    if ! kp_find_program "$program"; then
+      KP_MISSING_PROGRAMS+=("$program")
+      case " ${KP_MISSING_PACKAGES[*]} " in
+        *" $package "*) ;;
+        *) KP_MISSING_PACKAGES+=("$package") ;;
+      esac
+    fi
+  done
+}
+
+kp_apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  local attempt
+  for attempt in 1 2 3; do
+    if apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" >/dev/null; then
+      return 0
+    fi
+    [ "$attempt" = 3 ] && return 1
+    sleep 5
+  done
+}
+
+require_programs() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo not found: install Rust (rustup) first" >&2
+    exit 1
+  fi
+  kp_missing
+  [ "${#KP_MISSING_PROGRAMS[@]}" = 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "Installing ${KP_MISSING_PACKAGES[*]} (missing: ${KP_MISSING_PROGRAMS[*]})" >&2
+    if ! kp_apt_install "${KP_MISSING_PACKAGES[@]}"; then
+      echo "error: apt-get install ${KP_MISSING_PACKAGES[*]} failed three times" >&2
+      exit 1
+    fi
+    kp_missing
+    [ "${#KP_MISSING_PROGRAMS[@]}" = 0 ] && return 0
+    echo "error: still missing after installing: ${KP_MISSING_PROGRAMS[*]}" >&2
+    exit 1
+  fi
+  echo "error: missing ${KP_MISSING_PROGRAMS[*]}; install with: sudo apt-get install -y ${KP_MISSING_PACKAGES[*]}" >&2
+  exit 1
+}
