@@ -1,7 +1,9 @@
 //! The proxy's health as upstream's healthz server judges it.
 //!
 //! The proxy is healthy while no change has waited longer than the health
-//! timeout (2 × `syncPeriod`) for a sync, in every IP family. `/healthz`
+//! timeout (2 × `syncPeriod`) for a sync, in every IP family, and no family's
+//! mode has found that it cannot run on this host (a missing program): that
+//! does not heal by waiting, so it is reported at once. `/healthz`
 //! also requires the node to be eligible: a Node being deleted or tainted
 //! `ToBeDeletedByClusterAutoscaler` answers 503 there, so load balancers
 //! drain it, while `/livez` ignores the node, so the pod is not restarted.
@@ -52,9 +54,10 @@ impl ProxyHealth {
     pub fn check_at(&self, now: Instant, wall: SystemTime) -> Health {
         let healthy = self.proxiers.iter().all(|proxier| {
             let status = proxier.status();
-            status
-                .queued_since()
-                .is_none_or(|queued| now.saturating_duration_since(queued) < self.timeout)
+            status.unavailable().is_none()
+                && status
+                    .queued_since()
+                    .is_none_or(|queued| now.saturating_duration_since(queued) < self.timeout)
         });
         let node_eligible = self.proxiers.iter().all(|proxier| {
             let node = proxier.node();

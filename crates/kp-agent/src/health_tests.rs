@@ -77,6 +77,28 @@ async fn a_change_waiting_longer_than_the_timeout_makes_the_proxy_unhealthy() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_mode_that_cannot_run_here_is_unhealthy_at_once_and_healthy_after_it_recovers() {
+    let (proxier, backend) = fake_proxier(IpFamily::V4, "node-1", IMMEDIATE);
+    let proxier = Arc::new(proxier);
+    proxier.on_synced(ResourceKind::Service);
+    proxier.on_synced(ResourceKind::EndpointSlice);
+    let health = ProxyHealth::new(vec![Arc::clone(&proxier)], TIMEOUT);
+    backend.unavailable_next(1);
+
+    proxier.sync_once().unwrap_err();
+
+    let now = health.check_at(Instant::now(), SystemTime::now());
+    assert!(
+        !now.healthy && !now.healthz_ok(),
+        "no need to wait for the health timeout: the missing program will not appear by itself"
+    );
+
+    proxier.sync_once().unwrap();
+
+    assert!(health.check().healthz_ok());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_node_being_deleted_fails_healthz_but_not_livez() {
     let proxier = proxier();
     let health = ProxyHealth::new(vec![Arc::clone(&proxier)], TIMEOUT);

@@ -530,7 +530,21 @@ fn rules_per_table_in(text: &str) -> Vec<(String, usize)> {
 
 /// A backend error for a failed step; a rejected restore line is named in
 /// `attempted` so it shows in the one-line log of the sync loop.
+/// What to install when an iptables program is missing.
+const INSTALL_IPTABLES: &str =
+    "install the iptables package (Debian and Ubuntu: apt-get install iptables)";
+
 fn apply_error(step: &str, error: ApplyError) -> BackendError {
+    if let ApplyError::Spawn { command, source } = &error {
+        if source.kind() == io::ErrorKind::NotFound {
+            let program = command.split_whitespace().next().unwrap_or(command);
+            return BackendError::Unavailable {
+                mode: MODE,
+                missing: format!("program {program} not found"),
+                remedy: INSTALL_IPTABLES.to_owned(),
+            };
+        }
+    }
     let attempted = match &error {
         ApplyError::RestoreLine {
             command,

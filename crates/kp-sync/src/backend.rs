@@ -106,6 +106,20 @@ pub enum BackendError {
         /// What could not be rendered, naming the service port.
         reason: String,
     },
+    /// The mode cannot run on this host as it is: a program or kernel
+    /// feature it needs is missing. Retrying cannot help until the operator
+    /// installs it, so the proxy reports itself unhealthy at once and says
+    /// so once, instead of on every retry.
+    #[error("{mode} mode cannot run on this host: {missing}; {remedy}")]
+    Unavailable {
+        /// The backend's [`Backend::mode`].
+        mode: &'static str,
+        /// What is missing, e.g. `program iptables-restore not found`.
+        missing: String,
+        /// What makes it available, e.g. `install the iptables package
+        /// (apt-get install iptables)`.
+        remedy: String,
+    },
     /// Applying the rendered rules to the kernel (or starting listeners)
     /// failed.
     #[error("{mode} backend: {attempted} failed")]
@@ -146,7 +160,9 @@ impl BackendError {
     /// The mode of the backend that failed.
     pub fn mode(&self) -> &'static str {
         match self {
-            Self::Render { mode, .. } | Self::Apply { mode, .. } => mode,
+            Self::Render { mode, .. }
+            | Self::Apply { mode, .. }
+            | Self::Unavailable { mode, .. } => mode,
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct Proxier {
     backend: Mutex<Box<dyn Backend>>,
     status: Arc<SyncStatus>,
     observers: Vec<Arc<dyn SyncObserver>>,
+    /// The failed attempts since the last successful sync, for the log.
+    failures: Mutex<Failures>,
     /// Trigger times before this are of changes made before the proxy ran,
     /// whose latency says nothing about it (upstream's `trackerStartTime`).
     started_at: SystemTime,
@@ -106,6 +108,16 @@ struct Tracked {
     carried_trigger_times: Vec<SystemTime>,
 }
 
+/// Failed sync attempts in a row. A failure that repeats the previous one
+/// word for word (a missing program, a rule the kernel keeps rejecting) is
+/// logged once, not on every retry; the first success after them is logged
+/// with their number.
+#[derive(Debug, Default)]
+struct Failures {
+    attempts: u64,
+    last_error: String,
+}
+
 /// What one sync took out of the trackers.
 struct Drained {
     full: bool,
@@ -143,6 +155,7 @@ impl Proxier {
             backend: Mutex::new(backend),
             status: Arc::new(SyncStatus::new()),
             observers: Vec::new(),
+            failures: Mutex::new(Failures::default()),
             started_at: SystemTime::now(),
         }
     }
@@ -219,7 +232,18 @@ impl Proxier {
 
     fn sync_for_runner(&self, force_full: bool) -> RunResult {
         match self.sync(force_full) {
-            Ok(_) => RunResult::Succeeded,
+            Ok(_) => {
+                let failures = std::mem::take(&mut *lock(&self.failures));
+                if failures.attempts > 0 {
+                    tracing::info!(
+                        family = family_name(self.family),
+                        mode = self.mode,
+                        failed_attempts = failures.attempts,
+                        "syncing proxy rules works again"
+                    );
+                }
+                RunResult::Succeeded
+            }
             Err(SyncError::NotSynced {
                 family,
                 waiting_for,
@@ -232,12 +256,22 @@ impl Proxier {
                 RunResult::Succeeded
             }
             Err(error) => {
-                tracing::error!(
-                    family = family_name(self.family),
-                    mode = self.mode,
-                    error = %error_chain(&error),
-                    "syncing proxy rules failed; a full sync is scheduled"
-                );
+                let error = error_chain(&error);
+                if lock(&self.failures).repeats(&error) {
+                    tracing::debug!(
+                        family = family_name(self.family),
+                        mode = self.mode,
+                        %error,
+                        "syncing proxy rules failed again in the same way"
+                    );
+                } else {
+                    tracing::error!(
+                        family = family_name(self.family),
+                        mode = self.mode,
+                        %error,
+                        "syncing proxy rules failed; a full sync is scheduled"
+                    );
+                }
                 RunResult::Failed
             }
         }
@@ -286,7 +320,7 @@ impl Proxier {
                     observer.on_synced(&request, &outcome);
                     observer.on_sync_finished(self.family, &stats);
                 }
-                self.status.record(stats);
+                self.status.record(stats, None);
                 Ok(outcome)
             }
             Err(source) => {
@@ -294,7 +328,9 @@ impl Proxier {
                 for observer in &self.observers {
                     observer.on_sync_finished(self.family, &stats);
                 }
-                self.status.record(stats);
+                let unavailable =
+                    matches!(source, BackendError::Unavailable { .. }).then(|| source.to_string());
+                self.status.record(stats, unavailable);
                 self.restore_after_failure(drained);
                 Err(SyncError::Backend {
                     family: family_name(self.family),
@@ -437,6 +473,18 @@ impl ProxyEventHandler for Proxier {
 
     fn on_synced(&self, kind: ResourceKind) {
         self.record(|tracked| tracked.mark_synced(kind));
+    }
+}
+
+impl Failures {
+    /// Counts a failure; true when it says what the previous one said.
+    fn repeats(&mut self, error: &str) -> bool {
+        self.attempts += 1;
+        if self.last_error == error {
+            return true;
+        }
+        error.clone_into(&mut self.last_error);
+        false
     }
 }
 

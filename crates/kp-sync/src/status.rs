@@ -88,6 +88,7 @@ struct StatusInner {
     last_sync: Option<SyncStats>,
     totals: SyncTotals,
     changes: ChangeCounts,
+    unavailable: Option<String>,
 }
 
 impl SyncStatus {
@@ -120,6 +121,13 @@ impl SyncStatus {
     /// Changes recorded since start and not yet synced.
     pub fn changes(&self) -> ChangeCounts {
         self.lock().changes
+    }
+
+    /// Why the mode cannot run on this host, while the last sync failed
+    /// with [`BackendError::Unavailable`](crate::BackendError::Unavailable);
+    /// `None` once a sync succeeds.
+    pub fn unavailable(&self) -> Option<String> {
+        self.lock().unavailable.clone()
     }
 
     /// When a sync was last asked for (wall clock, for
@@ -168,9 +176,11 @@ impl SyncStatus {
         };
     }
 
-    /// Records a finished sync.
-    pub(crate) fn record(&self, stats: SyncStats) {
+    /// Records a finished sync; `unavailable` says why the mode cannot run
+    /// when that is why it failed.
+    pub(crate) fn record(&self, stats: SyncStats, unavailable: Option<String>) {
         let mut inner = self.lock();
+        inner.unavailable = unavailable;
         match &stats.result {
             Ok(_) => {
                 inner.last_successful_sync = Some(stats.finished_at);

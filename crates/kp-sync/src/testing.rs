@@ -53,6 +53,7 @@ pub struct InjectedFailure;
 struct FakeState {
     requests: Vec<RecordedSync>,
     failures_left: usize,
+    unavailable: bool,
 }
 
 impl FakeBackend {
@@ -74,6 +75,14 @@ impl FakeBackend {
     /// still recorded).
     pub fn fail_next(&self, count: usize) {
         self.lock().failures_left = count;
+    }
+
+    /// Makes the next `count` syncs fail as a backend whose program is
+    /// missing ([`BackendError::Unavailable`]).
+    pub fn unavailable_next(&self, count: usize) {
+        let mut state = self.lock();
+        state.failures_left = count;
+        state.unavailable = true;
     }
 
     /// Every request received so far, oldest first.
@@ -137,14 +146,23 @@ impl Backend for FakeBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
-        let failed = {
+        let (failed, unavailable) = {
             let mut state = self.lock();
             let failed = state.failures_left > 0;
             state.failures_left = state.failures_left.saturating_sub(1);
             state.requests.push(RecordedSync::new(request, failed));
-            failed
+            let unavailable = failed && state.unavailable;
+            state.unavailable &= state.failures_left > 0;
+            (failed, unavailable)
         };
         self.syncs.send_modify(|received| *received += 1);
+        if unavailable {
+            return Err(BackendError::Unavailable {
+                mode: self.mode,
+                missing: "program fake-restore not found".to_owned(),
+                remedy: "install the fake package".to_owned(),
+            });
+        }
         if failed {
             return Err(BackendError::Apply {
                 mode: self.mode,

@@ -119,6 +119,36 @@ fn a_removed_udp_endpoint_is_handed_on_as_stale_conntrack() {
 }
 
 #[test]
+fn a_mode_that_cannot_run_here_is_marked_unavailable_until_a_sync_succeeds() {
+    let (proxier, backend) = proxier_after_first_sync();
+    backend.unavailable_next(2);
+    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+    let status = proxier.status();
+
+    proxier.sync_once().unwrap_err();
+    proxier.sync_once().unwrap_err();
+
+    let why = status.unavailable().expect("the status says why");
+    assert!(why.contains("fake-restore not found"), "{why}");
+    assert!(why.contains("install the fake package"), "{why}");
+
+    proxier.sync_once().unwrap();
+
+    assert_eq!(status.unavailable(), None, "a successful sync clears it");
+}
+
+#[test]
+fn an_ordinary_backend_failure_does_not_mark_the_mode_unavailable() {
+    let (proxier, backend) = proxier_after_first_sync();
+    backend.fail_next(1);
+    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+
+    proxier.sync_once().unwrap_err();
+
+    assert_eq!(proxier.status().unavailable(), None);
+}
+
+#[test]
 fn a_backend_failure_makes_the_next_sync_full() {
     let (proxier, backend) = proxier_after_first_sync();
     backend.fail_next(1);
