@@ -25,6 +25,7 @@ pub mod jumps;
 pub mod names;
 pub mod options;
 pub mod render;
+pub mod support;
 pub mod tracer;
 
 pub use applier::{
@@ -42,6 +43,7 @@ pub use render::{
     is_large_cluster, stale_chains, RenderInput, RenderStats, Rendered, Renderer,
     LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
 };
+pub use support::{check_family, check_family_with, FamilyUnsupported};
 
 /// Why the iptables backend could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

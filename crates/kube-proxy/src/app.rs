@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::ArgMatches;
 use kp_config::{ConfigError, Flags, KubeProxyConfiguration, ProxyMode, Resolved};
-use kp_model::{IpFamily, NodeInfo, ProxyEventHandler};
+use kp_model::{NodeInfo, ProxyEventHandler};
 use kp_source::api::{client_from, post_starting_event, ApiSource};
 use kp_source::ManifestSource;
 use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
@@ -291,7 +291,7 @@ fn build_proxiers(
         ..NodeInfo::default()
     };
     let mut proxiers = Vec::new();
-    for family in [IpFamily::V4, IpFamily::V6] {
+    for family in modes::families(mode, dry_run) {
         let backend = modes::backend(mode, family, config, &node, dry_run)?;
         let proxier_config = ProxierConfig {
             family,

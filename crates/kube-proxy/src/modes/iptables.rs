@@ -77,9 +77,42 @@ pub fn backend(
         let counters = nfacct_counters();
         options.nfacct_invalid_dropped = counters.invalid_dropped;
         options.nfacct_localhost_node_ports = counters.localhost_node_ports;
-        IptablesBackend::system(family, options, addresses, IptablesFlavor::detect())?
+        IptablesBackend::system(family, options, addresses, flavor())?
     };
     Ok(Box::new(backend))
+}
+
+/// The iptables flavor of this host, detected once per process: both
+/// families and the start-up checks use the same one.
+fn flavor() -> IptablesFlavor {
+    static FLAVOR: OnceLock<IptablesFlavor> = OnceLock::new();
+    *FLAVOR.get_or_init(IptablesFlavor::detect)
+}
+
+/// The families this host can serve, as upstream decides between single-
+/// and dual-stack at start: each family whose programs and kernel support
+/// work, logged when one is left out. With neither, IPv4 alone, whose
+/// proxier then says what is missing and keeps `/healthz` unhealthy.
+pub fn families() -> Vec<IpFamily> {
+    let flavor = flavor();
+    let [v4, v6] = [IpFamily::V4, IpFamily::V6].map(|family| {
+        kp_iptables::check_family(flavor, family).map_err(|e| kp_sync::error_chain(&e))
+    });
+    match (v4, v6) {
+        (Ok(()), Ok(())) => vec![IpFamily::V4, IpFamily::V6],
+        (Ok(()), Err(reason)) => {
+            tracing::info!(%reason, "No iptables support for family IPv6; running single-stack IPv4");
+            vec![IpFamily::V4]
+        }
+        (Err(reason), Ok(())) => {
+            tracing::info!(%reason, "No iptables support for family IPv4; running single-stack IPv6");
+            vec![IpFamily::V6]
+        }
+        (Err(v4), Err(v6)) => {
+            tracing::debug!(ipv4 = %v4, ipv6 = %v6, "No iptables support for either family");
+            vec![IpFamily::V4]
+        }
+    }
 }
 
 /// Which of the mode's nfacct counters exist.

@@ -54,6 +54,16 @@ pub fn backend(
     }
 }
 
+/// The IP families `mode` serves on this host: for a dry run both, which
+/// touches nothing; otherwise those the mode can program here (see
+/// [`iptables::families`]).
+pub fn families(mode: ProxyMode, dry_run: bool) -> Vec<IpFamily> {
+    match mode {
+        ProxyMode::Iptables if !dry_run => iptables::families(),
+        _ => vec![IpFamily::V4, IpFamily::V6],
+    }
+}
+
 /// `--cleanup`: removes what the modes of this build (and upstream, whose
 /// names we share) may have left behind, whichever mode is configured.
 pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
