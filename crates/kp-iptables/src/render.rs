@@ -239,8 +239,8 @@ impl Renderer {
                 continue; // unreachable: touch inserts what it does not find
             };
             name_text.clear();
-            // Writing into a String cannot fail.
-            let _ = write!(name_text, "{name}");
+            // Names reach the restore input only through this text.
+            kp_model::rule_text::write_service_port_comment(&mut name_text, name);
             let service = service::ServiceView {
                 state,
                 name: &name_text,

@@ -10,6 +10,7 @@ pub mod endpoints;
 pub mod events;
 mod ip;
 pub mod node;
+pub mod rule_text;
 pub mod service;
 pub mod tracker;
 mod vec_map;
