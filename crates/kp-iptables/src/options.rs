@@ -19,8 +19,10 @@ pub enum LocalDetector {
     None,
     /// `ClusterCIDR`: the first CIDR of the render's family (`-s cidr`).
     ClusterCidr(Vec<IpNet>),
-    /// `NodeCIDR`: the first of the node's pod CIDRs of the render's family.
-    NodeCidr(Vec<IpNet>),
+    /// `NodeCIDR`: the first of the node's pod CIDRs (`spec.podCIDRs`) of
+    /// the render's family, taken from the Node of each sync, so a change of
+    /// the Node's CIDRs reaches the rules with the next (full) sync.
+    NodeCidr,
     /// `BridgeInterface`: traffic entering from this bridge (`-i cbr0`).
     BridgeInterface(String),
     /// `InterfaceNamePrefix`: traffic entering from interfaces with this
@@ -104,7 +106,13 @@ impl IptablesOptions {
         format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
     }
 
-    pub(crate) fn resolve_detector(&self, family: IpFamily) -> Option<ResolvedDetector> {
+    /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
+    /// `spec.podCIDRs` for [`LocalDetector::NodeCidr`].
+    pub(crate) fn resolve_detector(
+        &self,
+        family: IpFamily,
+        node_pod_cidrs: &[IpNet],
+    ) -> Option<ResolvedDetector> {
         let of_family = |cidrs: &[IpNet]| {
             cidrs
                 .iter()
@@ -113,9 +121,8 @@ impl IptablesOptions {
         };
         let (flag, value) = match &self.local_detector {
             LocalDetector::None => return None,
-            LocalDetector::ClusterCidr(cidrs) | LocalDetector::NodeCidr(cidrs) => {
-                ("-s", of_family(cidrs)?.to_string())
-            }
+            LocalDetector::ClusterCidr(cidrs) => ("-s", of_family(cidrs)?.to_string()),
+            LocalDetector::NodeCidr => ("-s", of_family(node_pod_cidrs)?.to_string()),
             LocalDetector::BridgeInterface(name) => ("-i", name.clone()),
             LocalDetector::InterfaceNamePrefix(prefix) => ("-i", format!("{prefix}+")),
         };
@@ -188,10 +195,10 @@ mod tests {
             ]),
             ..IptablesOptions::default()
         };
-        let v4 = options.resolve_detector(IpFamily::V4).unwrap();
+        let v4 = options.resolve_detector(IpFamily::V4, &[]).unwrap();
         assert_eq!(v4.if_local, "-s 10.244.0.0/16");
         assert_eq!(v4.if_not_local, "! -s 10.244.0.0/16");
-        let v6 = options.resolve_detector(IpFamily::V6).unwrap();
+        let v6 = options.resolve_detector(IpFamily::V6, &[]).unwrap();
         assert_eq!(v6.if_local, "-s fd00:10:244::/48");
     }
 
@@ -202,7 +209,10 @@ mod tests {
             ..IptablesOptions::default()
         };
         assert_eq!(
-            prefix.resolve_detector(IpFamily::V4).unwrap().if_not_local,
+            prefix
+                .resolve_detector(IpFamily::V4, &[])
+                .unwrap()
+                .if_not_local,
             "! -i veth+"
         );
         let bad = IptablesOptions {

@@ -209,7 +209,9 @@ impl Renderer {
         let ctx = Context {
             family: input.family,
             masquerade_all: self.options.masquerade_all,
-            detector: self.options.resolve_detector(input.family),
+            detector: self
+                .options
+                .resolve_detector(input.family, &input.node.pod_cidrs),
             localhost_node_ports: localhost_node_ports(&self.options, input),
             nfacct_localhost_node_ports: self.options.nfacct_localhost_node_ports,
             large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,

@@ -235,10 +235,7 @@ fn masquerade_all() {
 fn each_local_detector() {
     let detectors = [
         ("detector_none", LocalDetector::None),
-        (
-            "detector_node_cidr",
-            LocalDetector::NodeCidr(vec!["10.244.1.0/24".parse().unwrap()]),
-        ),
+        ("detector_node_cidr", LocalDetector::NodeCidr),
         (
             "detector_bridge",
             LocalDetector::BridgeInterface("cbr0".into()),

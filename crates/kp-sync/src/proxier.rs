@@ -75,11 +75,11 @@ pub struct Proxier {
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// Nothing is written before the sources delivered their first lists.
-    #[error("cannot sync {family} proxy rules yet: waiting for the first complete list of {waiting_for}")]
+    #[error("cannot sync {family} proxy rules yet: waiting for {waiting_for}")]
     NotSynced {
         /// `IPv4` or `IPv6`.
         family: &'static str,
-        /// `Services`, `EndpointSlices`, or both.
+        /// What is missing, e.g. `the first complete list of EndpointSlices`.
         waiting_for: &'static str,
     },
     /// The backend failed to render or apply the rules.
@@ -99,6 +99,9 @@ struct Tracked {
     services: ServiceChangeTracker,
     endpoints: EndpointsChangeTracker,
     node: NodeInfo,
+    /// Nothing is written until the Node has pod CIDRs
+    /// (`detectLocalMode: NodeCIDR`).
+    needs_pod_cidrs: bool,
     services_synced: bool,
     endpoint_slices_synced: bool,
     needs_full_sync: bool,
@@ -141,6 +144,7 @@ impl Proxier {
             services: ServiceChangeTracker::new(config.family),
             endpoints: EndpointsChangeTracker::new(config.family, config.node.name.clone()),
             node: config.node,
+            needs_pod_cidrs: false,
             services_synced: false,
             endpoint_slices_synced: false,
             needs_full_sync: true,
@@ -163,6 +167,15 @@ impl Proxier {
     /// Adds an observer told about every successful sync.
     pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
         self.observers.push(observer);
+        self
+    }
+
+    /// Writes nothing until the proxy's Node has pod CIDRs (`spec.podCIDRs`),
+    /// which `detectLocalMode: NodeCIDR` tells local traffic by: rules
+    /// without them would masquerade pod traffic they should not. Upstream
+    /// waits for them at start too.
+    pub fn waiting_for_pod_cidrs(self) -> Self {
+        self.lock_tracked().needs_pod_cidrs = true;
         self
     }
 
@@ -492,10 +505,13 @@ impl Tracked {
     /// What the first sync still waits for, if anything.
     fn waiting_for(&self) -> Option<&'static str> {
         match (self.services_synced, self.endpoint_slices_synced) {
+            (true, true) if self.needs_pod_cidrs && self.node.pod_cidrs.is_empty() => {
+                Some("the Node's spec.podCIDRs (detectLocalMode: NodeCIDR)")
+            }
             (true, true) => None,
-            (false, true) => Some("Services"),
-            (true, false) => Some("EndpointSlices"),
-            (false, false) => Some("Services and EndpointSlices"),
+            (false, true) => Some("the first complete list of Services"),
+            (true, false) => Some("the first complete list of EndpointSlices"),
+            (false, false) => Some("the first complete list of Services and EndpointSlices"),
         }
     }
 

@@ -31,7 +31,7 @@ fn nothing_reaches_the_backend_before_both_sources_are_synced() {
         matches!(
             error,
             SyncError::NotSynced {
-                waiting_for: "EndpointSlices",
+                waiting_for: "the first complete list of EndpointSlices",
                 ..
             }
         ),
@@ -286,6 +286,46 @@ fn a_node_label_change_forces_a_full_sync_with_the_new_labels() {
         NODE_ZONE
     );
     assert_eq!(request.node.addresses, [IpAddr::V4(NODE_IP)]);
+}
+
+#[test]
+fn with_node_cidr_detection_nothing_is_written_until_the_node_has_pod_cidrs() {
+    let (proxier, backend) = proxier(IpFamily::V4);
+    let proxier = proxier.waiting_for_pod_cidrs();
+    sources_synced(&proxier);
+    apply(&proxier, &[web()], &[web_endpoints(&["10.244.1.2"])]);
+
+    let error = proxier.sync_once().unwrap_err();
+
+    assert!(
+        error.to_string().contains("the Node's spec.podCIDRs"),
+        "{error}"
+    );
+    assert!(!proxier.is_synced());
+    backend.assert_no_requests();
+
+    proxier.on_node(ObjectEvent::Apply(node(NODE_NAME, |n| {
+        n.pod_cidr("10.244.1.0/24")
+    })));
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert_eq!(request.node.pod_cidrs, ["10.244.1.0/24".parse().unwrap()]);
+    assert_eq!(request.service_port_names(), ["ns1/web:http"]);
+}
+
+#[test]
+fn a_pod_cidr_change_forces_a_full_sync_with_the_new_cidrs() {
+    let (proxier, backend) = proxier_after_first_sync();
+
+    proxier.on_node(ObjectEvent::Apply(node(NODE_NAME, |n| {
+        n.pod_cidr("10.244.9.0/24")
+    })));
+    proxier.sync_once().unwrap();
+
+    let request = backend.take_single_request();
+    assert!(request.full);
+    assert_eq!(request.node.pod_cidrs, ["10.244.9.0/24".parse().unwrap()]);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::ArgMatches;
-use kp_config::{ConfigError, Flags, KubeProxyConfiguration, ProxyMode, Resolved};
+use kp_config::{ConfigError, Flags, KubeProxyConfiguration, LocalMode, ProxyMode, Resolved};
 use kp_model::{NodeInfo, ProxyEventHandler};
 use kp_source::api::{client_from, post_starting_event, ApiSource};
 use kp_source::ManifestSource;
@@ -290,15 +290,24 @@ fn build_proxiers(
         name: node_name.to_owned(),
         ..NodeInfo::default()
     };
+    let needs_pod_cidrs = config.effective_detect_local_mode()? == LocalMode::NodeCidr;
+    if needs_pod_cidrs {
+        tracing::info!("detectLocalMode is NodeCIDR: no rules until the Node has spec.podCIDRs");
+    }
     let mut proxiers = Vec::new();
     for family in modes::families(mode, dry_run) {
-        let backend = modes::backend(mode, family, config, &node, dry_run)?;
+        let backend = modes::backend(mode, family, config, dry_run)?;
         let proxier_config = ProxierConfig {
             family,
             node: node.clone(),
             runner,
         };
-        proxiers.push(Proxier::new(proxier_config, backend));
+        let proxier = Proxier::new(proxier_config, backend);
+        proxiers.push(if needs_pod_cidrs {
+            proxier.waiting_for_pod_cidrs()
+        } else {
+            proxier
+        });
     }
     Ok(proxiers)
 }

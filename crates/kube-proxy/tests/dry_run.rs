@@ -106,3 +106,51 @@ fn dry_run_prints_rules_both_iptables_backends_accept() {
         );
     }
 }
+
+/// `--dry-run` with `args` on the example manifests, or with `manifests`.
+fn dry_run_with(manifests: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        .args(["--manifests", manifests.to_str().unwrap()])
+        .args(["--hostname-override", "node-1", "--dry-run"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn node_cidr_detection_uses_the_nodes_pod_cidrs() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+
+    let out = dry_run_with(&examples, &["--detect-local-mode", "NodeCIDR"]);
+
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // examples/node.yaml: podCIDRs [10.244.1.0/24]; traffic from elsewhere
+    // to a ClusterIP is masqueraded.
+    assert!(
+        stdout.contains("! -s 10.244.1.0/24 -j KUBE-MARK-MASQ"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn node_cidr_detection_without_a_node_says_what_it_waits_for() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        examples.join("services.yaml"),
+        dir.path().join("services.yaml"),
+    )
+    .unwrap();
+
+    let out = dry_run_with(dir.path(), &["--detect-local-mode", "NodeCIDR"]);
+
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("the Node's spec.podCIDRs"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -107,6 +107,17 @@ impl<'t> Proxy<'t> {
             ]),
             ..IptablesOptions::default()
         };
+        Self::start_with_options(topology, flavor, family, sync_period, options)
+    }
+
+    /// Like [`Proxy::start_with`], with the renderer's `options`.
+    pub fn start_with_options(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        sync_period: Duration,
+        options: IptablesOptions,
+    ) -> Self {
         let backend =
             IptablesBackend::system(family, options, NodePortAddresses::All, flavor).unwrap();
         let config = ProxierConfig {

@@ -1,7 +1,6 @@
 //! The iptables mode as the binary builds it: its settings from the
 //! configuration, the backend, and `--cleanup`.
 
-use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode};
 use std::sync::OnceLock;
 
@@ -9,16 +8,13 @@ use kp_iptables::{
     IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NodePortAddresses,
     NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
 };
-use kp_model::{IpFamily, NodeInfo};
+use kp_model::IpFamily;
 use kp_nfacct::NfacctClient;
 use kp_sync::Backend;
 
-/// Renderer options from the configuration. The node's pod CIDRs are needed
-/// only for `detectLocalMode: NodeCIDR`.
-pub fn options(
-    config: &KubeProxyConfiguration,
-    node_pod_cidrs: &[IpNet],
-) -> anyhow::Result<IptablesOptions> {
+/// Renderer options from the configuration. With `detectLocalMode:
+/// NodeCIDR` the renderer takes the pod CIDRs from the Node of each sync.
+pub fn options(config: &KubeProxyConfiguration) -> anyhow::Result<IptablesOptions> {
     let local_detector = match config.effective_detect_local_mode()? {
         LocalMode::ClusterCidr => {
             let cidrs = config.cluster_cidrs()?;
@@ -31,7 +27,7 @@ pub fn options(
                 LocalDetector::ClusterCidr(cidrs)
             }
         }
-        LocalMode::NodeCidr => LocalDetector::NodeCidr(node_pod_cidrs.to_vec()),
+        LocalMode::NodeCidr => LocalDetector::NodeCidr,
         LocalMode::BridgeInterface => {
             LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
         }
@@ -66,10 +62,9 @@ pub fn node_port_addresses(config: &KubeProxyConfiguration) -> anyhow::Result<No
 pub fn backend(
     family: IpFamily,
     config: &KubeProxyConfiguration,
-    node: &NodeInfo,
     dry_run: bool,
 ) -> anyhow::Result<Box<dyn Backend>> {
-    let mut options = options(config, &node.pod_cidrs)?;
+    let mut options = options(config)?;
     let addresses = node_port_addresses(config)?;
     let backend = if dry_run {
         IptablesBackend::dry_run(family, options, addresses, Box::new(std::io::stdout()))?

@@ -6,7 +6,7 @@ mod nftables_leftovers;
 pub use iptables::node_port_addresses;
 
 use kp_config::{KubeProxyConfiguration, ProxyMode};
-use kp_model::{IpFamily, NodeInfo};
+use kp_model::IpFamily;
 use kp_sync::Backend;
 
 /// A mode the operator asked for cannot run.
@@ -40,12 +40,11 @@ pub fn backend(
     mode: ProxyMode,
     family: IpFamily,
     config: &KubeProxyConfiguration,
-    node: &NodeInfo,
     dry_run: bool,
 ) -> Result<Box<dyn Backend>, ModeError> {
     match mode {
         ProxyMode::Iptables => {
-            iptables::backend(family, config, node, dry_run).map_err(|source| ModeError::Config {
+            iptables::backend(family, config, dry_run).map_err(|source| ModeError::Config {
                 mode: mode.as_str(),
                 source,
             })
