@@ -100,6 +100,24 @@ impl<'t> Proxy<'t> {
         family: IpFamily,
         sync_period: Duration,
     ) -> Self {
+        Self::start_selecting(
+            topology,
+            flavor,
+            family,
+            sync_period,
+            NodePortAddresses::All,
+        )
+    }
+
+    /// Like [`Proxy::start_with`], with NodePorts on `node_ports` only
+    /// (`nodePortAddresses`).
+    pub fn start_selecting(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        sync_period: Duration,
+        node_ports: NodePortAddresses,
+    ) -> Self {
         let options = IptablesOptions {
             local_detector: LocalDetector::ClusterCidr(vec![
                 plan::POD_CIDR.into(),
@@ -107,8 +125,7 @@ impl<'t> Proxy<'t> {
             ]),
             ..IptablesOptions::default()
         };
-        let backend =
-            IptablesBackend::system(family, options, NodePortAddresses::All, flavor).unwrap();
+        let backend = IptablesBackend::system(family, options, node_ports, flavor).unwrap();
         let config = ProxierConfig {
             family,
             node: NodeInfo {
