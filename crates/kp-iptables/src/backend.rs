@@ -27,7 +27,7 @@ use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use crate::applier::{
     Applier, ApplyError, DryRunApplier, IptablesFlavor, SavedTable, SystemApplier,
 };
-use crate::host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
+use crate::host::{FromFn, LocalAddresses, MemorySysctl, ProcSysctl, Sysctl};
 use crate::jumps::{JumpRule, Table, JUMP_RULES};
 use crate::names::{KUBE_FIREWALL, KUBE_PROXY_CANARY};
 use crate::options::IptablesOptions;
@@ -79,7 +79,7 @@ pub struct IptablesBackend {
     node_port_addresses: NodePortAddresses,
     applier: Box<dyn Applier>,
     sysctl: Box<dyn Sysctl>,
-    local_addresses: Box<dyn FnMut() -> io::Result<Vec<IpAddr>> + Send>,
+    local_addresses: Box<dyn LocalAddresses>,
     needs_full_sync: bool,
     host_checked: bool,
     canary_check_interval: Duration,
@@ -153,8 +153,9 @@ impl NodePortAddresses {
 
 impl IptablesBackend {
     /// A backend for `family` programming through `applier`, with sysctls
-    /// under `/proc/sys` and the host's addresses from `/proc` (both of the
-    /// calling thread's network namespace).
+    /// under `/proc/sys` (of the calling thread's network namespace) and the
+    /// host's addresses from rtnetlink (of the namespace of the thread that
+    /// runs the first sync needing them).
     pub fn new(
         family: IpFamily,
         options: IptablesOptions,
@@ -167,7 +168,7 @@ impl IptablesBackend {
             node_port_addresses,
             applier,
             sysctl: Box::new(ProcSysctl),
-            local_addresses: Box::new(local_addresses),
+            local_addresses: Box::new(kp_host::HostAddresses::new()),
             needs_full_sync: true,
             host_checked: false,
             canary_check_interval: CANARY_CHECK_INTERVAL,
@@ -224,7 +225,7 @@ impl IptablesBackend {
         mut self,
         addresses: impl FnMut() -> io::Result<Vec<IpAddr>> + Send + 'static,
     ) -> Self {
-        self.local_addresses = Box::new(addresses);
+        self.local_addresses = Box::new(FromFn(addresses));
         self
     }
 
@@ -368,15 +369,25 @@ impl IptablesBackend {
         Ok(())
     }
 
-    fn resolve_node_ports(&mut self, node: &NodeInfo) -> Result<Option<Vec<IpAddr>>, BackendError> {
+    /// The addresses NodePorts answer on. The host's addresses come from a
+    /// cache that follows the kernel's address notifications; a full sync
+    /// reads them afresh anyway, in case a notification went astray.
+    fn resolve_node_ports(
+        &mut self,
+        node: &NodeInfo,
+        full: bool,
+    ) -> Result<Option<Vec<IpAddr>>, BackendError> {
         if self.node_port_addresses == NodePortAddresses::All {
             return Ok(None);
         }
-        let local = (self.local_addresses)().map_err(|source| BackendError::Apply {
-            mode: MODE,
-            attempted: "listing the host's addresses for nodePortAddresses".to_owned(),
-            source: Box::new(source),
-        })?;
+        let local = self
+            .local_addresses
+            .list(full)
+            .map_err(|source| BackendError::Apply {
+                mode: MODE,
+                attempted: "listing the host's addresses for nodePortAddresses".to_owned(),
+                source: Box::new(source),
+            })?;
         Ok(self.node_port_addresses.resolve(self.family, node, &local))
     }
 }
@@ -400,7 +411,7 @@ impl Backend for IptablesBackend {
         let full = self.decide_full(request)?;
         // Until this sync succeeds, the kernel may hold anything.
         self.needs_full_sync = true;
-        let node_ports = self.resolve_node_ports(request.node)?;
+        let node_ports = self.resolve_node_ports(request.node, full)?;
         let mut saved = if full {
             Some(self.prepare_full_sync(node_ports.as_deref())?)
         } else {

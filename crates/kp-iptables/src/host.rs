@@ -1,12 +1,15 @@
 //! What the backend needs of the host besides iptables: sysctls and the
-//! addresses of its interfaces. Both are read in the network namespace of
-//! the calling thread.
+//! addresses of its interfaces. Sysctls are read in the network namespace
+//! of the calling thread; addresses in the namespace of the thread that
+//! first asked for them (see [`kp_host`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use kp_host::HostAddresses;
 
 /// Reads and writes kernel parameters (`sysctl net.ipv4.conf.all.route_localnet`).
 pub trait Sysctl: Send {
@@ -69,45 +72,39 @@ impl Sysctl for MemorySysctl {
     }
 }
 
-/// Every address of the host's interfaces, IPv4 and IPv6, from
-/// `/proc/thread-self/net/fib_trie` (local routes) and
-/// `/proc/thread-self/net/if_inet6` (the thread's namespace, not the
-/// process's: the proxy may run in a namespace entered by one thread).
+/// Every address of the host's interfaces, IPv4 and IPv6, sorted, in the
+/// network namespace of the calling thread: an rtnetlink dump cached per
+/// thread and dumped again only after the kernel announced an address
+/// change (see [`kp_host`]).
 pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
-    let net = PathBuf::from("/proc/thread-self/net");
-    let mut addresses = local_ipv4_addresses(&std::fs::read_to_string(net.join("fib_trie"))?);
-    match std::fs::read_to_string(net.join("if_inet6")) {
-        Ok(text) => addresses.extend(ipv6_addresses(&text)),
-        // IPv6 disabled: no file.
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
-    }
-    Ok(addresses)
+    kp_host::local_addresses().map_err(io::Error::other)
 }
 
-/// The addresses with a `/32 host LOCAL` entry in `fib_trie` output.
-pub(crate) fn local_ipv4_addresses(fib_trie: &str) -> Vec<IpAddr> {
-    let mut found = BTreeSet::new();
-    let mut last: Option<Ipv4Addr> = None;
-    for line in fib_trie.lines() {
-        let trimmed = line.trim_start_matches([' ', '|', '+', '-']).trim();
-        if let Ok(ip) = trimmed.parse::<Ipv4Addr>() {
-            last = Some(ip);
-        } else if trimmed.starts_with("/32 host LOCAL") {
-            found.extend(last);
-        }
-    }
-    found.into_iter().map(IpAddr::V4).collect()
+/// Where the backend gets the host's addresses from.
+pub(crate) trait LocalAddresses: Send {
+    /// The addresses; with `refresh`, read from the kernel even when
+    /// nothing says they changed.
+    fn list(&mut self, refresh: bool) -> io::Result<Vec<IpAddr>>;
 }
 
-/// The addresses in `if_inet6` output (32 hex digits per line first).
-pub(crate) fn ipv6_addresses(if_inet6: &str) -> Vec<IpAddr> {
-    if_inet6
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .filter_map(|hex| u128::from_str_radix(hex, 16).ok())
-        .map(|bits| IpAddr::V6(Ipv6Addr::from(bits)))
-        .collect()
+/// A function as [`LocalAddresses`], for tests: `refresh` changes nothing.
+pub(crate) struct FromFn<F>(pub(crate) F);
+
+impl LocalAddresses for HostAddresses {
+    fn list(&mut self, refresh: bool) -> io::Result<Vec<IpAddr>> {
+        let addresses = if refresh {
+            self.refresh()
+        } else {
+            self.addresses()
+        };
+        addresses.map(<[IpAddr]>::to_vec).map_err(io::Error::other)
+    }
+}
+
+impl<F: FnMut() -> io::Result<Vec<IpAddr>> + Send> LocalAddresses for FromFn<F> {
+    fn list(&mut self, _refresh: bool) -> io::Result<Vec<IpAddr>> {
+        (self.0)()
+    }
 }
 
 fn proc_path(name: &str) -> PathBuf {
@@ -118,28 +115,6 @@ fn proc_path(name: &str) -> PathBuf {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn fib_trie_local_routes_are_the_host_addresses() {
-        let fib_trie = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 127.0.0.1\n        /32 host LOCAL\n\
-                        \x20    +-- 192.168.99.0/24 2 0 2\n        |-- 192.168.99.0\n           /24 link UNICAST\n\
-                        \x20       |-- 192.168.99.2\n           /32 host LOCAL\n\
-                        Local:\n     |-- 192.168.99.2\n           /32 host LOCAL\n";
-        assert_eq!(
-            local_ipv4_addresses(fib_trie),
-            ["127.0.0.1", "192.168.99.2"].map(|a| a.parse::<IpAddr>().unwrap())
-        );
-    }
-
-    #[test]
-    fn if_inet6_lines_give_addresses() {
-        let text = "fd000192016800990000000000000002 02 40 00 80 eth0\n\
-                    00000000000000000000000000000001 01 80 10 80 lo\n";
-        assert_eq!(
-            ipv6_addresses(text),
-            ["fd00:192:168:99::2", "::1"].map(|a| a.parse::<IpAddr>().unwrap())
-        );
-    }
 
     #[test]
     fn memory_sysctl_reports_missing_parameters_as_not_found() {

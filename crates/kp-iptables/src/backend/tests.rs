@@ -378,6 +378,37 @@ fn node_ports_follow_the_host_addresses_at_each_sync() {
     assert!(!text.contains("--dst-type LOCAL -j KUBE-NODEPORTS"));
 }
 
+/// Host addresses that record whether each read asked for a refresh.
+struct RecordedReads(Arc<std::sync::Mutex<Vec<bool>>>);
+
+impl LocalAddresses for RecordedReads {
+    fn list(&mut self, refresh: bool) -> io::Result<Vec<IpAddr>> {
+        self.0.lock().unwrap().push(refresh);
+        Ok(vec![ip(NODE_IP)])
+    }
+}
+
+#[test]
+fn full_syncs_read_the_host_addresses_afresh_and_partial_ones_from_the_cache() {
+    let kernel = FakeKernel::new();
+    let selection = NodePortAddresses::parse(&["192.168.99.0/24".to_owned()]).unwrap();
+    let mut backend = IptablesBackend::new(
+        IpFamily::V4,
+        IptablesOptions::default(),
+        selection,
+        Box::new(kernel.applier()),
+    )
+    .unwrap()
+    .with_sysctl(Box::new(MemorySysctl::new()));
+    let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    backend.local_addresses = Box::new(RecordedReads(Arc::clone(&reads)));
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    world.sync(&mut backend, false, &[]).unwrap();
+    world.sync(&mut backend, true, &[]).unwrap();
+    assert_eq!(*reads.lock().unwrap(), [true, false, true]);
+}
+
 #[test]
 fn dry_run_prints_the_restore_input_with_its_jump_rules() {
     let out = SharedBuffer::default();

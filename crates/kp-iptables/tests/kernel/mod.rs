@@ -100,6 +100,24 @@ impl<'t> Proxy<'t> {
         family: IpFamily,
         sync_period: Duration,
     ) -> Self {
+        Self::start_selecting(
+            topology,
+            flavor,
+            family,
+            sync_period,
+            NodePortAddresses::All,
+        )
+    }
+
+    /// Like [`Proxy::start_with`], with NodePorts on `node_ports` only
+    /// (`nodePortAddresses`).
+    pub fn start_selecting(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        sync_period: Duration,
+        node_ports: NodePortAddresses,
+    ) -> Self {
         let options = IptablesOptions {
             local_detector: LocalDetector::ClusterCidr(vec![
                 plan::POD_CIDR.into(),
@@ -107,7 +125,7 @@ impl<'t> Proxy<'t> {
             ]),
             ..IptablesOptions::default()
         };
-        Self::start_with_options(topology, flavor, family, sync_period, options)
+        Self::start_configured(topology, flavor, family, sync_period, options, node_ports)
     }
 
     /// Like [`Proxy::start_with`], with the renderer's `options`.
@@ -118,8 +136,19 @@ impl<'t> Proxy<'t> {
         sync_period: Duration,
         options: IptablesOptions,
     ) -> Self {
-        let backend =
-            IptablesBackend::system(family, options, NodePortAddresses::All, flavor).unwrap();
+        let all = NodePortAddresses::All;
+        Self::start_configured(topology, flavor, family, sync_period, options, all)
+    }
+
+    fn start_configured(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        sync_period: Duration,
+        options: IptablesOptions,
+        node_ports: NodePortAddresses,
+    ) -> Self {
+        let backend = IptablesBackend::system(family, options, node_ports, flavor).unwrap();
         let config = ProxierConfig {
             family,
             node: NodeInfo {
