@@ -33,7 +33,11 @@ pub use duration::{DurationParseError, GoDuration};
 pub use effective::{InvalidValue, LocalMode, ProxyMode, SyncPeriods};
 pub use encode::{to_yaml, write_file};
 pub use error::ConfigError;
-pub use feature_gates::{unknown_gate_warnings, KNOWN_FEATURE_GATES, LOGGING_ALPHA_OPTIONS};
+pub use feature_gates::{
+    enabled as feature_enabled, feature_gate_warnings, locked_gate_errors, spec as feature_gate,
+    Effect as FeatureGateEffect, GateSpec, Stage as FeatureGateStage, ALL_ALPHA, ALL_BETA,
+    FEATURE_GATES, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS, PREFER_SAME_TRAFFIC_DISTRIBUTION,
+};
 pub use flags::{parse_feature_gates, parse_go_bool, FeatureGatePairs, Flags};
 pub use resolve::{parse_args, resolve, Resolved};
 pub use types::*;

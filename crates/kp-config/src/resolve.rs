@@ -15,7 +15,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use crate::decode::load_file;
 use crate::defaults::{DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT};
 use crate::error::ConfigError;
-use crate::feature_gates::unknown_gate_warnings;
+use crate::feature_gates::feature_gate_warnings;
 use crate::flags::Flags;
 use crate::netutil::{append_port_if_needed, with_port};
 use crate::types::KubeProxyConfiguration;
@@ -95,7 +95,7 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
     if explicit("hostname_override") {
         apply_hostname_override(&flags.hostname_override, &mut config)?;
     }
-    warnings.extend(unknown_gate_warnings(&config));
+    warnings.extend(feature_gate_warnings(&config));
     validate(&config).map_err(ConfigError::Invalid)?;
     Ok(Resolved {
         config,

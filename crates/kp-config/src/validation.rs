@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use crate::duration::GoDuration;
 use crate::effective::{LocalMode, ProxyMode};
-use crate::feature_gates::{self, LOGGING_ALPHA_OPTIONS};
+use crate::feature_gates::{self, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS};
 use crate::netutil::split_host_port;
 use crate::types::{KubeProxyConfiguration, LoggingConfiguration, OutputRoutingOptions};
 
@@ -174,6 +174,10 @@ impl Validator {
                     "must be a feature gate name (letters and digits, e.g. LoggingAlphaOptions)",
                 );
             }
+        }
+        for (name, message) in feature_gates::locked_gate_errors(cfg) {
+            let value = cfg.feature_gates.get(&name).copied().unwrap_or_default();
+            self.invalid(format!("featureGates[{name}]"), value.to_string(), message);
         }
     }
 
@@ -447,6 +451,20 @@ impl Validator {
                 "Unsupported log format (supported: text, json)",
             );
         }
+        if logging.format == "json" && !feature_gates::enabled(cfg, LOGGING_BETA_OPTIONS) {
+            self.forbidden(
+                "logging.format",
+                "Log format json is disabled, see LoggingBetaOptions feature",
+            );
+        }
+        // klog keeps verbosity in an int32.
+        if i32::try_from(logging.verbosity).is_err() {
+            self.invalid(
+                "logging.verbosity",
+                logging.verbosity.to_string(),
+                format!("Must be <= {}", i32::MAX),
+            );
+        }
         if logging.format != "text" && !logging.vmodule.is_empty() {
             self.forbidden("logging.vmodule", "Only supported for text log format");
         }
@@ -457,6 +475,13 @@ impl Validator {
                     format!("logging.vmodule[{i}].filePattern"),
                     quoted(pattern),
                     "must be a non-empty file name or glob without '=' or ','",
+                );
+            }
+            if i32::try_from(item.verbosity).is_err() {
+                self.invalid(
+                    format!("logging.vmodule[{i}].verbosity"),
+                    item.verbosity.to_string(),
+                    format!("Must be <= {}", i32::MAX),
                 );
             }
         }
