@@ -15,9 +15,9 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    categorize_endpoints, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName, NodeInfo,
-    ObjectEvent, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePortMap,
-    ServicePortName,
+    categorize_endpoints_with, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName,
+    NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePortMap,
+    ServicePortName, TopologyOptions,
 };
 use tokio::time::Instant;
 
@@ -64,6 +64,7 @@ pub struct Proxier {
     backend: Mutex<Box<dyn Backend>>,
     status: Arc<SyncStatus>,
     observers: Vec<Arc<dyn SyncObserver>>,
+    topology: TopologyOptions,
     /// Trigger times before this are of changes made before the proxy ran,
     /// whose latency says nothing about it (upstream's `trackerStartTime`).
     started_at: SystemTime,
@@ -143,6 +144,7 @@ impl Proxier {
             backend: Mutex::new(backend),
             status: Arc::new(SyncStatus::new()),
             observers: Vec::new(),
+            topology: TopologyOptions::default(),
             started_at: SystemTime::now(),
         }
     }
@@ -150,6 +152,12 @@ impl Proxier {
     /// Adds an observer told about every successful sync.
     pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
         self.observers.push(observer);
+        self
+    }
+
+    /// Reads topology hints with these feature gates (default: v1.34's).
+    pub fn with_topology(mut self, topology: TopologyOptions) -> Self {
+        self.topology = topology;
         self
     }
 
@@ -249,8 +257,12 @@ impl Proxier {
         let mut backend = lock(&self.backend);
         let started = Instant::now();
         let drained = self.drain(force_full)?;
-        let service_ports =
-            categorize_all(&drained.service_ports, &drained.endpoints, &drained.node);
+        let service_ports = categorize_all(
+            &drained.service_ports,
+            &drained.endpoints,
+            &drained.node,
+            self.topology,
+        );
         let request = SyncRequest {
             family: self.family,
             full: drained.full,
@@ -503,12 +515,14 @@ fn categorize_all(
     service_ports: &ServicePortMap,
     endpoints: &EndpointsMap,
     node: &NodeInfo,
+    topology: TopologyOptions,
 ) -> BTreeMap<ServicePortName, ServicePortState> {
     service_ports
         .iter()
         .map(|(name, port)| {
             let all_endpoints = endpoints.get(name).cloned().unwrap_or_default();
-            let categorized = categorize_endpoints(&all_endpoints, port, &node.name, &node.labels);
+            let categorized =
+                categorize_endpoints_with(&all_endpoints, port, &node.name, &node.labels, topology);
             let state = ServicePortState {
                 port: Arc::clone(port),
                 endpoints: categorized,
