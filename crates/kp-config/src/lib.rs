@@ -22,6 +22,7 @@ mod encode;
 mod error;
 mod feature_gates;
 mod flags;
+mod log_flags;
 mod netutil;
 mod resolve;
 mod types;
@@ -39,6 +40,10 @@ pub use feature_gates::{
     FEATURE_GATES, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS, PREFER_SAME_TRAFFIC_DISTRIBUTION,
 };
 pub use flags::{parse_feature_gates, parse_go_bool, FeatureGatePairs, Flags};
+pub use log_flags::{
+    klog_flag_warning, logging_option_warnings, parse_severity, parse_vmodule, KlogOptions,
+    Severity, VModuleFlag, KLOG_FLAGS,
+};
 pub use resolve::{parse_args, resolve, Resolved};
 pub use types::*;
 pub use validation::{

@@ -549,7 +549,7 @@ pub(crate) fn parse_port_range(value: &str) -> Result<Option<(u16, u16)>, &'stat
 
 /// Kubernetes quantity syntax: a signed decimal number with an optional
 /// binary (Ki..Ei), decimal (n, u, m, k, M..E) or exponent suffix.
-fn is_quantity(text: &str) -> bool {
+pub(crate) fn is_quantity(text: &str) -> bool {
     let body = text.strip_prefix(['+', '-']).unwrap_or(text);
     let num_len = body
         .bytes()
@@ -571,7 +571,7 @@ fn is_quantity(text: &str) -> bool {
     !exp.is_empty() && exp.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn quantity_is_zero(text: &str) -> bool {
+pub(crate) fn quantity_is_zero(text: &str) -> bool {
     let body = text.strip_prefix(['+', '-']).unwrap_or(text);
     is_quantity(text)
         && body
