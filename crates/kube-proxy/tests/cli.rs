@@ -213,3 +213,113 @@ fn a_written_config_drives_a_dry_run_of_the_examples() {
         "the NodePort is programmed:\n{rules}"
     );
 }
+
+#[test]
+fn every_logging_flag_of_upstream_and_klog_is_accepted_with_a_warning_for_klogs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("out.yaml");
+    let log = dir.path().join("kube-proxy.log");
+    let out = kube_proxy(&[
+        "--write-config-to",
+        config.to_str().unwrap(),
+        // component-base's logging flags, as upstream v1.34 registers them.
+        "-v=2",
+        "--vmodule=proxier=4,runner=5",
+        "--log-flush-frequency=2s",
+        "--logging-format=text",
+        "--feature-gates=LoggingAlphaOptions=true",
+        "--log-text-split-stream=false",
+        "--log-text-info-buffer-size=0",
+        "--log-json-split-stream=false",
+        "--log-json-info-buffer-size=0",
+        // klog's flags, which upstream removed in v1.26.
+        "--logtostderr=false",
+        "--alsologtostderr",
+        "--log-file",
+        log.to_str().unwrap(),
+        "--log_dir",
+        dir.path().to_str().unwrap(),
+        "--log-file-max-size=10",
+        "--stderrthreshold=WARNING",
+        "--add_dir_header",
+        "--skip-headers",
+        "--skip_log_headers=true",
+        "--one-output",
+        "--log-backtrace-at=proxier.go:1",
+    ]);
+    let log_text = stderr(&out);
+    assert!(out.status.success(), "{log_text}");
+    for flag in [
+        "logtostderr",
+        "alsologtostderr",
+        "log-file",
+        "log-dir",
+        "log-file-max-size",
+        "stderrthreshold",
+        "add-dir-header",
+        "skip-headers",
+        "skip-log-headers",
+        "one-output",
+        "log-backtrace-at",
+    ] {
+        let warning =
+            format!("flag --{flag} is a klog flag that upstream kube-proxy removed in v1.26");
+        assert_eq!(
+            log_text.matches(&warning).count(),
+            1,
+            "--{flag}:\n{log_text}"
+        );
+    }
+    let text = fs::read_to_string(&config).unwrap();
+    assert!(text.contains("flushFrequency: 2s"), "{text}");
+    assert!(
+        text.contains("- filePattern: proxier\n    verbosity: 4"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_wrong_logging_value_exits_one_naming_the_flag() {
+    for (flag, value) in [
+        ("--vmodule", "proxier"),
+        ("--stderrthreshold", "LOUD"),
+        ("--log-flush-frequency", "often"),
+    ] {
+        let out = kube_proxy(&[&format!("{flag}={value}"), "--dry-run"]);
+        assert_eq!(out.status.code(), Some(1), "{flag}");
+        assert!(stderr(&out).contains(flag), "{flag}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_locked_feature_gate_set_against_its_lock_exits_one() {
+    let out = kube_proxy(&["--feature-gates=NFTablesProxyMode=false", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(
+            "cannot set feature gate NFTablesProxyMode to false, feature is locked to true"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_feature_gate_without_effect_here_is_a_one_line_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("out.yaml");
+    let out = kube_proxy(&[
+        "--feature-gates=ContextualLogging=false,KubeProxyDrainingTerminatingNodes=true",
+        "--write-config-to",
+        config.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert_eq!(
+        log.matches("feature gate ContextualLogging has no effect in kube-proxy-rs")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("feature gate \"KubeProxyDrainingTerminatingNodes\" is not a kube-proxy feature gate of Kubernetes v1.34").count(), 1, "{log}");
+}
