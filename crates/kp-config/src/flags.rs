@@ -12,10 +12,17 @@ use std::path::PathBuf;
 use clap::{ArgAction, Parser};
 
 use crate::duration::GoDuration;
+use crate::log_flags::{
+    parse_backtrace_at, parse_quantity, parse_severity, parse_verbosity, parse_vmodule, Severity,
+    VModuleFlag,
+};
 use crate::netutil::split_host_port;
+use crate::types::Quantity;
 
 const PROJECT_HEADING: &str = "Project additions (not in upstream kube-proxy)";
 const LOGGING_HEADING: &str = "Logging flags";
+const KLOG_HEADING: &str =
+    "klog flags (removed from upstream kube-proxy in v1.26; accepted for older manifests)";
 
 /// kube-proxy's command-line flags.
 #[derive(Debug, Clone, Parser)]
@@ -206,11 +213,62 @@ pub struct Flags {
     #[arg(long, value_name = "VERSION", default_value = "")]
     pub show_hidden_metrics_for_version: String,
     /// Number for the log level verbosity.
-    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value = "0", help_heading = LOGGING_HEADING)]
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value = "0", value_parser = parse_verbosity, help_heading = LOGGING_HEADING)]
     pub v: u32,
     /// Sets the log format. Permitted formats: "json", "text".
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"], help_heading = LOGGING_HEADING)]
     pub logging_format: String,
+    /// Maximum number of seconds between log flushes.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = GoDuration::parse, help_heading = LOGGING_HEADING)]
+    pub log_flush_frequency: GoDuration,
+    /// Comma-separated list of pattern=N settings for file-filtered logging (only works for text log format).
+    #[arg(long, value_name = "PATTERN=N,...", value_parser = parse_vmodule, action = ArgAction::Append, help_heading = LOGGING_HEADING)]
+    pub vmodule: Vec<VModuleFlag>,
+    /// [Alpha] In text format, write error messages to stderr and info messages to stdout. Enable the LoggingAlphaOptions feature gate to use this.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = LOGGING_HEADING)]
+    pub log_text_split_stream: bool,
+    /// [Alpha] In text format with split output streams, the info messages can be buffered (e.g. 512, 1K, 2Ki). Enable the LoggingAlphaOptions feature gate to use this.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity, help_heading = LOGGING_HEADING)]
+    pub log_text_info_buffer_size: Option<Quantity>,
+    /// [Alpha] In JSON format, write error messages to stderr and info messages to stdout. Enable the LoggingAlphaOptions feature gate to use this.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = LOGGING_HEADING)]
+    pub log_json_split_stream: bool,
+    /// [Alpha] In JSON format with split output streams, the info messages can be buffered (e.g. 512, 1K, 2Ki). Enable the LoggingAlphaOptions feature gate to use this.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity, help_heading = LOGGING_HEADING)]
+    pub log_json_info_buffer_size: Option<Quantity>,
+    /// klog: log to standard error instead of files.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub logtostderr: bool,
+    /// klog: log to standard error as well as files (no effect when -logtostderr=true).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub alsologtostderr: bool,
+    /// klog: if non-empty, use this log file (no effect when -logtostderr=true).
+    #[arg(long = "log-file", alias = "log_file", value_name = "FILE", help_heading = KLOG_HEADING)]
+    pub log_file: Option<PathBuf>,
+    /// klog: if non-empty, write log files in this directory (no effect in kube-proxy-rs).
+    #[arg(long = "log-dir", alias = "log_dir", value_name = "DIR", help_heading = KLOG_HEADING)]
+    pub log_dir: Option<PathBuf>,
+    /// klog: maximum size in megabytes a log file can grow to, 0 for unlimited (no effect in kube-proxy-rs).
+    #[arg(long = "log-file-max-size", alias = "log_file_max_size", value_name = "MB", default_value = "1800", help_heading = KLOG_HEADING)]
+    pub log_file_max_size: u64,
+    /// klog: logs at or above this threshold go to stderr when writing to a file (INFO, WARNING, ERROR, FATAL or 0-3).
+    #[arg(long, value_name = "SEVERITY", default_value = "2", value_parser = parse_severity, help_heading = KLOG_HEADING)]
+    pub stderrthreshold: Severity,
+    /// klog: if true, adds the file directory to the header of the log messages (no effect in kube-proxy-rs).
+    #[arg(long = "add-dir-header", alias = "add_dir_header", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub add_dir_header: bool,
+    /// klog: if true, avoid header prefixes in the log messages (no effect in kube-proxy-rs).
+    #[arg(long = "skip-headers", alias = "skip_headers", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub skip_headers: bool,
+    /// klog: if true, avoid headers when opening log files (no effect in kube-proxy-rs).
+    #[arg(long = "skip-log-headers", alias = "skip_log_headers", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub skip_log_headers: bool,
+    /// klog: if true, only write logs to their native severity level (no effect in kube-proxy-rs).
+    #[arg(long = "one-output", alias = "one_output", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = KLOG_HEADING)]
+    pub one_output: bool,
+    /// klog: when logging hits line file:N, emit a stack trace (no effect in kube-proxy-rs).
+    #[arg(long = "log-backtrace-at", alias = "log_backtrace_at", value_name = "FILE:N", default_value = "", value_parser = parse_backtrace_at, help_heading = KLOG_HEADING)]
+    pub log_backtrace_at: String,
     /// --version, --version=raw prints version information and quits; --version=false does not.
     #[arg(long, value_name = "BOOL|raw", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_version_flag)]
     pub version: Option<String>,

@@ -22,6 +22,7 @@ mod encode;
 mod error;
 mod feature_gates;
 mod flags;
+mod log_flags;
 mod netutil;
 mod resolve;
 mod types;
@@ -33,8 +34,16 @@ pub use duration::{DurationParseError, GoDuration};
 pub use effective::{InvalidValue, LocalMode, ProxyMode, SyncPeriods};
 pub use encode::{to_yaml, write_file};
 pub use error::ConfigError;
-pub use feature_gates::{unknown_gate_warnings, KNOWN_FEATURE_GATES, LOGGING_ALPHA_OPTIONS};
+pub use feature_gates::{
+    enabled as feature_enabled, feature_gate_warnings, locked_gate_errors, spec as feature_gate,
+    Effect as FeatureGateEffect, GateSpec, Stage as FeatureGateStage, ALL_ALPHA, ALL_BETA,
+    FEATURE_GATES, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS, PREFER_SAME_TRAFFIC_DISTRIBUTION,
+};
 pub use flags::{parse_feature_gates, parse_go_bool, FeatureGatePairs, Flags};
+pub use log_flags::{
+    klog_flag_warning, logging_option_warnings, parse_severity, parse_vmodule, KlogOptions,
+    Severity, VModuleFlag, KLOG_FLAGS,
+};
 pub use resolve::{parse_args, resolve, Resolved};
 pub use types::*;
 pub use validation::{

@@ -2,7 +2,7 @@
 //!
 //! Upstream's precedence: without `--config`, flags override the defaults;
 //! with `--config`, the file wins and every configuration flag is ignored
-//! except the logging flags (`-v`, `--logging-format`) and
+//! except the logging flags (`-v`, `--vmodule`, `--logging-format`, ...) and
 //! `--hostname-override`. Each ignored flag that was set explicitly produces
 //! a warning naming it.
 
@@ -15,15 +15,17 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use crate::decode::load_file;
 use crate::defaults::{DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT};
 use crate::error::ConfigError;
-use crate::feature_gates::unknown_gate_warnings;
+use crate::feature_gates::feature_gate_warnings;
 use crate::flags::Flags;
+use crate::log_flags::{klog_flag_warning, logging_option_warnings, KlogOptions, KLOG_FLAGS};
 use crate::netutil::{append_port_if_needed, with_port};
 use crate::types::KubeProxyConfiguration;
 use crate::validation::validate;
 
 /// Flags that are not configuration fields, or that upstream honours even
-/// when `--config` is given.
-const HONOURED_WITH_CONFIG: [&str; 11] = [
+/// when `--config` is given (every logging flag: upstream copies the ones
+/// set on the command line over the file's `logging` section).
+const HONOURED_WITH_CONFIG: [&str; 28] = [
     "config",
     "write_config_to",
     "cleanup",
@@ -32,6 +34,23 @@ const HONOURED_WITH_CONFIG: [&str; 11] = [
     "hostname_override",
     "v",
     "logging_format",
+    "log_flush_frequency",
+    "vmodule",
+    "log_text_split_stream",
+    "log_text_info_buffer_size",
+    "log_json_split_stream",
+    "log_json_info_buffer_size",
+    "logtostderr",
+    "alsologtostderr",
+    "log_file",
+    "log_dir",
+    "log_file_max_size",
+    "stderrthreshold",
+    "add_dir_header",
+    "skip_headers",
+    "skip_log_headers",
+    "one_output",
+    "log_backtrace_at",
     "version",
     "manifests",
     "dry_run",
@@ -59,6 +78,8 @@ pub struct Resolved {
     pub manifests: Option<PathBuf>,
     /// `--dry-run`: print the rules of one sync and exit.
     pub dry_run: bool,
+    /// Where logs go, from klog's flags (`--logtostderr`, `--log-file`, ...).
+    pub klog: KlogOptions,
 }
 
 /// Parses a command line (the first item is the program name).
@@ -92,11 +113,19 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
         }
     };
     apply_logging_flags(flags, &explicit, &mut config);
+    let klog = klog_options(flags);
     if explicit("hostname_override") {
         apply_hostname_override(&flags.hostname_override, &mut config)?;
     }
-    warnings.extend(unknown_gate_warnings(&config));
+    warnings.extend(feature_gate_warnings(&config));
     validate(&config).map_err(ConfigError::Invalid)?;
+    warnings.extend(
+        KLOG_FLAGS
+            .iter()
+            .filter(|(flag, _)| explicit(&flag.replace('-', "_")))
+            .map(|(flag, _)| klog_flag_warning(flag, &klog)),
+    );
+    warnings.extend(logging_option_warnings(&config.logging, flags.dry_run));
     Ok(Resolved {
         config,
         warnings,
@@ -107,7 +136,17 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
         master: flags.master.clone(),
         manifests: flags.manifests.clone(),
         dry_run: flags.dry_run,
+        klog,
     })
+}
+
+fn klog_options(flags: &Flags) -> KlogOptions {
+    KlogOptions {
+        logtostderr: flags.logtostderr,
+        alsologtostderr: flags.alsologtostderr,
+        log_file: flags.log_file.clone().filter(|p| !p.as_os_str().is_empty()),
+        stderr_threshold: flags.stderrthreshold,
+    }
 }
 
 /// One warning per configuration flag set on the command line while `--config` is in force.
@@ -134,6 +173,32 @@ fn apply_logging_flags(
     }
     if explicit("logging_format") {
         config.logging.format.clone_from(&flags.logging_format);
+    }
+    let logging = &mut config.logging;
+    if explicit("log_flush_frequency") {
+        logging.flush_frequency.duration = flags.log_flush_frequency;
+        logging.flush_frequency.serialize_as_string = true;
+    }
+    // Like component-base's flag, each --vmodule adds to the list.
+    for items in &flags.vmodule {
+        logging.vmodule.extend(items.0.iter().cloned());
+    }
+    let options = &mut logging.options;
+    set(
+        explicit("log_text_split_stream"),
+        &mut options.text.split_stream,
+        &flags.log_text_split_stream,
+    );
+    set(
+        explicit("log_json_split_stream"),
+        &mut options.json.split_stream,
+        &flags.log_json_split_stream,
+    );
+    if let Some(size) = &flags.log_text_info_buffer_size {
+        options.text.info_buffer_size.clone_from(size);
+    }
+    if let Some(size) = &flags.log_json_info_buffer_size {
+        options.json.info_buffer_size.clone_from(size);
     }
 }
 

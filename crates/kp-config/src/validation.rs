@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use crate::duration::GoDuration;
 use crate::effective::{LocalMode, ProxyMode};
-use crate::feature_gates::{self, LOGGING_ALPHA_OPTIONS};
+use crate::feature_gates::{self, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS};
 use crate::netutil::split_host_port;
 use crate::types::{KubeProxyConfiguration, LoggingConfiguration, OutputRoutingOptions};
 
@@ -174,6 +174,10 @@ impl Validator {
                     "must be a feature gate name (letters and digits, e.g. LoggingAlphaOptions)",
                 );
             }
+        }
+        for (name, message) in feature_gates::locked_gate_errors(cfg) {
+            let value = cfg.feature_gates.get(&name).copied().unwrap_or_default();
+            self.invalid(format!("featureGates[{name}]"), value.to_string(), message);
         }
     }
 
@@ -447,6 +451,20 @@ impl Validator {
                 "Unsupported log format (supported: text, json)",
             );
         }
+        if logging.format == "json" && !feature_gates::enabled(cfg, LOGGING_BETA_OPTIONS) {
+            self.forbidden(
+                "logging.format",
+                "Log format json is disabled, see LoggingBetaOptions feature",
+            );
+        }
+        // klog keeps verbosity in an int32.
+        if i32::try_from(logging.verbosity).is_err() {
+            self.invalid(
+                "logging.verbosity",
+                logging.verbosity.to_string(),
+                format!("Must be <= {}", i32::MAX),
+            );
+        }
         if logging.format != "text" && !logging.vmodule.is_empty() {
             self.forbidden("logging.vmodule", "Only supported for text log format");
         }
@@ -457,6 +475,13 @@ impl Validator {
                     format!("logging.vmodule[{i}].filePattern"),
                     quoted(pattern),
                     "must be a non-empty file name or glob without '=' or ','",
+                );
+            }
+            if i32::try_from(item.verbosity).is_err() {
+                self.invalid(
+                    format!("logging.vmodule[{i}].verbosity"),
+                    item.verbosity.to_string(),
+                    format!("Must be <= {}", i32::MAX),
                 );
             }
         }
@@ -524,7 +549,7 @@ pub(crate) fn parse_port_range(value: &str) -> Result<Option<(u16, u16)>, &'stat
 
 /// Kubernetes quantity syntax: a signed decimal number with an optional
 /// binary (Ki..Ei), decimal (n, u, m, k, M..E) or exponent suffix.
-fn is_quantity(text: &str) -> bool {
+pub(crate) fn is_quantity(text: &str) -> bool {
     let body = text.strip_prefix(['+', '-']).unwrap_or(text);
     let num_len = body
         .bytes()
@@ -546,7 +571,7 @@ fn is_quantity(text: &str) -> bool {
     !exp.is_empty() && exp.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn quantity_is_zero(text: &str) -> bool {
+pub(crate) fn quantity_is_zero(text: &str) -> bool {
     let body = text.strip_prefix(['+', '-']).unwrap_or(text);
     is_quantity(text)
         && body

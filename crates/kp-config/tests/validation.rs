@@ -302,8 +302,8 @@ fn malformed_feature_gate_names_are_errors_and_unknown_ones_warnings() {
     c.feature_gates.insert("SomeFutureGate".into(), true);
     assert_only_error(c.clone(), "featureGates[Not A Gate]: Invalid value: \"Not A Gate\": must be a feature gate name (letters and digits, e.g. LoggingAlphaOptions)");
     assert_eq!(
-        unknown_gate_warnings(&c),
-        vec!["feature gate \"SomeFutureGate\" is not known to kube-proxy-rs and has no effect"]
+        feature_gate_warnings(&c),
+        vec!["feature gate \"SomeFutureGate\" is not a kube-proxy feature gate of Kubernetes v1.34 known to kube-proxy-rs; it has no effect (upstream kube-proxy v1.34 rejects names it does not know)"]
     );
 }
 

@@ -23,6 +23,27 @@ pub struct CategorizedEndpoints {
     pub has_any_endpoints: bool,
 }
 
+/// Feature gates that change how [`categorize_endpoints_with`] reads
+/// topology hints. The default is Kubernetes v1.34's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopologyOptions {
+    /// `PreferSameTrafficDistribution` (beta, on by default in 1.34): node
+    /// hints (`hints.forNodes`, written for `trafficDistribution:
+    /// PreferSameNode`) may narrow the endpoints. When off they are ignored
+    /// and only zone hints count, as upstream's `topologyModeFromHints` does;
+    /// the EndpointSlice controller writes zone hints beside node hints so
+    /// such a proxy still keeps traffic in its zone.
+    pub prefer_same_node_hints: bool,
+}
+
+impl Default for TopologyOptions {
+    fn default() -> Self {
+        Self {
+            prefer_same_node_hints: true,
+        }
+    }
+}
+
 /// How topology hints narrow the cluster endpoints of one service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TopologyMode {
@@ -43,7 +64,8 @@ enum TopologyMode {
 ///
 /// Cluster endpoints are narrowed by topology hints when the EndpointSlice
 /// controller wrote them for every ready endpoint and at least one names this
-/// node (`hints.forNodes`, from `trafficDistribution: PreferSameNode`) or,
+/// node (`hints.forNodes`, from `trafficDistribution: PreferSameNode`; only
+/// with [`TopologyOptions::prefer_same_node_hints`]) or,
 /// failing that, this node's zone (`hints.forZones`, from `PreferClose`,
 /// `PreferSameZone` or `topology-mode: Auto`). Like upstream since 1.33, the
 /// hints alone decide: the controller only writes them when the Service asks
@@ -51,11 +73,30 @@ enum TopologyMode {
 ///
 /// `endpoints` must be sorted by (ip, port), as the [`crate::EndpointsMap`]
 /// keeps them; every list in the result is sorted the same way.
+///
+/// This uses the default [`TopologyOptions`]; see [`categorize_endpoints_with`].
 pub fn categorize_endpoints(
     endpoints: &[Arc<Endpoint>],
     service_port: &ServicePort,
     node_name: &str,
     node_labels: &BTreeMap<String, String>,
+) -> CategorizedEndpoints {
+    categorize_endpoints_with(
+        endpoints,
+        service_port,
+        node_name,
+        node_labels,
+        TopologyOptions::default(),
+    )
+}
+
+/// [`categorize_endpoints`] with the topology feature gates given explicitly.
+pub fn categorize_endpoints_with(
+    endpoints: &[Arc<Endpoint>],
+    service_port: &ServicePort,
+    node_name: &str,
+    node_labels: &BTreeMap<String, String>,
+    options: TopologyOptions,
 ) -> CategorizedEndpoints {
     let mut result = CategorizedEndpoints::default();
     if endpoints.is_empty() {
@@ -66,7 +107,7 @@ pub fn categorize_endpoints(
         let zone = node_labels
             .get(LABEL_TOPOLOGY_ZONE)
             .map_or("", String::as_str);
-        topology = topology_mode_from_hints(endpoints, node_name, zone);
+        topology = topology_mode_from_hints(endpoints, node_name, zone, options);
         result.cluster = filter(endpoints, |ep| {
             ep.ready && available_for_topology(ep, topology, node_name, zone)
         });
@@ -125,6 +166,7 @@ fn topology_mode_from_hints(
     endpoints: &[Arc<Endpoint>],
     node_name: &str,
     zone: &str,
+    options: TopologyOptions,
 ) -> TopologyMode {
     let mut any_ready = false;
     let mut all_have_node_hints = true;
@@ -145,7 +187,7 @@ fn topology_mode_from_hints(
     if !any_ready {
         return TopologyMode::None;
     }
-    if all_have_node_hints && hinted_for_node {
+    if options.prefer_same_node_hints && all_have_node_hints && hinted_for_node {
         return TopologyMode::SameNode;
     }
     if all_have_zone_hints && hinted_for_zone {

@@ -15,7 +15,9 @@ pub mod service;
 pub mod tracker;
 mod vec_map;
 
-pub use categorize::{categorize_endpoints, CategorizedEndpoints};
+pub use categorize::{
+    categorize_endpoints, categorize_endpoints_with, CategorizedEndpoints, TopologyOptions,
+};
 pub use endpoints::{endpoints_from_slices, Endpoint, EndpointsMap};
 pub use events::{ObjectEvent, ProxyEventHandler, ResourceKind};
 pub use node::NodeInfo;

@@ -15,9 +15,9 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    categorize_endpoints, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName, NodeInfo,
-    ObjectEvent, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePortMap,
-    ServicePortName,
+    categorize_endpoints_with, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName,
+    NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePortMap,
+    ServicePortName, TopologyOptions,
 };
 use tokio::time::Instant;
 
@@ -66,6 +66,8 @@ pub struct Proxier {
     observers: Vec<Arc<dyn SyncObserver>>,
     /// The failed attempts since the last successful sync, for the log.
     failures: Mutex<Failures>,
+    /// How topology hints are read (feature gates).
+    topology: TopologyOptions,
     /// Trigger times before this are of changes made before the proxy ran,
     /// whose latency says nothing about it (upstream's `trackerStartTime`).
     started_at: SystemTime,
@@ -160,6 +162,7 @@ impl Proxier {
             status: Arc::new(SyncStatus::new()),
             observers: Vec::new(),
             failures: Mutex::new(Failures::default()),
+            topology: TopologyOptions::default(),
             started_at: SystemTime::now(),
         }
     }
@@ -176,6 +179,12 @@ impl Proxier {
     /// waits for them at start too.
     pub fn waiting_for_pod_cidrs(self) -> Self {
         self.lock_tracked().needs_pod_cidrs = true;
+        self
+    }
+
+    /// Reads topology hints with these feature gates (default: v1.34's).
+    pub fn with_topology(mut self, topology: TopologyOptions) -> Self {
+        self.topology = topology;
         self
     }
 
@@ -296,8 +305,12 @@ impl Proxier {
         let mut backend = lock(&self.backend);
         let started = Instant::now();
         let drained = self.drain(force_full)?;
-        let service_ports =
-            categorize_all(&drained.service_ports, &drained.endpoints, &drained.node);
+        let service_ports = categorize_all(
+            &drained.service_ports,
+            &drained.endpoints,
+            &drained.node,
+            self.topology,
+        );
         let request = SyncRequest {
             family: self.family,
             full: drained.full,
@@ -567,12 +580,14 @@ fn categorize_all(
     service_ports: &ServicePortMap,
     endpoints: &EndpointsMap,
     node: &NodeInfo,
+    topology: TopologyOptions,
 ) -> BTreeMap<ServicePortName, ServicePortState> {
     service_ports
         .iter()
         .map(|(name, port)| {
             let all_endpoints = endpoints.get(name).cloned().unwrap_or_default();
-            let categorized = categorize_endpoints(&all_endpoints, port, &node.name, &node.labels);
+            let categorized =
+                categorize_endpoints_with(&all_endpoints, port, &node.name, &node.labels, topology);
             let state = ServicePortState {
                 port: Arc::clone(port),
                 endpoints: categorized,

@@ -30,7 +30,12 @@ const API_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
     let resolved = kp_config::resolve(flags, matches)?;
     let config = &resolved.config;
-    logging::init(config.logging.verbosity, &config.logging.format);
+    logging::init_with(&logging::LogSettings::from_config(
+        &config.logging,
+        &resolved.klog,
+        resolved.dry_run,
+    ))
+    .context("setting up logging")?;
     for warning in &resolved.warnings {
         tracing::warn!(%warning, "Configuration warning");
     }
@@ -290,6 +295,12 @@ fn build_proxiers(
         name: node_name.to_owned(),
         ..NodeInfo::default()
     };
+    let topology = kp_model::TopologyOptions {
+        prefer_same_node_hints: kp_config::feature_enabled(
+            config,
+            kp_config::PREFER_SAME_TRAFFIC_DISTRIBUTION,
+        ),
+    };
     let needs_pod_cidrs = config.effective_detect_local_mode()? == LocalMode::NodeCidr;
     if needs_pod_cidrs {
         tracing::info!("detectLocalMode is NodeCIDR: no rules until the Node has spec.podCIDRs");
@@ -302,7 +313,7 @@ fn build_proxiers(
             node: node.clone(),
             runner,
         };
-        let proxier = Proxier::new(proxier_config, backend);
+        let proxier = Proxier::new(proxier_config, backend).with_topology(topology);
         proxiers.push(if needs_pod_cidrs {
             proxier.waiting_for_pod_cidrs()
         } else {

@@ -1,9 +1,67 @@
-//! Log output: upstream's `-v` levels and `--logging-format` on `tracing`.
+//! Log output: upstream's `-v`, `--vmodule`, `--logging-format` and split
+//! streams, and klog's `--logtostderr`/`--log-file`, on `tracing`.
 
+use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::EnvFilter;
+use kp_config::{KlogOptions, LoggingConfiguration, Severity, VModuleItem};
+use tracing::{Level, Metadata, Subscriber};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, FilterFn, LevelFilter};
+use tracing_subscriber::fmt::writer::{MakeWriter, MakeWriterExt};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Registry;
+
+/// What can go wrong while setting up logging.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    /// `--log-file` could not be opened for appending.
+    #[error("opening --log-file {path}")]
+    OpenLogFile {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything that decides where logs go and which are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `-v` / `logging.verbosity`.
+    pub verbosity: u32,
+    /// `--vmodule` / `logging.vmodule`: per-file verbosity, first match wins.
+    pub vmodule: Vec<VModuleItem>,
+    /// `logging.format: json`.
+    pub json: bool,
+    /// Errors to stderr, the rest to stdout (`logging.options.<format>.splitStream`).
+    pub split_stream: bool,
+    /// klog's output flags.
+    pub klog: KlogOptions,
+}
+
+impl LogSettings {
+    /// The settings of a validated configuration; `dry_run` keeps stdout
+    /// for the rules, so split streams are not used then.
+    pub fn from_config(logging: &LoggingConfiguration, klog: &KlogOptions, dry_run: bool) -> Self {
+        let json = logging.format == "json";
+        let options = if json {
+            &logging.options.json
+        } else {
+            &logging.options.text
+        };
+        Self {
+            verbosity: logging.verbosity,
+            vmodule: logging.vmodule.clone(),
+            json,
+            split_stream: options.split_stream && !dry_run,
+            klog: klog.clone(),
+        }
+    }
+}
 
 /// Maps klog verbosity to a `tracing` level: 0–3 give INFO (upstream logs
 /// its routine messages at 2 and below), 4–5 DEBUG, 6 and more TRACE
@@ -16,37 +74,172 @@ pub fn level_for_verbosity(verbosity: u32) -> LevelFilter {
     }
 }
 
-/// Installs the global subscriber, writing to stderr (stdout is reserved for
-/// `--dry-run` output). `RUST_LOG`, when set, overrides the level.
-pub fn init(verbosity: u32, format: &str) {
-    let filter = EnvFilter::builder()
-        .with_default_directive(level_for_verbosity(verbosity).into())
-        .from_env_lossy();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
-    // Validation accepted only "text" (or empty) and "json".
-    let result = if format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+/// Installs the global subscriber. `RUST_LOG`, when set, overrides `-v` and
+/// `--vmodule`. A subscriber is already installed only when this runs twice,
+/// which main never does; nothing to report then.
+pub fn init_with(settings: &LogSettings) -> Result<(), LoggingError> {
+    drop(subscriber(settings)?.try_init());
+    Ok(())
+}
+
+/// The subscriber `settings` ask for, not yet installed.
+pub fn subscriber(settings: &LogSettings) -> Result<impl Subscriber + Send + Sync, LoggingError> {
+    build(settings, EnvFilter::try_from_default_env().ok())
+}
+
+/// [`subscriber`], with `RUST_LOG`'s filter (if any) given.
+fn build(
+    settings: &LogSettings,
+    env: Option<EnvFilter>,
+) -> Result<impl Subscriber + Send + Sync, LoggingError> {
+    let filter = match env {
+        Some(env) => FilterExt::<Registry>::boxed(env),
+        None => {
+            FilterExt::<Registry>::boxed(verbosity_filter(settings.verbosity, &settings.vmodule))
+        }
     };
-    // A subscriber is already installed only when init runs twice, which
-    // main never does; nothing to report then.
-    drop(result);
+    let layer = output_layer(settings)?.with_filter(filter);
+    Ok(Registry::default().with(layer))
+}
+
+/// `-v` for every file, `--vmodule` for the files it names.
+fn verbosity_filter(
+    verbosity: u32,
+    vmodule: &[VModuleItem],
+) -> FilterFn<impl Fn(&Metadata<'_>) -> bool> {
+    let default = level_for_verbosity(verbosity);
+    let modules: Vec<(String, LevelFilter)> = vmodule
+        .iter()
+        .map(|item| {
+            (
+                item.file_pattern.clone(),
+                level_for_verbosity(item.verbosity),
+            )
+        })
+        .collect();
+    let max = modules
+        .iter()
+        .map(|(_, level)| *level)
+        .fold(default, Ord::max);
+    FilterFn::new(move |meta: &Metadata<'_>| {
+        let level = level_for_file(meta.file(), &modules).unwrap_or(default);
+        *meta.level() <= level
+    })
+    .with_max_level_hint(max)
+}
+
+/// The level of the first `--vmodule` pattern that matches `file`, as klog
+/// matches Go files: without the extension, the base name, or for a pattern
+/// with a `/` the path (here also any part of it that starts after a `/`,
+/// since Rust records paths relative to the workspace).
+fn level_for_file(file: Option<&str>, modules: &[(String, LevelFilter)]) -> Option<LevelFilter> {
+    let path = file?;
+    let path = path.strip_suffix(".rs").unwrap_or(path);
+    let base = path.rsplit('/').next().unwrap_or(path);
+    modules.iter().find_map(|(pattern, level)| {
+        let matches = if pattern.contains('/') {
+            glob_match(pattern, path)
+                || path
+                    .match_indices('/')
+                    .any(|(i, _)| glob_match(pattern, &path[i + 1..]))
+        } else {
+            glob_match(pattern, base)
+        };
+        matches.then_some(*level)
+    })
+}
+
+/// Glob matching with `*` (any run of characters) and `?` (one character).
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let pattern: Vec<char> = pattern.chars().collect();
+    let text: Vec<char> = text.chars().collect();
+    let (mut p, mut t) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                backtrack = Some((p, t));
+                p += 1;
+            }
+            Some(c) if *c == '?' || *c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match backtrack {
+                Some((star, matched)) => {
+                    p = star + 1;
+                    t = matched + 1;
+                    backtrack = Some((star, matched + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|c| *c == '*')
+}
+
+/// The formatting layer writing where klog's flags and split streams say.
+fn output_layer(
+    settings: &LogSettings,
+) -> Result<Box<dyn Layer<Registry> + Send + Sync>, LoggingError> {
+    let json = settings.json;
+    let Some(path) = settings.klog.file() else {
+        if settings.split_stream {
+            let writer = std::io::stderr
+                .with_max_level(Level::ERROR)
+                .or_else(std::io::stdout);
+            return Ok(fmt_layer(writer, json, false));
+        }
+        return Ok(fmt_layer(
+            std::io::stderr,
+            json,
+            std::io::stderr().is_terminal(),
+        ));
+    };
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| LoggingError::OpenLogFile {
+            path: path.clone(),
+            source,
+        })?;
+    let file = Arc::new(file);
+    if settings.klog.alsologtostderr {
+        return Ok(fmt_layer(file.and(std::io::stderr), json, false));
+    }
+    Ok(match stderr_level(settings.klog.stderr_threshold) {
+        Some(level) => fmt_layer(file.and(std::io::stderr.with_max_level(level)), json, false),
+        None => fmt_layer::<Arc<File>>(file, json, false),
+    })
+}
+
+/// The least severe level `--stderrthreshold` copies to stderr (none for
+/// FATAL: nothing in kube-proxy-rs logs at that severity).
+fn stderr_level(threshold: Severity) -> Option<Level> {
+    match threshold {
+        Severity::Info => Some(Level::TRACE),
+        Severity::Warning => Some(Level::WARN),
+        Severity::Error => Some(Level::ERROR),
+        Severity::Fatal => None,
+    }
+}
+
+fn fmt_layer<W>(writer: W, json: bool, ansi: bool) -> Box<dyn Layer<Registry> + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .with_target(false);
+    if json {
+        layer.json().boxed()
+    } else {
+        layer.boxed()
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verbosity_maps_to_levels_as_klog_users_expect() {
-        assert_eq!(level_for_verbosity(0), LevelFilter::INFO);
-        assert_eq!(level_for_verbosity(2), LevelFilter::INFO);
-        assert_eq!(level_for_verbosity(4), LevelFilter::DEBUG);
-        assert_eq!(level_for_verbosity(9), LevelFilter::TRACE);
-    }
-}
+#[path = "logging_tests.rs"]
+mod tests;

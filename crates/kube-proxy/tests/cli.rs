@@ -213,3 +213,209 @@ fn a_written_config_drives_a_dry_run_of_the_examples() {
         "the NodePort is programmed:\n{rules}"
     );
 }
+
+#[test]
+fn every_logging_flag_of_upstream_and_klog_is_accepted_with_a_warning_for_klogs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("out.yaml");
+    let log = dir.path().join("kube-proxy.log");
+    let out = kube_proxy(&[
+        "--write-config-to",
+        config.to_str().unwrap(),
+        // component-base's logging flags, as upstream v1.34 registers them.
+        "-v=2",
+        "--vmodule=proxier=4,runner=5",
+        "--log-flush-frequency=2s",
+        "--logging-format=text",
+        "--feature-gates=LoggingAlphaOptions=true",
+        "--log-text-split-stream=false",
+        "--log-text-info-buffer-size=0",
+        "--log-json-split-stream=false",
+        "--log-json-info-buffer-size=0",
+        // klog's flags, which upstream removed in v1.26.
+        "--logtostderr=false",
+        "--alsologtostderr",
+        "--log-file",
+        log.to_str().unwrap(),
+        "--log_dir",
+        dir.path().to_str().unwrap(),
+        "--log-file-max-size=10",
+        "--stderrthreshold=WARNING",
+        "--add_dir_header",
+        "--skip-headers",
+        "--skip_log_headers=true",
+        "--one-output",
+        "--log-backtrace-at=proxier.go:1",
+    ]);
+    let log_text = stderr(&out);
+    assert!(out.status.success(), "{log_text}");
+    for flag in [
+        "logtostderr",
+        "alsologtostderr",
+        "log-file",
+        "log-dir",
+        "log-file-max-size",
+        "stderrthreshold",
+        "add-dir-header",
+        "skip-headers",
+        "skip-log-headers",
+        "one-output",
+        "log-backtrace-at",
+    ] {
+        let warning =
+            format!("flag --{flag} is a klog flag that upstream kube-proxy removed in v1.26");
+        assert_eq!(
+            log_text.matches(&warning).count(),
+            1,
+            "--{flag}:\n{log_text}"
+        );
+    }
+    let text = fs::read_to_string(&config).unwrap();
+    assert!(text.contains("flushFrequency: 2s"), "{text}");
+    assert!(
+        text.contains("- filePattern: proxier\n    verbosity: 4"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_wrong_logging_value_exits_one_naming_the_flag() {
+    for (flag, value) in [
+        ("--vmodule", "proxier"),
+        ("--stderrthreshold", "LOUD"),
+        ("--log-flush-frequency", "often"),
+    ] {
+        let out = kube_proxy(&[&format!("{flag}={value}"), "--dry-run"]);
+        assert_eq!(out.status.code(), Some(1), "{flag}");
+        assert!(stderr(&out).contains(flag), "{flag}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_locked_feature_gate_set_against_its_lock_exits_one() {
+    let out = kube_proxy(&["--feature-gates=NFTablesProxyMode=false", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(
+            "cannot set feature gate NFTablesProxyMode to false, feature is locked to true"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_feature_gate_without_effect_here_is_a_one_line_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("out.yaml");
+    let out = kube_proxy(&[
+        "--feature-gates=ContextualLogging=false,KubeProxyDrainingTerminatingNodes=true",
+        "--write-config-to",
+        config.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert_eq!(
+        log.matches("feature gate ContextualLogging has no effect in kube-proxy-rs")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("feature gate \"KubeProxyDrainingTerminatingNodes\" is not a kube-proxy feature gate of Kubernetes v1.34").count(), 1, "{log}");
+}
+
+#[test]
+fn logs_go_to_the_log_file_when_klogs_flags_ask_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kube-proxy.log");
+    let log_flag = format!("--log-file={}", log.display());
+
+    let run = kube_proxy(&[
+        "--manifests",
+        examples().to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+        "--logtostderr=false",
+        &log_flag,
+    ]);
+
+    assert!(run.status.success(), "{}", stderr(&run));
+    let written = fs::read_to_string(&log).unwrap();
+    assert!(written.contains("Starting kube-proxy"), "{written}");
+    assert!(
+        !stderr(&run).contains("Starting kube-proxy"),
+        "info lines go to the file only: {}",
+        stderr(&run)
+    );
+}
+
+#[test]
+fn prefer_same_traffic_distribution_off_reaches_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    // demo/web's slice carries node hints? Written here: one endpoint on
+    // this node, one elsewhere, both hinted for node-1's zone and the
+    // local one for node-1 itself.
+    fs::write(
+        dir.path().join("objects.yaml"),
+        "apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: near}
+spec:
+  clusterIP: 10.96.0.77
+  trafficDistribution: PreferSameNode
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: near-1
+  labels: {kubernetes.io/service-name: near}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+  - addresses: [10.244.1.7]
+    conditions: {ready: true}
+    nodeName: node-1
+    zone: zone-a
+    hints: {forNodes: [{name: node-1}], forZones: [{name: zone-a}]}
+  - addresses: [10.244.2.7]
+    conditions: {ready: true}
+    nodeName: node-2
+    zone: zone-a
+    hints: {forNodes: [{name: node-2}], forZones: [{name: zone-a}]}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {topology.kubernetes.io/zone: zone-a}
+",
+    )
+    .unwrap();
+    let manifests = dir.path().to_str().unwrap();
+    let endpoints_of = |gates: &[&str]| {
+        let mut args = vec!["--manifests", manifests, "--hostname-override", "node-1"];
+        args.extend_from_slice(gates);
+        args.push("--dry-run");
+        let run = kube_proxy(&args);
+        assert!(run.status.success(), "{}", stderr(&run));
+        let text = stdout(&run);
+        ["10.244.1.7", "10.244.2.7"]
+            .into_iter()
+            .filter(|ip| text.contains(&format!("--to-destination {ip}:8080")))
+            .collect::<Vec<_>>()
+    };
+
+    assert_eq!(
+        endpoints_of(&[]),
+        ["10.244.1.7"],
+        "node hints keep traffic here"
+    );
+    assert_eq!(
+        endpoints_of(&["--feature-gates=PreferSameTrafficDistribution=false"]),
+        ["10.244.1.7", "10.244.2.7"],
+        "without the gate the zone hints hold"
+    );
+}
