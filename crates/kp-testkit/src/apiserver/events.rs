@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::event_validation::{validate_create, validate_generic_meta, EventApi};
 use super::field_error::{go_quote, invalid_status, FieldError};
 use super::http::{bad_request, check_params, json_response, status_object, Body, Refusal};
-use super::store::PostedEvent;
+use super::store::{PostedEvent, Store};
 use super::Shared;
 
 /// Query parameters an event creation accepts.
@@ -65,36 +65,12 @@ pub(crate) async fn create(
         )));
     }
     let mut store = shared.lock();
+    prepare(&mut event, &namespace, store.resource_version + 1)?;
+    validate(&event, api)?;
+    admit(&store, &event, &namespace)?;
     let version = store.next_resource_version();
-    prepare(&mut event, &namespace, version)?;
-    let errors = validate_create(&event, api);
-    let errors = if errors.is_empty() {
-        validate_generic_meta(&event)
-    } else {
-        errors
-    };
-    if !errors.is_empty() {
-        return Err(invalid(&event, &errors));
-    }
-    let name = event["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    if !store.has_namespace(&namespace) {
-        return Err(refusal(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("namespaces {} not found", go_quote(&namespace)),
-        ));
-    }
-    let taken = store
-        .events
-        .iter()
-        .any(|e| e.namespace == namespace && e.object["metadata"]["name"] == name.as_str());
-    if taken {
-        return Err(refusal(
-            StatusCode::CONFLICT,
-            "AlreadyExists",
-            format!("events {} already exists", go_quote(&name)),
-        ));
-    }
+    event["metadata"]["resourceVersion"] = json!(version.to_string());
+    event["metadata"]["uid"] = json!(format!("event-uid-{version}"));
     store.events.push(PostedEvent {
         api_version: api_version.to_owned(),
         namespace,
@@ -105,6 +81,48 @@ pub(crate) async fn create(
         add_warnings(&mut response, &unknown);
     }
     Ok(response)
+}
+
+/// The kind's own validation, then (when it passes) the generic metadata
+/// check; the first that fails is the 422.
+fn validate(event: &Value, api: EventApi) -> Result<(), Refusal> {
+    let mut errors = validate_create(event, api);
+    if errors.is_empty() {
+        errors = validate_generic_meta(event);
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(invalid(event, &errors))
+    }
+}
+
+/// What admission and storage refuse after validation: a namespace that
+/// does not exist (404), a name already taken (409).
+fn admit(store: &Store, event: &Value, namespace: &str) -> Result<(), Refusal> {
+    if !store.has_namespace(namespace) {
+        return Err(refusal(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("namespaces {} not found", go_quote(namespace)),
+        ));
+    }
+    let name = &event["metadata"]["name"];
+    let taken = store
+        .events
+        .iter()
+        .any(|e| e.namespace == namespace && e.object["metadata"]["name"] == *name);
+    if taken {
+        return Err(refusal(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!(
+                "events {} already exists",
+                go_quote(name.as_str().unwrap_or(""))
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_content_type(request: &Request<Incoming>) -> Result<(), Refusal> {
@@ -196,9 +214,9 @@ fn unknown_fields(sent: &Value, understood: &Value, path: &str, unknown: &mut Ve
 }
 
 /// Fills in what the server sets before validating: the name from
-/// `generateName`, the namespace from the path (400 when the body names
-/// another), the resourceVersion and uid.
-fn prepare(event: &mut Value, namespace: &str, version: u64) -> Result<(), Refusal> {
+/// `generateName` (its suffix derived from `seed`) and the namespace from
+/// the path (400 when the body names another).
+fn prepare(event: &mut Value, namespace: &str, seed: u64) -> Result<(), Refusal> {
     let metadata = &mut event["metadata"];
     if !metadata.is_object() {
         *metadata = json!({});
@@ -218,20 +236,18 @@ fn prepare(event: &mut Value, namespace: &str, version: u64) -> Result<(), Refus
         .and_then(Value::as_str)
         .unwrap_or("");
     if name.is_empty() && !prefix.is_empty() {
-        metadata["name"] = json!(generated_name(prefix, version));
+        metadata["name"] = json!(generated_name(prefix, seed));
     }
-    metadata["resourceVersion"] = json!(version.to_string());
-    metadata["uid"] = json!(format!("event-uid-{version}"));
     Ok(())
 }
 
 /// `prefix` (cut to 58 characters) and 5 characters of the name alphabet,
-/// derived from `version` so that tests are repeatable.
-fn generated_name(prefix: &str, version: u64) -> String {
+/// derived from `seed` so that tests are repeatable.
+fn generated_name(prefix: &str, seed: u64) -> String {
     let prefix: String = prefix.chars().take(58).collect();
     let base = NAME_ALPHABET.len() as u64;
     let suffix: String = (0..5)
-        .scan(version, |rest, _| {
+        .scan(seed, |rest, _| {
             let index = usize::try_from(*rest % base).unwrap_or(0);
             *rest /= base;
             NAME_ALPHABET.get(index).map(|c| char::from(*c))

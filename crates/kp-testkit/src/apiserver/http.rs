@@ -1,5 +1,6 @@
-//! The HTTP side of the test API server: routing, list, watch and event
-//! creation, each checked strictly against what the Kubernetes API accepts.
+//! The HTTP side of the test API server: routing, list and watch, each
+//! checked strictly against what the Kubernetes API accepts; event
+//! creation is in `events`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

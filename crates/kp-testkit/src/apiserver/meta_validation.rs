@@ -326,6 +326,48 @@ mod tests {
     }
 
     #[test]
+    fn metadata_limits_annotations_labels_and_generation() {
+        let metadata = serde_json::json!({
+            "name": "e.1",
+            "namespace": "default",
+            "generation": -1,
+            "labels": {"app": "-bad"},
+            "annotations": {"Example.com/Mixed-Case": "x".repeat(TOTAL_ANNOTATION_SIZE_LIMIT)},
+        });
+        let messages: Vec<String> = object_meta(&metadata, name_is_dns_subdomain)
+            .iter()
+            .map(FieldError::message)
+            .collect();
+        assert_eq!(messages.len(), 3, "{messages:#?}");
+        assert_eq!(
+            messages[0],
+            "metadata.generation: Invalid value: -1: must be greater than or equal to 0"
+        );
+        assert!(messages[1].starts_with(
+            "metadata.labels: Invalid value: \"-bad\": a valid label must be an empty string"
+        ));
+        assert_eq!(
+            messages[2],
+            "metadata.annotations: Too long: must have at most 262144 bytes"
+        );
+    }
+
+    #[test]
+    fn metadata_needs_a_name_and_a_namespace() {
+        let messages: Vec<String> = object_meta(&serde_json::json!({}), path_segment_name)
+            .iter()
+            .map(FieldError::message)
+            .collect();
+        assert_eq!(
+            messages,
+            [
+                "metadata.name: Required value: name or generateName is required",
+                "metadata.namespace: Required value"
+            ]
+        );
+    }
+
+    #[test]
     fn path_segment_names_avoid_dots_slashes_and_percent() {
         assert_eq!(path_segment_name("..", false), ["may not be '..'"]);
         assert_eq!(

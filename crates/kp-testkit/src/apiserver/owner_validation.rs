@@ -130,3 +130,55 @@ fn go_owner(reference: &Value) -> String {
 fn text<'a>(object: &'a Value, field: &str) -> &'a str {
     object.get(field).and_then(Value::as_str).unwrap_or("")
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn messages(errors: Vec<FieldError>) -> Vec<String> {
+        errors.iter().map(FieldError::message).collect()
+    }
+
+    #[test]
+    fn an_owner_needs_a_version_kind_name_and_uid_and_is_no_event() {
+        let references = json!([{"apiVersion": "v1", "kind": "Event", "name": "e", "uid": ""}]);
+        assert_eq!(
+            messages(owner_references(Some(&references))),
+            [
+                "metadata.ownerReferences.uid: Invalid value: \"\": must not be empty",
+                "metadata.ownerReferences: Invalid value: v1.OwnerReference{APIVersion:\"v1\", Kind:\"Event\", Name:\"e\", UID:\"\", Controller:(*bool)(nil), BlockOwnerDeletion:(*bool)(nil)}: /v1, Kind=Event is disallowed from being an owner",
+            ]
+        );
+        let no_version =
+            json!([{"apiVersion": "apps/", "kind": "ReplicaSet", "name": "r", "uid": "u"}]);
+        assert_eq!(
+            messages(owner_references(Some(&no_version))),
+            ["metadata.ownerReferences.apiVersion: Invalid value: \"apps/\": version must not be empty"]
+        );
+    }
+
+    #[test]
+    fn only_one_owner_is_the_controller() {
+        let owner = |name: &str| json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": name, "controller": true});
+        let references = json!([owner("a"), owner("b")]);
+        let errors = messages(owner_references(Some(&references)));
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].ends_with("Only one reference can have Controller set to true. Found \"true\" in references for ReplicaSet/a and ReplicaSet/b"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn finalizers_are_qualified_names_and_not_both_orphan_and_foreground() {
+        let finalizers_list = json!(["orphan", "foregroundDeletion", "example.com/ok"]);
+        assert_eq!(
+            messages(finalizers(Some(&finalizers_list))),
+            ["metadata.finalizers: Invalid value: []string{\"orphan\", \"foregroundDeletion\", \"example.com/ok\"}: finalizer orphan and foregroundDeletion cannot be both set"]
+        );
+        let bad = json!(["a/b/c"]);
+        assert_eq!(finalizers(Some(&bad)).len(), 1);
+    }
+}
