@@ -20,5 +20,5 @@ mod time_format;
 
 pub use health::{Health, ProxyHealth};
 pub use metrics::ProxyMetrics;
-pub use servers::{serve_healthz, serve_metrics, MetricsEndpoints};
+pub use servers::{start_server, BindError, MetricsEndpoints, Server, Serving};
 pub use service_health::{ListenAddresses, ServiceHealthServers};

@@ -1,14 +1,20 @@
 //! The healthz server (`healthzBindAddress`, default `0.0.0.0:10256`) and
 //! the metrics server (`metricsBindAddress`, default `127.0.0.1:10249`),
-//! with upstream's paths and answers. An empty address disables a server.
+//! with upstream's paths and answers. An empty address disables a server;
+//! with `bindAddressHardFail`, an address that cannot be bound is an error
+//! the caller ends the process with, as upstream does.
 
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::health::ProxyHealth;
-use crate::http::{serve_retrying, Handler, Response};
+use crate::http::{serve, serve_retrying, Handler, Response};
 use crate::metrics::ProxyMetrics;
 
 /// What the metrics server shows besides the metrics.
@@ -71,18 +77,101 @@ pub fn metrics_handler(endpoints: MetricsEndpoints) -> Handler {
     })
 }
 
-/// Serves the healthz server on `address` until `stop`.
-pub async fn serve_healthz(address: &str, handler: Handler, stop: watch::Receiver<bool>) {
-    if let Some(address) = parse("healthz", address) {
-        serve_retrying("healthz", address, handler, stop).await;
+/// Which of the proxy's two servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// The healthz server (`healthzBindAddress`).
+    Healthz,
+    /// The metrics server (`metricsBindAddress`).
+    Metrics,
+}
+
+/// A server future, ready to be spawned; it ends with `stop`.
+pub type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A server could not listen on its address and `bindAddressHardFail` is
+/// set. The message is upstream's, so that operators' log searches match.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", bind_failure_message(*server, *address))]
+pub struct BindError {
+    /// The server.
+    pub server: Server,
+    /// The address it could not listen on.
+    pub address: SocketAddr,
+    /// Why (address in use, not on this host, …).
+    #[source]
+    pub source: io::Error,
+}
+
+impl Server {
+    /// The name used in logs: `healthz` or `metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Healthz => "healthz",
+            Self::Metrics => "metrics",
+        }
     }
 }
 
-/// Serves the metrics server on `address` until `stop`.
-pub async fn serve_metrics(address: &str, handler: Handler, stop: watch::Receiver<bool>) {
-    if let Some(address) = parse("metrics", address) {
-        serve_retrying("metrics", address, handler, stop).await;
+/// The `server` on `address` (empty: disabled, `None`), serving `handler`
+/// until `stop`.
+///
+/// With `hard_fail` (`bindAddressHardFail`) the address is bound now and a
+/// failure is returned, for the caller to end the process as upstream
+/// does. Without it, as upstream, a failure is logged and binding is
+/// retried every [`BIND_RETRY`](crate::http::BIND_RETRY) while the proxy
+/// runs on.
+pub fn start_server(
+    server: Server,
+    address: &str,
+    handler: Handler,
+    stop: watch::Receiver<bool>,
+    hard_fail: bool,
+) -> Result<Option<Serving>, BindError> {
+    let Some(address) = parse(server.name(), address) else {
+        return Ok(None);
+    };
+    if !hard_fail {
+        return Ok(Some(Box::pin(serve_retrying(
+            server.name(),
+            address,
+            handler,
+            stop,
+        ))));
     }
+    let listener = bind_now(address).map_err(|source| BindError {
+        server,
+        address,
+        source,
+    })?;
+    tracing::info!(server = server.name(), %address, "Serving");
+    Ok(Some(Box::pin(async move {
+        match TcpListener::from_std(listener) {
+            Ok(listener) => serve(listener, handler, stop).await,
+            // Registering a bound socket with the runtime fails only when
+            // the runtime is out of resources.
+            Err(error) => {
+                tracing::error!(server = server.name(), %address, %error, "Cannot serve");
+            }
+        }
+    })))
+}
+
+/// Upstream's messages: `failed to start proxier healthz on ADDR` and
+/// `starting metrics server failed` (the cause follows in the chain).
+fn bind_failure_message(server: Server, address: SocketAddr) -> String {
+    match server {
+        Server::Healthz => format!("failed to start proxier healthz on {address}"),
+        Server::Metrics => format!("starting metrics server failed: cannot listen on {address}"),
+    }
+}
+
+/// Binds `address` as Go's `net.Listen` does (`SO_REUSEADDR`, which the
+/// standard library sets), ready for the runtime.
+fn bind_now(address: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 fn parse(server: &'static str, address: &str) -> Option<SocketAddr> {
@@ -103,4 +192,106 @@ fn parse(server: &'static str, address: &str) -> Option<SocketAddr> {
 
 fn json(code: u16, body: String) -> Response {
     Response::new(code, "application/json", body).with_header("X-Content-Type-Options", "nosniff")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn hello() -> Handler {
+        Arc::new(|_method, _path| Response::text(200, "hello"))
+    }
+
+    #[tokio::test]
+    async fn with_hard_fail_a_taken_address_is_an_error_naming_server_and_address() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = squatter.local_addr().unwrap();
+        let (_stop_tx, stop) = watch::channel(false);
+
+        let healthz = start_server(
+            Server::Healthz,
+            &taken.to_string(),
+            hello(),
+            stop.clone(),
+            true,
+        );
+        let metrics = start_server(Server::Metrics, &taken.to_string(), hello(), stop, true);
+
+        let healthz = healthz.err().unwrap();
+        assert_eq!(
+            healthz.to_string(),
+            format!("failed to start proxier healthz on {taken}")
+        );
+        assert_eq!(healthz.source.kind(), io::ErrorKind::AddrInUse);
+        let metrics = metrics.err().unwrap();
+        assert_eq!(
+            metrics.to_string(),
+            format!("starting metrics server failed: cannot listen on {taken}")
+        );
+        assert_eq!((metrics.server, metrics.address), (Server::Metrics, taken));
+    }
+
+    #[tokio::test]
+    async fn with_hard_fail_an_address_not_on_the_host_is_an_error() {
+        let (_stop_tx, stop) = watch::channel(false);
+        // TEST-NET-3: on no interface of any host.
+        let error = start_server(Server::Metrics, "203.0.113.7:10249", hello(), stop, true)
+            .err()
+            .unwrap();
+        assert_eq!(error.source.kind(), io::ErrorKind::AddrNotAvailable);
+    }
+
+    #[tokio::test]
+    async fn without_hard_fail_a_taken_address_is_retried_not_an_error() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = squatter.local_addr().unwrap().to_string();
+        let (_stop_tx, stop) = watch::channel(false);
+
+        let serving = start_server(Server::Metrics, &taken, hello(), stop, false);
+
+        assert!(matches!(serving, Ok(Some(_))));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_hard_fail_a_free_address_is_bound_at_once_and_served_until_stop() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = free.local_addr().unwrap();
+        drop(free);
+        let (stop_tx, stop) = watch::channel(false);
+
+        let serving = start_server(
+            Server::Healthz,
+            &address.to_string(),
+            hello(),
+            stop.clone(),
+            true,
+        )
+        .unwrap()
+        .unwrap();
+
+        let second = start_server(Server::Metrics, &address.to_string(), hello(), stop, true);
+        assert_eq!(
+            second.err().unwrap().source.kind(),
+            io::ErrorKind::AddrInUse,
+            "bound before the server runs"
+        );
+        let task = tokio::spawn(serving);
+        let reply = tokio::task::spawn_blocking(move || kp_testkit::http::get(address, "/"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply.body, "hello");
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn an_empty_address_disables_the_server() {
+        let (_stop_tx, stop) = watch::channel(false);
+        assert!(start_server(Server::Healthz, "", hello(), stop, true)
+            .unwrap()
+            .is_none());
+    }
 }

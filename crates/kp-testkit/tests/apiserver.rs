@@ -372,7 +372,14 @@ async fn posted_events_are_kept_for_the_test() {
             name: Some("node-1.1".to_owned()),
             ..Default::default()
         },
+        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            "2024-05-01T10:00:00Z".parse().unwrap(),
+        )),
         reason: Some("Starting".to_owned()),
+        action: Some("StartKubeProxy".to_owned()),
+        type_: Some("Normal".to_owned()),
+        reporting_controller: Some("kube-proxy".to_owned()),
+        reporting_instance: Some("kube-proxy-node-1".to_owned()),
         ..Default::default()
     };
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use kp_agent::servers::{configz_json, healthz_handler, metrics_handler};
 use kp_agent::{
-    serve_healthz, serve_metrics, ListenAddresses, MetricsEndpoints, ProxyHealth, ProxyMetrics,
+    start_server, ListenAddresses, MetricsEndpoints, ProxyHealth, ProxyMetrics, Server,
     ServiceHealthServers,
 };
 use kp_config::{KubeProxyConfiguration, ProxyMode};
@@ -61,7 +61,9 @@ impl Agent {
     }
 
     /// Starts the healthz and metrics servers on `tasks`; they stop with
-    /// `stop`.
+    /// `stop`. With `bindAddressHardFail`, an address either server cannot
+    /// bind is returned as the error (upstream exits with it); without, the
+    /// server logs it and retries while the proxy runs.
     pub fn serve(
         &self,
         config: &KubeProxyConfiguration,
@@ -78,10 +80,14 @@ impl Agent {
         self.health_checks.set_proxy_health(health.clone());
         self.metrics.watch(proxiers);
 
+        let hard_fail = config.bind_address_hard_fail;
         let healthz = healthz_handler(health, self.metrics.clone());
-        let address = config.healthz_bind_address.clone();
-        let stopped = stop.clone();
-        tasks.spawn(async move { serve_healthz(&address, healthz, stopped).await });
+        let address = &config.healthz_bind_address;
+        if let Some(server) =
+            start_server(Server::Healthz, address, healthz, stop.clone(), hard_fail)?
+        {
+            tasks.spawn(server);
+        }
 
         let endpoints = MetricsEndpoints {
             metrics: self.metrics.clone(),
@@ -89,10 +95,13 @@ impl Agent {
             configz: configz_json(config),
             profiling: config.enable_profiling,
         };
-        let address = config.metrics_bind_address.clone();
-        let stopped = stop.clone();
         let handler = metrics_handler(endpoints);
-        tasks.spawn(async move { serve_metrics(&address, handler, stopped).await });
+        let address = &config.metrics_bind_address;
+        if let Some(server) =
+            start_server(Server::Metrics, address, handler, stop.clone(), hard_fail)?
+        {
+            tasks.spawn(server);
+        }
         Ok(())
     }
 

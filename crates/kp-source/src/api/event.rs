@@ -1,7 +1,7 @@
 //! The event kube-proxy posts about its node when it starts, as upstream's
-//! "birth cry" does.
+//! "birth cry" does through client-go's `tools/events` recorder.
 
-use k8s_openapi::api::core::v1::{EventSource, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -12,15 +12,23 @@ use super::ApiError;
 
 /// The component reporting kube-proxy's events.
 const REPORTING_CONTROLLER: &str = "kube-proxy";
-/// Events about a cluster-scoped object (the Node) go to this namespace.
+/// Events about a cluster-scoped object (the Node) go to this namespace,
+/// as the recorder puts them.
 const EVENT_NAMESPACE: &str = "default";
+/// Where Linux publishes the host name (Go's `os.Hostname()`).
+const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 
-/// The `Starting` event about node `node_name` at time `now`, in the
-/// `events.k8s.io/v1` form upstream posts: reason `Starting`, action
-/// `StartKubeProxy`, the Node (with the node name as uid, as upstream
-/// refers to it) as the regarding object, reported by `kube-proxy` from
-/// instance `kube-proxy-<node>`.
-pub fn starting_event(node_name: &str, now: Timestamp) -> Event {
+/// The `Starting` event about node `node_name`, reported from host
+/// `hostname` at time `now`, exactly as upstream's recorder makes it
+/// (`Eventf(nodeRef, nil, Normal, "Starting", "StartKubeProxy", "")`):
+/// named `<node>.<unix nanoseconds in hex>`, in `default`, reported by
+/// `kube-proxy` from instance `kube-proxy-<hostname>`, about the Node
+/// (whose uid upstream sets to the node name), with an empty note.
+///
+/// The `events.k8s.io/v1` API refuses the deprecated fields
+/// (`deprecatedSource`, `deprecatedFirstTimestamp`, `deprecatedCount`, …)
+/// with 422 `… needs to be unset`, so none is set.
+pub fn starting_event(node_name: &str, hostname: &str, now: Timestamp) -> Event {
     Event {
         metadata: ObjectMeta {
             name: Some(format!("{node_name}.{:x}", now.as_nanosecond())),
@@ -30,7 +38,6 @@ pub fn starting_event(node_name: &str, now: Timestamp) -> Event {
         event_time: Some(MicroTime(now)),
         action: Some("StartKubeProxy".to_owned()),
         reason: Some("Starting".to_owned()),
-        note: Some("Starting kube-proxy.".to_owned()),
         type_: Some("Normal".to_owned()),
         regarding: Some(ObjectReference {
             kind: Some("Node".to_owned()),
@@ -39,20 +46,16 @@ pub fn starting_event(node_name: &str, now: Timestamp) -> Event {
             ..ObjectReference::default()
         }),
         reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-        reporting_instance: Some(format!("{REPORTING_CONTROLLER}-{node_name}")),
-        deprecated_source: Some(EventSource {
-            component: Some(REPORTING_CONTROLLER.to_owned()),
-            host: Some(node_name.to_owned()),
-        }),
+        reporting_instance: Some(format!("{REPORTING_CONTROLLER}-{hostname}")),
         ..Event::default()
     }
 }
 
-/// Posts the [`starting_event`] for `node_name`. A failure is logged and
-/// otherwise ignored: the proxy works without its events, and returns the
-/// error only for callers that want to report it.
+/// Posts the [`starting_event`] for `node_name`, reported from this host.
+/// A failure is logged and otherwise ignored: the proxy works without its
+/// events, and returns the error only for callers that want to report it.
 pub async fn post_starting_event(client: &Client, node_name: &str) -> Result<(), ApiError> {
-    let event = starting_event(node_name, Timestamp::now());
+    let event = starting_event(node_name, &os_hostname(), Timestamp::now());
     let events: Api<Event> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
     match events.create(&PostParams::default(), &event).await {
         Ok(_) => {
@@ -70,6 +73,19 @@ pub async fn post_starting_event(client: &Client, node_name: &str) -> Result<(),
                 .unwrap_or_default();
             tracing::warn!(error = %error, cause = %cause, "could not post an event");
             Err(error)
+        }
+    }
+}
+
+/// The OS host name, which upstream's recorder puts in `reportingInstance`
+/// (not the node name: they differ under `--hostname-override`). Upstream
+/// ignores an error and uses an empty name; so do we.
+fn os_hostname() -> String {
+    match std::fs::read_to_string(HOSTNAME_FILE) {
+        Ok(name) => name.trim().to_owned(),
+        Err(error) => {
+            tracing::warn!(%error, file = HOSTNAME_FILE, "cannot read the host name for the event's reporting instance");
+            String::new()
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The HTTP side of the test API server: routing, list, watch and event
-//! creation, each checked strictly against what the Kubernetes API accepts.
+//! The HTTP side of the test API server: routing, list and watch, each
+//! checked strictly against what the Kubernetes API accepts; event
+//! creation is in `events`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -12,8 +13,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{Filter, PostedEvent, RequestRecord, ServedKind, Store};
-use super::{watching, Shared};
+use super::store::{Filter, RequestRecord, ServedKind, Store};
+use super::{events, watching, Shared};
 
 /// The response body every handler returns.
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -28,8 +29,6 @@ const LIST_PARAMS: &[&str] = &[
     "resourceVersionMatch",
     "timeoutSeconds",
 ];
-/// Query parameters an event creation accepts.
-const CREATE_PARAMS: &[&str] = &["fieldManager", "fieldValidation"];
 
 /// What a request path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +50,9 @@ pub(super) struct Refusal {
     pub(super) status: StatusCode,
     pub(super) reason: &'static str,
     pub(super) message: String,
+    /// The whole Status body when it carries more than the message (the
+    /// causes of a 422); otherwise one is made of the fields above.
+    pub(super) body: Option<Value>,
 }
 
 /// Answers one request, recording it, and recording it as a protocol error
@@ -83,16 +85,18 @@ pub(crate) async fn handle(
                 namespace,
             }),
             Method::POST,
-        ) => create_event(&shared, api_version, namespace, &params, request).await,
+        ) => events::create(&shared, api_version, namespace, &params, request).await,
         (Some(_), _) => Err(Refusal {
             status: StatusCode::METHOD_NOT_ALLOWED,
             reason: "MethodNotAllowed",
             message: format!("the test API server does not support {record}"),
+            body: None,
         }),
         (None, _) => Err(Refusal {
             status: StatusCode::NOT_FOUND,
             reason: "NotFound",
             message: format!("the test API server does not serve {record}"),
+            body: None,
         }),
     };
     Ok(result.unwrap_or_else(|refusal| {
@@ -107,10 +111,10 @@ pub(crate) async fn handle(
                 .protocol_errors
                 .push(format!("{record}: {}", refusal.message));
         }
-        json_response(
-            refusal.status,
-            &status_object(refusal.status, refusal.reason, &refusal.message),
-        )
+        let body = refusal
+            .body
+            .unwrap_or_else(|| status_object(refusal.status, refusal.reason, &refusal.message));
+        json_response(refusal.status, &body)
     }))
 }
 
@@ -250,6 +254,7 @@ fn check_list_resource_version(
                 "resourceVersion {version} is not the current one; \
                  only the current version can be listed exactly"
             ),
+            body: None,
         }),
         (Some(_), Some(other)) => Err(bad_request(format!(
             "resourceVersionMatch {other:?} is not valid (valid: Exact, NotOlderThan)"
@@ -274,92 +279,10 @@ fn parse_continue(store: &Store, token: &str) -> Result<(u64, Option<(String, St
             message: "The provided continue parameter is too old to display a consistent list \
                       result. You can start a new list without the continue parameter."
                 .to_owned(),
+            body: None,
         });
     }
     Ok((version, Some((namespace, name))))
-}
-
-async fn create_event(
-    shared: &Shared,
-    api_version: &'static str,
-    namespace: String,
-    params: &BTreeMap<String, String>,
-    request: Request<Incoming>,
-) -> Result<Response<Body>, Refusal> {
-    check_params(params, CREATE_PARAMS)?;
-    let content_type = request
-        .headers()
-        .get("content-type")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
-    if !content_type.starts_with("application/json") {
-        return Err(Refusal {
-            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            reason: "UnsupportedMediaType",
-            message: format!(
-                "content type {content_type:?} is not supported (valid: application/json)"
-            ),
-        });
-    }
-    let body = request
-        .into_body()
-        .collect()
-        .await
-        .map_err(|error| bad_request(format!("reading the body failed: {error}")))?
-        .to_bytes();
-    let mut event: Value = serde_json::from_slice(&body)
-        .map_err(|error| bad_request(format!("the body is not JSON: {error}")))?;
-    check_event(&event, api_version, &namespace)?;
-    let mut store = shared.lock();
-    let version = store.next_resource_version();
-    let metadata = &mut event["metadata"];
-    metadata["namespace"] = json!(namespace);
-    metadata["resourceVersion"] = json!(version.to_string());
-    metadata["uid"] = json!(format!("event-uid-{version}"));
-    if metadata.get("name").is_none_or(Value::is_null) {
-        let prefix = metadata["generateName"]
-            .as_str()
-            .unwrap_or("event-")
-            .to_owned();
-        metadata["name"] = json!(format!("{prefix}{version}"));
-    }
-    store.events.push(PostedEvent {
-        api_version: api_version.to_owned(),
-        namespace,
-        object: event.clone(),
-    });
-    Ok(json_response(StatusCode::CREATED, &event))
-}
-
-fn check_event(event: &Value, api_version: &str, namespace: &str) -> Result<(), Refusal> {
-    if event["apiVersion"].as_str() != Some(api_version) || event["kind"].as_str() != Some("Event")
-    {
-        return Err(bad_request(format!(
-            "the body is not an {api_version} Event (apiVersion {}, kind {})",
-            event["apiVersion"], event["kind"]
-        )));
-    }
-    let body_namespace = event.pointer("/metadata/namespace").and_then(Value::as_str);
-    if body_namespace.is_some_and(|body_namespace| body_namespace != namespace) {
-        return Err(bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request"
-                .to_owned(),
-        ));
-    }
-    let has_name = ["/metadata/name", "/metadata/generateName"]
-        .iter()
-        .any(|field| {
-            event
-                .pointer(field)
-                .and_then(Value::as_str)
-                .is_some_and(|v| !v.is_empty())
-        });
-    if !has_name {
-        return Err(bad_request(
-            "metadata.name or metadata.generateName is required".to_owned(),
-        ));
-    }
-    Ok(())
 }
 
 pub(super) fn filter(
@@ -403,6 +326,7 @@ pub(super) fn bad_request(message: String) -> Refusal {
         status: StatusCode::BAD_REQUEST,
         reason: "BadRequest",
         message,
+        body: None,
     }
 }
 
@@ -424,7 +348,7 @@ pub(super) fn event_line(event_type: &str, object: &Value) -> Bytes {
     Bytes::from(line)
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+pub(super) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *response.status_mut() = status;
     response.headers_mut().insert(

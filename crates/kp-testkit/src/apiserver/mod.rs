@@ -16,7 +16,13 @@
 //!   gets an `ERROR` event with a 410 `Expired` Status, as the real server
 //!   sends it, so the client lists again;
 //! - `POST /api/v1/namespaces/{ns}/events` and
-//!   `POST /apis/events.k8s.io/v1/namespaces/{ns}/events`.
+//!   `POST /apis/events.k8s.io/v1/namespaces/{ns}/events`, validated as
+//!   strictly as the real server validates them: an Event it would refuse
+//!   gets its 422 `Invalid` Status (same causes, fields and message), an
+//!   unknown field its `Warning` header (or 400 with
+//!   `fieldValidation=Strict`), a wrong type 400. Every refusal is also
+//!   recorded as a protocol error, so a test of the proxy fails when the
+//!   proxy writes what a real server would refuse.
 //!
 //! Tests change objects directly ([`TestApiServer::create`],
 //! [`update`](TestApiServer::update), [`delete`](TestApiServer::delete));
@@ -26,7 +32,12 @@
 //! page's last key (a real server returns its snapshot), and a watch from a
 //! resourceVersion newer than the server's waits instead of failing.
 
+mod event_validation;
+mod events;
+mod field_error;
 mod http;
+mod meta_validation;
+mod owner_validation;
 mod selector;
 mod store;
 mod watching;

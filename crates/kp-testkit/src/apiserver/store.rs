@@ -253,6 +253,14 @@ impl Store {
         self.history.clear();
     }
 
+    /// Whether namespace `namespace` exists: the namespaces every cluster
+    /// has, and those of the stored objects (which a real server could not
+    /// hold without their namespace).
+    pub(crate) fn has_namespace(&self, namespace: &str) -> bool {
+        ["default", "kube-system", "kube-public", "kube-node-lease"].contains(&namespace)
+            || self.objects.keys().any(|key| key.namespace == namespace)
+    }
+
     /// Assigns the next resourceVersion to a posted event.
     pub(crate) fn next_resource_version(&mut self) -> u64 {
         self.resource_version += 1;
