@@ -34,8 +34,12 @@
 //! and the field.
 
 pub mod api;
+mod conflicts;
 mod discover;
 mod error;
+mod files;
+mod limits;
+mod names;
 mod object;
 mod parse;
 mod source;
