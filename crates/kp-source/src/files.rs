@@ -198,3 +198,29 @@ fn keys_named_by(identity: &ObjectIdentity) -> Option<Vec<ObjectKey>> {
     };
     Some(kinds.into_iter().map(key).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\n";
+
+    #[test]
+    fn a_file_is_parsed_again_only_when_its_content_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.yaml");
+        let mut cache = FileCache::default();
+        let fresh = |cache: &mut FileCache| cache.read(&path).unwrap().fresh;
+
+        std::fs::write(&path, NODE).unwrap();
+        assert!(fresh(&mut cache), "parsed when first read");
+        assert!(!fresh(&mut cache), "not parsed again when unchanged");
+        std::fs::write(&path, NODE).unwrap();
+        assert!(!fresh(&mut cache), "rewritten with the same content");
+        std::fs::write(&path, NODE.replace("node-1", "node-2")).unwrap();
+        assert!(fresh(&mut cache), "parsed again when changed");
+        assert_eq!(cache.read(&path).unwrap().parsed.objects.len(), 1);
+    }
+}

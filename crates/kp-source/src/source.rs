@@ -61,6 +61,10 @@ pub struct LoadReport {
     /// Objects still delivered in their last good state because the
     /// document or file that holds them is broken.
     pub kept: usize,
+    /// Problems logged by this load: those new since the last load, and
+    /// those of files that changed. A problem that persists is not logged
+    /// again on every periodic re-read.
+    pub logged: usize,
     /// Every problem found, errors (document skipped) and warnings (object
     /// delivered anyway), in file order.
     pub errors: Vec<ManifestError>,
@@ -150,7 +154,7 @@ impl ManifestSource {
                 handler.on_synced(kind);
             }
         }
-        self.log_new_problems(&errors, &fresh);
+        report.logged = self.log_new_problems(&errors, &fresh);
         report.files = discovered.files.len();
         report.errors = errors;
         tracing::debug!(
@@ -287,7 +291,8 @@ impl ManifestSource {
 
     /// Logs each problem once: again only when its file changed, not on
     /// every reload while it persists.
-    fn log_new_problems(&mut self, errors: &[ManifestError], fresh: &BTreeSet<PathBuf>) {
+    fn log_new_problems(&mut self, errors: &[ManifestError], fresh: &BTreeSet<PathBuf>) -> usize {
+        let mut logged = 0;
         let mut current = HashSet::with_capacity(errors.len());
         for error in errors {
             let message = error.to_string();
@@ -299,6 +304,7 @@ impl ManifestSource {
                         | ManifestProblem::Conflict { .. }
                 );
             if parsed_now || !self.reported.contains(&message) {
+                logged += 1;
                 match error.severity() {
                     Severity::Error => {
                         tracing::warn!(error = %message, "invalid manifest: the object keeps its last good state, or is not delivered if it has none");
@@ -311,6 +317,7 @@ impl ManifestSource {
             current.insert(message);
         }
         self.reported = current;
+        logged
     }
 }
 

@@ -371,6 +371,14 @@ fn check_cluster_ip_list(problems: &mut Problems, cluster_ip: Option<&str>, ips:
             format!("Invalid value: {shown}: may specify no more than one IP for each IP family"),
         );
     }
+    // The API server fills clusterIPs from clusterIP when only that is set.
+    let (parsed, shown) = match (cluster_ip, ips.is_empty()) {
+        (Some(ip), true) => (
+            ip.parse().into_iter().collect(),
+            go_string_list(&[ip.to_owned()]),
+        ),
+        _ => (parsed, shown),
+    };
     // An unspecified address is in no service range: the allocator refuses it.
     for ip in parsed.iter().filter(|ip| ip.is_unspecified()) {
         problems.push(
