@@ -119,19 +119,43 @@ fn hostile_names_are_rejected_and_inject_no_rule() {
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     fs::create_dir(&manifests).unwrap();
-    write_json(&manifests, "web.json", &service("demo", "web", "10.96.0.41", &["http"]));
+    write_json(
+        &manifests,
+        "web.json",
+        &service("demo", "web", "10.96.0.41", &["http"]),
+    );
     write_json(&manifests, "web-1.json", &slice("web-1", "web", "http"));
     let long = "a".repeat(300);
     let node_name = format!("node-1\n{INJECTION}");
     // Each hostile object, the field that holds its hostile name, and that name.
     let hostile: [(Value, &str, &str); 8] = [
-        (service("demo", INJECTION, "10.96.0.51", &["http"]), "metadata.name", INJECTION),
-        (service(INJECTION, "web2", "10.96.0.52", &["http"]), "metadata.namespace", INJECTION),
-        (service("demo", "web3", "10.96.0.53", &[INJECTION, "b"]), "spec.ports[0].name", INJECTION),
-        (service("demo", &long, "10.96.0.54", &["http"]), "metadata.name", &long),
+        (
+            service("demo", INJECTION, "10.96.0.51", &["http"]),
+            "metadata.name",
+            INJECTION,
+        ),
+        (
+            service(INJECTION, "web2", "10.96.0.52", &["http"]),
+            "metadata.namespace",
+            INJECTION,
+        ),
+        (
+            service("demo", "web3", "10.96.0.53", &[INJECTION, "b"]),
+            "spec.ports[0].name",
+            INJECTION,
+        ),
+        (
+            service("demo", &long, "10.96.0.54", &["http"]),
+            "metadata.name",
+            &long,
+        ),
         (slice(INJECTION, "web", "http"), "metadata.name", INJECTION),
         (slice("web-2", "web", INJECTION), "ports[0].name", INJECTION),
-        (slice("web-3", INJECTION, "http"), "metadata.labels[kubernetes.io/service-name]", INJECTION),
+        (
+            slice("web-3", INJECTION, "http"),
+            "metadata.labels[kubernetes.io/service-name]",
+            INJECTION,
+        ),
         (node(&node_name), "metadata.name", &node_name),
     ];
     for (i, (object, _, _)) in hostile.iter().enumerate() {
@@ -141,9 +165,21 @@ fn hostile_names_are_rejected_and_inject_no_rule() {
     let proxy = Proxy::start(cluster.node(), &manifests, dir.path());
     let (client, web) = (cluster.pod("ep2"), at("10.96.0.41:80"));
     let up = wait_until(Duration::from_secs(15), || connect(client, web).is_ok());
-    assert!(up, "the normal Service carries traffic:\n{}", proxy.output());
+    assert!(
+        up,
+        "the normal Service carries traffic:\n{}",
+        proxy.output()
+    );
     assert_eq!(connect(client, web).unwrap().backend, "ep1");
 
+    for table in ["filter", "nat", "mangle"] {
+        let foreign = foreign_rules(cluster.node(), table);
+        assert_eq!(
+            foreign,
+            Vec::<String>::new(),
+            "foreign rules in the {table} table"
+        );
+    }
     let rejected = |i: usize, field: &str, value: &str| {
         let shown: String = value.chars().take(100).collect();
         let needle = format!("{field}: Invalid value: {shown:?}");
@@ -155,11 +191,11 @@ fn hostile_names_are_rejected_and_inject_no_rule() {
     };
     for (i, (_, field, value)) in hostile.iter().enumerate() {
         let logged = wait_until(Duration::from_secs(5), || rejected(i, field, value));
-        assert!(logged, "hostile-{i}.json is rejected naming {field}:\n{}", proxy.output());
-    }
-    for table in ["filter", "nat", "mangle"] {
-        let foreign = foreign_rules(cluster.node(), table);
-        assert_eq!(foreign, Vec::<String>::new(), "foreign rules in the {table} table");
+        assert!(
+            logged,
+            "hostile-{i}.json is rejected naming {field}:\n{}",
+            proxy.output()
+        );
     }
     for ip in ["10.96.0.51", "10.96.0.52", "10.96.0.53", "10.96.0.54"] {
         let rules = cluster.node().exec_ok("iptables-save", &["-t", "nat"]);
@@ -189,23 +225,48 @@ fn a_typo_in_a_live_manifest_keeps_the_service_until_it_is_fixed() {
     // A typo on line 6 (an unclosed flow mapping).
     write_atomically(&web_file, &WEB_YAML.replace("ports: [{", "ports: [{{"));
     let located = format!("{}:6 (document 0): malformed YAML", web_file.display());
-    let logged = wait_until(Duration::from_secs(10), || proxy.output().contains(&located));
-    assert!(logged, "the problem is logged with file and line:\n{}", proxy.output());
+    let logged = wait_until(Duration::from_secs(10), || {
+        proxy.output().contains(&located)
+    });
+    assert!(
+        logged,
+        "the problem is logged with file and line:\n{}",
+        proxy.output()
+    );
 
     // Another Service added after the typo: once it carries traffic, every
     // change read with or before it has been applied.
-    write_json(&manifests, "api.json", &service("demo", "api", "10.96.0.42", &["http"]));
+    write_json(
+        &manifests,
+        "api.json",
+        &service("demo", "api", "10.96.0.42", &["http"]),
+    );
     write_json(&manifests, "api-1.json", &slice("api-1", "api", "http"));
-    let api_up = wait_until(Duration::from_secs(10), || connect(client, at("10.96.0.42:80")).is_ok());
-    assert!(api_up, "the new Service carries traffic:\n{}", proxy.output());
+    let api_up = wait_until(Duration::from_secs(10), || {
+        connect(client, at("10.96.0.42:80")).is_ok()
+    });
+    assert!(
+        api_up,
+        "the new Service carries traffic:\n{}",
+        proxy.output()
+    );
     assert_eq!(
-        connect(client, web).map(|reply| reply.backend).ok().as_deref(),
+        connect(client, web)
+            .map(|reply| reply.backend)
+            .ok()
+            .as_deref(),
         Some("ep1"),
         "the Service with the typo still carries traffic"
     );
 
     // Fixed, with a new port: the change is applied.
     write_atomically(&web_file, &WEB_YAML.replace("port: 80,", "port: 81,"));
-    let moved = wait_until(Duration::from_secs(10), || connect(client, at("10.96.0.41:81")).is_ok());
-    assert!(moved, "the fixed Service answers on its new port:\n{}", proxy.output());
+    let moved = wait_until(Duration::from_secs(10), || {
+        connect(client, at("10.96.0.41:81")).is_ok()
+    });
+    assert!(
+        moved,
+        "the fixed Service answers on its new port:\n{}",
+        proxy.output()
+    );
 }
