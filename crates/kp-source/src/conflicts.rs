@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use kp_model::ResourceKind;
 
-use crate::error::{DocumentLocation, ManifestError, ManifestProblem};
+use crate::error::{DocumentLocation, Holder, ManifestError, ManifestProblem};
 use crate::object::{KubeObject, ManifestObject, ObjectKey};
 use crate::validate::go_string_list;
 
@@ -62,8 +62,10 @@ pub(crate) fn reject_conflicts(
                 let problem = ManifestProblem::Conflict {
                     field: claim.field.clone(),
                     reason: claim.reason.clone(),
-                    earlier: holder.identity(),
-                    earlier_location: (*held_at).clone(),
+                    held_by: Box::new(Holder {
+                        object: holder.identity(),
+                        location: (*held_at).clone(),
+                    }),
                 };
                 Some(ManifestError::new(
                     location.clone(),

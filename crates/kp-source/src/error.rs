@@ -39,6 +39,16 @@ pub struct ObjectIdentity {
     pub name: Option<String>,
 }
 
+/// The object that holds a value another object claims, and where it is
+/// defined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holding object.
+    pub object: ObjectIdentity,
+    /// Where it is defined.
+    pub location: DocumentLocation,
+}
+
 /// How serious a [`ManifestError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {
@@ -149,17 +159,15 @@ pub enum ManifestProblem {
     },
     /// The object claims what an object earlier in path order already holds
     /// (a NodePort, a ClusterIP), which the API server would refuse.
-    #[error("{field}: {reason} (held by {earlier} at {earlier_location})")]
+    #[error("{field}: {reason} (held by {held_by})")]
     Conflict {
         /// The field whose value is taken, e.g. `spec.ports[0].nodePort`.
         field: String,
         /// The API server's message, e.g. `Invalid value: 30080: provided
         /// port is already allocated`.
         reason: String,
-        /// The object that holds the value.
-        earlier: ObjectIdentity,
-        /// Where that object is defined.
-        earlier_location: DocumentLocation,
+        /// The object that holds the value (boxed: rare, and large).
+        held_by: Box<Holder>,
     },
     /// The same object is defined twice; this later definition wins.
     #[error("also defined at {earlier}; this later definition is used")]
@@ -298,6 +306,12 @@ impl fmt::Display for ObjectIdentity {
             (Some(namespace), None) => write!(f, "{kind} in namespace {namespace} (no name)"),
             (None, None) => write!(f, "{kind}"),
         }
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}", self.object, self.location)
     }
 }
 
