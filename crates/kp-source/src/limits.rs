@@ -20,9 +20,11 @@ pub(crate) const MAX_FLOW_DEPTH: usize = 64;
 /// Where the text first nests deeper than [`MAX_FLOW_DEPTH`]: the 1-based
 /// line, or `None` when it never does.
 ///
-/// A scan, not a parse: brackets inside comments and quoted scalars do not
-/// count. A quote opens a scalar only where a YAML (or JSON) token may
-/// start, so an apostrophe inside a plain scalar (`it's`) is text.
+/// A scan, not a parse, that errs towards counting too deep: brackets in
+/// comments and quoted scalars are text, but as the scan cannot always tell
+/// a quote that opens a scalar from an apostrophe in plain text (`it 's`),
+/// an opening bracket always counts, and a closing one inside a quote or a
+/// comment only cancels an opening one of the same quote or comment.
 pub(crate) fn too_deep_at(text: &str) -> Option<usize> {
     let mut scan = Scan::default();
     for byte in text.bytes() {
@@ -41,6 +43,8 @@ struct Scan {
     quote: Option<u8>,
     escaped: bool,
     comment: bool,
+    /// Opening brackets seen inside the current quote or comment.
+    enclosed_opens: usize,
     previous: u8,
 }
 
@@ -52,6 +56,7 @@ impl Default for Scan {
             quote: None,
             escaped: false,
             comment: false,
+            enclosed_opens: 0,
             previous: b'\n',
         }
     }
@@ -62,11 +67,14 @@ impl Scan {
     fn step(&mut self, byte: u8) -> usize {
         if byte == b'\n' {
             self.line += 1;
-            self.comment = false;
+            if self.comment {
+                self.comment = false;
+                self.enclosed_opens = 0;
+            }
         }
         match self.quote {
             Some(quote) => self.in_quote(quote, byte),
-            None if self.comment => {}
+            None if self.comment => self.enclosed(byte),
             None => self.outside(byte),
         }
         self.previous = byte;
@@ -81,19 +89,40 @@ impl Scan {
         } else if byte == quote {
             // `''` inside single quotes closes and reopens: the same state.
             self.quote = None;
+            self.enclosed_opens = 0;
+        } else {
+            self.enclosed(byte);
+        }
+    }
+
+    /// A byte inside a quote or a comment.
+    fn enclosed(&mut self, byte: u8) {
+        match byte {
+            b'[' | b'{' => {
+                self.depth += 1;
+                self.enclosed_opens += 1;
+            }
+            b']' | b'}' if self.enclosed_opens > 0 => {
+                self.depth -= 1;
+                self.enclosed_opens -= 1;
+            }
+            _ => {}
         }
     }
 
     fn outside(&mut self, byte: u8) {
-        let at_token_start = matches!(
-            self.previous,
-            b'\n' | b' ' | b'\t' | b'[' | b'{' | b',' | b':' | b'-' | b'?'
-        );
+        let after_blank = matches!(self.previous, b'\n' | b'\r' | b' ' | b'\t');
+        // Where a YAML or JSON token may start, and so a quoted scalar.
+        let at_token_start = after_blank
+            || matches!(
+                self.previous,
+                b'[' | b'{' | b']' | b'}' | b',' | b':' | b'-' | b'?' | b'"' | b'\''
+            );
         match byte {
             b'[' | b'{' => self.depth += 1,
             b']' | b'}' => self.depth = self.depth.saturating_sub(1),
             b'"' | b'\'' if at_token_start => self.quote = Some(byte),
-            b'#' if matches!(self.previous, b'\n' | b' ' | b'\t') => self.comment = true,
+            b'#' if after_blank => self.comment = true,
             _ => {}
         }
     }
@@ -115,6 +144,14 @@ mod tests {
         assert_eq!(too_deep_at(&text), Some(2));
         let json = "{\"a\":".repeat(MAX_FLOW_DEPTH + 1);
         assert_eq!(too_deep_at(&json), Some(1));
+    }
+
+    #[test]
+    fn an_apostrophe_in_plain_text_does_not_hide_nesting() {
+        let text = format!("a: rock 'n roll\nb: {}\n", "[".repeat(MAX_FLOW_DEPTH + 1));
+        assert_eq!(too_deep_at(&text), Some(2));
+        let balanced = "a: it 's [1] {b: 2}\n".repeat(MAX_FLOW_DEPTH + 1);
+        assert_eq!(too_deep_at(&balanced), None);
     }
 
     #[test]
