@@ -115,7 +115,7 @@ fn claims_of(service: &Service) -> Vec<FieldClaim> {
             claim: Claim::NodePort(port),
             field: "spec.healthCheckNodePort".to_owned(),
             reason: format!(
-                "Internal error: failed to allocate requested HealthCheck NodePort {port}: {PORT_ALLOCATED}"
+                "Internal error occurred: failed to allocate requested HealthCheck NodePort {port}: {PORT_ALLOCATED}"
             ),
         });
     }

@@ -71,7 +71,7 @@ fn a_health_check_node_port_shares_the_node_port_range() {
     let (events, rejected, _dir) = load(&[("a.yaml", &web), ("b.yaml", &lb)]);
     assert_eq!(events, ["apply Service demo/web"]);
     assert!(
-        rejected[0].contains("Service demo/lb: spec.healthCheckNodePort: Internal error: failed to allocate requested HealthCheck NodePort 30080: provided port is already allocated (held by Service demo/web at "),
+        rejected[0].contains("Service demo/lb: spec.healthCheckNodePort: Internal error occurred: failed to allocate requested HealthCheck NodePort 30080: provided port is already allocated (held by Service demo/web at "),
         "{rejected:?}"
     );
 }
