@@ -209,13 +209,17 @@ impl ManifestSource {
         kept
     }
 
-    /// Warns once about each directory reached again through a link.
-    fn report_cycles(&mut self, cycles: &[PathBuf]) {
+    /// Warns once about each directory reached again through a link, not on
+    /// every reload; returns how many warnings it gave.
+    fn report_cycles(&mut self, cycles: &[PathBuf]) -> usize {
+        let mut warned = 0;
         for cycle in cycles {
             if self.cycles_reported.insert(cycle.clone()) {
                 tracing::warn!(path = %cycle.display(), "skipping a link to a manifest directory already read (a symbolic link loop?)");
+                warned += 1;
             }
         }
+        warned
     }
 
     fn discover(&self) -> Result<Discovered, SourceError> {
@@ -385,5 +389,23 @@ fn event<T>(object: T, deleted: bool) -> ObjectEvent<T> {
         ObjectEvent::Delete(object)
     } else {
         ObjectEvent::Apply(object)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_link_loop_is_warned_about_once_not_on_every_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("self")).unwrap();
+        let mut source = ManifestSource::new(dir.path(), "node-1");
+        let cycles = discover(dir.path()).unwrap().cycles;
+
+        assert_eq!(source.report_cycles(&cycles), 1);
+        assert_eq!(source.report_cycles(&cycles), 0);
     }
 }
