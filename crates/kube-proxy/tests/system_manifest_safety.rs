@@ -1,7 +1,8 @@
 //! The `kube-proxy` binary facing hostile and broken manifests: names that
 //! try to inject rules are rejected with the API server's messages and no
 //! foreign rule reaches the kernel; a typo in a live manifest keeps the
-//! Service working until it is fixed.
+//! Service working until it is fixed, in a directory with symbolic link
+//! loops.
 //!
 //! Address plan: kp-testkit's (pods ep1 10.244.1.2, ep2 10.244.1.3, node
 //! 192.168.99.2). Service demo/web is 10.96.0.41:80 → ep1:8080; demo/api
@@ -11,6 +12,7 @@
 
 use std::fs::{self, File};
 use std::net::SocketAddr;
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -106,6 +108,18 @@ fn foreign_rules(node: &Netns, table: &str) -> Vec<String> {
         })
         .map(str::to_owned)
         .collect()
+}
+
+/// Symbolic links that lead back into `dir`: to itself, to its parent from
+/// a subdirectory, and two subdirectories linking to each other.
+fn link_loops(dir: &Path) {
+    for sub in ["a", "b"] {
+        fs::create_dir(dir.join(sub)).unwrap();
+    }
+    symlink(".", dir.join("self")).unwrap();
+    symlink("..", dir.join("a/up")).unwrap();
+    symlink("../b", dir.join("a/to-b")).unwrap();
+    symlink("../a", dir.join("b/to-a")).unwrap();
 }
 
 #[test]
@@ -217,6 +231,7 @@ fn a_typo_in_a_live_manifest_keeps_the_service_until_it_is_fixed() {
     let web_file = manifests.join("web.yaml");
     fs::write(&web_file, WEB_YAML).unwrap();
     write_json(&manifests, "web-1.json", &slice("web-1", "web", "http"));
+    link_loops(&manifests);
     let proxy = Proxy::start(cluster.node(), &manifests, dir.path());
     let (client, web) = (cluster.pod("ep2"), at("10.96.0.41:80"));
     let up = wait_until(Duration::from_secs(15), || connect(client, web).is_ok());
