@@ -8,6 +8,7 @@
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Where a document sits: the file, the document's 0-based index within the
 /// file (YAML documents separated by `---`, or concatenated JSON values), and
@@ -21,6 +22,9 @@ pub struct DocumentLocation {
     pub document: Option<usize>,
     /// Index within the `items` of a `List`.
     pub item: Option<usize>,
+    /// The 1-based line of the file the problem concerns: where parsing
+    /// broke, or the document's first line.
+    pub line: Option<usize>,
 }
 
 /// What is known about the object a problem concerns: any of kind,
@@ -35,6 +39,16 @@ pub struct ObjectIdentity {
     pub name: Option<String>,
 }
 
+/// The object that holds a value another object claims, and where it is
+/// defined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holding object.
+    pub object: ObjectIdentity,
+    /// Where it is defined.
+    pub location: DocumentLocation,
+}
+
 /// How serious a [`ManifestError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {
@@ -44,21 +58,42 @@ pub enum Severity {
     Warning,
 }
 
-/// What is wrong with a file or a document.
-#[derive(Debug, thiserror::Error)]
+/// What is wrong with a file or a document. Clonable (causes are shared) as
+/// the problems of an unchanged file are reported again without parsing it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ManifestProblem {
     /// Reading the file failed.
     #[error("could not read the file: {0}")]
-    Read(#[source] io::Error),
+    Read(#[source] Arc<io::Error>),
     /// The file is not UTF-8 text.
     #[error("the file is not valid UTF-8 text")]
     NotUtf8,
     /// Parsing a YAML document failed.
-    #[error("malformed YAML: {0}")]
-    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("malformed YAML: {message}")]
+    Yaml {
+        /// The parser's message, its line numbers counted from the top of
+        /// the file.
+        message: String,
+    },
+    /// The file is larger than the source reads.
+    #[error("the file has {bytes} bytes, more than the {limit} a manifest file may have")]
+    TooLarge {
+        /// The file's size.
+        bytes: u64,
+        /// The largest size read.
+        limit: u64,
+    },
+    /// Flow collections nest deeper than the source parses.
+    #[error(
+        "brackets nest more than {limit} levels deep (no manifest needs that many; not parsed)"
+    )]
+    TooDeep {
+        /// The deepest nesting parsed.
+        limit: usize,
+    },
     /// Parsing a JSON document failed.
     #[error("malformed JSON: {0}")]
-    Json(#[source] serde_json::Error),
+    Json(#[source] Arc<serde_json::Error>),
     /// The document is a scalar or a sequence, not an object.
     #[error(
         "the document is not a mapping (expected a Kubernetes object with apiVersion and kind)"
@@ -104,7 +139,7 @@ pub enum ManifestProblem {
         path: String,
         /// What the decoder expected.
         #[source]
-        source: serde_json::Error,
+        source: Arc<serde_json::Error>,
     },
     /// A field holds a value the proxy cannot use.
     #[error("{field}: {reason}")]
@@ -122,6 +157,18 @@ pub enum ManifestProblem {
         /// The label's value.
         service: String,
     },
+    /// The object claims what an object earlier in path order already holds
+    /// (a NodePort, a ClusterIP), which the API server would refuse.
+    #[error("{field}: {reason} (held by {held_by})")]
+    Conflict {
+        /// The field whose value is taken, e.g. `spec.ports[0].nodePort`.
+        field: String,
+        /// The API server's message, e.g. `Invalid value: 30080: provided
+        /// port is already allocated`.
+        reason: String,
+        /// The object that holds the value (boxed: rare, and large).
+        held_by: Box<Holder>,
+    },
     /// The same object is defined twice; this later definition wins.
     #[error("also defined at {earlier}; this later definition is used")]
     Duplicate {
@@ -131,7 +178,7 @@ pub enum ManifestProblem {
 }
 
 /// A problem with one file or one document of the manifests.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{location}: {}{problem}", IdentityPrefix(object))]
 pub struct ManifestError {
     /// Where the document sits.
@@ -182,6 +229,16 @@ pub enum SourceError {
     },
 }
 
+/// `text` as it is when plain, else quoted and escaped: names from a manifest
+/// may hold newlines or quotes, which must not forge log lines.
+fn shown(text: &str) -> String {
+    if crate::names::is_plain(text) {
+        text.to_owned()
+    } else {
+        crate::names::quoted(text)
+    }
+}
+
 /// Displays an [`ObjectIdentity`] followed by `": "`, or nothing when
 /// nothing is known.
 struct IdentityPrefix<'a>(&'a ObjectIdentity);
@@ -193,6 +250,7 @@ impl DocumentLocation {
             path: path.into(),
             document: None,
             item: None,
+            line: None,
         }
     }
 
@@ -202,6 +260,15 @@ impl DocumentLocation {
             path: path.into(),
             document: Some(document),
             item: None,
+            line: None,
+        }
+    }
+
+    /// The same place, at 1-based line `line` of the file.
+    pub fn at_line(&self, line: usize) -> Self {
+        Self {
+            line: Some(line),
+            ..self.clone()
         }
     }
 
@@ -217,6 +284,9 @@ impl DocumentLocation {
 impl fmt::Display for DocumentLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.path.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
         match (self.document, self.item) {
             (Some(document), Some(item)) => write!(f, " (document {document}, item {item})"),
             (Some(document), None) => write!(f, " (document {document})"),
@@ -227,13 +297,21 @@ impl fmt::Display for DocumentLocation {
 
 impl fmt::Display for ObjectIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = self.kind.as_deref().unwrap_or("object");
-        match (&self.namespace, &self.name) {
+        let kind = shown(self.kind.as_deref().unwrap_or("object"));
+        let namespace = self.namespace.as_deref().map(shown);
+        let name = self.name.as_deref().map(shown);
+        match (namespace, name) {
             (Some(namespace), Some(name)) => write!(f, "{kind} {namespace}/{name}"),
             (None, Some(name)) => write!(f, "{kind} {name}"),
             (Some(namespace), None) => write!(f, "{kind} in namespace {namespace} (no name)"),
             (None, None) => write!(f, "{kind}"),
         }
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}", self.object, self.location)
     }
 }
 

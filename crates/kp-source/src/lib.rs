@@ -28,14 +28,30 @@
 //!   `v1/List` (or `ServiceList`, …) of them.
 //!
 //! No API server has validated these objects, so the source checks what the
-//! proxy relies on (ports, protocols, IP addresses, CIDRs, address types, the
-//! `kubernetes.io/service-name` label) and skips every document that fails,
-//! reporting a [`ManifestError`] naming the file, the document, the object
-//! and the field.
+//! proxy relies on as the API server would, with its messages: names
+//! (Service names are DNS-1035 labels, namespaces and port names DNS-1123
+//! labels, EndpointSlice and Node names DNS-1123 subdomains, the
+//! `kubernetes.io/service-name` label a label value), ports, protocols, IP
+//! addresses, CIDRs, address types, and what its allocators refuse (two
+//! Services with one ClusterIP or one node port: the first in path order
+//! keeps it). Every problem is a [`ManifestError`] naming the file and line,
+//! the document, the object and the field; only the offending object is
+//! affected.
+//!
+//! An object disappears only when its document is removed from the files.
+//! A document that stops parsing or passing the checks keeps delivering the
+//! object's last good state until it is fixed; a brand-new invalid object is
+//! not delivered. Files over 64 MiB and documents nesting brackets more than
+//! 64 levels are refused before parsing, and a file is parsed again only
+//! when its content changed.
 
 pub mod api;
+mod conflicts;
 mod discover;
 mod error;
+mod files;
+mod limits;
+mod names;
 mod object;
 mod parse;
 mod source;
@@ -43,7 +59,7 @@ mod validate;
 mod watch;
 
 pub use error::{
-    DocumentLocation, ManifestError, ManifestProblem, ObjectIdentity, Severity, SourceError,
+    DocumentLocation, Holder, ManifestError, ManifestProblem, ObjectIdentity, Severity, SourceError,
 };
 pub use object::{KubeObject, ManifestObject, ObjectKey};
 pub use parse::{parse_documents, DEFAULT_NAMESPACE};

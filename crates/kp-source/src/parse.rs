@@ -7,6 +7,7 @@
 //! reported and skipped.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -16,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{DocumentLocation, ManifestError, ManifestProblem, ObjectIdentity};
+use crate::limits;
 use crate::object::{KubeObject, ManifestObject};
 use crate::validate::{self, FieldProblem};
 
@@ -58,43 +60,92 @@ pub fn parse_documents(path: &Path, text: &str) -> (Vec<ManifestObject>, Vec<Man
 }
 
 fn parse_json(path: &Path, text: &str, collected: &mut Collected) {
-    let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-    for (index, document) in stream.enumerate() {
-        let location = DocumentLocation::document(path, index);
+    let file = DocumentLocation::document(path, 0);
+    if let Some(line) = limits::too_deep_at(text) {
+        let problem = ManifestProblem::TooDeep {
+            limit: limits::MAX_FLOW_DEPTH,
+        };
+        return collected.error(file.at_line(line), ObjectIdentity::default(), problem);
+    }
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    let mut index = 0;
+    loop {
+        let start = stream.byte_offset();
+        let Some(document) = stream.next() else {
+            return;
+        };
+        let location = DocumentLocation::document(path, index).at_line(line_of_value(text, start));
+        index += 1;
         match document {
             Ok(Value::Null) => {}
             Ok(value) => collected.document(location, value),
             Err(error) => {
                 // The stream cannot resynchronise after a syntax error.
-                collected.error(
-                    location,
-                    ObjectIdentity::default(),
-                    ManifestProblem::Json(error),
-                );
-                return;
+                let location = location.at_line(error.line());
+                let problem = ManifestProblem::Json(Arc::new(error));
+                return collected.error(location, ObjectIdentity::default(), problem);
             }
         }
     }
 }
 
+/// The 1-based line of the first non-blank character at or after `offset`.
+fn line_of_value(text: &str, offset: usize) -> usize {
+    let rest = text.get(offset..).unwrap_or_default();
+    let blank = rest.len() - rest.trim_start().len();
+    let end = (offset + blank).min(text.len());
+    1 + text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+}
+
 fn parse_yaml(path: &Path, text: &str, collected: &mut Collected) {
     for (index, (first_line, chunk)) in split_yaml_documents(text).into_iter().enumerate() {
         let location = DocumentLocation::document(path, index);
+        let document_line = first_line + 1 + usize::from(chunk.starts_with("---"));
+        if let Some(line) = limits::too_deep_at(chunk) {
+            let problem = ManifestProblem::TooDeep {
+                limit: limits::MAX_FLOW_DEPTH,
+            };
+            let location = location.at_line(first_line + line);
+            collected.error(location, ObjectIdentity::default(), problem);
+            continue;
+        }
         match serde_yaml_ng::from_str::<Value>(chunk) {
             Ok(Value::Null) => {}
-            Ok(value) => collected.document(location, value),
-            Err(_) => {
-                // Parse again with the lines before the document blanked out,
-                // so the error's line numbers count from the top of the file.
-                let padded = format!("{}{chunk}", "\n".repeat(first_line));
-                let problem = match serde_yaml_ng::from_str::<Value>(&padded) {
-                    Err(error) => ManifestProblem::Yaml(error),
-                    Ok(_) => ManifestProblem::NotAnObject,
-                };
-                collected.error(location, ObjectIdentity::default(), problem);
+            Ok(value) => collected.document(location.at_line(document_line), value),
+            Err(error) => {
+                // Lines count from the document's start; report them from
+                // the file's.
+                let line = error
+                    .location()
+                    .map_or(document_line, |at| first_line + at.line());
+                let message = shift_line_numbers(&error.to_string(), first_line);
+                let problem = ManifestProblem::Yaml { message };
+                collected.error(location.at_line(line), ObjectIdentity::default(), problem);
             }
         }
     }
+}
+
+/// Adds `offset` to every `line N` in a parser message.
+fn shift_line_numbers(message: &str, offset: usize) -> String {
+    const MARKER: &str = "line ";
+    let mut shifted = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(MARKER) {
+        let (before, after) = rest.split_at(at + MARKER.len());
+        shifted.push_str(before);
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        match after[..digits].parse::<usize>() {
+            Ok(line) => shifted.push_str(&(line + offset).to_string()),
+            Err(_) => shifted.push_str(&after[..digits]),
+        }
+        rest = &after[digits..];
+    }
+    shifted.push_str(rest);
+    shifted
 }
 
 /// Splits YAML text into documents at lines starting with `---`, returning
@@ -252,7 +303,7 @@ fn decode_typed<T: DeserializeOwned>(value: Value) -> Result<T, Vec<ManifestProb
         };
         vec![ManifestProblem::Decode {
             path,
-            source: error.into_inner(),
+            source: Arc::new(error.into_inner()),
         }]
     })
 }
@@ -369,5 +420,17 @@ mod tests {
         assert_eq!(starts("# header\n---\na: 1\n"), vec![1]);
         assert_eq!(starts("a: '---'\nb: |\n  ---\n---x: 1\n"), vec![0]);
         assert_eq!(starts(""), vec![0]);
+    }
+
+    #[test]
+    fn parser_line_numbers_count_from_the_top_of_the_file() {
+        assert_eq!(
+            shift_line_numbers("bad at line 2 column 1, while x at line 1 column 3", 10),
+            "bad at line 12 column 1, while x at line 11 column 3"
+        );
+        assert_eq!(
+            shift_line_numbers("no numbers; line x", 3),
+            "no numbers; line x"
+        );
     }
 }

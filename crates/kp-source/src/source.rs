@@ -2,19 +2,17 @@
 //! since the last read and hands the changes to the event handler.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind, LABEL_SERVICE_NAME};
 
+use crate::conflicts::reject_conflicts;
 use crate::discover::{discover, Discovered};
-use crate::error::{
-    DocumentLocation, ManifestError, ManifestProblem, ObjectIdentity, Severity, SourceError,
-};
+use crate::error::{ManifestError, ManifestProblem, Severity, SourceError};
+use crate::files::{FileCache, ParsedFile};
 use crate::object::{KubeObject, ManifestObject, ObjectKey};
-use crate::parse::parse_documents;
 
 /// How long the watcher waits for a burst of file events to end.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
@@ -27,15 +25,23 @@ pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(30);
 /// Kubernetes API source would.
 ///
 /// The source remembers what it last delivered: each [`load`](Self::load)
-/// reads everything again and sends only the differences. Only the Node
-/// named like the proxy's node is delivered.
+/// reads every file again (parsing only those whose content changed) and
+/// sends only the differences. Only the Node named like the proxy's node is
+/// delivered.
+///
+/// An object disappears only when its document is removed from the files
+/// (or its file is deleted). A document that no longer parses or passes the
+/// checks keeps delivering the objects it last delivered, until it is
+/// fixed; a whole file that cannot be read keeps all of its objects.
 #[derive(Debug)]
 pub struct ManifestSource {
     pub(crate) path: PathBuf,
     node_name: String,
-    delivered: BTreeMap<ObjectKey, KubeObject>,
+    delivered: BTreeMap<ObjectKey, ManifestObject>,
+    files: FileCache,
     loaded: bool,
     reported: HashSet<String>,
+    cycles_reported: HashSet<PathBuf>,
     pub(crate) debounce: Duration,
     pub(crate) resync_period: Duration,
 }
@@ -52,6 +58,13 @@ pub struct LoadReport {
     pub applied: usize,
     /// `Delete` events sent: objects gone since the last load.
     pub deleted: usize,
+    /// Objects still delivered in their last good state because the
+    /// document or file that holds them is broken.
+    pub kept: usize,
+    /// Problems logged by this load: those new since the last load, and
+    /// those of files that changed. A problem that persists is not logged
+    /// again on every periodic re-read.
+    pub logged: usize,
     /// Every problem found, errors (document skipped) and warnings (object
     /// delivered anyway), in file order.
     pub errors: Vec<ManifestError>,
@@ -66,8 +79,10 @@ impl ManifestSource {
             path: path.into(),
             node_name: node_name.into(),
             delivered: BTreeMap::new(),
+            files: FileCache::default(),
             loaded: false,
             reported: HashSet::new(),
+            cycles_reported: HashSet::new(),
             debounce: DEFAULT_DEBOUNCE,
             resync_period: DEFAULT_RESYNC_PERIOD,
         }
@@ -94,21 +109,41 @@ impl ManifestSource {
 
     /// Reads every manifest, sends `Apply` for objects new or changed since
     /// the last load and `Delete` (with the last known object) for objects
-    /// gone, and after the first load reports every kind synced.
+    /// whose documents are gone, and after the first load reports every
+    /// kind synced.
     ///
-    /// Invalid documents are logged, listed in the report and skipped. The
-    /// only errors are fatal ones: the path does not exist on the first load,
-    /// or cannot be listed. A path that disappears later counts as empty.
+    /// Invalid documents are logged and listed in the report; an object they
+    /// delivered before keeps its last good state. The only errors are fatal
+    /// ones: the path does not exist on the first load, or cannot be listed.
+    /// A path that disappears later counts as empty.
     pub fn load(&mut self, handler: &dyn ProxyEventHandler) -> Result<LoadReport, SourceError> {
         let discovered = self.discover()?;
-        let mut errors = discovered.errors;
-        let mut objects = Vec::new();
+        self.report_cycles(&discovered.cycles);
+        self.files.retain(&discovered.files);
+        let mut errors = Vec::new();
+        let mut fresh = BTreeSet::new();
+        let mut parsed_files = Vec::with_capacity(discovered.files.len());
         for file in &discovered.files {
-            read_file(file, &mut objects, &mut errors);
+            let Some(read) = self.files.read(file) else {
+                continue;
+            };
+            if read.fresh {
+                fresh.insert(file.clone());
+            }
+            parsed_files.push((file.clone(), read.parsed));
         }
-        let desired = self.merge(objects, &mut errors);
+        let mut objects = Vec::new();
+        for (_, parsed) in &mut parsed_files {
+            objects.append(&mut parsed.objects);
+            errors.append(&mut parsed.errors);
+        }
+        let mut desired = self.merge(objects, &mut errors);
+        let kept = self.keep_last_good(&mut desired, &parsed_files, &discovered);
+        reject_conflicts(&mut desired, &mut errors);
+        errors.extend(discovered.errors);
         check_service_names(&desired, &mut errors);
         let mut report = self.deliver(desired, handler);
+        report.kept = kept;
         if !self.loaded {
             self.loaded = true;
             for kind in [
@@ -119,7 +154,7 @@ impl ManifestSource {
                 handler.on_synced(kind);
             }
         }
-        self.log_new_problems(&errors);
+        report.logged = self.log_new_problems(&errors, &fresh);
         report.files = discovered.files.len();
         report.errors = errors;
         tracing::debug!(
@@ -128,10 +163,63 @@ impl ManifestSource {
             objects = report.objects,
             applied = report.applied,
             deleted = report.deleted,
+            kept = report.kept,
             problems = report.errors.len(),
             "manifests loaded"
         );
         Ok(report)
+    }
+
+    /// Puts back into `desired` the objects last delivered from documents
+    /// that are broken now: every object of a file (or directory) that
+    /// cannot be read far enough to tell what it holds, and each object
+    /// whose document is readable but fails a check. Returns how many.
+    fn keep_last_good(
+        &self,
+        desired: &mut BTreeMap<ObjectKey, ManifestObject>,
+        parsed_files: &[(PathBuf, ParsedFile)],
+        discovered: &Discovered,
+    ) -> usize {
+        let unreadable: BTreeSet<&Path> = parsed_files
+            .iter()
+            .filter(|(_, parsed)| parsed.unreadable)
+            .map(|(path, _)| path.as_path())
+            .collect();
+        let failed: BTreeSet<&ObjectKey> = parsed_files
+            .iter()
+            .flat_map(|(_, parsed)| &parsed.failed)
+            .collect();
+        let unlisted: Vec<&Path> = discovered
+            .errors
+            .iter()
+            .map(|e| e.location.path.as_path())
+            .collect();
+        let mut kept = 0;
+        for (key, object) in &self.delivered {
+            let path = object.location.path.as_path();
+            let broken = failed.contains(key)
+                || unreadable.contains(path)
+                || unlisted.iter().any(|directory| path.starts_with(directory));
+            if broken && !desired.contains_key(key) {
+                tracing::debug!(object = %key, location = %object.location, "keeping the last good state of a manifest object");
+                desired.insert(key.clone(), object.clone());
+                kept += 1;
+            }
+        }
+        kept
+    }
+
+    /// Warns once about each directory reached again through a link, not on
+    /// every reload; returns how many warnings it gave.
+    fn report_cycles(&mut self, cycles: &[PathBuf]) -> usize {
+        let mut warned = 0;
+        for cycle in cycles {
+            if self.cycles_reported.insert(cycle.clone()) {
+                tracing::warn!(path = %cycle.display(), "skipping a link to a manifest directory already read (a symbolic link loop?)");
+                warned += 1;
+            }
+        }
+        warned
     }
 
     fn discover(&self) -> Result<Discovered, SourceError> {
@@ -185,20 +273,19 @@ impl ManifestSource {
         handler: &dyn ProxyEventHandler,
     ) -> LoadReport {
         let mut report = LoadReport::default();
-        let mut delivered = BTreeMap::new();
-        for (key, ManifestObject { object, .. }) in desired {
-            if self.delivered.get(&key) != Some(&object) {
+        for (key, object) in &desired {
+            let before = self.delivered.get(key).map(|before| &before.object);
+            if before != Some(&object.object) {
                 tracing::debug!(object = %key, "applying manifest object");
-                send(handler, object.clone(), false);
+                send(handler, object.object.clone(), false);
                 report.applied += 1;
             }
-            delivered.insert(key, object);
         }
-        let previous = std::mem::replace(&mut self.delivered, delivered);
+        let previous = std::mem::replace(&mut self.delivered, desired);
         for (key, object) in previous {
             if !self.delivered.contains_key(&key) {
                 tracing::debug!(object = %key, "deleting manifest object");
-                send(handler, object, true);
+                send(handler, object.object, true);
                 report.deleted += 1;
             }
         }
@@ -206,15 +293,25 @@ impl ManifestSource {
         report
     }
 
-    /// Logs each problem once, not again on every reload while it persists.
-    fn log_new_problems(&mut self, errors: &[ManifestError]) {
+    /// Logs each problem once: again only when its file changed, not on
+    /// every reload while it persists.
+    fn log_new_problems(&mut self, errors: &[ManifestError], fresh: &BTreeSet<PathBuf>) -> usize {
+        let mut logged = 0;
         let mut current = HashSet::with_capacity(errors.len());
         for error in errors {
             let message = error.to_string();
-            if !self.reported.contains(&message) {
+            let parsed_now = fresh.contains(&error.location.path)
+                && !matches!(
+                    error.problem,
+                    ManifestProblem::Duplicate { .. }
+                        | ManifestProblem::UnknownService { .. }
+                        | ManifestProblem::Conflict { .. }
+                );
+            if parsed_now || !self.reported.contains(&message) {
+                logged += 1;
                 match error.severity() {
                     Severity::Error => {
-                        tracing::warn!(error = %message, "skipping an invalid manifest document");
+                        tracing::warn!(error = %message, "invalid manifest: the object keeps its last good state, or is not delivered if it has none");
                     }
                     Severity::Warning => {
                         tracing::warn!(warning = %message, "manifests are inconsistent");
@@ -224,6 +321,7 @@ impl ManifestSource {
             current.insert(message);
         }
         self.reported = current;
+        logged
     }
 }
 
@@ -241,32 +339,6 @@ impl LoadReport {
             .iter()
             .filter(|error| error.severity() == Severity::Warning)
     }
-}
-
-/// Reads and parses one file; a file that vanished since it was listed is
-/// simply gone.
-fn read_file(path: &Path, objects: &mut Vec<ManifestObject>, errors: &mut Vec<ManifestError>) {
-    let file_problem = |problem| {
-        ManifestError::new(
-            DocumentLocation::file(path),
-            ObjectIdentity::default(),
-            problem,
-        )
-    };
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            tracing::debug!(path = %path.display(), "manifest file vanished while reading");
-            return;
-        }
-        Err(error) => return errors.push(file_problem(ManifestProblem::Read(error))),
-    };
-    let Ok(text) = String::from_utf8(bytes) else {
-        return errors.push(file_problem(ManifestProblem::NotUtf8));
-    };
-    let (parsed, problems) = parse_documents(path, &text);
-    objects.extend(parsed);
-    errors.extend(problems);
 }
 
 /// Warns about EndpointSlices whose Service is not defined; they are still
@@ -317,5 +389,23 @@ fn event<T>(object: T, deleted: bool) -> ObjectEvent<T> {
         ObjectEvent::Delete(object)
     } else {
         ObjectEvent::Apply(object)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_link_loop_is_warned_about_once_not_on_every_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("self")).unwrap();
+        let mut source = ManifestSource::new(dir.path(), "node-1");
+        let cycles = discover(dir.path()).unwrap().cycles;
+
+        assert_eq!(source.report_cycles(&cycles), 1);
+        assert_eq!(source.report_cycles(&cycles), 0);
     }
 }

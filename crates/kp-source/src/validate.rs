@@ -16,6 +16,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kp_model::{ResourceKind, LABEL_SERVICE_NAME};
 use serde_json::Value;
 
+use crate::names;
+
 /// One invalid field: its path and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FieldProblem {
@@ -23,6 +25,15 @@ pub(crate) struct FieldProblem {
     pub(crate) field: String,
     /// What is wrong and what would be valid.
     pub(crate) reason: String,
+}
+
+/// Which of the API server's name rules a `metadata.name` follows.
+#[derive(Debug, Clone, Copy)]
+enum NameRule {
+    /// Services: `ValidateServiceName`, a DNS-1035 label.
+    Dns1035Label,
+    /// EndpointSlices and Nodes: a DNS-1123 subdomain.
+    Dns1123Subdomain,
 }
 
 /// Collects the problems of one object.
@@ -75,7 +86,7 @@ pub(crate) fn check_required_fields(kind: ResourceKind, document: &Value) -> Vec
 /// Checks a decoded Service.
 pub(crate) fn validate_service(service: &Service) -> Vec<FieldProblem> {
     let mut problems = Problems::default();
-    check_name(&mut problems, &service.metadata);
+    check_metadata(&mut problems, &service.metadata, NameRule::Dns1035Label);
     let Some(spec) = &service.spec else {
         problems.push("spec", "required field is missing");
         return problems.0;
@@ -118,17 +129,21 @@ pub(crate) fn validate_service(service: &Service) -> Vec<FieldProblem> {
 /// Checks a decoded EndpointSlice.
 pub(crate) fn validate_endpoint_slice(slice: &EndpointSlice) -> Vec<FieldProblem> {
     let mut problems = Problems::default();
-    check_name(&mut problems, &slice.metadata);
+    check_metadata(&mut problems, &slice.metadata, NameRule::Dns1123Subdomain);
     let service_name = slice
         .metadata
         .labels
         .as_ref()
         .and_then(|labels| labels.get(LABEL_SERVICE_NAME));
-    if service_name.is_none_or(|name| name.is_empty()) {
-        problems.push(
-            format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
+    let label_field = format!("metadata.labels[{LABEL_SERVICE_NAME}]");
+    match service_name {
+        Some(name) if !name.is_empty() => {
+            problems.each_invalid(&label_field, name, names::label_value(name));
+        }
+        _ => problems.push(
+            label_field,
             "required label is missing (expected the name of the EndpointSlice's Service)",
-        );
+        ),
     }
     let address_type = slice.address_type.as_str();
     if !ADDRESS_TYPES.contains(&address_type) {
@@ -148,8 +163,28 @@ pub(crate) fn validate_endpoint_slice(slice: &EndpointSlice) -> Vec<FieldProblem
             let field = format!("endpoints[{i}].addresses[{j}]");
             check_endpoint_address(&mut problems, field, address_type, address);
         }
+        if let Some(node_name) = &endpoint.node_name {
+            let problems_found = names::dns1123_subdomain(node_name);
+            problems.each_invalid(
+                format!("endpoints[{i}].nodeName"),
+                node_name,
+                problems_found,
+            );
+        }
+        if let Some(hostname) = &endpoint.hostname {
+            let problems_found = names::dns1123_label(hostname);
+            problems.each_invalid(format!("endpoints[{i}].hostname"), hostname, problems_found);
+        }
     }
+    let mut port_names = BTreeSet::new();
     for (i, port) in slice.ports.iter().flatten().enumerate() {
+        let name = port.name.as_deref().unwrap_or_default();
+        check_port_name(
+            &mut problems,
+            format!("ports[{i}].name"),
+            name,
+            &mut port_names,
+        );
         if let Some(number) = port.port {
             problems.port(format!("ports[{i}].port"), number);
         }
@@ -165,7 +200,7 @@ pub(crate) fn validate_endpoint_slice(slice: &EndpointSlice) -> Vec<FieldProblem
 /// Checks a decoded Node.
 pub(crate) fn validate_node(node: &Node) -> Vec<FieldProblem> {
     let mut problems = Problems::default();
-    check_name(&mut problems, &node.metadata);
+    check_metadata(&mut problems, &node.metadata, NameRule::Dns1123Subdomain);
     if let Some(spec) = &node.spec {
         if let Some(cidr) = spec.pod_cidr.as_deref().filter(|cidr| !cidr.is_empty()) {
             problems.cidr("spec.podCIDR", cidr);
@@ -183,12 +218,43 @@ pub(crate) fn validate_node(node: &Node) -> Vec<FieldProblem> {
     problems.0
 }
 
-fn check_name(problems: &mut Problems, metadata: &ObjectMeta) {
-    if metadata.name.as_deref().is_none_or(str::is_empty) {
-        problems.push(
+/// `metadata.name` by `rule`, and `metadata.namespace` (a DNS-1123 label)
+/// when the object has one, as upstream's `ValidateObjectMeta` does.
+fn check_metadata(problems: &mut Problems, metadata: &ObjectMeta, rule: NameRule) {
+    match metadata.name.as_deref().filter(|name| !name.is_empty()) {
+        None => problems.push(
             "metadata.name",
-            "required field is missing (every object needs a name)",
+            "Required value: name or generateName is required",
+        ),
+        Some(name) => {
+            let found = match rule {
+                NameRule::Dns1035Label => names::dns1035_label(name),
+                NameRule::Dns1123Subdomain => names::dns1123_subdomain(name),
+            };
+            problems.each_invalid("metadata.name", name, found);
+        }
+    }
+    if let Some(namespace) = metadata.namespace.as_deref() {
+        problems.each_invalid(
+            "metadata.namespace",
+            namespace,
+            names::dns1123_label(namespace),
         );
+    }
+}
+
+/// A port name: a DNS-1123 label when set, and unique among its siblings.
+fn check_port_name<'a>(
+    problems: &mut Problems,
+    field: String,
+    name: &'a str,
+    seen: &mut BTreeSet<&'a str>,
+) {
+    if !name.is_empty() {
+        problems.each_invalid(&field, name, names::dns1123_label(name));
+    }
+    if !seen.insert(name) {
+        problems.push(field, format!("Duplicate value: {}", names::quoted(name)));
     }
 }
 
@@ -207,16 +273,11 @@ fn check_service_ports(problems: &mut Problems, spec: &ServiceSpec) {
     for (i, port) in ports.iter().enumerate() {
         check_service_port(problems, i, port);
         let name = port.name.as_deref().unwrap_or_default();
+        let field = format!("spec.ports[{i}].name");
         if ports.len() > 1 && name.is_empty() {
-            problems.push(
-                format!("spec.ports[{i}].name"),
-                "required when a Service has more than one port",
-            );
-        } else if !names.insert(name) {
-            problems.push(
-                format!("spec.ports[{i}].name"),
-                format!("duplicate port name {name:?} (names must be unique)"),
-            );
+            problems.push(field, "Required value");
+        } else {
+            check_port_name(problems, field, name, &mut names);
         }
         let protocol = port.protocol.as_deref().unwrap_or("TCP");
         if !port_protocols.insert((port.port, protocol)) {
@@ -260,15 +321,11 @@ fn check_service_ips(problems: &mut Problems, spec: &ServiceSpec) {
             problems.ip(format!("spec.clusterIPs[{i}]"), ip);
         }
     }
-    let first = spec.cluster_ips.as_ref().and_then(|ips| ips.first());
-    if let (Some(ip), Some(first)) = (cluster_ip, first) {
-        if ip != first {
-            problems.push(
-                "spec.clusterIPs[0]",
-                format!("{first:?} must equal spec.clusterIP {ip:?}"),
-            );
-        }
-    }
+    check_cluster_ip_list(
+        problems,
+        cluster_ip,
+        spec.cluster_ips.as_deref().unwrap_or_default(),
+    );
     for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
         problems.ip(format!("spec.externalIPs[{i}]"), ip);
     }
@@ -283,6 +340,58 @@ fn check_service_ips(problems: &mut Problems, spec: &ServiceSpec) {
     {
         problems.cidr(format!("spec.loadBalancerSourceRanges[{i}]"), range);
     }
+}
+
+/// `spec.clusterIPs` against `spec.clusterIP`, as upstream's
+/// `ValidateServiceClusterIPsRelatedFields` and IP allocator do.
+fn check_cluster_ip_list(problems: &mut Problems, cluster_ip: Option<&str>, ips: &[String]) {
+    let field = "spec.clusterIPs";
+    let shown = go_string_list(ips);
+    match (cluster_ip, ips.first()) {
+        (Some(ip), Some(first)) if ip != first => problems.push(
+            field,
+            format!("Invalid value: {shown}: first value must match `clusterIP`"),
+        ),
+        (None, Some(_)) => problems.push(
+            field,
+            format!("Invalid value: {shown}: must be empty when `clusterIP` is not specified"),
+        ),
+        _ => {}
+    }
+    if ips.len() > 2 {
+        problems.push(
+            field,
+            format!("Invalid value: {shown}: may only hold up to 2 values"),
+        );
+    }
+    let parsed: Vec<IpAddr> = ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+    if parsed.len() == 2 && parsed[0].is_ipv4() == parsed[1].is_ipv4() {
+        problems.push(
+            field,
+            format!("Invalid value: {shown}: may specify no more than one IP for each IP family"),
+        );
+    }
+    // The API server fills clusterIPs from clusterIP when only that is set.
+    let (parsed, shown) = match (cluster_ip, ips.is_empty()) {
+        (Some(ip), true) => (
+            ip.parse().into_iter().collect(),
+            go_string_list(&[ip.to_owned()]),
+        ),
+        _ => (parsed, shown),
+    };
+    // An unspecified address is in no service range: the allocator refuses it.
+    for ip in parsed.iter().filter(|ip| ip.is_unspecified()) {
+        problems.push(
+            field,
+            format!("Invalid value: {shown}: failed to allocate IP {ip}: provided IP {ip} is not in the valid range"),
+        );
+    }
+}
+
+/// A list of strings as upstream's error messages print it (Go's `%#v`).
+pub(crate) fn go_string_list(values: &[String]) -> String {
+    let quoted: Vec<String> = values.iter().map(|value| names::quoted(value)).collect();
+    format!("[]string{{{}}}", quoted.join(", "))
 }
 
 fn check_endpoint_address(
@@ -326,6 +435,14 @@ impl Problems {
             field: field.into(),
             reason: reason.into(),
         });
+    }
+
+    /// One `Invalid value` problem per message in `found`.
+    fn each_invalid(&mut self, field: impl Into<String>, value: &str, found: Vec<String>) {
+        let field = field.into();
+        for detail in found {
+            self.push(field.clone(), names::invalid_value(value, &detail));
+        }
     }
 
     fn port(&mut self, field: impl Into<String>, port: i32) {

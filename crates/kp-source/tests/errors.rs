@@ -51,7 +51,7 @@ fn malformed_yaml_names_the_line_in_the_file() {
     assert_eq!(objects, vec!["Service demo/web"]);
     assert_eq!(errors.len(), 1);
     assert!(
-        errors[0].starts_with("m.yaml (document 1): malformed YAML: ")
+        errors[0].starts_with("m.yaml:8 (document 1): malformed YAML: ")
             && errors[0].contains("at line 8 column 1"),
         "{}",
         errors[0]
@@ -65,7 +65,7 @@ fn malformed_json_is_reported_with_its_position() {
     assert_eq!(errors.len(), 1);
     assert!(
         errors[0].starts_with(
-            "m.json (document 0): malformed JSON: EOF while parsing a value at line 2"
+            "m.json:2 (document 0): malformed JSON: EOF while parsing a value at line 2"
         ),
         "{}",
         errors[0]
@@ -76,7 +76,7 @@ fn malformed_json_is_reported_with_its_position() {
 fn an_unknown_kind_is_named() {
     assert_single_error(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n",
-        "m.yaml (document 0): Deployment web: kind Deployment is not supported (expected Service, EndpointSlice, Node, or a List of them)",
+        "m.yaml:1 (document 0): Deployment web: kind Deployment is not supported (expected Service, EndpointSlice, Node, or a List of them)",
     );
 }
 
@@ -84,7 +84,7 @@ fn an_unknown_kind_is_named() {
 fn a_wrong_api_version_names_the_right_one() {
     assert_single_error(
         "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: web-abc}\n",
-        "m.yaml (document 0): EndpointSlice web-abc: apiVersion discovery.k8s.io/v1beta1 is not valid for kind EndpointSlice (expected discovery.k8s.io/v1)",
+        "m.yaml:1 (document 0): EndpointSlice web-abc: apiVersion discovery.k8s.io/v1beta1 is not valid for kind EndpointSlice (expected discovery.k8s.io/v1)",
     );
 }
 
@@ -92,7 +92,7 @@ fn a_wrong_api_version_names_the_right_one() {
 fn an_invalid_endpoint_address_is_named() {
     assert_single_error(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints:\n- addresses: [10.244.1.300]\n",
-        "m.yaml (document 0): EndpointSlice default/web-abc: endpoints[0].addresses[0]: \"10.244.1.300\" is not an IPv4 address, as addressType is IPv4",
+        "m.yaml:1 (document 0): EndpointSlice default/web-abc: endpoints[0].addresses[0]: \"10.244.1.300\" is not an IPv4 address, as addressType is IPv4",
     );
 }
 
@@ -100,7 +100,7 @@ fn an_invalid_endpoint_address_is_named() {
 fn an_ipv6_address_in_an_ipv4_slice_is_named() {
     assert_single_error(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints:\n- addresses: [\"fd00:10:244::1\"]\n",
-        "m.yaml (document 0): EndpointSlice default/web-abc: endpoints[0].addresses[0]: \"fd00:10:244::1\" is not an IPv4 address, as addressType is IPv4",
+        "m.yaml:1 (document 0): EndpointSlice default/web-abc: endpoints[0].addresses[0]: \"fd00:10:244::1\" is not an IPv4 address, as addressType is IPv4",
     );
 }
 
@@ -108,15 +108,15 @@ fn an_ipv6_address_in_an_ipv4_slice_is_named() {
 fn ports_out_of_range_are_named() {
     assert_single_error(
         &service_with_port("{name: http, port: 0}"),
-        "m.yaml (document 0): Service demo/web: spec.ports[0].port: 0 is not a valid port (1-65535)",
+        "m.yaml:1 (document 0): Service demo/web: spec.ports[0].port: 0 is not a valid port (1-65535)",
     );
     assert_single_error(
         &service_with_port("{name: http, port: 70000}"),
-        "m.yaml (document 0): Service demo/web: spec.ports[0].port: 70000 is not a valid port (1-65535)",
+        "m.yaml:1 (document 0): Service demo/web: spec.ports[0].port: 70000 is not a valid port (1-65535)",
     );
     assert_single_error(
         &service_with_port("{name: http, port: 80, nodePort: 70000}"),
-        "m.yaml (document 0): Service demo/web: spec.ports[0].nodePort: 70000 is not a valid port (1-65535)",
+        "m.yaml:1 (document 0): Service demo/web: spec.ports[0].nodePort: 70000 is not a valid port (1-65535)",
     );
 }
 
@@ -124,7 +124,7 @@ fn ports_out_of_range_are_named() {
 fn a_missing_port_is_a_missing_required_field() {
     assert_single_error(
         &service_with_port("{name: http, targetPort: 8080}"),
-        "m.yaml (document 0): Service demo/web: spec.ports[0].port: required field is missing (expected a port number 1-65535)",
+        "m.yaml:1 (document 0): Service demo/web: spec.ports[0].port: required field is missing (expected a port number 1-65535)",
     );
 }
 
@@ -132,7 +132,7 @@ fn a_missing_port_is_a_missing_required_field() {
 fn a_field_of_the_wrong_type_is_named_by_its_path() {
     assert_single_error(
         &service_with_port("{name: http, port: http}"),
-        "m.yaml (document 0): Service demo/web: spec.ports[0].port: invalid type: string \"http\", expected i32",
+        "m.yaml:1 (document 0): Service demo/web: spec.ports[0].port: invalid type: string \"http\", expected i32",
     );
 }
 
@@ -140,7 +140,7 @@ fn a_field_of_the_wrong_type_is_named_by_its_path() {
 fn a_missing_name_is_reported() {
     assert_single_error(
         "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
-        "m.yaml (document 0): Service in namespace default (no name): metadata.name: required field is missing (every object needs a name)",
+        "m.yaml:1 (document 0): Service in namespace default (no name): metadata.name: Required value: name or generateName is required",
     );
 }
 
@@ -151,7 +151,7 @@ fn invalid_addresses_protocols_and_ranges_of_a_service_are_each_named() {
     );
     let (objects, errors) = parse(&text);
     assert!(objects.is_empty());
-    let prefix = "m.yaml (document 0): Service demo/web: ";
+    let prefix = "m.yaml:1 (document 0): Service demo/web: ";
     assert_eq!(
         errors,
         [
@@ -169,7 +169,7 @@ fn invalid_addresses_protocols_and_ranges_of_a_service_are_each_named() {
 fn a_slice_without_its_service_label_is_rejected() {
     assert_single_error(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc}\naddressType: IPv4\nendpoints: []\n",
-        "m.yaml (document 0): EndpointSlice default/web-abc: metadata.labels[kubernetes.io/service-name]: required label is missing (expected the name of the EndpointSlice's Service)",
+        "m.yaml:1 (document 0): EndpointSlice default/web-abc: metadata.labels[kubernetes.io/service-name]: required label is missing (expected the name of the EndpointSlice's Service)",
     );
 }
 
@@ -180,7 +180,7 @@ fn a_bad_list_item_is_located_by_its_index() {
     assert_eq!(objects, vec!["Node node-1"]);
     assert_eq!(
         errors,
-        vec!["m.yaml (document 0, item 1): Service default/web: spec.ports[0].port: 0 is not a valid port (1-65535)"]
+        vec!["m.yaml:1 (document 0, item 1): Service default/web: spec.ports[0].port: 0 is not a valid port (1-65535)"]
     );
 }
 
@@ -198,10 +198,14 @@ fn the_other_documents_of_a_file_still_load() {
     .join("---\n");
     let (objects, errors) = parse(&text);
     assert_eq!(objects, vec!["Node node-a", "Node node-b", "Node node-c"]);
-    let documents: Vec<&str> = errors.iter().map(|e| &e[..19]).collect();
+    let documents: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split(": ").next().unwrap())
+        .collect();
+    // Where parsing broke in document 1; where document 3 starts.
     assert_eq!(
         documents,
-        vec!["m.yaml (document 1)", "m.yaml (document 3)"]
+        ["m.yaml:8 (document 1)", "m.yaml:13 (document 3)"]
     );
 }
 
@@ -225,7 +229,7 @@ fn a_slice_for_an_unknown_service_is_reported_but_delivered() {
     assert_eq!(
         report.errors[0].to_string(),
         format!(
-            "{} (document 0): EndpointSlice demo/ghost-abc: the Service demo/ghost named by label kubernetes.io/service-name is not in the manifests (the EndpointSlice is used anyway)",
+            "{}:1 (document 0): EndpointSlice demo/ghost-abc: the Service demo/ghost named by label kubernetes.io/service-name is not in the manifests (the EndpointSlice is used anyway)",
             dir.path().join("slices.yaml").display()
         )
     );

@@ -105,6 +105,27 @@ proptest! {
     }
 
     #[test]
+    fn nested_brackets_and_quotes_never_panic(text in "([\\[\\]{}\"'#:, a\n]|\\[\\[\\[\\[){0,600}") {
+        parse_both_ways(&text);
+    }
+
+    #[test]
+    fn nesting_past_the_bound_is_refused_whatever_follows(
+        depth in 65usize..2000,
+        tail in "[\\]}\"' a,\n]{0,64}",
+    ) {
+        let text = format!("{}{tail}", "[".repeat(depth));
+        for file in ["deep.yaml", "deep.json"] {
+            let (objects, errors) = parse_documents(Path::new(file), &text);
+            prop_assert!(objects.is_empty());
+            prop_assert!(
+                errors.iter().any(|e| e.to_string().contains("brackets nest more than 64 levels deep")),
+                "{:?}", errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
     fn damaged_manifests_never_panic(mutations in prop::collection::vec(mutation(), 1..12)) {
         let text = mutations.iter().fold(VALID.to_owned(), |text, m| apply(&text, m));
         parse_both_ways(&text);

@@ -250,7 +250,7 @@ fn of_two_definitions_the_later_wins_with_a_warning_naming_both() {
     assert_eq!(
         warnings,
         vec![format!(
-            "{} (document 1): Service demo/web: also defined at {} (document 0); this later definition is used",
+            "{}:8 (document 1): Service demo/web: also defined at {}:1 (document 0); this later definition is used",
             b.display(),
             a.display()
         )]
