@@ -20,110 +20,131 @@ pub(crate) const MAX_FLOW_DEPTH: usize = 64;
 /// Where the text first nests deeper than [`MAX_FLOW_DEPTH`]: the 1-based
 /// line, or `None` when it never does.
 ///
-/// A scan, not a parse, that errs towards counting too deep: brackets in
-/// comments and quoted scalars are text, but as the scan cannot always tell
-/// a quote that opens a scalar from an apostrophe in plain text (`it 's`),
-/// an opening bracket always counts, and a closing one inside a quote or a
-/// comment only cancels an opening one of the same quote or comment.
+/// A scan, not a parse, that never counts less deep than libyaml: it keeps,
+/// for each state libyaml's scanner could be in as far as brackets matter
+/// ([`State`]), the deepest nesting that reaches it. Where a byte may or may
+/// not start a scalar or comment (an apostrophe after a blank opens a quoted
+/// scalar, or sits in plain text: `rock 'n roll`), both outcomes are
+/// followed. So no arrangement of quotes can make a closing bracket that
+/// libyaml reads as text count as a real one here. Brackets in plain text
+/// and block scalars may count as real, which only errs towards too deep.
+/// It costs a few operations per byte, whatever the text.
 pub(crate) fn too_deep_at(text: &str) -> Option<usize> {
-    let mut scan = Scan::default();
+    let mut depths = Depths::start();
+    let mut line = 1;
     for byte in text.bytes() {
-        if scan.step(byte) > MAX_FLOW_DEPTH {
-            return Some(scan.line);
+        depths = depths.step(byte);
+        if byte == b'\n' {
+            line += 1;
+        }
+        if depths.deepest() > MAX_FLOW_DEPTH {
+            return Some(line);
         }
     }
     None
 }
 
-/// The state of [`too_deep_at`].
-#[derive(Debug)]
-struct Scan {
-    depth: usize,
-    line: usize,
-    quote: Option<u8>,
-    escaped: bool,
-    comment: bool,
-    /// Opening brackets seen inside the current quote or comment.
-    enclosed_opens: usize,
-    previous: u8,
+/// Where libyaml's scanner may be, as far as brackets are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Where a token may start: at the start, after a blank, a line break,
+    /// a flow indicator, `:` or `?`, or a quoted scalar. A quote, `#` or
+    /// `!` here may start a scalar, a comment or a tag.
+    TokenStart,
+    /// Inside a word of plain text: a quote, `#` or `!` is text (libyaml
+    /// starts none of them in the middle of a plain scalar, and an anchor or
+    /// alias name must be followed by a blank or an indicator).
+    InWord,
+    /// In a single-quoted scalar (`''` closes and reopens).
+    Single,
+    /// In a double-quoted scalar.
+    Double,
+    /// Right after a backslash in a double-quoted scalar.
+    DoubleEscaped,
+    /// In a comment, up to the end of the line.
+    Comment,
+    /// In a tag, which may hold brackets and quotes and ends at a blank, a
+    /// line break or (in a flow collection) a comma.
+    Tag,
 }
 
-impl Default for Scan {
-    fn default() -> Self {
-        Self {
-            depth: 0,
-            line: 1,
-            quote: None,
-            escaped: false,
-            comment: false,
-            enclosed_opens: 0,
-            previous: b'\n',
-        }
-    }
+/// The deepest nesting reachable in each [`State`]; `None`: unreachable.
+#[derive(Debug, Clone, Copy)]
+struct Depths([Option<usize>; 7]);
+
+impl State {
+    const ALL: [State; 7] = [
+        State::TokenStart,
+        State::InWord,
+        State::Single,
+        State::Double,
+        State::DoubleEscaped,
+        State::Comment,
+        State::Tag,
+    ];
 }
 
-impl Scan {
-    /// Takes one byte; returns the depth after it.
-    fn step(&mut self, byte: u8) -> usize {
-        if byte == b'\n' {
-            self.line += 1;
-            if self.comment {
-                self.comment = false;
-                self.enclosed_opens = 0;
+impl Depths {
+    fn start() -> Self {
+        let mut depths = Self([None; 7]);
+        depths.reach(State::TokenStart, 0);
+        depths
+    }
+
+    fn deepest(&self) -> usize {
+        self.0.iter().flatten().copied().max().unwrap_or(0)
+    }
+
+    fn reach(&mut self, state: State, depth: usize) {
+        let slot = &mut self.0[state as usize];
+        *slot = Some(slot.map_or(depth, |known| known.max(depth)));
+    }
+
+    /// The states after `byte`.
+    fn step(&self, byte: u8) -> Self {
+        let mut next = Self([None; 7]);
+        let line_break = matches!(byte, b'\n' | b'\r');
+        for state in State::ALL {
+            let Some(depth) = self.0[state as usize] else {
+                continue;
+            };
+            match state {
+                State::TokenStart | State::InWord => next.outside(state, depth, byte),
+                State::Single if byte == b'\'' => next.reach(State::TokenStart, depth),
+                State::Double if byte == b'"' => next.reach(State::TokenStart, depth),
+                State::Double if byte == b'\\' => next.reach(State::DoubleEscaped, depth),
+                State::DoubleEscaped => next.reach(State::Double, depth),
+                State::Comment if line_break => next.reach(State::TokenStart, depth),
+                State::Tag if line_break || matches!(byte, b' ' | b'\t' | b',') => {
+                    next.reach(State::TokenStart, depth)
+                }
+                State::Single | State::Double | State::Comment | State::Tag => {
+                    next.reach(state, depth)
+                }
             }
         }
-        match self.quote {
-            Some(quote) => self.in_quote(quote, byte),
-            None if self.comment => self.enclosed(byte),
-            None => self.outside(byte),
-        }
-        self.previous = byte;
-        self.depth
+        next
     }
 
-    fn in_quote(&mut self, quote: u8, byte: u8) {
-        if self.escaped {
-            self.escaped = false;
-        } else if quote == b'"' && byte == b'\\' {
-            self.escaped = true;
-        } else if byte == quote {
-            // `''` inside single quotes closes and reopens: the same state.
-            self.quote = None;
-            self.enclosed_opens = 0;
-        } else {
-            self.enclosed(byte);
-        }
-    }
-
-    /// A byte inside a quote or a comment.
-    fn enclosed(&mut self, byte: u8) {
+    /// `byte` read outside any scalar, comment or tag, from `state`.
+    fn outside(&mut self, state: State, depth: usize, byte: u8) {
         match byte {
-            b'[' | b'{' => {
-                self.depth += 1;
-                self.enclosed_opens += 1;
+            b'[' | b'{' => self.reach(State::TokenStart, depth + 1),
+            b']' | b'}' => self.reach(State::TokenStart, depth.saturating_sub(1)),
+            b' ' | b'\t' | b'\n' | b'\r' | b',' | b':' | b'?' => {
+                self.reach(State::TokenStart, depth)
             }
-            b']' | b'}' if self.enclosed_opens > 0 => {
-                self.depth -= 1;
-                self.enclosed_opens -= 1;
+            b'\'' | b'"' | b'#' | b'!' if state == State::TokenStart => {
+                let started = match byte {
+                    b'\'' => State::Single,
+                    b'"' => State::Double,
+                    b'#' => State::Comment,
+                    _ => State::Tag,
+                };
+                self.reach(started, depth);
+                self.reach(State::InWord, depth);
             }
-            _ => {}
-        }
-    }
-
-    fn outside(&mut self, byte: u8) {
-        let after_blank = matches!(self.previous, b'\n' | b'\r' | b' ' | b'\t');
-        // Where a YAML or JSON token may start, and so a quoted scalar.
-        let at_token_start = after_blank
-            || matches!(
-                self.previous,
-                b'[' | b'{' | b']' | b'}' | b',' | b':' | b'-' | b'?' | b'"' | b'\''
-            );
-        match byte {
-            b'[' | b'{' => self.depth += 1,
-            b']' | b'}' => self.depth = self.depth.saturating_sub(1),
-            b'"' | b'\'' if at_token_start => self.quote = Some(byte),
-            b'#' if after_blank => self.comment = true,
-            _ => {}
+            _ => self.reach(State::InWord, depth),
         }
     }
 }
@@ -152,6 +173,31 @@ mod tests {
         assert_eq!(too_deep_at(&text), Some(2));
         let balanced = "a: it 's [1] {b: 2}\n".repeat(MAX_FLOW_DEPTH + 1);
         assert_eq!(too_deep_at(&balanced), None);
+    }
+
+    #[test]
+    fn an_apostrophe_in_plain_text_cannot_shift_which_quotes_are_real() {
+        // libyaml: `rock 'n roll` is plain text, then every `' ]]]] '` is a
+        // quoted scalar, so each group nests four levels deeper.
+        let text = format!("a: rock 'n roll\nb: {}\n", "[[[[ ' ]]]] ', ".repeat(20));
+        assert_eq!(too_deep_at(&text), Some(2));
+        let multi_line = format!("a: rock 'n roll\nb: {}\n", "[[[[ ' ]]]] ',\n ".repeat(20));
+        assert!(too_deep_at(&multi_line).is_some());
+    }
+
+    #[test]
+    fn brackets_in_tags_and_comments_do_not_hide_nesting() {
+        let tags = format!("a: {}\n", "[[ !x]] ".repeat(MAX_FLOW_DEPTH));
+        assert!(too_deep_at(&tags).is_some());
+        let comments = format!("a: {}\n", "[[ # ]]\n".repeat(MAX_FLOW_DEPTH));
+        assert!(too_deep_at(&comments).is_some());
+    }
+
+    #[test]
+    fn a_quoted_json_annotation_is_shallow() {
+        let text = "metadata:\n  annotations:\n    last-applied: '{\"spec\":{\"ports\":[{\"port\":80,\"name\":\"it''s\"}]}}'\n"
+            .repeat(200);
+        assert_eq!(too_deep_at(&text), None);
     }
 
     #[test]

@@ -126,6 +126,32 @@ proptest! {
     }
 
     #[test]
+    fn nesting_hidden_among_quotes_and_apostrophes_is_refused(
+        prefix in "a: x[a-z' ]{0,30}\n",
+        scalars in prop::collection::vec(
+            prop_oneof![
+                "[\\[\\]{}\" a#,:]{0,8}".prop_map(|s| format!("'{s}'")),
+                "[\\[\\]{}' a#,:]{0,8}".prop_map(|s| format!("\"{s}\"")),
+                "[a-z]{1,4}('[a-z]{1,3})?",
+            ],
+            65..200,
+        ),
+        line_breaks in any::<bool>(),
+    ) {
+        // libyaml reads this as one flow sequence per scalar, each inside
+        // the previous one: as deep as there are scalars.
+        let separator = if line_breaks { ",\n " } else { ", " };
+        let nested: String = scalars.iter().map(|s| format!("[ {s}{separator}")).collect();
+        let text = format!("{prefix}b: {nested}\n");
+        let (objects, errors) = parse_documents(Path::new("deep.yaml"), &text);
+        prop_assert!(objects.is_empty());
+        prop_assert!(
+            errors.iter().any(|e| e.to_string().contains("brackets nest more than 64 levels deep")),
+            "{text}\n{:?}", errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn damaged_manifests_never_panic(mutations in prop::collection::vec(mutation(), 1..12)) {
         let text = mutations.iter().fold(VALID.to_owned(), |text, m| apply(&text, m));
         parse_both_ways(&text);
