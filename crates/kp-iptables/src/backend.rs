@@ -539,12 +539,14 @@ fn rules_per_table_in(text: &str) -> Vec<(String, usize)> {
     counts
 }
 
-/// A backend error for a failed step; a rejected restore line is named in
-/// `attempted` so it shows in the one-line log of the sync loop.
 /// What to install when an iptables program is missing.
 const INSTALL_IPTABLES: &str =
     "install the iptables package (Debian and Ubuntu: apt-get install iptables)";
 
+/// A backend error for a failed step; a rejected restore line is named in
+/// `attempted` so it shows in the one-line log of the sync loop. A program
+/// that is not installed makes the mode unavailable, which is reported once
+/// and marks the proxy unhealthy at once.
 fn apply_error(step: &str, error: ApplyError) -> BackendError {
     if let ApplyError::Spawn { command, source } = &error {
         if source.kind() == io::ErrorKind::NotFound {
