@@ -6,8 +6,11 @@
 # line naming the missing programs and the command that installs them, and
 # exits 1.
 
-# "program package" pairs. iptables brings both flavors (legacy and nft) and
-# both families; cc builds the C parts of the TLS stack (ring).
+# "program-or-file package" pairs. iptables brings both flavors (legacy and
+# nft) and both families; the C compiler and the C library's headers and
+# start files build and link the C parts of the TLS stack (ring) and every
+# Rust binary (gcc only recommends libc6-dev, and recommends are not
+# installed).
 KP_REQUIRED_PROGRAMS=(
   "iptables-legacy-restore iptables"
   "iptables-nft-restore iptables"
@@ -19,11 +22,16 @@ KP_REQUIRED_PROGRAMS=(
   "ip iproute2"
   "sysctl procps"
   "cc gcc"
+  "/usr/include/stdio.h libc6-dev"
 )
 
-# Programs in /usr/sbin are found for non-root users too.
+# A program on PATH (in /usr/sbin too, for non-root users), or a file given
+# by its absolute path.
 kp_find_program() {
-  PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1
+  case "$1" in
+    /*) [ -e "$1" ] ;;
+    *) PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1 ;;
+  esac
 }
 
 # Sets KP_MISSING_PROGRAMS and KP_MISSING_PACKAGES.
