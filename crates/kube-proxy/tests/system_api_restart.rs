@@ -213,7 +213,10 @@ async fn story(pod: &Netns) {
         back_after <= RECOVERY,
         "every watch must be back within {RECOVERY:?} of the server serving again; took {back_after:?}"
     );
-    assert!(server.forbidden_answers() > 0, "the proxy met the 403 phase");
+    assert!(
+        server.forbidden_answers() > 0,
+        "the proxy met the 403 phase"
+    );
     let rewritten = wait_until(Duration::from_secs(1), || syncs() != syncs_before);
     assert!(
         !rewritten,
