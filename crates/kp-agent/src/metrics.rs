@@ -4,12 +4,17 @@
 //! Sync metrics are fed by a [`SyncObserver`] on each family's proxier;
 //! change counts, the last queued time and the process metrics are read
 //! when `/metrics` is scraped.
+//!
+//! One metric is our own, under a `kubeproxy_rs_` prefix that no upstream
+//! metric uses (we add, we never rename): the failed list and watch
+//! requests of the API source per resource.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kp_model::IpFamily;
 use kp_nfacct::{CounterMetric, CounterReader, NfacctCollector};
+use kp_source::api::watch_failures;
 use kp_sync::{Proxier, SyncObserver, SyncOutcome, SyncRequest, SyncStats};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -41,6 +46,7 @@ struct Inner {
     changes: Changes,
     healthz: Family<Labels, Counter>,
     livez: Family<Labels, Counter>,
+    watch_failures: Family<Labels, Counter>,
     process: process::ProcessMetrics,
 }
 
@@ -115,8 +121,10 @@ impl ProxyMetrics {
         let changes = Changes::default();
         let healthz = Family::default();
         let livez = Family::default();
+        let watch_failures = Family::default();
         let mut registry = Registry::default();
         register_common(&mut registry, &sync, &changes, &healthz, &livez);
+        register_own(&mut registry, &watch_failures);
         register_mode(&mut registry, &sync, mode);
         let process = process::ProcessMetrics::register(&mut registry);
         Self {
@@ -127,6 +135,7 @@ impl ProxyMetrics {
                 changes,
                 healthz,
                 livez,
+                watch_failures,
                 process,
             }),
         }
@@ -214,6 +223,7 @@ impl ProxyMetrics {
     /// scrape time brought up to date.
     pub fn render(&self) -> String {
         self.refresh_changes();
+        self.refresh_watch_failures();
         self.inner.process.refresh();
         let mut text = String::new();
         // Writing into a String cannot fail.
@@ -252,6 +262,22 @@ impl ProxyMetrics {
         changes
             .endpoint_pending
             .set(as_gauge(totals.endpoint_slices_pending));
+    }
+}
+
+impl ProxyMetrics {
+    /// Brings the API source's failure counts (process-wide, kept by
+    /// kp-source) into the registry.
+    fn refresh_watch_failures(&self) {
+        let failures = watch_failures();
+        for (resource, total) in [
+            ("services", failures.services),
+            ("endpointslices", failures.endpoint_slices),
+            ("nodes", failures.nodes),
+        ] {
+            let labels = vec![("resource", resource.to_owned())];
+            catch_up(&self.inner.watch_failures.get_or_create(&labels), total);
+        }
     }
 }
 
@@ -373,6 +399,20 @@ fn register_common(
         "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
         "Number of services with a Local traffic policy and no endpoints",
         sync.no_local_endpoints.clone(),
+    );
+}
+
+/// kube-proxy-rs' own metrics. `kubeproxy_rs_api_watch_failures_total`
+/// counts every failed list or watch request of the API source (410 Gone,
+/// a normal request to list again, excepted), per `resource`; during an
+/// outage it grows by about one per second per watch, while the log says
+/// only when the outage began and ended. Upstream has no such metric
+/// (client-go logs each failure instead), hence the `kubeproxy_rs_` prefix.
+fn register_own(registry: &mut Registry, watch_failures: &Family<Labels, Counter>) {
+    registry.register(
+        "kubeproxy_rs_api_watch_failures",
+        "Failed list and watch requests to the API server, per resource (kube-proxy-rs)",
+        watch_failures.clone(),
     );
 }
 

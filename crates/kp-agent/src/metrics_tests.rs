@@ -319,3 +319,30 @@ fn healthz_answers_are_counted_by_code() {
         Some(1.0)
     );
 }
+
+#[test]
+fn api_watch_failures_show_per_resource_under_our_own_prefix() {
+    let metrics = ProxyMetrics::new("iptables");
+
+    let text = metrics.render();
+
+    assert!(declared(&text, "kubeproxy_rs_api_watch_failures_total"));
+    // The counts are the API source's (none in this process: no source ran).
+    let counts = kp_source::api::watch_failures();
+    for (resource, count) in [
+        ("services", counts.services),
+        ("endpointslices", counts.endpoint_slices),
+        ("nodes", counts.nodes),
+    ] {
+        #[allow(clippy::cast_precision_loss)]
+        let expected = count as f64;
+        assert_eq!(
+            sample(
+                &text,
+                &format!("kubeproxy_rs_api_watch_failures_total{{resource=\"{resource}\"}}")
+            ),
+            Some(expected),
+            "{text}"
+        );
+    }
+}

@@ -23,8 +23,7 @@ use kp_testkit::plan::OTHER_NODE_NAME;
 use kp_testkit::{endpoint_slice, node, service};
 use tokio::sync::oneshot;
 
-/// How long a test waits before declaring a change lost. Reconnecting after
-/// an outage goes through kube-rs' backoff (0.8 s doubling, jittered).
+/// How long a test waits before declaring a change lost.
 const GIVE_UP: Duration = Duration::from_secs(15);
 
 /// A test API server and a source following it in the background.
@@ -342,6 +341,44 @@ async fn changes_made_during_an_outage_arrive_when_the_server_returns() {
             "delete EndpointSlice demo/web-abc"
         ]
     );
+    cluster.server.assert_no_protocol_errors();
+}
+
+#[tokio::test]
+async fn a_restart_that_relists_the_same_objects_with_new_versions_changes_nothing() {
+    let (cluster, _) = cluster().await;
+
+    cluster.server.stop().await;
+    // Rewritten with the same content: each gets a new resourceVersion.
+    for object in [web(), db()] {
+        cluster.server.update(object);
+    }
+    for object in [web_slice(), db_slice()] {
+        cluster.server.update(object);
+    }
+    cluster
+        .server
+        .update(node(NODE_NAME, |n| n.internal_ip("192.168.99.2")));
+    cluster
+        .server
+        .restart_as_new(Duration::from_millis(500))
+        .await
+        .unwrap();
+    let marks = cluster.mark();
+
+    assert_eq!(
+        cluster.take_after(&marks).await,
+        marks,
+        "the relist of unchanged objects reached the handler"
+    );
+    for path in [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        "/api/v1/nodes",
+    ] {
+        assert_eq!(cluster.lists_of(path), 2, "{path} was listed again");
+    }
+    assert!(cluster.server.forbidden_answers() > 0);
     cluster.server.assert_no_protocol_errors();
 }
 

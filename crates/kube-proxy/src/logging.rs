@@ -98,6 +98,11 @@ fn build(
             FilterExt::<Registry>::boxed(verbosity_filter(settings.verbosity, &settings.vmodule))
         }
     };
+    // kube-rs logs every failed request of a watch at WARN or ERROR; the
+    // API source reports an outage once and each retry at debug level.
+    let filter = filter.and(FilterFn::new(|meta: &Metadata<'_>| {
+        !kp_source::api::is_retry_noise(meta)
+    }));
     let layer = output_layer(settings)?.with_filter(filter);
     Ok(Registry::default().with(layer))
 }

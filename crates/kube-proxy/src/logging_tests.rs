@@ -159,3 +159,21 @@ fn settings_follow_the_configuration() {
     logging.format = "json".to_owned();
     assert!(!LogSettings::from_config(&logging, &klog, false).split_stream);
 }
+
+#[test]
+fn kube_rs_repeats_of_api_failures_are_dropped_and_its_other_entries_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kube-proxy.log");
+    let subscriber = build(&settings_logging_to(&path), None).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::error!(target: "kube_client::client::builder", "failed with error client error (Connect)");
+        tracing::warn!(target: "kube_runtime::watcher", "watch list error with 403");
+        tracing::warn!(target: "kube_client::client", "eof in poll");
+        tracing::info!(target: "kube_client::client::builder", "an informational entry");
+        tracing::warn!(target: "kp_source::api::retry", "the API server cannot be reached");
+    });
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(written.lines().count(), 2, "{written}");
+    assert!(written.contains("an informational entry"), "{written}");
+    assert!(written.contains("cannot be reached"), "{written}");
+}

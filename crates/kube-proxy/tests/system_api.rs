@@ -220,10 +220,9 @@ async fn story(pod: &Netns) {
     // iptables mode; here no pod answers.
     server.delete::<Service>("demo", "web");
     server.delete::<EndpointSlice>("demo", "web-1");
-    // Each watcher backs off on its own during the outage (kube-rs'
-    // default backoff, up to 30 s between tries): the Service watcher may
-    // reconnect well after the EndpointSlice watcher that delivered the
-    // changes above.
+    // Each watcher backs off on its own during the outage (up to 1.25 s
+    // between tries): the Service watcher may reconnect after the
+    // EndpointSlice watcher that delivered the changes above.
     let gone = wait_until(Duration::from_secs(45), || !rules_mention("10.96.0.41"));
     assert!(gone, "deleting the Service removes its rules");
     assert!(

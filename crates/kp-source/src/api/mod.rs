@@ -27,12 +27,16 @@
 mod client;
 mod compact;
 mod event;
+mod retry;
 mod source;
 
 use std::path::PathBuf;
 
 pub use client::{client_from, config_origin, ConfigOrigin, RateLimitLayer, RateLimited};
 pub use event::{post_starting_event, starting_event};
+pub use retry::{
+    is_retry_noise, watch_failures, WatchFailures, FIRST_RETRY, MAX_RETRY, QUIET_IS_HEALTHY,
+};
 pub use source::{ApiSource, PROXY_LABEL_SELECTOR};
 
 /// What went wrong while setting up the API client or talking to the API.

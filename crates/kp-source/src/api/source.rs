@@ -6,17 +6,19 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::compact::Compact;
+use super::retry::{self, Backoff, Failure, Health, QUIET_IS_HEALTHY};
 
 /// The label selector upstream lists Services and EndpointSlices with: no
 /// `service.kubernetes.io/service-proxy-name` (the Service belongs to
@@ -118,8 +120,11 @@ impl ApiSource {
     /// When a watch cannot resume (410 Gone) the kind is listed again and
     /// only the differences are delivered: objects gone meanwhile as
     /// `Delete`, new or changed ones as `Apply`, unchanged ones not at all.
-    /// Errors are logged and retried with kube-rs' default backoff, forever;
-    /// an unreachable API server never deletes anything.
+    /// Failed requests are retried forever, after a short jittered backoff
+    /// of at most 1.25 s (see the `retry` module), so every watch is back
+    /// within about a second of the API server answering again; an outage
+    /// is logged once (WARN) and its end once (INFO), each retry at debug
+    /// level. An unreachable API server never deletes anything.
     pub async fn run(
         self,
         handler: Arc<dyn ProxyEventHandler>,
@@ -140,20 +145,24 @@ impl ApiSource {
             }
             .any_semantic()
         };
+        let health = Arc::new(Health::new(3));
         let services = follow::<Service>(
             Api::all(self.client.clone()),
             config().labels(PROXY_LABEL_SELECTOR),
             Arc::clone(&handler),
+            Arc::clone(&health),
         );
         let slices = follow::<EndpointSlice>(
             Api::all(self.client.clone()),
             config().labels(PROXY_LABEL_SELECTOR),
             Arc::clone(&handler),
+            Arc::clone(&health),
         );
         let node = follow::<Node>(
             Api::all(self.client),
             config().fields(&node_selector),
             handler,
+            health,
         );
         tracing::info!(node = %self.node_name, "watching the API server");
         tokio::select! {
@@ -164,7 +173,9 @@ impl ApiSource {
 }
 
 /// Follows one kind forever: each watcher event is turned into handler
-/// calls, each error is logged and retried after a backoff.
+/// calls; after a failed request the watcher is polled again after a
+/// [`Backoff`] delay, which starts over at the next event (or after
+/// [`QUIET_IS_HEALTHY`] without an error).
 ///
 /// The watcher holds the objects as [`Compact`] text; each becomes a typed
 /// object again only when it is delivered.
@@ -172,29 +183,100 @@ async fn follow<K: Followed>(
     api: Api<Compact<K>>,
     config: watcher::Config,
     handler: Arc<dyn ProxyEventHandler>,
+    health: Arc<Health>,
 ) {
     let mut delivered = Delivered::default();
-    let mut events = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => {
+    let mut backoff = Backoff::new();
+    let mut failing = false;
+    let mut last_other = String::new();
+    let mut events = watcher(api, config).boxed();
+    loop {
+        let next = if failing {
+            match tokio::time::timeout(QUIET_IS_HEALTHY, events.next()).await {
+                Ok(next) => next,
+                Err(_quiet) => {
+                    failing = false;
+                    backoff.reset();
+                    health.recovered(K::KIND);
+                    continue;
+                }
+            }
+        } else {
+            events.next().await
+        };
+        match next {
+            None => break,
+            Some(Ok(event)) => {
+                // Init only says a list is being tried; it may still fail.
+                if failing && !matches!(event, watcher::Event::Init) {
+                    failing = false;
+                    backoff.reset();
+                    last_other.clear();
+                    health.recovered(K::KIND);
+                }
                 if let Some(event) = typed(event) {
                     delivered.handle(event, handler.as_ref());
                 }
             }
-            Err(error) => {
-                let cause = std::error::Error::source(&error)
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                tracing::warn!(
-                    kind = ?K::KIND,
-                    error = %error,
-                    cause = %cause,
-                    "watching the API server failed; retrying after a backoff"
-                );
+            Some(Err(error)) => {
+                let failure = Failure::of(&error);
+                failing |= failure != Failure::Expired;
+                if let Some(delay) =
+                    on_error::<K>(&error, failure, &health, &mut backoff, &mut last_other)
+                {
+                    tokio::time::sleep(delay).await;
+                }
             }
         }
     }
+}
+
+/// Logs and counts a failed request of watch `K`; returns how long to wait
+/// before the watcher tries again (nothing after 410 Gone: it lists again at
+/// once, as client-go's reflector does).
+fn on_error<K: Followed>(
+    error: &watcher::Error,
+    failure: Failure,
+    health: &Health,
+    backoff: &mut Backoff,
+    last_other: &mut String,
+) -> Option<Duration> {
+    let described = describe(error);
+    match failure {
+        Failure::Expired => {
+            tracing::debug!(watch = retry::name(K::KIND), error = %described, "the watch cannot resume; listing again");
+            return None;
+        }
+        Failure::Transient => {
+            health.failed(K::KIND, &described);
+        }
+        Failure::Other => {
+            Health::count_other(K::KIND);
+            if *last_other == described {
+                tracing::debug!(watch = retry::name(K::KIND), error = %described, "watch attempt failed again; retrying");
+            } else {
+                tracing::warn!(watch = retry::name(K::KIND), error = %described, "watching the API server failed; retrying");
+                last_other.clone_from(&described);
+            }
+        }
+    }
+    Some(backoff.next_delay())
+}
+
+/// `error` with every cause that adds something (the watcher's error says
+/// "client error (Connect)"; its source says "Connection refused").
+fn describe(error: &watcher::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        let inner_text = inner.to_string();
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 /// The watcher event with its object typed again; `None` (logged) for an

@@ -12,6 +12,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
+use super::forbidden::{self, Attributes};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{Filter, RequestRecord, ServedKind, Store};
 use super::{events, watching, Shared};
@@ -71,7 +72,15 @@ pub(crate) async fn handle(
     };
     shared.lock().requests.push(record.clone());
     let params = parse_query(&query);
-    let result = match (route(&path), method) {
+    let route = route(&path);
+    let forbidden_user = shared.lock_settings().forbidden_user.clone();
+    if let (Some(user), Some(route)) = (forbidden_user, &route) {
+        shared.lock_settings().forbidden_answers += 1;
+        let refusal = forbidden::refusal(&user, &attributes(route, &method, &params));
+        let body = refusal.body.unwrap_or_default();
+        return Ok(json_response(refusal.status, &body));
+    }
+    let result = match (route, method) {
         (Some(Route::Collection { kind, namespace }), Method::GET) => {
             if matches!(params.get("watch").map(String::as_str), Some("true" | "1")) {
                 watching::start(&shared, kind, namespace, &params)
@@ -116,6 +125,38 @@ pub(crate) async fn handle(
             .unwrap_or_else(|| status_object(refusal.status, refusal.reason, &refusal.message));
         json_response(refusal.status, &body)
     }))
+}
+
+/// What `route` asks for, as kube-apiserver's authorizer sees it.
+fn attributes<'a>(
+    route: &'a Route,
+    method: &Method,
+    params: &BTreeMap<String, String>,
+) -> Attributes<'a> {
+    match route {
+        Route::Collection { kind, namespace } => {
+            let watch = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
+            Attributes {
+                verb: match (method, watch) {
+                    (&Method::GET, true) => "watch",
+                    (&Method::GET, false) => "list",
+                    _ => "create",
+                },
+                resource: kind.plural(),
+                group: kind.api_version().strip_suffix("/v1").unwrap_or_default(),
+                namespace: namespace.as_deref(),
+            }
+        }
+        Route::Events {
+            api_version,
+            namespace,
+        } => Attributes {
+            verb: "create",
+            resource: "events",
+            group: api_version.strip_suffix("/v1").unwrap_or_default(),
+            namespace: Some(namespace),
+        },
+    }
 }
 
 fn route(path: &str) -> Option<Route> {

@@ -24,6 +24,12 @@
 //!   recorded as a protocol error, so a test of the proxy fails when the
 //!   proxy writes what a real server would refuse.
 //!
+//! - going away and coming back as a restarted kube-apiserver does
+//!   ([`TestApiServer::stop`], [`TestApiServer::restart_as_new`]): refused
+//!   connections, open watches cut without a clean end, then 403
+//!   `Forbidden` with the real Status while the authorizer warms up, then
+//!   the same objects from a new watch cache (resuming watches get 410).
+//!
 //! Tests change objects directly ([`TestApiServer::create`],
 //! [`update`](TestApiServer::update), [`delete`](TestApiServer::delete));
 //! every change bumps one global resourceVersion and wakes the watches.
@@ -35,6 +41,7 @@
 mod event_validation;
 mod events;
 mod field_error;
+mod forbidden;
 mod http;
 mod meta_validation;
 mod owner_validation;
@@ -56,6 +63,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use forbidden::KUBE_PROXY_USER;
 pub use store::{PostedEvent, RequestRecord, ServedKind, ServedResource};
 
 use store::Store;
@@ -82,9 +90,14 @@ pub(crate) struct Shared {
 }
 
 /// Server behaviour a test may adjust.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) bookmark_interval: Duration,
+    /// While set, every request is refused with 403 Forbidden for this
+    /// user, as by a starting server whose authorizer is not ready.
+    pub(crate) forbidden_user: Option<String>,
+    /// Requests refused with 403 so far.
+    pub(crate) forbidden_answers: usize,
 }
 
 impl TestApiServer {
@@ -96,6 +109,8 @@ impl TestApiServer {
             store: Mutex::new(Store::default()),
             settings: Mutex::new(Settings {
                 bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
+                forbidden_user: None,
+                forbidden_answers: 0,
             }),
             changes: watch::Sender::new(0),
         });
@@ -148,8 +163,11 @@ users:
         std::fs::write(path, self.kubeconfig())
     }
 
-    /// Stops serving: the port is closed and every open connection (watches
-    /// included) is cut. The objects and history are kept.
+    /// Stops serving, as a killed kube-apiserver does: the port is closed
+    /// (new connections are refused) and every open connection is closed
+    /// where it stands, so an open watch ends without the last chunk of its
+    /// body (the client sees an unexpected end of the stream, not a clean
+    /// end). The objects and history are kept.
     pub async fn stop(&self) {
         let serving = self.lock_serving().take();
         if let Some(serving) = serving {
@@ -167,6 +185,49 @@ users:
         *self.lock_serving() = Some(serving);
         tracing::debug!(addr = %self.addr, "test API server restarted");
         Ok(())
+    }
+
+    /// Comes back as a restarted kube-apiserver does: with the same objects,
+    /// but a new watch cache (a watch resuming from before the restart gets
+    /// 410 Gone, so clients list again) and, for `forbidden_for`, an
+    /// authorizer that is still warming up and refuses every request with
+    /// 403 Forbidden for [`KUBE_PROXY_USER`]. Then it serves as before.
+    pub async fn restart_as_new(&self, forbidden_for: Duration) -> io::Result<()> {
+        self.expire_history();
+        if !forbidden_for.is_zero() {
+            self.forbid(KUBE_PROXY_USER);
+        }
+        self.restart().await?;
+        if !forbidden_for.is_zero() {
+            let shared = Arc::clone(&self.shared);
+            tokio::spawn(async move {
+                tokio::time::sleep(forbidden_for).await;
+                shared.lock_settings().forbidden_user = None;
+                tracing::debug!("test API server authorizes requests again");
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses every request with 403 Forbidden, naming `user`, until
+    /// [`allow`](Self::allow).
+    pub fn forbid(&self, user: &str) {
+        self.shared.lock_settings().forbidden_user = Some(user.to_owned());
+    }
+
+    /// Answers requests again after [`forbid`](Self::forbid).
+    pub fn allow(&self) {
+        self.shared.lock_settings().forbidden_user = None;
+    }
+
+    /// Whether requests are refused with 403 now.
+    pub fn is_forbidding(&self) -> bool {
+        self.shared.lock_settings().forbidden_user.is_some()
+    }
+
+    /// How many requests were refused with 403 Forbidden so far.
+    pub fn forbidden_answers(&self) -> usize {
+        self.shared.lock_settings().forbidden_answers
     }
 
     /// Sets how often watches that allow bookmarks get one (new watches
