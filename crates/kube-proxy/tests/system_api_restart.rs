@@ -11,7 +11,7 @@
 //! The outage lasts the minute of the field report this test reproduces:
 //! by then kube-rs' default backoff had grown to delays of tens of seconds,
 //! far past the 2 s bound; the bounded backoff's delays stop growing after
-//! 1.4 s.
+//! 1.25 s (1 s plus jitter).
 //!
 //! Address plan: kp-testkit's (pods 10.244.1.2–3); Service 10.96.0.41,
 //! port 80 → 8080.
