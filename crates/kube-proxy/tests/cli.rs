@@ -419,3 +419,69 @@ metadata:
         "without the gate the zone hints hold"
     );
 }
+
+/// The proxy with a `--master` of `scheme` on a system whose CA
+/// certificates cannot be found (the trust store's environment variables
+/// point nowhere), as in a minimal image without ca-certificates.
+fn without_ca_certificates(master: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        .args([
+            "--master",
+            master,
+            "--hostname-override",
+            "node-1",
+            "--dry-run",
+        ])
+        .env("SSL_CERT_FILE", "/nonexistent/ca-certificates.crt")
+        .env("SSL_CERT_DIR", "/nonexistent")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the kube-proxy binary runs")
+}
+
+#[test]
+fn a_plain_http_master_needs_no_ca_certificates() {
+    let mut child = without_ca_certificates("http://127.0.0.1:1");
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let watching = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines_rx.recv_timeout(left) {
+            Ok(line) if line.contains("watching the API server") => break true,
+            Ok(line) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(watching, "the client was built and watches: {seen:#?}");
+}
+
+#[test]
+fn an_https_master_without_any_ca_says_what_to_install() {
+    let child = without_ca_certificates("https://127.0.0.1:1");
+
+    let output = child.wait_with_output().unwrap();
+
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(
+            "install the ca-certificates package, or set certificate-authority in the kubeconfig"
+        ),
+        "{text}"
+    );
+}

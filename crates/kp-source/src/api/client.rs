@@ -102,8 +102,18 @@ pub async fn client_from(
             source,
         })?;
     }
-    let builder =
-        ClientBuilder::try_from(config).map_err(|source| ApiError::BuildClient { source })?;
+    let no_ca_configured = config.root_cert.is_none() && config.root_cert_file.is_none();
+    if config.cluster_url.scheme_str() == Some("http") && config.proxy_url.is_none() {
+        // kube-rs builds its TLS settings even for a plain-HTTP server, and
+        // without a CA of the kubeconfig's it loads the system's trust
+        // store, failing where there is none (a minimal image). No TLS
+        // connection is ever made here, so an empty store will do.
+        config.root_cert.get_or_insert_with(Vec::new);
+    }
+    let builder = ClientBuilder::try_from(config).map_err(|source| match source {
+        kube::Error::RustlsTls(_) if no_ca_configured => ApiError::NoTrustStore { source },
+        source => ApiError::BuildClient { source },
+    })?;
     let client = if qps > 0.0 {
         builder.with_layer(&RateLimitLayer::new(qps, burst)).build()
     } else {

@@ -92,6 +92,14 @@ pub enum ApiError {
         #[source]
         source: kube::Error,
     },
+    /// The kubeconfig names no certificate authority for an HTTPS server
+    /// and the system's trust store could not be loaded.
+    #[error("building the API client failed: the kubeconfig names no certificate authority and the system's CA certificates could not be loaded (install the ca-certificates package, or set certificate-authority in the kubeconfig)")]
+    NoTrustStore {
+        /// Why the trust store could not be loaded.
+        #[source]
+        source: kube::Error,
+    },
     /// Posting an event about the node failed.
     #[error("posting event {reason:?} about node {node:?} failed")]
     PostEvent {
