@@ -7,6 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
+use common::client;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -23,10 +26,6 @@ const PROXY_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 /// How long a test waits for something that should happen at once.
 const GIVE_UP: Duration = Duration::from_secs(5);
-
-fn client(server: &TestApiServer) -> Client {
-    Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
-}
 
 fn svc(name: &str, ip: &str) -> Service {
     service("demo", name, |s| s.cluster_ip(ip).port("http", 80, "TCP"))
@@ -429,7 +428,7 @@ async fn its_kubeconfig_points_at_it() {
         .await
         .unwrap();
 
-    let nodes = Api::<Node>::all(Client::try_from(config).unwrap())
+    let nodes = Api::<Node>::all(Client::try_from(common::plain_http(config)).unwrap())
         .list(&ListParams::default())
         .await
         .unwrap();

@@ -9,20 +9,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
+use common::client;
 use k8s_openapi::api::core::v1::{EventSource, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kp_testkit::apiserver::TestApiServer;
 use kube::api::PostParams;
 use kube::core::Status;
-use kube::{Api, Client};
+use kube::Api;
 use serde_json::{json, Value};
 
 const NAME: &str = "node-1.17a3f0c2e4b5d6e7";
-
-fn client(server: &TestApiServer) -> Client {
-    Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
-}
 
 /// The event upstream kube-proxy's recorder (client-go `tools/events`)
 /// posts when it starts.

@@ -7,6 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
+use common::client;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -15,14 +18,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_testkit::apiserver::{TestApiServer, KUBE_PROXY_USER};
 use kp_testkit::service;
 use kube::api::{ListParams, WatchEvent, WatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 
 /// How long a test waits for something that should happen at once.
 const GIVE_UP: Duration = Duration::from_secs(5);
-
-fn client(server: &TestApiServer) -> Client {
-    Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
-}
 
 fn web() -> Service {
     service("demo", "web", |s| {
