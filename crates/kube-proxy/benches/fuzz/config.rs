@@ -2,7 +2,8 @@
 //! random text and on the full default file with lines changed. A file
 //! that does not load must be named in the error (with the field, when
 //! one is at fault); every validation error names its field. A file that
-//! loads and validates must give iptables options the renderer takes.
+//! loads and validates must give iptables options the renderer takes, or
+//! an error naming the field it refuses.
 
 use kp_config::{load_str, to_yaml, validate, ConfigError, KubeProxyConfiguration, LocalMode};
 use kp_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, Renderer};
@@ -109,7 +110,8 @@ pub fn golden() -> String {
 enum Problem {
     /// Refused; with the reason when the message does not name its subject.
     Rejected(Option<(&'static str, String)>),
-    /// Valid, yet the iptables options cannot be built from it.
+    /// Valid, yet the iptables options cannot be built from it, and the
+    /// error names no field.
     Unusable(String),
 }
 
@@ -143,11 +145,19 @@ fn check(text: &str) -> Result<(), Problem> {
             .map(|e| ("a validation error names no field", format!("{e:?}")));
         return Err(Problem::Rejected(unnamed));
     }
+    // What validation leaves to the backend (as upstream, which checks
+    // only that the bridge or prefix is not empty) must be refused when
+    // the backend is built, naming the field.
+    // Validation checks the mode and the CIDRs these read: no excuse here.
     let options = iptables_options(&cfg).map_err(Problem::Unusable)?;
-    NodePortAddresses::parse(&cfg.effective_node_port_addresses())
-        .map_err(|e| Problem::Unusable(e.to_string()))?;
-    Renderer::new(options).map_err(|e| Problem::Unusable(e.to_string()))?;
-    Ok(())
+    let built = NodePortAddresses::parse(&cfg.effective_node_port_addresses())
+        .and_then(|_| Renderer::new(options))
+        .map_err(|e| e.to_string());
+    match built {
+        Ok(_) => Ok(()),
+        Err(message) if message.contains("field ") => Err(Problem::Rejected(None)),
+        Err(message) => Err(Problem::Unusable(message)),
+    }
 }
 
 fn load_error_unnamed(error: &ConfigError) -> Option<(&'static str, String)> {

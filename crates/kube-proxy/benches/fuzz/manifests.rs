@@ -87,10 +87,14 @@ pub fn names_its_subject(error: &ManifestError) -> Result<(), &'static str> {
                 _ => Err("a document that does not parse has no document and line"),
             }
         }
-        ManifestProblem::MissingTypeField { field, .. } => field.to_string(),
-        ManifestProblem::UnknownKind { kind }
-        | ManifestProblem::NestedList { kind }
-        | ManifestProblem::WrongApiVersion { kind, .. } => kind.clone(),
+        ManifestProblem::MissingTypeField { field, .. } => format!("{field} is missing"),
+        ManifestProblem::UnknownKind { kind } | ManifestProblem::NestedList { kind } => {
+            if kind.trim().is_empty() && !message.contains("kind \"") {
+                return Err("a blank kind is shown as nothing");
+            }
+            "kind ".to_owned()
+        }
+        ManifestProblem::WrongApiVersion { .. } => "apiVersion ".to_owned(),
         ManifestProblem::Decode { path, .. } => {
             if path == "(document)" && identity.kind.is_none() {
                 return Err("a decoding error names neither a field nor an object");
