@@ -18,7 +18,8 @@
 //! - `KP_FUZZ_SHOW_ERRORS=1` prints every manifest error (to see what the
 //!   generators produce).
 //!
-//! The targets run on parallel threads. Exits 1 on any failure, after
+//! `KP_FUZZ_THREADS` worker threads (default: one per core) take the
+//! targets' cases 10,000 at a time. Exits 1 on any failure, after
 //! printing the first few of each target in full (input, message,
 //! ruleset).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -32,7 +33,8 @@ mod report;
 mod restore;
 mod rng;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use report::{Counts, Failures};
@@ -40,6 +42,10 @@ use restore::Restorer;
 use rng::Gen;
 
 const TARGETS: [&str; 3] = ["manifests", "config", "pipeline"];
+/// Cases a worker takes at a time.
+const CHUNK_CASES: u64 = 10_000;
+/// Counts are printed each time a target passes a multiple of this.
+const PROGRESS_EVERY: u64 = 100_000;
 /// Panics shown in full; later ones are only counted.
 const PANICS_SHOWN: usize = 10;
 static PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -55,13 +61,6 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Self {
-        let number = |name: &str, default: u64| match std::env::var(name) {
-            Ok(value) => value
-                .replace('_', "")
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
-            Err(_) => default,
-        };
         let targets = std::env::var("KP_FUZZ_TARGETS")
             .map(|t| t.split(',').map(str::trim).map(str::to_owned).collect())
             .unwrap_or_else(|_| TARGETS.map(str::to_owned).to_vec());
@@ -102,22 +101,8 @@ fn main() {
         )),
     );
     let started = Instant::now();
-    let results: Vec<(String, Counts, f64)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = settings
-            .targets
-            .iter()
-            .map(|target| {
-                let (settings, restorer) = (&settings, restorer.as_ref());
-                scope.spawn(move || {
-                    let began = Instant::now();
-                    let counts = run_target(target, settings, restorer);
-                    (target.clone(), counts, began.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    println!("{}  {:>8}", report::header(), "seconds");
+    let results = run_all(&settings, restorer.as_ref());
+    println!("{}  {:>8}", report::header(), "cpu-secs");
     let mut total = Counts::default();
     for (target, counts, seconds) in &results {
         println!("{}  {seconds:>8.1}", report::row(target, counts));
@@ -131,6 +116,17 @@ fn main() {
     println!("fuzz: no failure");
 }
 
+/// The number in environment variable `name`, or `default`.
+fn number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(value) => value
+            .replace('_', "")
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 fn restorer(settings: &Settings) -> Option<Restorer> {
     if settings.sample_every == 0 || !nix::unistd::geteuid().is_root() {
         return None;
@@ -139,13 +135,67 @@ fn restorer(settings: &Settings) -> Option<Restorer> {
     (!restorer.flavors().is_empty()).then_some(restorer)
 }
 
-fn run_target(target: &str, settings: &Settings, restorer: Option<&Restorer>) -> Counts {
-    let index = TARGETS.iter().position(|t| *t == target).unwrap_or(0) as u64;
-    let name = TARGETS[index as usize];
-    let failures = Failures::new(name, settings.seed);
-    let mut counts = Counts::default();
-    let (start, end) = (settings.start, settings.start + settings.cases);
-    let golden = config::golden();
+/// Work shared by the worker threads: each target's cases cut into chunks
+/// that any idle thread takes, so the targets finish together.
+struct Work<'a> {
+    settings: &'a Settings,
+    restorer: Option<&'a Restorer>,
+    targets: Vec<Target>,
+}
+
+/// One target's progress.
+struct Target {
+    name: &'static str,
+    index: u64,
+    next_chunk: AtomicU64,
+    chunks: u64,
+    failures: Failures,
+    counts: Mutex<Counts>,
+    busy_secs: Mutex<f64>,
+}
+
+fn run_all(settings: &Settings, restorer: Option<&Restorer>) -> Vec<(String, Counts, f64)> {
+    let chunks = settings.cases.div_ceil(CHUNK_CASES);
+    let targets = settings
+        .targets
+        .iter()
+        .map(|target| {
+            let index = TARGETS.iter().position(|t| t == target).unwrap_or(0);
+            Target {
+                name: TARGETS[index],
+                index: index as u64,
+                next_chunk: AtomicU64::new(0),
+                chunks,
+                failures: Failures::new(TARGETS[index], settings.seed),
+                counts: Mutex::new(Counts::default()),
+                busy_secs: Mutex::new(0.0),
+            }
+        })
+        .collect();
+    let work = Work {
+        settings,
+        restorer,
+        targets,
+    };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = number("KP_FUZZ_THREADS", threads as u64).max(1);
+    std::thread::scope(|scope| {
+        for worker in 0..threads {
+            let work = &work;
+            scope.spawn(move || run_worker(work, worker as usize));
+        }
+    });
+    work.targets
+        .into_iter()
+        .map(|t| {
+            let busy = t.busy_secs.into_inner().unwrap();
+            (t.name.to_owned(), t.counts.into_inner().unwrap(), busy)
+        })
+        .collect()
+}
+
+/// Takes chunks, starting with target `worker` (modulo), until none is left.
+fn run_worker(work: &Work<'_>, worker: usize) {
     let dir = tempfile::Builder::new()
         .prefix("kp-fuzz-")
         .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
@@ -154,33 +204,64 @@ fn run_target(target: &str, settings: &Settings, restorer: Option<&Restorer>) ->
             "/tmp"
         })
         .unwrap();
-    let mut case = start;
-    let mut next_progress = start + 100_000;
-    while case < end {
-        let mut gen = Gen::for_case(settings.seed, index, case);
-        match name {
-            "manifests" => manifests::case(&mut gen, &mut counts, &failures, case),
-            "config" => config::case(&mut gen, &golden, &mut counts, &failures, case),
+    let golden = config::golden();
+    let count = work.targets.len();
+    for turn in 0.. {
+        let Some((target, chunk)) = (0..count)
+            .map(|i| &work.targets[(worker + turn + i) % count])
+            .find_map(|t| {
+                let chunk = t.next_chunk.fetch_add(1, Ordering::Relaxed);
+                (chunk < t.chunks).then_some((t, chunk))
+            })
+        else {
+            return;
+        };
+        let began = Instant::now();
+        let first = work.settings.start + chunk * CHUNK_CASES;
+        let end = (first + CHUNK_CASES).min(work.settings.start + work.settings.cases);
+        let counts = run_chunk(target, work, first..end, dir.path(), &golden);
+        *target.busy_secs.lock().unwrap() += began.elapsed().as_secs_f64();
+        let mut total = target.counts.lock().unwrap();
+        total.add(&counts);
+        if total.cases / PROGRESS_EVERY != (total.cases - counts.cases) / PROGRESS_EVERY {
+            eprintln!("{}", report::row(target.name, &total));
+        }
+    }
+}
+
+/// Runs the cases `cases` of `target`.
+fn run_chunk(
+    target: &Target,
+    work: &Work<'_>,
+    cases: std::ops::Range<u64>,
+    dir: &std::path::Path,
+    golden: &str,
+) -> Counts {
+    let mut counts = Counts::default();
+    let failures = &target.failures;
+    let mut case = cases.start;
+    while case < cases.end {
+        let mut gen = Gen::for_case(work.settings.seed, target.index, case);
+        match target.name {
+            "manifests" => manifests::case(&mut gen, &mut counts, failures, case),
+            "config" => config::case(&mut gen, golden, &mut counts, failures, case),
             _ => {
-                let steps = (1 + gen.below(4) as u64).min(end - case);
+                let steps = (1 + gen.below(4) as u64).min(cases.end - case);
+                let sample_every = work.settings.sample_every.max(1);
                 pipeline::session(
                     &mut gen,
-                    dir.path(),
+                    dir,
                     steps,
                     case,
                     &mut counts,
-                    &failures,
-                    restorer,
-                    settings.sample_every.max(1),
+                    failures,
+                    work.restorer,
+                    sample_every,
                 );
                 case += steps - 1;
             }
         }
         case += 1;
-        if case >= next_progress {
-            next_progress += 100_000;
-            eprintln!("{}", report::row(name, &counts));
-        }
     }
     counts
 }

@@ -76,8 +76,10 @@ impl Failures {
         if self.shown.fetch_add(1, Ordering::Relaxed) >= SHOWN_PER_TARGET {
             return;
         }
+        // A pipeline case starts a session of up to 4 cases.
+        let cases = if self.target == "pipeline" { 4 } else { 1 };
         eprintln!(
-            "==== FAILURE in target {} case {case}: {what}\n{detail}\n---- input (replay: KP_FUZZ_TARGETS={} KP_FUZZ_SEED={} KP_FUZZ_START={case} KP_FUZZ_CASES=1)\n{input}\n==== end of failure",
+            "==== FAILURE in target {} case {case}: {what}\n{detail}\n---- input (replay: KP_FUZZ_TARGETS={} KP_FUZZ_SEED={} KP_FUZZ_START={case} KP_FUZZ_CASES={cases})\n{input}\n==== end of failure",
             self.target, self.target, self.seed
         );
     }
