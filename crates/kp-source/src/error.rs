@@ -109,7 +109,8 @@ pub enum ManifestProblem {
     },
     /// The kind is not one the proxy reads.
     #[error(
-        "kind {kind} is not supported (expected Service, EndpointSlice, Node, or a List of them)"
+        "kind {} is not supported (expected Service, EndpointSlice, Node, or a List of them)",
+        shown(.kind)
     )]
     UnknownKind {
         /// The kind found.

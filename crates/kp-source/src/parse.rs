@@ -330,12 +330,14 @@ fn document_type(value: &Value) -> Result<DocumentType, ManifestProblem> {
         field: "kind",
         example: "Service",
     })?;
-    let api_version = value.get("apiVersion").and_then(Value::as_str).ok_or(
-        ManifestProblem::MissingTypeField {
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .filter(|text| !text.is_empty())
+        .ok_or(ManifestProblem::MissingTypeField {
             field: "apiVersion",
             example: "v1",
-        },
-    )?;
+        })?;
     let (expected, document_type) = match kind {
         "Service" => ("v1", DocumentType::Object(ResourceKind::Service)),
         "EndpointSlice" => (
@@ -366,8 +368,13 @@ fn document_type(value: &Value) -> Result<DocumentType, ManifestProblem> {
     Ok(document_type)
 }
 
+/// `kind`, unless absent or empty (`kind: ""`, or a block scalar with no
+/// lines), which is no kind at all.
 fn kind_string(value: &Value) -> Option<&str> {
-    value.get("kind").and_then(Value::as_str)
+    value
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|kind| !kind.is_empty())
 }
 
 /// `apiVersion` and `kind` of `kind`.

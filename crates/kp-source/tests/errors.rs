@@ -81,6 +81,27 @@ fn an_unknown_kind_is_named() {
 }
 
 #[test]
+fn an_empty_kind_is_a_missing_kind() {
+    // `kind: |` followed by no indented line is an empty block scalar.
+    assert_single_error(
+        "apiVersion: v1\nkind: |\nmetadata: {name: web}\n",
+        "m.yaml:1 (document 0): object web: kind is missing (expected a string such as \"Service\")",
+    );
+    assert_single_error(
+        "apiVersion: \"\"\nkind: Service\nmetadata: {name: web}\n",
+        "m.yaml:1 (document 0): Service web: apiVersion is missing (expected a string such as \"v1\")",
+    );
+}
+
+#[test]
+fn an_unknown_kind_that_is_not_plain_text_is_quoted() {
+    assert_single_error(
+        "apiVersion: v1\nkind: \" \"\nmetadata: {name: web}\n",
+        "m.yaml:1 (document 0): \" \" web: kind \" \" is not supported (expected Service, EndpointSlice, Node, or a List of them)",
+    );
+}
+
+#[test]
 fn a_wrong_api_version_names_the_right_one() {
     assert_single_error(
         "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: web-abc}\n",
