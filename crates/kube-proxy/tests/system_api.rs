@@ -104,16 +104,7 @@ fn the_binary_follows_the_api_server_through_an_outage() {
         .unwrap();
     cluster.add_node_default_route().unwrap();
     let pod = cluster.pod("ep1");
-    cluster.node().run(|| {
-        // Built on this thread, so the runtime's threads and the API
-        // server's sockets live in the node namespace.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(story(pod));
-    });
+    cluster.node().block_on(|| story(pod));
 }
 
 async fn story(pod: &Netns) {

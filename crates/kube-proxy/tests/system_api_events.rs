@@ -18,16 +18,7 @@ use serde_json::json;
 fn the_binary_posts_its_starting_event_as_upstream_does() {
     require_root();
     let node_ns = Netns::create("events").unwrap();
-    node_ns.run(|| {
-        // Built on this thread, so the API server's sockets and the proxy
-        // live in the node namespace.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(story());
-    });
+    node_ns.block_on(story);
 }
 
 async fn story() {

@@ -97,6 +97,30 @@ impl Netns {
         }
     }
 
+    /// Runs the future `make` returns to completion on a two-worker tokio
+    /// runtime built on a thread of this namespace (see [`Netns::run`]): the
+    /// runtime's threads, and so every socket the future opens (a test API
+    /// server, its clients) and every process it spawns, live here.
+    ///
+    /// # Panics
+    /// As [`Netns::run`], or if the runtime cannot be built.
+    #[track_caller]
+    pub fn block_on<F, Fut>(&self, make: F) -> Fut::Output
+    where
+        F: FnOnce() -> Fut + Send,
+        Fut: std::future::Future,
+        Fut::Output: Send,
+    {
+        self.run(|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap_or_else(|error| panic!("building a tokio runtime: {error}"));
+            runtime.block_on(make())
+        })
+    }
+
     /// Like [`Netns::run`], but reports a namespace that cannot be entered
     /// as an error.
     pub fn try_run<F, R>(&self, f: F) -> Result<R, NetnsError>
