@@ -151,6 +151,21 @@ pub enum ApplyError {
     Write(#[source] std::io::Error),
 }
 
+impl ApplyError {
+    /// The program that could not be started because it is not installed,
+    /// if that is what went wrong.
+    pub fn missing_program(&self) -> Option<&str> {
+        match self {
+            ApplyError::Spawn { command, source }
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                command.split_whitespace().next()
+            }
+            _ => None,
+        }
+    }
+}
+
 impl IptablesFlavor {
     /// The program for `family` and `tool` (`""`, `"-save"` or
     /// `"-restore"`), e.g. `ip6tables-legacy-restore`.

@@ -548,15 +548,12 @@ const INSTALL_IPTABLES: &str =
 /// that is not installed makes the mode unavailable, which is reported once
 /// and marks the proxy unhealthy at once.
 fn apply_error(step: &str, error: ApplyError) -> BackendError {
-    if let ApplyError::Spawn { command, source } = &error {
-        if source.kind() == io::ErrorKind::NotFound {
-            let program = command.split_whitespace().next().unwrap_or(command);
-            return BackendError::Unavailable {
-                mode: MODE,
-                missing: format!("program {program} not found"),
-                remedy: INSTALL_IPTABLES.to_owned(),
-            };
-        }
+    if let Some(program) = error.missing_program() {
+        return BackendError::Unavailable {
+            mode: MODE,
+            missing: format!("program {program} not found"),
+            remedy: INSTALL_IPTABLES.to_owned(),
+        };
     }
     let attempted = match &error {
         ApplyError::RestoreLine {

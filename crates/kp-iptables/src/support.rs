@@ -6,7 +6,6 @@
 //! program and the kernel's nat table of the family; IPv6 also needs the
 //! kernel's IPv6 support (`/proc/net/if_inet6`, absent with `ipv6.disable=1`).
 
-use std::io;
 use std::path::Path;
 
 use kp_model::IpFamily;
@@ -51,13 +50,12 @@ pub fn check_family_with(
     }
     match applier.save_table(family, Table::Nat) {
         Ok(_) => Ok(()),
-        Err(ApplyError::Spawn { command, source }) if source.kind() == io::ErrorKind::NotFound => {
-            let program = command.split_whitespace().next().unwrap_or(&command);
-            Err(FamilyUnsupported::MissingProgram {
+        Err(error) => match error.missing_program() {
+            Some(program) => Err(FamilyUnsupported::MissingProgram {
                 program: program.to_owned(),
-            })
-        }
-        Err(error) => Err(FamilyUnsupported::NatTable(error)),
+            }),
+            None => Err(FamilyUnsupported::NatTable(error)),
+        },
     }
 }
 
