@@ -4,7 +4,10 @@
 //! quoting and ordering (apimachinery's `field.Error` and `NewInvalid`), so
 //! that a client sees exactly what a real server would answer.
 
+use hyper::StatusCode;
 use serde_json::{json, Value};
+
+use super::http::status_object;
 
 /// The kind of a field error, as `field.ErrorType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,16 +161,9 @@ pub(crate) fn invalid_status(kind: &str, name: &str, errors: &[FieldError]) -> V
             })
         })
         .collect();
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Invalid",
-        "details": { "name": name, "kind": kind, "causes": causes },
-        "code": 422,
-    })
+    let mut status = status_object(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &message);
+    status["details"] = json!({ "name": name, "kind": kind, "causes": causes });
+    status
 }
 
 /// `value` as Go's `%q` prints it.
