@@ -30,7 +30,8 @@ pub use system::SystemApplier;
 /// fake can record.
 pub trait Applier: Send {
     /// `iptables-restore --noflush --counters -w 5 -W 100000` with `text` on
-    /// stdin: one atomic transaction over every table in `text`.
+    /// stdin: each table in `text` is replaced atomically at its `COMMIT`
+    /// (one table after the other; nothing spans tables).
     fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
 
     /// What `iptables-save -t TABLE` shows of `table`: the `KUBE-` chains

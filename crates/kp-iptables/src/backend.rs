@@ -2,7 +2,14 @@
 //!
 //! One sync is: decide full or partial, on a full sync list the filter and
 //! nat tables and ensure the canary chains, render, and apply the rendered
-//! text with one `iptables-restore` (both tables, one atomic transaction).
+//! text with one `iptables-restore`. The kernel replaces each table
+//! atomically (filter, then nat) but has no transaction spanning both, so a
+//! proxy killed mid-restore can leave the new filter table beside the old
+//! nat table until the full sync of the next start replaces both
+//! (`tests/system_crash.rs` of the binary kills it at every step of a full
+//! sync). Meanwhile connections follow the old nat rules; the filter
+//! table's REJECT rules only meet packets nat did not rewrite, so a Service
+//! that just got its first endpoints goes unanswered instead of refused.
 //! A full sync's text also inserts the jump rules from the built-in chains
 //! into ours that the listing did not show.
 //!

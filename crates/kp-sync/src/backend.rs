@@ -16,7 +16,10 @@ use kp_model::{
 /// The sync loop calls [`sync`](Backend::sync) with an already categorized
 /// view of every service port. An implementation renders its whole ruleset
 /// (or, for a partial sync, the part for `changed_services`) and applies it
-/// in one atomic transaction, only in chains or tables it owns. An error
+/// in one atomic step per kernel table (the kernel has no transaction that
+/// spans iptables tables), only in chains or tables it owns, so a process
+/// killed at any point leaves every table as it was before or after the
+/// sync, and the full sync of the next start repairs the rest. An error
 /// makes the sync loop retry with a full sync.
 pub trait Backend: Send {
     /// The mode's name as `--proxy-mode` spells it (`iptables`, `nftables`,
