@@ -7,7 +7,12 @@
 //!   end (upstream kube-proxy allows two back-to-back syncs);
 //! - a failed run is retried after an explicit `retry_interval` (upstream's
 //!   proxiers pass a retry interval to `RetryAfter` themselves), and the retry
-//!   is reported as [`RunReason::Retry`] so the caller can force a full sync.
+//!   is reported as [`RunReason::Retry`] so the caller can force a full sync;
+//! - requested runs do not postpone the periodic run: it comes
+//!   `max_interval` after the previous periodic run (or retry) ended. Upstream
+//!   restarts its timer after every run, so under a steady stream of changes
+//!   its periodic run never comes; the proxier makes periodic runs full
+//!   syncs, and operators expect one every `syncPeriod` whatever the churn.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,9 +27,10 @@ pub struct RunnerConfig {
     /// Least time between the starts of two runs (`minSyncPeriod`). Zero runs
     /// every request at once.
     pub min_interval: Duration,
-    /// Longest time between the end of one run and the start of the next
-    /// (`syncPeriod`): a run happens even when nobody asked. Zero disables
-    /// these periodic runs.
+    /// Time from the end of one periodic run (or retry) to the start of the
+    /// next periodic run (`syncPeriod`), whether or not requested runs
+    /// happened between: a run happens even when nobody asked, and at least
+    /// this often while requests keep coming. Zero disables periodic runs.
     pub max_interval: Duration,
     /// Time from a failed run to its retry (never earlier than `min_interval`
     /// after the failed run started).
@@ -67,7 +73,10 @@ struct Schedule {
     /// until the first run.
     epoch: Instant,
     last_start: Option<Instant>,
-    last_end: Option<Instant>,
+    /// The reason of the run in progress, if one is.
+    running: Option<RunReason>,
+    /// When the last periodic run or retry ended.
+    last_periodic_end: Option<Instant>,
     requested: bool,
     retry_at: Option<Instant>,
 }
@@ -119,7 +128,7 @@ impl BoundedFrequencyRunner {
                 () = self.requests.notified() => schedule.request(),
                 () = due => {
                     let reason = next.map_or(RunReason::Requested, |(_, reason)| reason);
-                    schedule.start(Instant::now());
+                    schedule.start(Instant::now(), reason);
                     tracing::trace!(?reason, "runner starting a run");
                     let result = task(reason).await;
                     schedule.finish(Instant::now(), result);
@@ -135,7 +144,8 @@ impl Schedule {
             config,
             epoch,
             last_start: None,
-            last_end: None,
+            running: None,
+            last_periodic_end: None,
             requested: false,
             retry_at: None,
         }
@@ -145,14 +155,20 @@ impl Schedule {
         self.requested = true;
     }
 
-    fn start(&mut self, now: Instant) {
+    fn start(&mut self, now: Instant, reason: RunReason) {
         self.last_start = Some(now);
+        self.running = Some(reason);
         self.requested = false;
         self.retry_at = None;
     }
 
     fn finish(&mut self, now: Instant, result: RunResult) {
-        self.last_end = Some(now);
+        if matches!(
+            self.running.take(),
+            Some(RunReason::Periodic | RunReason::Retry)
+        ) {
+            self.last_periodic_end = Some(now);
+        }
         if result == RunResult::Failed {
             self.retry_at = Some(now + self.config.retry_interval);
         }
@@ -168,7 +184,7 @@ impl Schedule {
             .retry_at
             .map(|at| (at.max(not_before), RunReason::Retry));
         let periodic = (!self.config.max_interval.is_zero()).then(|| {
-            let from = self.last_end.unwrap_or(self.epoch);
+            let from = self.last_periodic_end.unwrap_or(self.epoch);
             (
                 (from + self.config.max_interval).max(not_before),
                 RunReason::Periodic,

@@ -128,16 +128,41 @@ async fn without_requests_runs_come_every_max_interval() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_request_restarts_the_max_interval() {
+async fn a_request_does_not_postpone_the_periodic_run() {
     let mut timeline = Timeline::start(MIN, MAX);
+    settle().await;
     tokio::time::advance(Duration::from_secs(600)).await;
     timeline.runner.run();
 
-    assert_eq!(timeline.next_run().await.1, Duration::from_secs(600));
     assert_eq!(
         timeline.next_run().await,
-        (RunReason::Periodic, Duration::from_secs(600) + MAX)
+        (RunReason::Requested, Duration::from_secs(600))
     );
+    assert_eq!(timeline.next_run().await, (RunReason::Periodic, MAX));
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_steady_requests_a_periodic_run_still_comes_every_max_interval() {
+    let max = Duration::from_secs(30);
+    let mut timeline = Timeline::start(MIN, max);
+    settle().await;
+    let mut periodic = Vec::new();
+    // A change every 2 s for 100 s: requested runs all the time.
+    for second in 0..100 {
+        if second % 2 == 0 {
+            timeline.runner.run();
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        settle().await;
+        while let Ok((reason, at)) = timeline.runs.try_recv() {
+            if reason == RunReason::Periodic {
+                periodic.push(at);
+            }
+        }
+    }
+
+    let seconds: Vec<u64> = periodic.iter().map(Duration::as_secs).collect();
+    assert_eq!(seconds, [30, 60, 90]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -167,8 +192,9 @@ async fn a_request_after_a_failure_runs_before_the_retry_is_due() {
 
     timeline.runner.run();
     assert_eq!(timeline.next_run().await, (RunReason::Requested, MIN));
-    // That run succeeded, so the retry is no longer needed.
-    assert_eq!(timeline.next_run().await, (RunReason::Periodic, MIN + MAX));
+    // That run succeeded, so the retry is no longer needed; the periodic
+    // run still counts from the start.
+    assert_eq!(timeline.next_run().await, (RunReason::Periodic, MAX));
 }
 
 #[tokio::test(start_paused = true)]
