@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use kp_iptables::{IptablesOptions, LocalDetector, RenderInput, Renderer};
+use kp_iptables::{IptablesOptions, LocalDetector, NatChains, RenderInput, Renderer};
 use kp_model::{
     CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
     ServicePortName,
@@ -111,7 +111,7 @@ fn render(c: &mut Criterion) {
             changed_services: &changed,
             node: &node,
             node_port_addresses: None,
-            existing_nat_chains: None,
+            existing_nat_chains: NatChains::Unknown,
             jumps: &[],
         };
         let mut renderer = Renderer::new(options()).unwrap();

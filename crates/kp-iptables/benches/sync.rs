@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kp_iptables::{
-    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, MemorySysctl,
+    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, MemorySysctl, NatChains,
     NodePortAddresses, RenderInput, Renderer, SystemApplier,
 };
 use kp_model::{
@@ -141,7 +141,7 @@ fn measure_here(flavor: IptablesFlavor, size: u32) -> Row {
         changed_services: &no_changes,
         node: &node,
         node_port_addresses: None,
-        existing_nat_chains: None,
+        existing_nat_chains: NatChains::Unknown,
         jumps: &[],
     };
     let render = (0..RUNS).map(|_| time(|| drop(renderer.render(&render_input))));

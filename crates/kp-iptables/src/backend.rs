@@ -36,9 +36,9 @@ use crate::applier::{
 };
 use crate::host::{FromFn, LocalAddresses, MemorySysctl, ProcSysctl, Sysctl};
 use crate::jumps::{JumpRule, Table, JUMP_RULES};
-use crate::names::{KUBE_FIREWALL, KUBE_PROXY_CANARY};
+use crate::names::{ChainName, KUBE_FIREWALL, KUBE_PROXY_CANARY};
 use crate::options::IptablesOptions;
-use crate::render::{is_large_cluster, RenderInput, Rendered, Renderer};
+use crate::render::{NatChains, RenderInput, Rendered, Renderer};
 use crate::IptablesError;
 
 use self::unchanged::ChainDigests;
@@ -95,6 +95,9 @@ pub struct IptablesBackend {
     /// When the canary chains were last known to be in place.
     canaries_seen: Option<Instant>,
     written: ChainDigests,
+    /// The per-service nat chains the last successful sync left, sorted;
+    /// `None` after a failure (the next sync is full and lists the table).
+    recorded_chains: Option<Vec<ChainName>>,
 }
 
 impl NodePortAddresses {
@@ -182,6 +185,7 @@ impl IptablesBackend {
             dry_run: false,
             canaries_seen: None,
             written: ChainDigests::default(),
+            recorded_chains: None,
         })
     }
 
@@ -424,17 +428,19 @@ impl Backend for IptablesBackend {
         } else {
             None
         };
-        // Listing chains takes long with many rules, so large clusters look
-        // for stale chains only on full syncs, as upstream does.
-        let existing = match &mut saved {
-            // Only the jump rules of the listing are needed after the restore.
-            Some([_, nat]) => Some(std::mem::take(&mut nat.kube_chains)),
-            None if !is_large_cluster(request.service_ports) => {
-                let nat = self.applier.save_table(self.family, Table::Nat);
-                let nat = nat.map_err(|e| apply_error("listing the existing chains", e))?;
-                Some(nat.kube_chains)
-            }
-            None => None,
+        // A full sync lists the nat table and deletes every stale chain of
+        // ours, whoever left it. A partial sync lists nothing: the chains
+        // the last sync left are recorded, and those a change makes stale
+        // go in the same restore (upstream lists the table on every sync of
+        // a small cluster and once per syncPeriod in a large one, so under
+        // churn its stale chains wait for that listing).
+        let listed = saved
+            .as_mut()
+            .map(|[_, nat]| std::mem::take(&mut nat.kube_chains));
+        let existing = match (&listed, &self.recorded_chains) {
+            (Some(listed), _) => NatChains::Listed(listed),
+            (None, Some(recorded)) => NatChains::Recorded(recorded),
+            (None, None) => NatChains::Unknown,
         };
         let jumps = saved.as_ref().map(Self::missing_jumps).unwrap_or_default();
         let mut rendered = self.renderer.render(&RenderInput {
@@ -444,14 +450,16 @@ impl Backend for IptablesBackend {
             changed_services: request.changed_services,
             node: request.node,
             node_port_addresses: node_ports.as_deref(),
-            existing_nat_chains: existing.as_deref(),
+            existing_nat_chains: existing,
             jumps: &jumps,
         });
-        // Only the render needs the listing and the active chains (each
-        // some 40,000 names at 10,000 Services); they need not live
-        // through the restore.
-        drop((saved, existing));
-        drop(std::mem::take(&mut rendered.active_nat_chains));
+        // Only the render needs the listing (some 40,000 names at 10,000
+        // Services); it need not live through the restore. The active
+        // chains (17 bytes each) are what the next partial sync starts
+        // from, once this restore succeeded.
+        drop((saved, listed));
+        self.recorded_chains = None;
+        let active = std::mem::take(&mut rendered.active_nat_chains);
         let text = if full {
             self.written.clear();
             Cow::Borrowed(rendered.restore.as_str())
@@ -467,6 +475,7 @@ impl Backend for IptablesBackend {
             .end_sync()
             .map_err(|e| apply_error("finishing the sync", e))?;
         self.needs_full_sync = false;
+        self.recorded_chains = Some(active);
         if full {
             // The full sync ensured them.
             self.canaries_seen = Some(Instant::now());

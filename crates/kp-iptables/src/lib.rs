@@ -40,7 +40,7 @@ pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};
 pub use options::{IptablesOptions, LocalDetector};
 pub use render::{
-    is_large_cluster, stale_chains, RenderInput, RenderStats, Rendered, Renderer,
+    is_large_cluster, stale_chains, NatChains, RenderInput, RenderStats, Rendered, Renderer,
     LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
 };
 pub use support::{check_family, check_family_with, FamilyUnsupported};

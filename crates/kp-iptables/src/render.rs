@@ -74,10 +74,9 @@ pub struct RenderInput<'a> {
     /// `nodePortAddresses` resolved to this host's addresses: `None` accepts
     /// NodePorts on every local address (`-m addrtype --dst-type LOCAL`).
     pub node_port_addresses: Option<&'a [IpAddr]>,
-    /// Chains of the nat table now in the kernel (from `iptables-save -t
-    /// nat`); stale service chains among them are deleted. `None` skips the
-    /// cleanup (upstream skips it in large clusters between sync periods).
-    pub existing_nat_chains: Option<&'a [String]>,
+    /// What the nat table holds before this sync; the per-service chains
+    /// among it that the render no longer uses are deleted.
+    pub existing_nat_chains: NatChains<'a>,
     /// Jump rules from built-in chains into ours to insert (`-I`) at the
     /// end of their table's section: a full sync passes those its listing
     /// did not show, so they land in the same transaction as the chains
@@ -85,6 +84,21 @@ pub struct RenderInput<'a> {
     /// whole table each time with iptables-legacy: 0.5 s per nat rule at
     /// 10,000 Services.)
     pub jumps: &'a [JumpRule],
+}
+
+/// What the proxy knows of the nat table's chains before a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatChains<'a> {
+    /// Nothing: no chain is deleted.
+    Unknown,
+    /// Every chain the table holds, listed from the kernel (`iptables-save
+    /// -t nat`): a full sync's view, which also finds chains this process
+    /// never wrote (left by an earlier one, or by upstream kube-proxy).
+    Listed(&'a [String]),
+    /// The per-service chains the last successful sync left, sorted: a
+    /// partial sync's view, kept by the backend instead of listing the
+    /// table, so chains made stale by a change go in the same sync.
+    Recorded(&'a [ChainName]),
 }
 
 /// Whether `service_ports` hold more than
@@ -420,13 +434,18 @@ fn write_head(ctx: &Context<'_>, buffers: &mut Buffers, mark: &str, random_fully
 /// Flushes and deletes the stale per-service chains among `existing`.
 fn delete_stale_chains(
     buffers: &mut Buffers,
-    existing: Option<&[String]>,
+    existing: NatChains<'_>,
     active: &[ChainName],
 ) -> Vec<String> {
-    let Some(existing) = existing else {
-        return Vec::new();
+    let mut stale = match existing {
+        NatChains::Unknown => return Vec::new(),
+        NatChains::Listed(existing) => stale_among(existing, active),
+        NatChains::Recorded(recorded) => recorded
+            .iter()
+            .filter(|chain| active.binary_search(chain).is_err())
+            .map(ChainName::to_string)
+            .collect(),
     };
-    let mut stale = stale_among(existing, active);
     stale.sort_unstable();
     stale.dedup();
     for chain in &stale {

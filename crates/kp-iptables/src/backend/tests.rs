@@ -509,3 +509,98 @@ fn partial_syncs_soon_after_a_check_do_not_list_the_canaries_again() {
         "the full sync just ensured the canaries: {calls:?}"
     );
 }
+
+/// `n` Services of two endpoints each, `svc<i>` at 10.96.<i/250>.<i%250+1>;
+/// Service `svc0`'s second endpoint is `second`.
+fn many_services(n: usize, second: &str) -> World {
+    let ports: Vec<_> = (0..n)
+        .map(|i| {
+            let cluster_ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+            let first = format!("10.244.{}.{}", 10 + i / 250, i % 250 + 1);
+            let other = format!("10.245.{}.{}", 10 + i / 250, i % 250 + 1);
+            let other = if i == 0 { second.to_owned() } else { other };
+            service_port(&format!("svc{i}"), &cluster_ip, &[&first, &other])
+        })
+        .collect();
+    World::new(&ports)
+}
+
+fn nat_chains(kernel: &FakeKernel) -> BTreeSet<String> {
+    kernel
+        .chains(IpFamily::V4, Table::Nat)
+        .into_iter()
+        .filter(|c| c.starts_with("KUBE-SEP-") || c.starts_with("KUBE-SVC-"))
+        .collect()
+}
+
+#[test]
+fn in_a_large_cluster_partial_syncs_delete_the_chains_they_make_stale_without_listing() {
+    let (backend, kernel, _) = backend();
+    let mut backend = backend.with_canary_check_interval(Duration::from_secs(3600));
+    // 1,200 endpoints: large-cluster mode, where upstream purges stale
+    // chains only once per syncPeriod.
+    let first = many_services(600, "10.246.0.1");
+    first.sync(&mut backend, true, &[]).unwrap();
+    let before = nat_chains(&kernel);
+    kernel.take_calls();
+
+    for generation in 2..=20 {
+        many_services(600, &format!("10.246.0.{generation}"))
+            .sync(&mut backend, false, &["svc0"])
+            .unwrap();
+    }
+
+    let calls = kernel.take_calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, FakeCall::SaveTable(..))),
+        "partial syncs list nothing: {:?}",
+        calls
+            .iter()
+            .filter(|c| matches!(c, FakeCall::SaveTable(..)))
+            .collect::<Vec<_>>()
+    );
+    let after = nat_chains(&kernel);
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "one SEP chain replaced by one, 19 times"
+    );
+    let gone: Vec<_> = before.difference(&after).collect();
+    let added: Vec<_> = after.difference(&before).collect();
+    assert_eq!((gone.len(), added.len()), (1, 1), "{gone:?} {added:?}");
+    let last = restores(&calls).pop().unwrap().to_owned();
+    assert_eq!(
+        last.lines().filter(|l| l.starts_with("-X ")).count(),
+        1,
+        "{last}"
+    );
+}
+
+#[test]
+fn a_full_sync_deletes_stale_chains_no_sync_of_this_backend_wrote() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    // A chain an earlier process left, unknown to this one's record.
+    let leftover = "KUBE-SEP-LEFTOVER0000000000";
+    kernel
+        .applier()
+        .restore(
+            IpFamily::V4,
+            &format!("*nat\n:{leftover} - [0:0]\nCOMMIT\n"),
+        )
+        .unwrap();
+
+    let moved = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.7"])]);
+    moved.sync(&mut backend, false, &["web"]).unwrap();
+    assert!(kernel
+        .chains(IpFamily::V4, Table::Nat)
+        .iter()
+        .any(|c| c == leftover));
+
+    moved.sync(&mut backend, true, &[]).unwrap();
+    assert!(!kernel
+        .chains(IpFamily::V4, Table::Nat)
+        .iter()
+        .any(|c| c == leftover));
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kp_iptables::tracer::{Packet, Ruleset, Trace};
-use kp_iptables::{IptablesOptions, LocalDetector, RenderInput, Rendered, Renderer};
+use kp_iptables::{IptablesOptions, LocalDetector, NatChains, RenderInput, Rendered, Renderer};
 use kp_model::{
     categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
     ServicePortName,
@@ -247,7 +247,7 @@ impl World {
             changed_services: changed,
             node: &self.node,
             node_port_addresses: self.node_port_addresses.as_deref(),
-            existing_nat_chains: existing,
+            existing_nat_chains: existing.map_or(NatChains::Unknown, NatChains::Listed),
             jumps: &[],
         })
     }
