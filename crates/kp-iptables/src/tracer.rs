@@ -509,6 +509,7 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
         Some("-A") => {
             let chain = words.get(1).ok_or("-A needs a chain")?;
             let rule = parse_rule(&words[2..])?;
+            require_target(chains, &rule)?;
             let rules = chains
                 .get_mut(chain)
                 .ok_or_else(|| format!("chain {chain} does not exist"))?;
@@ -518,6 +519,7 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
         Some("-I") => {
             let chain = words.get(1).ok_or("-I needs a chain")?;
             let rule = parse_rule(&words[2..])?;
+            require_target(chains, &rule)?;
             let rules = if BUILTIN_CHAINS.contains(&chain.as_str()) {
                 chains.entry(chain.clone()).or_default()
             } else {
@@ -530,12 +532,34 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
         }
         Some("-X") => {
             let chain = words.get(1).ok_or("-X needs a chain")?;
+            let referenced = chains.iter().any(|(from, rules)| {
+                from != chain
+                    && rules
+                        .iter()
+                        .any(|r| matches!(&r.target, Target::Jump(to) if to == chain))
+            });
+            if referenced {
+                // The kernel refuses to delete a chain a rule jumps to.
+                return Err(format!(
+                    "chain {chain} is still referenced (Too many links)"
+                ));
+            }
             chains
                 .remove(chain)
                 .map(|_| ())
                 .ok_or_else(|| format!("chain {chain} does not exist"))
         }
         _ => Err("unknown command".to_owned()),
+    }
+}
+
+/// As the kernel: a rule may only jump to a chain the table holds.
+fn require_target(chains: &BTreeMap<String, Vec<Rule>>, rule: &Rule) -> Result<(), String> {
+    match &rule.target {
+        Target::Jump(to) if !chains.contains_key(to) => Err(format!(
+            "Couldn't load target `{to}': No such file or directory"
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use common::{ip, service, World};
-use kp_iptables::tracer::{Packet, Trace, Verdict};
+use kp_iptables::tracer::{Packet, Ruleset, Trace, Verdict};
 use kp_iptables::LocalDetector;
 use kp_model::Protocol;
 
@@ -303,4 +303,33 @@ fn ipv6_service_reaches_its_endpoints() {
         localhost.destinations().is_empty(),
         "no localhost NodePorts on IPv6:\n{localhost}"
     );
+}
+
+#[test]
+fn like_the_kernel_a_restore_may_not_jump_to_a_missing_chain() {
+    let error =
+        Ruleset::from_restore("*nat\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A -j KUBE-SEP-B\nCOMMIT\n")
+            .unwrap_err()
+            .to_string();
+    assert!(error.contains("KUBE-SEP-B"), "{error}");
+    let declared =
+        "*nat\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-B - [0:0]\n-A KUBE-SVC-A -j KUBE-SEP-B\nCOMMIT\n";
+    assert!(Ruleset::from_restore(declared).is_ok());
+}
+
+#[test]
+fn like_the_kernel_a_restore_may_not_delete_a_chain_still_jumped_to() {
+    let mut ruleset = Ruleset::from_restore(
+        "*nat\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-B - [0:0]\n-A KUBE-SVC-A -j KUBE-SEP-B\nCOMMIT\n",
+    )
+    .unwrap();
+    let error = ruleset
+        .apply("*nat\n-X KUBE-SEP-B\nCOMMIT\n")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("still referenced"), "{error}");
+    // Flushing the referring chain first, as a stale-chain deletion does.
+    ruleset
+        .apply("*nat\n:KUBE-SVC-A - [0:0]\n-X KUBE-SEP-B\nCOMMIT\n")
+        .unwrap();
 }

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kp_model::{
     categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
@@ -101,8 +100,7 @@ fn backend() -> (IptablesBackend, FakeKernel, MemorySysctl) {
         Box::new(kernel.applier()),
     )
     .unwrap()
-    .with_sysctl(Box::new(sysctl.clone()))
-    .with_canary_check_interval(Duration::ZERO);
+    .with_sysctl(Box::new(sysctl.clone()));
     (backend, kernel, sysctl)
 }
 
@@ -182,7 +180,7 @@ fn first_sync_is_full_creates_canaries_jumps_and_rules_in_one_restore() {
 }
 
 #[test]
-fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
+fn later_partial_sync_checks_nothing_and_rewrites_only_changed_services() {
     let (mut backend, kernel, _) = backend();
     let before = World::new(&[
         service_port("web", "10.96.0.10", &["10.244.2.3"]),
@@ -199,11 +197,10 @@ fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
 
     assert!(!outcome.full);
     let calls = kernel.take_calls();
-    let canary_checks = calls
-        .iter()
-        .filter(|c| matches!(c, FakeCall::ChainExists(_, _, chain) if chain == KUBE_PROXY_CANARY))
-        .count();
-    assert_eq!(canary_checks, 3, "mangle, nat and filter");
+    assert!(
+        matches!(calls.as_slice(), [FakeCall::Restore(..)]),
+        "one restore and nothing else: {calls:?}"
+    );
     let restore = restores(&calls)[0];
     assert!(
         !restore.lines().any(|l| l.starts_with("-I ")),
@@ -244,15 +241,16 @@ fn later_partial_sync_checks_the_canary_and_rewrites_only_changed_services() {
 }
 
 #[test]
-fn a_wiped_table_makes_the_next_sync_full_and_repairs_it() {
+fn a_wiped_table_is_repaired_by_the_next_full_sync() {
     let (mut backend, kernel, _) = backend();
     let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
     world.sync(&mut backend, false, &[]).unwrap();
 
     kernel.wipe_table(IpFamily::V4, Table::Nat);
-    let outcome = world.sync(&mut backend, false, &[]).unwrap();
+    // The sync loop's periodic run, once per syncPeriod even under churn.
+    let outcome = world.sync(&mut backend, true, &[]).unwrap();
 
-    assert!(outcome.full, "the missing canary forces a full sync");
+    assert!(outcome.full);
     let nat = kernel.chains(IpFamily::V4, Table::Nat);
     assert!(nat.iter().any(|c| c.starts_with("KUBE-SVC-")));
     assert!(nat.contains(&KUBE_PROXY_CANARY.to_owned()));
@@ -492,22 +490,29 @@ fn a_full_sync_over_intact_rules_lists_filter_and_nat_once_and_inserts_nothing()
 }
 
 #[test]
-fn partial_syncs_soon_after_a_check_do_not_list_the_canaries_again() {
-    let (backend, kernel, _) = backend();
-    let mut backend = backend.with_canary_check_interval(Duration::from_secs(3600));
+fn a_partial_sync_that_meets_a_wiped_table_fails_and_the_next_sync_is_full() {
+    let (mut backend, kernel, _) = backend();
     let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);
     world.sync(&mut backend, true, &[]).unwrap();
-    kernel.take_calls();
+    kernel.wipe_table(IpFamily::V4, Table::Nat);
 
-    let moved = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.7"])]);
-    let outcome = moved.sync(&mut backend, false, &["web"]).unwrap();
+    // The new endpoint's chain is written; KUBE-SVC's jump to the
+    // unchanged one meets a chain that is gone.
+    let grown = World::new(&[service_port(
+        "web",
+        "10.96.0.10",
+        &["10.244.2.3", "10.244.2.7"],
+    )]);
+    let failed = grown.sync(&mut backend, false, &["web"]);
 
-    assert!(!outcome.full);
-    let calls = kernel.take_calls();
-    assert!(
-        !calls.iter().any(|c| matches!(c, FakeCall::ChainExists(..))),
-        "the full sync just ensured the canaries: {calls:?}"
+    assert!(failed.is_err(), "{failed:?}");
+    let outcome = grown.sync(&mut backend, false, &[]).unwrap();
+    assert!(outcome.full, "the sync after the failure is full");
+    let trace = with_jumps(&kernel).trace(
+        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
+        &[ip(NODE_IP)],
     );
+    assert_eq!(trace.destinations().len(), 2, "both endpoints work again");
 }
 
 /// `n` Services of two endpoints each, `svc<i>` at 10.96.<i/250>.<i%250+1>;
@@ -535,8 +540,7 @@ fn nat_chains(kernel: &FakeKernel) -> BTreeSet<String> {
 
 #[test]
 fn in_a_large_cluster_partial_syncs_delete_the_chains_they_make_stale_without_listing() {
-    let (backend, kernel, _) = backend();
-    let mut backend = backend.with_canary_check_interval(Duration::from_secs(3600));
+    let (mut backend, kernel, _) = backend();
     // 1,200 endpoints: large-cluster mode, where upstream purges stale
     // chains only once per syncPeriod.
     let first = many_services(600, "10.246.0.1");
