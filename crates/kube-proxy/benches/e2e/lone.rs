@@ -1,0 +1,180 @@
+//! The lone-restore reference: what the restore program alone takes to
+//! apply one partial sync's input to the full ruleset, against which the
+//! binary's partial sync is judged (the issue's target: within 15 %).
+//!
+//! A separate step, so that the capture costs nothing in the runs: a fresh
+//! binary whose PATH starts with a wrapper for the restore program
+//! (`iptables-legacy-restore`) that keeps a copy of each input and then
+//! execs the real program. After the first sync the tables are saved, one
+//! Service's second endpoint is patched and the input of the partial sync
+//! that applied it is kept. The binary is stopped (the rules stay), and
+//! five times the saved tables are put back (untimed) and the kept input is
+//! restored alone with the proxy's arguments (timed, spawn included, as the
+//! proxy's sync includes it).
+
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kp_testkit::apiserver::TestApiServer;
+
+use crate::mode::Mode;
+use crate::proxy::{unix_now, Proxy, SyncKind};
+use crate::run::{applied, FIRST_SYNC_TIMEOUT, PATCH_EVERY};
+use crate::workload::Workload;
+
+/// Timed restores of the kept input.
+pub const ROUNDS: usize = 5;
+/// Patches tried until one is applied by a partial sync.
+const ATTEMPTS: usize = 5;
+
+/// What the reference measured.
+#[derive(Debug, Clone)]
+pub struct Lone {
+    /// The kept input's size.
+    pub input_lines: usize,
+    pub input_bytes: usize,
+    /// The lone restores (ms).
+    pub restore_ms: Vec<f64>,
+    /// The binary's partial sync that wrote the input, wrapper included
+    /// (ms): not a figure, a plausibility check.
+    pub captured_sync_ms: f64,
+}
+
+/// Runs the reference for `workload` in `mode`; the calling thread is in a
+/// fresh node namespace; `dir` holds the wrapper and the copies.
+pub async fn lone_restore(
+    mode: Mode,
+    workload: Workload,
+    kubeconfig: &Path,
+    log: &Path,
+    dir: &Path,
+) -> Lone {
+    let server = Arc::new(TestApiServer::start().await.unwrap());
+    server.write_kubeconfig(kubeconfig).unwrap();
+    workload.populate(&server);
+    mode.prepare_node();
+    let measuring = {
+        let server = Arc::clone(&server);
+        let (kubeconfig, log, dir): (PathBuf, PathBuf, PathBuf) =
+            (kubeconfig.into(), log.into(), dir.into());
+        tokio::task::spawn_blocking(move || {
+            measure(mode, workload, &server, &kubeconfig, &log, &dir)
+        })
+    };
+    match measuring.await {
+        Ok(lone) => lone,
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    }
+}
+
+fn measure(
+    mode: Mode,
+    workload: Workload,
+    server: &TestApiServer,
+    kubeconfig: &Path,
+    log: &Path,
+    dir: &Path,
+) -> Lone {
+    let wrappers = dir.join("wrappers");
+    let copies = dir.join("inputs");
+    std::fs::create_dir_all(&wrappers).unwrap();
+    std::fs::create_dir_all(&copies).unwrap();
+    let real = which(mode.restore());
+    let wrapper = wrappers.join(mode.restore());
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             # Keeps a copy of the input, then restores it with the real program.\n\
+             copy={}/$(date +%s%N).in\n\
+             cat > \"$copy\"\n\
+             exec {} \"$@\" < \"$copy\"\n",
+            copies.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let proxy = Proxy::spawn(mode, kubeconfig, log, Some(&wrappers));
+    let mut watch = proxy.first_sync(FIRST_SYNC_TIMEOUT);
+    let first_end = watch.seen.last_sync.unwrap();
+    let settle = (first_end + PATCH_EVERY.as_secs_f64() - unix_now()).max(0.0);
+    std::thread::sleep(Duration::from_secs_f64(settle));
+    let i = workload.patch_target(0, 1);
+    let mut kept = None;
+    for attempt in 0..ATTEMPTS {
+        // Nothing changes the rules but the patch: the tables saved now
+        // are those the partial sync's input applies to.
+        let saved = mode.save_tables();
+        watch.refresh();
+        let copies_before = inputs(&copies).len();
+        server.update(Workload::slice(
+            i,
+            Workload::patched_endpoint(100 + attempt),
+            Some(SystemTime::now()),
+        ));
+        let (sync, _) = applied(&mut watch, &proxy);
+        let new = inputs(&copies);
+        if sync.kind == SyncKind::Partial && sync.syncs == 1 && new.len() == copies_before + 1 {
+            let input = new.last().unwrap().clone();
+            kept = Some((saved, input, sync.duration * 1000.0));
+            break;
+        }
+        eprintln!("  lone restore: the patch's sync was not a lone partial one; again");
+        std::thread::sleep(PATCH_EVERY);
+    }
+    let (saved, input, captured_sync_ms) =
+        kept.expect("no patch was applied by a partial sync alone");
+    drop(proxy);
+
+    let text = std::fs::read_to_string(&input).unwrap();
+    let mut restore_ms = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        mode.reset_tables(&saved);
+        let stdin = File::open(&input).unwrap();
+        let started = Instant::now();
+        let out = Command::new(&real)
+            .args(mode.restore_args())
+            .stdin(stdin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        restore_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert!(
+            out.status.success(),
+            "the lone restore failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Lone {
+        input_lines: text.lines().count(),
+        input_bytes: text.len(),
+        restore_ms,
+        captured_sync_ms,
+    }
+}
+
+/// The copies kept so far, oldest first.
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Where `program` is on the PATH.
+fn which(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on the PATH"))
+}
