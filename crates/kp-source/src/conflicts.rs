@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use kp_model::ResourceKind;
@@ -38,7 +39,7 @@ struct FieldClaim {
 /// Removes from `desired` every Service that claims a ClusterIP or a node
 /// port held by a Service earlier in path order, with an error naming both.
 pub(crate) fn reject_conflicts(
-    desired: &mut BTreeMap<ObjectKey, ManifestObject>,
+    desired: &mut BTreeMap<ObjectKey, Arc<ManifestObject>>,
     errors: &mut Vec<ManifestError>,
 ) {
     let mut services: Vec<(&DocumentLocation, &ObjectKey, &Service)> = desired

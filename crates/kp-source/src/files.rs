@@ -18,8 +18,11 @@ use crate::parse::{parse_documents, DEFAULT_NAMESPACE};
 /// What one file holds, as far as it could be read.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ParsedFile {
-    /// The valid objects, in document order.
-    pub(crate) objects: Vec<ManifestObject>,
+    /// The valid objects, in document order. Shared with the source's
+    /// desired and delivered state: an unchanged file costs no copy of its
+    /// objects when another file changes (a 10,000-Service file holds some
+    /// 30 MB of them).
+    pub(crate) objects: Vec<Arc<ManifestObject>>,
     /// Every problem, in document order.
     pub(crate) errors: Vec<ManifestError>,
     /// Part of the file could not be read far enough to tell which objects
@@ -154,6 +157,7 @@ fn parse_file(path: &Path, content: &[u8]) -> ParsedFile {
         return ParsedFile::unreadable(path, ManifestProblem::NotUtf8);
     };
     let (objects, errors) = parse_documents(path, text);
+    let objects = objects.into_iter().map(Arc::new).collect();
     let mut parsed = ParsedFile {
         objects,
         ..ParsedFile::default()

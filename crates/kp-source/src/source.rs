@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind, LABEL_SERVICE_NAME};
@@ -37,7 +38,7 @@ pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(30);
 pub struct ManifestSource {
     pub(crate) path: PathBuf,
     node_name: String,
-    delivered: BTreeMap<ObjectKey, ManifestObject>,
+    delivered: BTreeMap<ObjectKey, Arc<ManifestObject>>,
     files: FileCache,
     loaded: bool,
     reported: HashSet<String>,
@@ -176,7 +177,7 @@ impl ManifestSource {
     /// whose document is readable but fails a check. Returns how many.
     fn keep_last_good(
         &self,
-        desired: &mut BTreeMap<ObjectKey, ManifestObject>,
+        desired: &mut BTreeMap<ObjectKey, Arc<ManifestObject>>,
         parsed_files: &[(PathBuf, ParsedFile)],
         discovered: &Discovered,
     ) -> usize {
@@ -202,7 +203,7 @@ impl ManifestSource {
                 || unlisted.iter().any(|directory| path.starts_with(directory));
             if broken && !desired.contains_key(key) {
                 tracing::debug!(object = %key, location = %object.location, "keeping the last good state of a manifest object");
-                desired.insert(key.clone(), object.clone());
+                desired.insert(key.clone(), Arc::clone(object));
                 kept += 1;
             }
         }
@@ -245,9 +246,9 @@ impl ManifestSource {
     /// object, the later.
     fn merge(
         &self,
-        objects: Vec<ManifestObject>,
+        objects: Vec<Arc<ManifestObject>>,
         errors: &mut Vec<ManifestError>,
-    ) -> BTreeMap<ObjectKey, ManifestObject> {
+    ) -> BTreeMap<ObjectKey, Arc<ManifestObject>> {
         let mut desired = BTreeMap::new();
         for object in objects {
             let key = object.object.key();
@@ -258,7 +259,7 @@ impl ManifestSource {
             let location = object.location.clone();
             if let Some(earlier) = desired.insert(key.clone(), object) {
                 let problem = ManifestProblem::Duplicate {
-                    earlier: earlier.location,
+                    earlier: earlier.location.clone(),
                 };
                 errors.push(ManifestError::new(location, key.identity(), problem));
             }
@@ -269,13 +270,16 @@ impl ManifestSource {
     /// Sends the differences between what was delivered and `desired`.
     fn deliver(
         &mut self,
-        desired: BTreeMap<ObjectKey, ManifestObject>,
+        desired: BTreeMap<ObjectKey, Arc<ManifestObject>>,
         handler: &dyn ProxyEventHandler,
     ) -> LoadReport {
         let mut report = LoadReport::default();
         for (key, object) in &desired {
-            let before = self.delivered.get(key).map(|before| &before.object);
-            if before != Some(&object.object) {
+            // An object of an unchanged file is the one delivered last time.
+            let unchanged = self.delivered.get(key).is_some_and(|before| {
+                Arc::ptr_eq(before, object) || before.object == object.object
+            });
+            if !unchanged {
                 tracing::debug!(object = %key, "applying manifest object");
                 send(handler, object.object.clone(), false);
                 report.applied += 1;
@@ -285,7 +289,7 @@ impl ManifestSource {
         for (key, object) in previous {
             if !self.delivered.contains_key(&key) {
                 tracing::debug!(object = %key, "deleting manifest object");
-                send(handler, object.object, true);
+                send(handler, object.object.clone(), true);
                 report.deleted += 1;
             }
         }
@@ -344,7 +348,7 @@ impl LoadReport {
 /// Warns about EndpointSlices whose Service is not defined; they are still
 /// delivered, as the Service may be added later.
 fn check_service_names(
-    desired: &BTreeMap<ObjectKey, ManifestObject>,
+    desired: &BTreeMap<ObjectKey, Arc<ManifestObject>>,
     errors: &mut Vec<ManifestError>,
 ) {
     let services: BTreeSet<(&str, &str)> = desired
@@ -407,5 +411,49 @@ mod tests {
 
         assert_eq!(source.report_cycles(&cycles), 1);
         assert_eq!(source.report_cycles(&cycles), 0);
+    }
+
+    struct Ignore;
+
+    impl ProxyEventHandler for Ignore {
+        fn on_service(&self, _: kp_model::ObjectEvent<k8s_openapi::api::core::v1::Service>) {}
+        fn on_endpoint_slice(
+            &self,
+            _: kp_model::ObjectEvent<k8s_openapi::api::discovery::v1::EndpointSlice>,
+        ) {
+        }
+        fn on_node(&self, _: kp_model::ObjectEvent<k8s_openapi::api::core::v1::Node>) {}
+        fn on_synced(&self, _: ResourceKind) {}
+    }
+
+    fn service(name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: demo, name: {name}}}\n\
+             spec:\n  clusterIP: {ip}\n  ports: [{{port: 80, protocol: TCP}}]\n"
+        )
+    }
+
+    #[test]
+    fn objects_of_an_unchanged_file_are_shared_not_copied_when_another_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), service("a", "10.96.0.1")).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), service("b", "10.96.0.2")).unwrap();
+        let mut source = ManifestSource::new(dir.path(), "node-1");
+        source.load(&Ignore).unwrap();
+        let key = |name: &str| ObjectKey {
+            kind: ResourceKind::Service,
+            namespace: "demo".to_owned(),
+            name: name.to_owned(),
+        };
+        let a_before = Arc::clone(&source.delivered[&key("a")]);
+
+        std::fs::write(dir.path().join("b.yaml"), service("b", "10.96.0.3")).unwrap();
+        let report = source.load(&Ignore).unwrap();
+
+        assert_eq!(report.applied, 1, "only b changed");
+        assert!(
+            Arc::ptr_eq(&a_before, &source.delivered[&key("a")]),
+            "a is the object parsed the first time, not a copy"
+        );
     }
 }
