@@ -82,18 +82,21 @@ struct Settings {
 }
 
 /// One look at the proxy (and this process) during the soak.
-#[derive(Clone)]
 struct Sample {
     syncs: u64,
-    updates: u64,
     elapsed: Duration,
     rss_kib: u64,
+    anon_kib: u64,
     hwm_kib: u64,
     fds: usize,
     nat_chains: usize,
     filter_chains: usize,
+    /// The proxy's own user and system time.
     proxy_cpu_s: f64,
+    /// That of its waited-for children (`iptables-restore`).
+    children_cpu_s: f64,
     server_rss_kib: u64,
+    server_cpu_s: f64,
 }
 
 /// Median, extremes and the largest deviation from the median of one
@@ -267,18 +270,21 @@ fn open_fds(pid: u32) -> usize {
         .count()
 }
 
-/// User and system time of `pid` and of its waited-for children, in s.
-fn cpu_seconds(pid: u32) -> f64 {
+/// User and system time of `pid`, and of its waited-for children, in s.
+fn cpu_seconds(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // The fields after the command name, which may hold spaces: state is
     // field 3, utime 14, stime 15, cutime 16, cstime 17.
     let rest = &stat[stat.rfind(')').unwrap() + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11..15]
-        .iter()
-        .map(|f| f.parse::<u64>().unwrap())
-        .sum();
-    ticks as f64 / TICKS_PER_SEC
+    let seconds = |range: std::ops::Range<usize>| {
+        let ticks: u64 = fields[range]
+            .iter()
+            .map(|f| f.parse::<u64>().unwrap())
+            .sum();
+        ticks as f64 / TICKS_PER_SEC
+    };
+    (seconds(11..13), seconds(13..15))
 }
 
 /// `iptables-legacy-save -t TABLE` (the calling thread is in the node
@@ -305,18 +311,21 @@ fn chains<'a>(saved: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a str> 
         .filter(move |chain| chain.starts_with(prefix))
 }
 
-fn take_sample(pid: u32, syncs: u64, updates: u64, elapsed: Duration) -> Sample {
+fn take_sample(pid: u32, syncs: u64, elapsed: Duration) -> Sample {
+    let (proxy_cpu_s, children_cpu_s) = cpu_seconds(pid);
     Sample {
         syncs,
-        updates,
         elapsed,
         rss_kib: status_kib(pid, "VmRSS:"),
+        anon_kib: status_kib(pid, "RssAnon:"),
         hwm_kib: status_kib(pid, "VmHWM:"),
         fds: open_fds(pid),
         nat_chains: chains(&save("nat"), "KUBE-").count(),
         filter_chains: chains(&save("filter"), "KUBE-").count(),
-        proxy_cpu_s: cpu_seconds(pid),
+        proxy_cpu_s,
+        children_cpu_s,
         server_rss_kib: status_kib(std::process::id(), "VmRSS:"),
+        server_cpu_s: cpu_seconds(std::process::id()).0,
     }
 }
 
@@ -405,7 +414,7 @@ fn soak(server: &TestApiServer, mut workload: Workload, settings: &Settings, pid
     eprintln!("soak: first sync done, churning");
     let every = (settings.syncs / SAMPLES).max(1);
     let started = Instant::now();
-    let mut samples = vec![take_sample(pid, 0, 0, Duration::ZERO)];
+    let mut samples = vec![take_sample(pid, 0, Duration::ZERO)];
     let mut next_sample = every;
     let (mut count, mut updates, mut polls) = (start_count, 0, 0);
     while count - start_count < settings.syncs {
@@ -415,7 +424,7 @@ fn soak(server: &TestApiServer, mut workload: Workload, settings: &Settings, pid
         (count, polls) = (now, polls + tries);
         let done = count - start_count;
         if done >= next_sample {
-            let sample = take_sample(pid, done, updates, started.elapsed());
+            let sample = take_sample(pid, done, started.elapsed());
             if samples.len() % 10 == 0 {
                 eprintln!(
                     "soak: {done} syncs, {:.0} s, RSS {} KiB, {} nat chains",
@@ -517,32 +526,47 @@ fn mib(kib: u64) -> f64 {
 }
 
 fn print_samples(samples: &[Sample]) {
-    println!("| syncs | updates | time (s) | syncs/s (interval) | VmRSS (MiB) | VmHWM (MiB) | fds | KUBE- chains nat | KUBE- chains filter | proxy CPU (s) | API server RSS (MiB) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| syncs | time (s) | syncs/s | proxy CPU (ms/sync) | its children's CPU (ms/sync) \
+         | bench process CPU (ms/sync) \
+         | VmRSS (MiB) | RssAnon (MiB) | VmHWM (MiB) | fds | KUBE- chains nat | KUBE- chains filter \
+         | API server RSS (MiB) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let last = samples.len() - 1;
     for (n, sample) in samples.iter().enumerate() {
         if n % 10 != 0 && n != last {
             continue;
         }
-        // The row shown before this one.
+        // Rates are over the interval since the row shown before this one.
         let previous = &samples[n.saturating_sub(1) / 10 * 10];
+        let syncs = (sample.syncs - previous.syncs) as f64;
         let seconds = (sample.elapsed - previous.elapsed).as_secs_f64();
+        let per_sync = |cpu: fn(&Sample) -> f64| {
+            if syncs > 0.0 {
+                format!("{:.2}", (cpu(sample) - cpu(previous)) * 1000.0 / syncs)
+            } else {
+                "–".to_owned()
+            }
+        };
         let rate = if seconds > 0.0 {
-            format!("{:.0}", (sample.syncs - previous.syncs) as f64 / seconds)
+            format!("{:.0}", syncs / seconds)
         } else {
             "–".to_owned()
         };
         println!(
-            "| {} | {} | {:.0} | {rate} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.0} |",
+            "| {} | {:.0} | {rate} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.0} |",
             sample.syncs,
-            sample.updates,
             sample.elapsed.as_secs_f64(),
+            per_sync(|s| s.proxy_cpu_s),
+            per_sync(|s| s.children_cpu_s),
+            per_sync(|s| s.server_cpu_s),
             mib(sample.rss_kib),
+            mib(sample.anon_kib),
             mib(sample.hwm_kib),
             sample.fds,
             sample.nat_chains,
             sample.filter_chains,
-            sample.proxy_cpu_s,
             mib(sample.server_rss_kib),
         );
     }
@@ -608,6 +632,7 @@ fn report(settings: &Settings, outcome: &Outcome) {
     let spread =
         |f: fn(&Sample) -> f64| Spread::of(&steady.iter().map(|s| f(s)).collect::<Vec<_>>());
     let rss = spread(|s| mib(s.rss_kib));
+    let anon = spread(|s| mib(s.anon_kib));
     let hwm = spread(|s| mib(s.hwm_kib));
     let chains = spread(|s| (s.nat_chains + s.filter_chains) as f64);
     let fds = spread(|s| s.fds as f64);
@@ -622,19 +647,22 @@ fn report(settings: &Settings, outcome: &Outcome) {
         );
     };
     let seconds = elapsed.as_secs_f64();
-    let cpu = samples.last().unwrap().proxy_cpu_s - samples[0].proxy_cpu_s;
+    let (first, last) = (&samples[0], samples.last().unwrap());
+    let per_sync = |cpu: fn(&Sample) -> f64| (cpu(last) - cpu(first)) * 1000.0 / *syncs as f64;
     let (log_lines, notable) = read_log(&settings.log);
     println!();
     println!(
         "{syncs} syncs ({} full, {} partial in all, {} iptables-restore failures) in {seconds:.0} s: \
-         {:.0} syncs/s, {:.2} ms per sync; the proxy used {cpu:.0} s of CPU with its \
-         iptables-restore children ({:.2} ms per sync).",
+         {:.0} syncs/s, {:.2} ms per sync. CPU per sync: the proxy {:.2} ms, its children \
+         (iptables-restore) {:.2} ms, this process (API server and driver) {:.2} ms.",
         outcome.full_syncs,
         outcome.partial_syncs,
         outcome.restore_failures,
         *syncs as f64 / seconds,
         seconds * 1000.0 / *syncs as f64,
-        cpu * 1000.0 / *syncs as f64,
+        per_sync(|s| s.proxy_cpu_s),
+        per_sync(|s| s.children_cpu_s),
+        per_sync(|s| s.server_cpu_s),
     );
     println!(
         "The driver read /metrics ({} bytes) {} times, {:.1} per sync.",
@@ -650,8 +678,9 @@ fn report(settings: &Settings, outcome: &Outcome) {
     println!();
     println!("| figure | median | min | max | largest deviation |");
     println!("|---|---:|---:|---:|---:|");
-    line("proxy VmRSS", " MiB", &rss, 1);
-    line("proxy VmHWM", " MiB", &hwm, 1);
+    line("proxy VmRSS", " MiB", &rss, 2);
+    line("proxy RssAnon", " MiB", &anon, 2);
+    line("proxy VmHWM", " MiB", &hwm, 2);
     line("KUBE- chains (nat + filter)", "", &chains, 0);
     line("open fds", "", &fds, 0);
     line("API server (bench process) RSS", " MiB", &server, 1);
