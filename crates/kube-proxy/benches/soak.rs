@@ -11,20 +11,24 @@
 //! one new KUBE-SEP chain and one stale and the steady state stays the
 //! same), then waits until the proxy's
 //! `kubeproxy_sync_proxy_rules_duration_seconds_count` has gone up before
-//! the next update. So the proxy does one sync per update and is the
-//! bottleneck; the driver polls its metrics every [`POLL`].
+//! the next update. So the proxy does one sync per update; the driver polls
+//! its metrics every [`POLL`].
 //!
 //! Every 1 % of the syncs a sample records: syncs done, time, the proxy's
-//! VmRSS and VmHWM (`/proc/PID/status`), its open fds (`/proc/PID/fd`), its
-//! CPU time with its children (`iptables-restore`), our chains in the nat
-//! and filter tables (`iptables-legacy-save` in the namespace), and the RSS
-//! of this process (the test API server, whose history of changes grows by
-//! design). Verdict: after the warm-up (the first 10 % of the syncs), the
-//! proxy's VmRSS and the number of `KUBE-` chains stay within ±5 % of their
-//! median; at the end `/healthz` answers 200 and, after at most one more
-//! sync, the nat table holds exactly the KUBE-SVC and KUBE-SEP chains of the
-//! current endpoints. It panics when one of these fails, after printing the
-//! samples and the summary.
+//! VmRSS, RssAnon and VmHWM (`/proc/PID/status`), its open fds
+//! (`/proc/PID/fd`), its CPU time and that of its children
+//! (`iptables-restore`), our chains in the nat and filter tables
+//! (`iptables-legacy-save` in the namespace), and the RSS and CPU time of
+//! this process (the test API server and the driver; the server keeps every
+//! change for its watches, so its memory, and the time a watch takes to find
+//! new changes, grow with the run by design of the test server).
+//!
+//! Verdict: after the warm-up (the first 10 % of the syncs), the proxy's
+//! VmRSS and the number of `KUBE-` chains stay within ±5 % of their median;
+//! at the end `/healthz` answers 200 and, after at most one more sync, the
+//! nat table holds exactly the KUBE-SVC and KUBE-SEP chains of the current
+//! endpoints. It panics when one of these fails, after printing the samples
+//! and the summary.
 //!
 //! kubelet's `KUBE-IPTABLES-HINT` chain in the namespace's legacy mangle
 //! table makes the binary pick iptables-legacy. Its INFO log goes to a file;
