@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_testkit::apiserver::TestApiServer;
+use kp_testkit::apiserver::{TestApiServer, HISTORY_LIMIT};
 use kp_testkit::plan::{NODE_NAME, OTHER_NODE_NAME};
 use kp_testkit::{endpoint_slice, node, service};
 use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -259,6 +259,41 @@ async fn a_watch_from_expired_history_gets_410_gone() {
         next(&mut open_watch).await.unwrap(),
         WatchEvent::Added(_)
     ));
+    server.assert_no_protocol_errors();
+}
+
+#[tokio::test]
+async fn only_the_last_changes_are_kept_for_watches_as_a_real_watch_cache_does() {
+    let server = TestApiServer::start().await.unwrap();
+    server.create(svc("web", "10.96.0.10"));
+    let api = Api::<Service>::all(client(&server));
+    let oldest = server.resource_version().to_string();
+    // One change more than is kept: the first one after `oldest` is gone.
+    for _ in 0..=HISTORY_LIMIT {
+        server.update(svc("web", "10.96.0.10"));
+    }
+    let recent = (server.resource_version() - 5).to_string();
+
+    let mut expired = api
+        .watch(&WatchParams::default(), &oldest)
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut expired).await.unwrap() {
+        WatchEvent::Error(status) => assert_eq!(status.code, 410),
+        other => panic!("expected 410 Gone from before the kept changes, got {other:?}"),
+    }
+    let mut resumed = api
+        .watch(&WatchParams::default(), &recent)
+        .await
+        .unwrap()
+        .boxed();
+    for _ in 0..5 {
+        assert!(matches!(
+            next(&mut resumed).await.unwrap(),
+            WatchEvent::Modified(_)
+        ));
+    }
     server.assert_no_protocol_errors();
 }
 

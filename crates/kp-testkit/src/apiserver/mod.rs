@@ -64,7 +64,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use forbidden::KUBE_PROXY_USER;
-pub use store::{PostedEvent, RequestRecord, ServedKind, ServedResource};
+pub use store::{PostedEvent, RequestRecord, ServedKind, ServedResource, HISTORY_LIMIT};
 
 use store::Store;
 

@@ -1,7 +1,7 @@
 //! What the test API server holds: the objects, the history of changes that
 //! watches replay, posted events, and the record of requests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -107,12 +107,23 @@ pub(crate) struct Expired {
     pub(crate) oldest: u64,
 }
 
+/// How many changes the server keeps for watches to resume from. The real
+/// API server's watch cache keeps a bounded window too (100 events per
+/// resource by default, growing with the event rate), and a watch resuming
+/// from before it gets 410 Gone; this one keeps the last 10,000 changes of
+/// all kinds together, so it expires no later than the real one would for
+/// the same changes of one kind. Unbounded, a long run (a soak of 100,000
+/// EndpointSlice updates) held every old and new object, 1.3 GB, and every
+/// watch rescanned them all on each change.
+pub const HISTORY_LIMIT: usize = 10_000;
+
 /// Everything the server holds.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     pub(crate) resource_version: u64,
     objects: BTreeMap<ObjectKey, Value>,
-    history: Vec<Change>,
+    /// The last [`HISTORY_LIMIT`] changes, oldest first.
+    history: VecDeque<Change>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     pub(crate) oldest_watchable: u64,
     pub(crate) events: Vec<PostedEvent>,
@@ -236,13 +247,24 @@ impl Store {
         };
         self.resource_version += 1;
         old["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
-        self.history.push(Change {
+        self.remember(Change {
             resource_version: self.resource_version,
             key,
             old: Some(old.clone()),
             new: None,
         });
         old
+    }
+
+    /// Keeps `change` for watches, forgetting the oldest beyond
+    /// [`HISTORY_LIMIT`]: a watch from before what is kept gets 410 Gone.
+    fn remember(&mut self, change: Change) {
+        self.history.push_back(change);
+        while self.history.len() > HISTORY_LIMIT {
+            if let Some(forgotten) = self.history.pop_front() {
+                self.oldest_watchable = self.oldest_watchable.max(forgotten.resource_version);
+            }
+        }
     }
 
     /// Forgets the history: every watch resuming from before now, and every
@@ -291,8 +313,12 @@ impl Store {
             });
         }
         let mut events = Vec::new();
-        for change in &self.history {
-            if change.resource_version <= since || change.key.kind != kind {
+        // The history is in resourceVersion order: start after `since`.
+        let first = self
+            .history
+            .partition_point(|c| c.resource_version <= since);
+        for change in self.history.range(first..) {
+            if change.key.kind != kind {
                 continue;
             }
             let matched = |object: &Option<Value>| {
@@ -334,7 +360,7 @@ impl Store {
             metadata["namespace"] = json!(key.namespace);
         }
         self.objects.insert(key.clone(), object.clone());
-        self.history.push(Change {
+        self.remember(Change {
             resource_version: self.resource_version,
             key,
             old,
