@@ -19,9 +19,9 @@
 //! (`/proc/PID/fd`), its CPU time and that of its children
 //! (`iptables-restore`), our chains in the nat and filter tables
 //! (`iptables-legacy-save` in the namespace), and the RSS and CPU time of
-//! this process (the test API server and the driver; the server keeps every
-//! change for its watches, so its memory, and the time a watch takes to find
-//! new changes, grow with the run by design of the test server).
+//! this process (the test API server and the driver; the server keeps the
+//! last 10,000 changes for its watches, as a real watch cache keeps a
+//! bounded window).
 //!
 //! Verdict: after the warm-up (the first 10 % of the syncs), the proxy's
 //! VmRSS and the number of `KUBE-` chains stay within ±5 % of their median;
