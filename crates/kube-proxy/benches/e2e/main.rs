@@ -49,6 +49,13 @@
 //! (median), beside the binary's mean partial sync and their ratio. The
 //! top of the output names the command and the machine.
 //!
+//! iptables-legacy programs take the file lock `/run/xtables.lock`, which
+//! every network namespace of the machine shares; on a shared machine other
+//! tests' proxies would hold up ours, so the binary, the lone restore and
+//! the checks here share a lock file of their own (`XTABLES_LOCKFILE`, set
+//! unless the environment sets it), as a node's proxy shares it with its
+//! kubelet only.
+//!
 //! Modes are the iptables mode on a node whose kubelet uses
 //! iptables-legacy, and on one using iptables-nft (kubelet's
 //! `KUBE-IPTABLES-HINT` chain tells the binary); `mode.rs` holds all that
@@ -58,7 +65,10 @@
 //! `KP_E2E_MODES` (default `legacy,nft`), `KP_E2E_SIZES` (default
 //! `1000,5000,10000`), `KP_E2E_RUNS` (default 3), `KP_E2E_LONE=0` skips the
 //! lone-restore reference, `KP_E2E_LOG=DIR` keeps the binary's logs there
-//! (default: a temporary directory).
+//! (default: a temporary directory), `KP_E2E_POLL_MS` sets how often the
+//! metrics are read while a sync is awaited (default 5; each read costs the
+//! proxy some CPU, so a larger value shows what the polling costs; the
+//! latencies are the proxy's own timestamps and do not depend on it).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 mod lone;
@@ -78,6 +88,9 @@ use crate::mode::Mode;
 use crate::proxy::SyncKind;
 use crate::run::{RunResult, PATCHES};
 use crate::workload::Workload;
+
+/// The environment variable that moves iptables-legacy's lock file.
+const XTABLES_LOCKFILE: &str = "XTABLES_LOCKFILE";
 
 /// What the environment asks for.
 struct Settings {
@@ -168,6 +181,13 @@ fn show(spread: Option<&Spread>, digits: usize) -> String {
 fn main() {
     require_root();
     let temporary = tempfile::tempdir().unwrap();
+    // iptables-legacy serializes every user of /run/xtables.lock, in every
+    // network namespace: on this shared machine, other tests' proxies would
+    // hold up ours. A lock of our own, inherited by the binary and by the
+    // checks here, is what a node's proxy shares with its kubelet only.
+    if std::env::var_os(XTABLES_LOCKFILE).is_none() {
+        std::env::set_var(XTABLES_LOCKFILE, temporary.path().join("xtables.lock"));
+    }
     let settings = Settings::from_env(temporary.path());
     std::fs::create_dir_all(&settings.logs).unwrap();
     for mode in &settings.modes {
@@ -226,7 +246,13 @@ fn main() {
 
 fn header(settings: &Settings) {
     let mut command = String::new();
-    for name in ["KP_E2E_MODES", "KP_E2E_SIZES", "KP_E2E_RUNS", "KP_E2E_LONE"] {
+    for name in [
+        "KP_E2E_MODES",
+        "KP_E2E_SIZES",
+        "KP_E2E_RUNS",
+        "KP_E2E_LONE",
+        "KP_E2E_POLL_MS",
+    ] {
         if let Ok(value) = std::env::var(name) {
             command.push_str(&format!("{name}={value} "));
         }
@@ -265,9 +291,12 @@ fn header(settings: &Settings) {
     println!();
     println!(
         "Workload: N Services × 2 endpoints, {PATCHES} single-endpoint patches {} s apart; \
-         the binary with its defaults (syncPeriod 30 s, minSyncPeriod 1 s); {} run(s) each, \
+         the binary with its defaults (syncPeriod 30 s, minSyncPeriod 1 s); its metrics read \
+         every {} ms while a sync is awaited; iptables-legacy lock file {}; {} run(s) each, \
          medians with (min–max) over the runs.",
         run::PATCH_EVERY.as_secs(),
+        proxy::poll().as_millis(),
+        std::env::var(XTABLES_LOCKFILE).unwrap_or_default(),
         settings.runs
     );
     println!();

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kp_testkit::http;
@@ -11,8 +12,9 @@ use kp_testkit::plan::{NODE_NAME, POD_CIDR};
 
 use crate::mode::Mode;
 
-/// How often the driver reads `/metrics` while it waits for a sync.
-const POLL: Duration = Duration::from_millis(5);
+/// How often the driver reads `/metrics` while it waits for a sync, by
+/// default (`KP_E2E_POLL_MS`).
+const POLL_MS: u64 = 5;
 /// Time for the metrics of a sync that just ended to be all updated (the
 /// proxy sets them one after the other, `last_timestamp` last but not
 /// necessarily encoded last).
@@ -146,7 +148,7 @@ impl Proxy {
                 return SyncWatch { seen };
             }
             self.check_alive(deadline, "the first sync");
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll());
         }
     }
 
@@ -173,11 +175,11 @@ impl SyncWatch {
     }
 
     /// Waits for the next IPv4 sync to end, reading the metrics every
-    /// [`POLL`].
+    /// [`poll`] interval.
     pub fn next(&mut self, proxy: &Proxy, timeout: Duration) -> SeenSync {
         let deadline = Instant::now() + timeout;
         loop {
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll());
             let Some(now) = Snapshot::read() else {
                 proxy.check_alive(deadline, "the metrics server");
                 continue;
@@ -242,6 +244,20 @@ fn series(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(&prefix))
         .and_then(|value| value.trim().parse().ok())
+}
+
+/// How often the driver reads `/metrics` while it waits for a sync:
+/// `KP_E2E_POLL_MS`, [`POLL_MS`] by default. Each read costs the proxy an
+/// encoding of its metrics; a longer interval shows what the polling costs.
+pub fn poll() -> Duration {
+    static POLL: OnceLock<Duration> = OnceLock::new();
+    *POLL.get_or_init(|| {
+        let ms = std::env::var("KP_E2E_POLL_MS").map_or(POLL_MS, |text| {
+            text.parse()
+                .unwrap_or_else(|_| panic!("KP_E2E_POLL_MS: {text:?} is not a number"))
+        });
+        Duration::from_millis(ms)
+    })
 }
 
 /// Now, as Unix time in seconds.
