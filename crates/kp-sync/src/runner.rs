@@ -2,9 +2,12 @@
 //! are at least `min_interval` and at most `max_interval` apart.
 //!
 //! This is upstream's `BoundedFrequencyRunner` (`pkg/util/async`) on tokio
-//! time, so tests drive it with a paused clock. Differences from upstream:
-//! - no burst allowance: requests inside `min_interval` always wait for it to
-//!   end (upstream kube-proxy allows two back-to-back syncs);
+//! time, so tests drive it with a paused clock. As upstream's, it spaces runs
+//! with a token bucket: one token per `min_interval`, at most [`BURST`]
+//! saved, so after a quiet spell two runs may follow each other at once (a
+//! change right after a periodic run is not held back by it) while a steady
+//! stream of requests runs once per `min_interval`. Differences from
+//! upstream:
 //! - a failed run is retried after an explicit `retry_interval` (upstream's
 //!   proxiers pass a retry interval to `RetryAfter` themselves), and the retry
 //!   is reported as [`RunReason::Retry`] so the caller can force a full sync;
@@ -21,19 +24,24 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Runs that may start back to back after a quiet spell; upstream's
+/// proxiers pass the same (`burstSyncs`).
+pub const BURST: f64 = 2.0;
+
 /// Timing of a [`BoundedFrequencyRunner`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunnerConfig {
-    /// Least time between the starts of two runs (`minSyncPeriod`). Zero runs
-    /// every request at once.
+    /// Time to earn the right to one more run (`minSyncPeriod`): over time,
+    /// runs start at most once per `min_interval`, with up to [`BURST`] back
+    /// to back after a quiet spell. Zero runs every request at once.
     pub min_interval: Duration,
     /// Time from the end of one periodic run (or retry) to the start of the
     /// next periodic run (`syncPeriod`), whether or not requested runs
     /// happened between: a run happens even when nobody asked, and at least
     /// this often while requests keep coming. Zero disables periodic runs.
     pub max_interval: Duration,
-    /// Time from a failed run to its retry (never earlier than `min_interval`
-    /// after the failed run started).
+    /// Time from a failed run to its retry (and not before the runs spaced
+    /// by `min_interval` allow another).
     pub retry_interval: Duration,
 }
 
@@ -72,7 +80,10 @@ struct Schedule {
     /// When the runner started looping; the periodic timer counts from here
     /// until the first run.
     epoch: Instant,
-    last_start: Option<Instant>,
+    /// Runs that may start now without waiting, as of `tokens_at`: one is
+    /// earned per `min_interval`, up to [`BURST`].
+    tokens: f64,
+    tokens_at: Instant,
     /// The reason of the run in progress, if one is.
     running: Option<RunReason>,
     /// When the last periodic run or retry ended.
@@ -143,7 +154,8 @@ impl Schedule {
         Self {
             config,
             epoch,
-            last_start: None,
+            tokens: BURST,
+            tokens_at: epoch,
             running: None,
             last_periodic_end: None,
             requested: false,
@@ -156,7 +168,13 @@ impl Schedule {
     }
 
     fn start(&mut self, now: Instant, reason: RunReason) {
-        self.last_start = Some(now);
+        let min = self.config.min_interval;
+        if !min.is_zero() {
+            let earned = now.saturating_duration_since(self.tokens_at).as_secs_f64()
+                / min.as_secs_f64();
+            self.tokens = (self.tokens + earned).min(BURST) - 1.0;
+            self.tokens_at = now;
+        }
         self.running = Some(reason);
         self.requested = false;
         self.retry_at = None;
@@ -177,9 +195,12 @@ impl Schedule {
     /// The earliest due run and its reason. On a tie the reason that asks
     /// for more work wins (retry, then periodic, then requested).
     fn next_run(&self) -> Option<(Instant, RunReason)> {
-        let not_before = self
-            .last_start
-            .map_or(self.epoch, |start| start + self.config.min_interval);
+        // When the bucket holds a whole token again.
+        let not_before = if self.tokens >= 1.0 || self.config.min_interval.is_zero() {
+            self.tokens_at
+        } else {
+            self.tokens_at + self.config.min_interval.mul_f64(1.0 - self.tokens)
+        };
         let retry = self
             .retry_at
             .map(|at| (at.max(not_before), RunReason::Retry));

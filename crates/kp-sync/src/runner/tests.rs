@@ -105,18 +105,46 @@ async fn a_burst_of_requests_gives_one_run() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn requests_inside_the_min_interval_wait_for_its_end() {
+async fn two_runs_may_follow_each_other_then_requests_wait_for_the_min_interval() {
     let mut timeline = Timeline::start(MIN, MAX);
     timeline.runner.run();
     assert_eq!(timeline.next_run().await.1, Duration::ZERO);
 
+    // After a quiet spell the second run need not wait (upstream's burst).
     tokio::time::advance(Duration::from_millis(300)).await;
+    timeline.runner.run();
+    assert_eq!(
+        timeline.next_run().await,
+        (RunReason::Requested, Duration::from_millis(300))
+    );
+
+    // The third waits until a whole run is earned again: 0.3 s of the
+    // 1 s interval were, so 0.7 s more after the second run.
+    tokio::time::advance(Duration::from_millis(100)).await;
     timeline.runner.run();
     timeline.runner.run();
     settle().await;
     timeline.assert_no_run_yet();
-
     assert_eq!(timeline.next_run().await, (RunReason::Requested, MIN));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_stream_of_requests_runs_once_per_min_interval() {
+    let mut timeline = Timeline::start(MIN, MAX);
+    settle().await;
+    let mut runs = Vec::new();
+    // A request every 100 ms for 5 s.
+    for _ in 0..50 {
+        timeline.runner.run();
+        settle().await;
+        while let Ok((_, at)) = timeline.runs.try_recv() {
+            runs.push(at.as_millis());
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+
+    // Two at once at the start, then one a second.
+    assert_eq!(runs, [0, 100, 1000, 2000, 3000, 4000]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -190,8 +218,12 @@ async fn a_request_after_a_failure_runs_before_the_retry_is_due() {
     timeline.runner.run();
     assert_eq!(timeline.next_run().await.1, Duration::ZERO);
 
+    // The bucket still holds a run: no wait for the min interval.
     timeline.runner.run();
-    assert_eq!(timeline.next_run().await, (RunReason::Requested, MIN));
+    assert_eq!(
+        timeline.next_run().await,
+        (RunReason::Requested, Duration::ZERO)
+    );
     // That run succeeded, so the retry is no longer needed; the periodic
     // run still counts from the start.
     assert_eq!(timeline.next_run().await, (RunReason::Periodic, MAX));
