@@ -5,12 +5,13 @@
 //! A separate step, so that the capture costs nothing in the runs: a fresh
 //! binary whose PATH starts with a wrapper for the restore program
 //! (`iptables-legacy-restore`) that keeps a copy of each input and then
-//! execs the real program. After the first sync the tables are saved, one
-//! Service's second endpoint is patched and the input of the partial sync
-//! that applied it is kept. The binary is stopped (the rules stay), and
-//! five times the saved tables are put back (untimed) and the kept input is
-//! restored alone with the proxy's arguments (timed, spawn included, as the
-//! proxy's sync includes it).
+//! execs the real program. After the first sync one Service's second
+//! endpoint is patched, then patched back, and the inputs of the two partial
+//! syncs that applied them are kept: there and back, each applies to the
+//! rules the other leaves. The binary is stopped (the rules stay, exactly as
+//! it made them), and five times each input is restored alone, in turn,
+//! with the proxy's arguments, a second apart (timed, spawn included, as
+//! the proxy's sync includes it); the median of the ten is the reference.
 
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
@@ -26,21 +27,23 @@ use crate::proxy::{unix_now, Proxy, SyncKind};
 use crate::run::{applied, FIRST_SYNC_TIMEOUT, PATCH_EVERY};
 use crate::workload::Workload;
 
-/// Timed restores of the kept input.
+/// Timed restores of each kept input.
 pub const ROUNDS: usize = 5;
+/// Rest before each timed restore.
+const REST: Duration = Duration::from_secs(1);
 /// Patches tried until one is applied by a partial sync.
 const ATTEMPTS: usize = 5;
 
 /// What the reference measured.
 #[derive(Debug, Clone)]
 pub struct Lone {
-    /// The kept input's size.
+    /// The first kept input's size.
     pub input_lines: usize,
     pub input_bytes: usize,
-    /// The lone restores (ms).
+    /// The lone restores of both inputs (ms).
     pub restore_ms: Vec<f64>,
-    /// The binary's partial sync that wrote the input, wrapper included
-    /// (ms): not a figure, a plausibility check.
+    /// The binary's partial syncs that wrote the inputs, wrapper included,
+    /// mean (ms): not a figure, a plausibility check.
     pub captured_sync_ms: f64,
 }
 
@@ -106,57 +109,63 @@ fn measure(
     let settle = (first_end + PATCH_EVERY.as_secs_f64() - unix_now()).max(0.0);
     std::thread::sleep(Duration::from_secs_f64(settle));
     let i = workload.patch_target(0, 1);
+    let original = Workload::endpoint(i, 1);
     let mut kept = None;
     for attempt in 0..ATTEMPTS {
-        // Nothing changes the rules but the patch: the tables saved now
-        // are those the partial sync's input applies to.
-        let saved = mode.save_tables();
-        watch.refresh();
-        let copies_before = inputs(&copies).len();
-        server.update(Workload::slice(
-            i,
-            Workload::patched_endpoint(100 + attempt),
-            Some(SystemTime::now()),
-        ));
-        let (sync, _) = applied(&mut watch, &proxy);
-        let new = inputs(&copies);
-        if sync.kind == SyncKind::Partial && sync.syncs == 1 && new.len() == copies_before + 1 {
-            let input = new.last().unwrap().clone();
-            kept = Some((saved, input, sync.duration * 1000.0));
+        let mut capture = |endpoint| {
+            std::thread::sleep(PATCH_EVERY);
+            watch.refresh();
+            let copies_before = inputs(&copies).len();
+            server.update(Workload::slice(i, endpoint, Some(SystemTime::now())));
+            let (sync, _) = applied(&mut watch, &proxy);
+            let new = inputs(&copies);
+            let alone =
+                sync.kind == SyncKind::Partial && sync.syncs == 1 && new.len() == copies_before + 1;
+            alone.then(|| (new.last().unwrap().clone(), sync.duration * 1000.0))
+        };
+        // There and back: after both, the rules are as before.
+        let there = capture(Workload::patched_endpoint(100 + attempt));
+        let back = capture(original);
+        if let (Some(there), Some(back)) = (there, back) {
+            kept = Some([there, back]);
             break;
         }
-        eprintln!("  lone restore: the patch's sync was not a lone partial one; again");
-        std::thread::sleep(PATCH_EVERY);
+        eprintln!("  lone restore: a patch's sync was not a lone partial one; again");
     }
-    let (saved, input, captured_sync_ms) =
-        kept.expect("no patch was applied by a partial sync alone");
+    let kept = kept.expect("no two patches were applied by partial syncs alone");
     drop(proxy);
 
-    let text = std::fs::read_to_string(&input).unwrap();
-    let mut restore_ms = Vec::with_capacity(ROUNDS);
+    let mut restore_ms = Vec::with_capacity(2 * ROUNDS);
     for _ in 0..ROUNDS {
-        mode.reset_tables(&saved);
-        let stdin = File::open(&input).unwrap();
-        let started = Instant::now();
-        let out = Command::new(&real)
-            .args(mode.restore_args())
-            .stdin(stdin)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        restore_ms.push(started.elapsed().as_secs_f64() * 1000.0);
-        assert!(
-            out.status.success(),
-            "the lone restore failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        for (input, _) in &kept {
+            // As between the proxy's syncs, the kernel has finished with
+            // the last change (nf_tables frees replaced objects in a
+            // worker after the commit).
+            std::thread::sleep(REST);
+            let stdin = File::open(input).unwrap();
+            let started = Instant::now();
+            let out = Command::new(&real)
+                .args(mode.restore_args())
+                .stdin(stdin)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            restore_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+            assert!(
+                out.status.success(),
+                "the lone restore of {} failed: {}",
+                input.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
+    let text = std::fs::read_to_string(&kept[0].0).unwrap();
     Lone {
         input_lines: text.lines().count(),
         input_bytes: text.len(),
         restore_ms,
-        captured_sync_ms,
+        captured_sync_ms: kept.iter().map(|(_, ms)| ms).sum::<f64>() / 2.0,
     }
 }
 

@@ -44,9 +44,10 @@
 //!
 //! Printed per mode: a Markdown table, one row per size, medians over the
 //! runs with min–max; then every run; and, at the largest size, the
-//! **lone-restore reference** (see `lone.rs`): one partial sync's
-//! `iptables-restore` input run alone five times on the loaded ruleset
-//! (median), beside the binary's mean partial sync and their ratio. The
+//! **lone-restore reference** (see `lone.rs`): the `iptables-restore`
+//! inputs of two partial syncs (a patch and its reverse) run alone, in
+//! turn, five times each on the ruleset the binary left (median), beside
+//! the binary's partial sync and their ratio. The
 //! top of the output names the command and the machine.
 //!
 //! iptables-legacy programs take the file lock `/run/xtables.lock`, which
@@ -407,9 +408,10 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
                 .map_or(f64::NAN, |p| p.median / restore.median)
         };
         println!(
-            "Lone-restore reference at {size} Services: one partial sync's input ({} lines, {} bytes), \
-             `{} {}` alone on the loaded ruleset, {} times; the issue's target: the binary's \
-             partial sync within 15 % of it:",
+            "Lone-restore reference at {size} Services: the inputs of two partial syncs \
+             (a patch and its reverse; {} lines, {} bytes) restored in turn with \
+             `{} {}` alone on the ruleset the binary left, {} times in all; the issue's target: \
+             the binary's partial sync within 15 % of it:",
             lone.input_lines,
             lone.input_bytes,
             mode.restore(),
@@ -432,7 +434,8 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
         );
         println!();
         println!(
-            "(The binary's partial sync that wrote the kept input took {:.0} ms, with the copying wrapper.)",
+            "(The binary's partial syncs that wrote the kept inputs took {:.0} ms on average, \
+             with the copying wrapper.)",
             lone.captured_sync_ms
         );
         println!();

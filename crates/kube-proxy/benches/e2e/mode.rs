@@ -136,32 +136,6 @@ impl Mode {
             })
     }
 
-    /// Every table of the family as it is now (`iptables-legacy-save`), to
-    /// put back with [`reset_tables`](Self::reset_tables).
-    pub fn save_tables(self) -> String {
-        self.run(self.save(), &[])
-    }
-
-    /// Puts back tables saved by [`save_tables`](Self::save_tables)
-    /// (`iptables-legacy-restore`, flushing each table it names).
-    pub fn reset_tables(self, saved: &str) {
-        use std::io::Write;
-        let mut child = Command::new(self.restore())
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(saved.as_bytes())
-            .unwrap();
-        assert!(
-            child.wait().unwrap().success(),
-            "putting back the saved tables"
-        );
-    }
-
     /// The versions of the mode's programs, for the header.
     pub fn versions(self) -> String {
         self.run(self.iptables(), &["--version"]).trim().to_owned()
