@@ -170,8 +170,8 @@ impl Schedule {
     fn start(&mut self, now: Instant, reason: RunReason) {
         let min = self.config.min_interval;
         if !min.is_zero() {
-            let earned = now.saturating_duration_since(self.tokens_at).as_secs_f64()
-                / min.as_secs_f64();
+            let earned =
+                now.saturating_duration_since(self.tokens_at).as_secs_f64() / min.as_secs_f64();
             self.tokens = (self.tokens + earned).min(BURST) - 1.0;
             self.tokens_at = now;
         }
