@@ -134,10 +134,28 @@ impl Applier for SystemApplier {
     fn save_table(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, ApplyError> {
         let (mut command, line) = self.command(family, Tool::Save);
         let line = format!("{line} -t {table}");
-        let output = command
+        let mut child = command
             .args(["-t", table.as_str()])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| ApplyError::Spawn {
+                command: line.clone(),
+                source,
+            })?;
+        // The listing is read line by line and only what the proxy needs is
+        // kept: the nat table of 10,000 Services is 9 MB of text, which
+        // `Command::output` would hold whole (and copy while growing its
+        // buffer) at the full sync's memory peak. iptables-save writes a
+        // line or two to stderr at most, so its pipe cannot fill meanwhile.
+        let mut saved = SavedTableParser::new(table);
+        let read = match child.stdout.take() {
+            Some(stdout) => read_lines(stdout, |text| saved.line(text)),
+            None => Ok(()),
+        };
+        let output = child
+            .wait_with_output()
             .map_err(|source| ApplyError::Spawn {
                 command: line.clone(),
                 source,
@@ -145,7 +163,12 @@ impl Applier for SystemApplier {
         if !output.status.success() {
             return Err(failed(line, &output));
         }
-        Ok(saved_table(table, &String::from_utf8_lossy(&output.stdout)))
+        read.map_err(|error| ApplyError::Failed {
+            command: line,
+            status: "its output could not be read".to_owned(),
+            stderr: error.to_string(),
+        })?;
+        Ok(saved.finish())
     }
 
     fn chain_exists(
@@ -218,27 +241,66 @@ impl Applier for SystemApplier {
 /// the jump rules present in its built-in chains. A jump rule is found by
 /// its exact text; one printed differently counts as missing, which costs
 /// an `iptables -C` later, never a wrong answer.
-pub(crate) fn saved_table(table: Table, save: &str) -> SavedTable {
-    let jump_lines: Vec<(String, &JumpRule)> = JUMP_RULES
-        .iter()
-        .filter(|rule| rule.table == table)
-        .map(|rule| (rule.restore_line(), rule))
-        .collect();
-    let mut saved = SavedTable::default();
-    for line in save.lines() {
+/// [`SavedTableParser`] over a whole listing at once.
+#[cfg(test)]
+fn saved_table(table: Table, save: &str) -> SavedTable {
+    let mut parser = SavedTableParser::new(table);
+    save.lines().for_each(|line| parser.line(line));
+    parser.finish()
+}
+
+/// Reads `iptables-save -t TABLE` output a line at a time into a
+/// [`SavedTable`].
+struct SavedTableParser {
+    /// The jump rules of the table, as `iptables-save` prints them.
+    jump_lines: Vec<(String, &'static JumpRule)>,
+    saved: SavedTable,
+}
+
+impl SavedTableParser {
+    fn new(table: Table) -> Self {
+        let jump_lines = JUMP_RULES
+            .iter()
+            .filter(|rule| rule.table == table)
+            .map(|rule| (rule.restore_line(), rule))
+            .collect();
+        Self {
+            jump_lines,
+            saved: SavedTable::default(),
+        }
+    }
+
+    fn line(&mut self, line: &str) {
         if let Some(rest) = line.strip_prefix(':') {
             let chain = rest.split_whitespace().next().unwrap_or_default();
             if chain.starts_with("KUBE-") {
-                saved.kube_chains.push(chain.to_owned());
+                self.saved.kube_chains.push(chain.to_owned());
             }
         } else if line.starts_with("-A ") && !line.starts_with("-A KUBE-") {
-            let found = jump_lines.iter().find(|(text, _)| text == line);
+            let found = self.jump_lines.iter().find(|(text, _)| text == line);
             if let Some((_, rule)) = found {
-                saved.jumps.push(**rule);
+                self.saved.jumps.push(**rule);
             }
         }
     }
-    saved
+
+    fn finish(self) -> SavedTable {
+        self.saved
+    }
+}
+
+/// Hands each line of `input` (without its line end) to `each`.
+fn read_lines(input: impl io::Read, mut each: impl FnMut(&str)) -> io::Result<()> {
+    let mut reader = io::BufReader::new(input);
+    let mut buffer = Vec::new();
+    loop {
+        buffer.clear();
+        if io::BufRead::read_until(&mut reader, b'\n', &mut buffer)? == 0 {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&buffer);
+        each(text.trim_end_matches(['\n', '\r']));
+    }
 }
 
 fn stderr(output: &Output) -> String {
@@ -422,6 +484,19 @@ fn restore_failed(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_listing_is_read_line_by_line_whatever_its_last_line_ends_with() {
+        let mut lines = Vec::new();
+        read_lines(
+            &b":KUBE-A - [0:0]\r\n:KUBE-B - [0:0]\n\nCOMMIT"[..],
+            |line| {
+                lines.push(line.to_owned());
+            },
+        )
+        .unwrap();
+        assert_eq!(lines, [":KUBE-A - [0:0]", ":KUBE-B - [0:0]", "", "COMMIT"]);
+    }
 
     #[test]
     fn only_kube_chains_and_our_exact_jump_rules_are_listed() {
