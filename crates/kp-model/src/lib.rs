@@ -10,6 +10,7 @@ pub mod endpoints;
 pub mod events;
 mod ip;
 pub mod node;
+pub mod plan;
 pub mod rule_text;
 pub mod service;
 pub mod tracker;
@@ -21,6 +22,7 @@ pub use categorize::{
 pub use endpoints::{endpoints_from_slices, Endpoint, EndpointsMap};
 pub use events::{ObjectEvent, ProxyEventHandler, ResourceKind};
 pub use node::NodeInfo;
+pub use plan::{Refusal, TrafficPlan};
 pub use service::{
     service_ports_from_service, IpFamily, NamespacedName, Protocol, ServiceError, ServicePort,
     ServicePortMap, ServicePortName, TrafficDistribution,

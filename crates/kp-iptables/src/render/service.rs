@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kp_model::{Endpoint, ServicePort};
+use kp_model::{Endpoint, Refusal, TrafficPlan};
 
 use super::{Buffers, Context, Out, RenderStats, ServicePortState, NFACCT_LOCALHOST_NODE_PORTS};
 use crate::names::{
@@ -25,18 +25,11 @@ pub(super) struct ServiceView<'a> {
     pub rewrite: bool,
 }
 
-/// Which chains a service port uses and where each kind of traffic goes
-/// (upstream's `usesClusterPolicyChain`, `hasInternalEndpoints`, …).
+/// The shared traffic decisions of a service port with the chains that
+/// carry them out.
 #[derive(Debug)]
 struct Plan {
-    has_endpoints: bool,
-    has_internal_endpoints: bool,
-    has_external_endpoints: bool,
-    external_policy_local: bool,
-    uses_cluster_chain: bool,
-    uses_local_chain: bool,
-    uses_external_chain: bool,
-    uses_firewall_chain: bool,
+    traffic: TrafficPlan,
     cluster_chain: ChainName,
     local_chain: ChainName,
     internal_chain: ChainName,
@@ -46,24 +39,15 @@ struct Plan {
     load_balancer_chain: ChainName,
 }
 
-/// Why packets are refused in the filter table, and how.
-#[derive(Debug, Clone, Copy)]
-enum Refusal {
-    /// No usable endpoint anywhere: REJECT.
-    NoEndpoints,
-    /// Local policy and no local endpoint: DROP.
-    NoLocalEndpoints,
-}
-
 /// `"ns/svc:port has no endpoints"` with its quotes.
 struct RefusalComment<'a>(&'a str, Refusal);
 
-impl Refusal {
-    fn target(self) -> &'static str {
-        match self {
-            Refusal::NoEndpoints => "REJECT",
-            Refusal::NoLocalEndpoints => "DROP",
-        }
+/// The target that refuses traffic: REJECT when the Service has no
+/// endpoint at all, DROP when the Local policy allows none on this node.
+fn refusal_target(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::NoEndpoints => "REJECT",
+        Refusal::NoLocalEndpoints => "DROP",
     }
 }
 
@@ -87,10 +71,10 @@ pub(super) fn render_service(
     stats: &mut RenderStats,
 ) {
     let plan = Plan::new(service);
-    if plan.has_endpoints && !plan.has_internal_endpoints {
+    if plan.traffic.has_endpoints && !plan.traffic.has_internal_endpoints {
         stats.no_local_endpoints_internal += 1;
     }
-    if plan.has_endpoints && !plan.has_external_endpoints {
+    if plan.traffic.has_endpoints && !plan.traffic.has_external_endpoints {
         stats.no_local_endpoints_external += 1;
     }
     write_cluster_ip_rules(buffers, service, &plan);
@@ -104,7 +88,7 @@ pub(super) fn render_service(
     write_external_chain(ctx, buffers, service, &plan, active);
     write_firewall_chain(ctx, buffers, service, &plan, active);
     let endpoints = &service.state.endpoints;
-    if plan.uses_cluster_chain {
+    if plan.traffic.uses_cluster_endpoints {
         write_policy_chain(
             ctx,
             buffers,
@@ -114,7 +98,7 @@ pub(super) fn render_service(
             active,
         );
     }
-    if plan.uses_local_chain {
+    if plan.traffic.uses_local_endpoints {
         write_policy_chain(
             ctx,
             buffers,
@@ -131,83 +115,46 @@ pub(super) fn render_service(
 
 impl Plan {
     fn new(service: &ServiceView<'_>) -> Plan {
-        let port = &*service.state.port;
-        let endpoints = &service.state.endpoints;
+        let traffic = TrafficPlan::new(&service.state.port, &service.state.endpoints);
         let names = service.names;
-        let externally_accessible = externally_accessible(port);
-        let external_policy_local = port.external_policy_local && externally_accessible;
-        let has_endpoints = endpoints.has_any_endpoints;
-        // Cluster endpoints are needed for internal traffic under Cluster
-        // policy, and for any external traffic: pods reaching an external
-        // address short-circuit to them even under eTP Local.
-        let uses_cluster_endpoints = !port.internal_policy_local || externally_accessible;
-        let uses_local_endpoints = port.internal_policy_local || external_policy_local;
         let cluster_chain = names.chain(ChainKind::Cluster);
         let local_chain = names.chain(ChainKind::Local);
         let external_chain = names.chain(ChainKind::External);
         let firewall_chain = names.chain(ChainKind::Firewall);
-        let uses_firewall_chain = has_endpoints
-            && !port.load_balancer_ips.is_empty()
-            && !port.load_balancer_source_ranges.is_empty();
         let pick = |local: bool| if local { local_chain } else { cluster_chain };
         Plan {
-            has_endpoints,
-            has_internal_endpoints: has_endpoints
-                && (!port.internal_policy_local || !endpoints.local.is_empty()),
-            has_external_endpoints: has_endpoints
-                && (!external_policy_local || !endpoints.local.is_empty()),
-            external_policy_local,
-            uses_cluster_chain: !endpoints.cluster.is_empty() && uses_cluster_endpoints,
-            uses_local_chain: !endpoints.local.is_empty() && uses_local_endpoints,
-            uses_external_chain: has_endpoints && externally_accessible,
-            uses_firewall_chain,
+            traffic,
             cluster_chain,
             local_chain,
-            internal_chain: pick(port.internal_policy_local),
-            external_policy_chain: pick(external_policy_local),
+            internal_chain: pick(traffic.internal_policy_local),
+            external_policy_chain: pick(traffic.external_policy_local),
             external_chain,
             firewall_chain,
-            load_balancer_chain: if uses_firewall_chain {
+            load_balancer_chain: if traffic.uses_source_ranges_filter {
                 firewall_chain
             } else {
                 external_chain
             },
         }
     }
-
-    fn internal_refusal(&self) -> Refusal {
-        if self.has_endpoints {
-            Refusal::NoLocalEndpoints
-        } else {
-            Refusal::NoEndpoints
-        }
-    }
-
-    fn external_refusal(&self) -> Refusal {
-        self.internal_refusal()
-    }
-}
-
-fn externally_accessible(port: &ServicePort) -> bool {
-    port.node_port.is_some() || !port.load_balancer_ips.is_empty() || !port.external_ips.is_empty()
 }
 
 fn write_cluster_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan: &Plan) {
     let (name, p) = (service.name, service.protocol);
     let (ip, port) = (service.state.port.cluster_ip, service.state.port.port);
-    if plan.has_internal_endpoints {
+    if plan.traffic.has_internal_endpoints {
         emit!(
             &mut buffers.nat_rules,
             "-A {KUBE_SERVICES} -m comment --comment \"{name} cluster IP\" -m {p} -p {p} -d {ip} --dport {port} -j {}",
             plan.internal_chain
         );
     } else {
-        let refusal = plan.internal_refusal();
+        let refusal = plan.traffic.refusal();
         emit!(
             &mut buffers.filter_rules,
             "-A {KUBE_SERVICES} -m comment --comment {} -m {p} -p {p} -d {ip} --dport {port} -j {}",
             RefusalComment(name, refusal),
-            refusal.target()
+            refusal_target(refusal)
         );
     }
 }
@@ -215,23 +162,23 @@ fn write_cluster_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan
 fn write_external_ip_rules(buffers: &mut Buffers, service: &ServiceView<'_>, plan: &Plan) {
     let (name, p) = (service.name, service.protocol);
     let port = service.state.port.port;
-    let refusal = plan.external_refusal();
+    let refusal = plan.traffic.refusal();
     for ip in &service.state.port.external_ips {
-        if plan.has_endpoints {
+        if plan.traffic.has_endpoints {
             emit!(
                 &mut buffers.nat_rules,
                 "-A {KUBE_SERVICES} -m comment --comment \"{name} external IP\" -m {p} -p {p} -d {ip} --dport {port} -j {}",
                 plan.external_chain
             );
         }
-        if !plan.has_external_endpoints {
+        if !plan.traffic.has_external_endpoints {
             // Either no endpoints at all (REJECT), or none for external
             // traffic: DROP what the EXT chain did not short-circuit.
             emit!(
                 &mut buffers.filter_rules,
                 "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {} -m {p} -p {p} -d {ip} --dport {port} -j {}",
                 RefusalComment(name, refusal),
-                refusal.target()
+                refusal_target(refusal)
             );
         }
     }
@@ -242,14 +189,14 @@ fn write_load_balancer_rules(buffers: &mut Buffers, service: &ServiceView<'_>, p
     let port = service.state.port.port;
     let lb_ips = &service.state.port.load_balancer_ips;
     for ip in lb_ips {
-        if plan.has_endpoints {
+        if plan.traffic.has_endpoints {
             emit!(
                 &mut buffers.nat_rules,
                 "-A {KUBE_SERVICES} -m comment --comment \"{name} loadbalancer IP\" -m {p} -p {p} -d {ip} --dport {port} -j {}",
                 plan.load_balancer_chain
             );
         }
-        if plan.uses_firewall_chain {
+        if plan.traffic.uses_source_ranges_filter {
             emit!(
                 &mut buffers.filter_rules,
                 "-A {KUBE_PROXY_FIREWALL} -m comment --comment \"{name} traffic not accepted by {}\" -m {p} -p {p} -d {ip} --dport {port} -j DROP",
@@ -257,14 +204,14 @@ fn write_load_balancer_rules(buffers: &mut Buffers, service: &ServiceView<'_>, p
             );
         }
     }
-    if !plan.has_external_endpoints {
-        let refusal = plan.external_refusal();
+    if !plan.traffic.has_external_endpoints {
+        let refusal = plan.traffic.refusal();
         for ip in lb_ips {
             emit!(
                 &mut buffers.filter_rules,
                 "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {} -m {p} -p {p} -d {ip} --dport {port} -j {}",
                 RefusalComment(name, refusal),
-                refusal.target()
+                refusal_target(refusal)
             );
         }
     }
@@ -279,7 +226,7 @@ fn write_node_port_rules(
     let (name, p) = (service.name, service.protocol);
     if let Some(node_port) = service.state.port.node_port {
         let ext = plan.external_chain;
-        if plan.has_endpoints {
+        if plan.traffic.has_endpoints {
             let nat = &mut buffers.nat_rules;
             if ctx.localhost_node_ports && ctx.nfacct_localhost_node_ports {
                 emit!(
@@ -294,13 +241,13 @@ fn write_node_port_rules(
                 "-A {KUBE_NODEPORTS} -m comment --comment {name} -m {p} -p {p} --dport {node_port} -j {ext}"
             );
         }
-        if !plan.has_external_endpoints {
-            let refusal = plan.external_refusal();
+        if !plan.traffic.has_external_endpoints {
+            let refusal = plan.traffic.refusal();
             emit!(
                 &mut buffers.filter_rules,
                 "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {} -m addrtype --dst-type LOCAL -m {p} -p {p} --dport {node_port} -j {}",
                 RefusalComment(name, refusal),
-                refusal.target()
+                refusal_target(refusal)
             );
         }
     }
@@ -323,7 +270,7 @@ fn write_internal_masquerade(
     service: &ServiceView<'_>,
     plan: &Plan,
 ) {
-    if !plan.has_internal_endpoints {
+    if !plan.traffic.has_internal_endpoints {
         return;
     }
     let (name, p) = (service.name, service.protocol);
@@ -350,14 +297,14 @@ fn write_external_chain(
     plan: &Plan,
     active: &mut Vec<ChainName>,
 ) {
-    if !plan.uses_external_chain {
+    if !plan.traffic.uses_external_path {
         return;
     }
     let (ext, svc, name) = (plan.external_chain, plan.cluster_chain, service.name);
     emit!(&mut buffers.nat_chains, ":{ext} - [0:0]");
     active.push(ext);
     let nat = &mut buffers.nat_rules;
-    if !plan.external_policy_local {
+    if !plan.traffic.external_policy_local {
         // Cluster endpoints may be on another node: masquerade so replies
         // come back through this one.
         emit!(
@@ -385,7 +332,7 @@ fn write_external_chain(
             "-A {ext} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {svc}"
         );
     }
-    if plan.has_external_endpoints {
+    if plan.traffic.has_external_endpoints {
         emit!(nat, "-A {ext} -j {}", plan.external_policy_chain);
     }
 }
@@ -397,7 +344,7 @@ fn write_firewall_chain(
     plan: &Plan,
     active: &mut Vec<ChainName>,
 ) {
-    if !plan.uses_firewall_chain {
+    if !plan.traffic.uses_source_ranges_filter {
         return;
     }
     let (fw, ext, name) = (plan.firewall_chain, plan.external_chain, service.name);
