@@ -162,7 +162,10 @@ pub struct Renderer {
     options: IptablesOptions,
     names: ChainNameCache,
     probabilities: Vec<String>,
-    capacity_hint: usize,
+    /// The size of the last partial render's text, and of the last full
+    /// one's: a text is about the size of the last one of its kind, and a
+    /// partial text at scale is a fraction of a full one.
+    capacity_hints: [usize; 2],
 }
 
 /// One of the four parts of the text: lines plus their counts.
@@ -204,7 +207,7 @@ impl Renderer {
             options,
             names: ChainNameCache::new(),
             probabilities: vec!["<bad value>".to_owned()],
-            capacity_hint: 0,
+            capacity_hints: [0; 2],
         })
     }
 
@@ -232,18 +235,19 @@ impl Renderer {
             node_ip: first_of_family(&input.node.addresses, input.family),
             probabilities: &self.probabilities,
         };
-        // The first render guesses from the input (about 450 bytes per
-        // service port and 200 per endpoint, plus a quarter so that the
-        // head fits in front of the nat rules when `join` puts it there);
-        // later ones go by the last text. Growing a multi-megabyte string
-        // would copy it and leave the old block behind in the heap: with
-        // the bare estimate, `join` reallocated the 8.5 MB of nat rules at
-        // 10,000 Services, and the heap peak was 4.3 MB higher (heaptrack).
-        let estimate = input.service_ports.len() * 560 + total_endpoints * 250;
-        let hint = if self.capacity_hint == 0 {
-            estimate
-        } else {
-            self.capacity_hint
+        // The first render of each kind guesses from the input (about 450
+        // bytes per service port and 200 per endpoint, plus a quarter so
+        // that the head fits in front of the nat rules when `join` puts it
+        // there); later ones go by the last text of the same kind. Growing
+        // a multi-megabyte string would copy it and leave the old block
+        // behind in the heap: with the bare estimate, `join` reallocated
+        // the 8.5 MB of nat rules at 10,000 Services, and the heap peak was
+        // 4.3 MB higher (heaptrack); a periodic full sync that started from
+        // the last partial sync's size grew its text by doubling.
+        let kind = usize::from(input.full);
+        let hint = match self.capacity_hints[kind] {
+            0 => input.service_ports.len() * 560 + total_endpoints * 250,
+            last => last,
         };
         let mut buffers = Buffers::with_capacity(hint);
         write_head(&ctx, &mut buffers, &mark, self.options.random_fully);
@@ -277,7 +281,7 @@ impl Renderer {
         write_tail(&ctx, &mut buffers, input, &mark, &self.options);
         buffers.count_into(&mut stats, deleted.len());
         let restore = buffers.join();
-        self.capacity_hint = restore.len() + restore.len() / 8;
+        self.capacity_hints[kind] = restore.len() + restore.len() / 8;
         tracing::debug!(
             family = ?input.family,
             full = input.full,
