@@ -36,6 +36,7 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
         resolved.dry_run,
     ))
     .context("setting up logging")?;
+    crate::malloc_tuning::log_outcome();
     for warning in &resolved.warnings {
         tracing::warn!(%warning, "Configuration warning");
     }

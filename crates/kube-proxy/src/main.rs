@@ -7,6 +7,7 @@ mod agent;
 mod app;
 mod config_watch;
 mod logging;
+mod malloc_tuning;
 mod modes;
 mod node_name;
 mod node_setup;
@@ -34,6 +35,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         _ => {}
+    }
+    if cfg!(target_env = "gnu") {
+        malloc_tuning::apply();
     }
     match app::run(&flags, &matches) {
         Ok(()) => ExitCode::SUCCESS,

@@ -485,3 +485,51 @@ fn an_https_master_without_any_ca_says_what_to_install() {
         "{text}"
     );
 }
+
+/// The binary starts itself once more with glibc's malloc tunables set, as
+/// the same process, unless the operator set `GLIBC_TUNABLES`.
+#[test]
+fn the_binary_runs_with_its_malloc_tunables_unless_the_operator_set_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let run = |tunables: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kube-proxy"));
+        command
+            .args(["--write-config-to", config.to_str().unwrap(), "--v=4"])
+            .env_remove("RUST_LOG")
+            .env_remove("GLIBC_TUNABLES")
+            .env_remove("KUBE_PROXY_MALLOC_TUNED")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(value) = tunables {
+            command.env("GLIBC_TUNABLES", value);
+        }
+        let child = command.spawn().unwrap();
+        let pid = child.id();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        (pid, stderr(&output))
+    };
+
+    let (pid, log) = run(None);
+    let line = log
+        .lines()
+        .find(|line| line.contains("glibc malloc tunables set"))
+        .unwrap_or_else(|| panic!("no tunables line in:\n{log}"));
+    assert!(
+        line.contains("glibc.malloc.arena_max=1") && line.contains("mmap_threshold=262144"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("pid={pid}")),
+        "the second start is not the same process ({pid}): {line}"
+    );
+    assert!(config.exists(), "the second start did not do the work");
+
+    let (_, log) = run(Some("glibc.malloc.arena_max=2"));
+    assert!(
+        log.contains("GLIBC_TUNABLES is set") && log.contains("glibc.malloc.arena_max=2"),
+        "{log}"
+    );
+    assert!(!log.contains("glibc malloc tunables set"), "{log}");
+}
