@@ -424,3 +424,100 @@ fn all_addresses(request: &RecordedSync) -> Vec<IpAddr> {
         })
         .collect()
 }
+
+/// A partial sync hands the backend the last sync's categorized view with
+/// only the changed Services categorized again: after each step below, its
+/// view must equal what a proxier started afresh on the same objects
+/// builds from scratch.
+#[test]
+fn a_partial_syncs_categorized_view_equals_one_built_afresh() {
+    use kp_testkit::builders::service;
+    let two_ports = || {
+        service("ns1", "web", |s| {
+            s.cluster_ip("10.96.0.10")
+                .port("http", 80, "TCP")
+                .port("https", 443, "TCP")
+        })
+    };
+    type Step = (
+        &'static str,
+        Vec<ObjectEvent<k8s_openapi::api::core::v1::Service>>,
+        Vec<ObjectEvent<EndpointSlice>>,
+    );
+    let steps: Vec<Step> = vec![
+        (
+            "an endpoint replaced",
+            vec![],
+            vec![ObjectEvent::Apply(web_endpoints(&[
+                "10.244.1.2",
+                "10.244.2.9",
+            ]))],
+        ),
+        (
+            "a port added",
+            vec![ObjectEvent::Apply(two_ports())],
+            vec![],
+        ),
+        ("a port removed", vec![ObjectEvent::Apply(web())], vec![]),
+        (
+            "a Service deleted",
+            vec![ObjectEvent::Delete(db())],
+            vec![ObjectEvent::Delete(db_endpoints())],
+        ),
+        (
+            "a Service added back",
+            vec![ObjectEvent::Apply(db())],
+            vec![ObjectEvent::Apply(db_endpoints())],
+        ),
+    ];
+    let (proxier, backend) = proxier_after_first_sync();
+    backend.take_requests();
+    let mut services = vec![web(), db(), dns()];
+    let mut slices = vec![
+        web_endpoints(&["10.244.1.2"]),
+        db_endpoints(),
+        dns_endpoints(&["10.244.1.6"]),
+    ];
+    for (step, service_events, slice_events) in steps {
+        for event in service_events {
+            record(&mut services, &event);
+            proxier.on_service(event);
+        }
+        for event in slice_events {
+            record(&mut slices, &event);
+            proxier.on_endpoint_slice(event);
+        }
+        proxier.sync_once().unwrap();
+        let partial = backend.take_single_request();
+        assert!(!partial.full, "{step}: not a partial sync");
+
+        let (fresh, fresh_backend) = proxier_with_objects(&services, &slices);
+        fresh.sync_once().unwrap();
+        let afresh = fresh_backend.take_single_request();
+        assert_eq!(partial.service_ports, afresh.service_ports, "{step}");
+    }
+}
+
+/// Keeps `objects` as the API server would after `event` (by name).
+fn record<K>(objects: &mut Vec<K>, event: &ObjectEvent<K>)
+where
+    K: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+        + Clone,
+{
+    let name = |object: &K| object.metadata().name.clone();
+    objects.retain(|kept| name(kept) != name(event.object()));
+    if let ObjectEvent::Apply(object) = event {
+        objects.push(object.clone());
+    }
+}
+
+/// A proxier that synced nothing yet, holding `services` and `slices`.
+fn proxier_with_objects(
+    services: &[k8s_openapi::api::core::v1::Service],
+    slices: &[EndpointSlice],
+) -> (Proxier, FakeBackend) {
+    let (proxier, backend) = proxier(IpFamily::V4);
+    apply(&proxier, services, slices);
+    sources_synced(&proxier);
+    (proxier, backend)
+}
