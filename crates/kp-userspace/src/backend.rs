@@ -194,6 +194,9 @@ impl Backend for UserspaceBackend {
             with_jumps,
         });
         tracing::trace!(rules = %text, "portal rules");
+        // A failed restore may or may not have left the jumps: the next
+        // sync replaces them either way.
+        self.jumps_in_place = false;
         self.applier
             .restore(self.family, &text)
             .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
@@ -209,7 +212,10 @@ impl Backend for UserspaceBackend {
                 source: Box::new(OpenErrors(open_errors)),
             });
         }
-        let rules = text.lines().filter(|line| line.starts_with("-A ")).count();
+        let rules = text
+            .lines()
+            .filter(|line| line.starts_with("-A KUBE-"))
+            .count();
         Ok(SyncOutcome {
             full: true,
             rules_per_table: vec![("nat".to_owned(), rules)],

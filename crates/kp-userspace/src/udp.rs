@@ -98,8 +98,8 @@ pub async fn serve(
             }
         };
         session.touch();
-        // A full send buffer drops the datagram, as the network would.
-        if let Err(error) = session.upstream.try_send(&buffer[..received.len]) {
+        // A UDP send waits only for room in the socket buffer.
+        if let Err(error) = session.upstream.send(&buffer[..received.len]).await {
             tracing::trace!(client = %received.client, %error, "forwarding a datagram failed");
         }
     }
