@@ -19,6 +19,7 @@ pub mod backend;
 pub mod capability;
 pub mod diff;
 pub mod kernel;
+pub mod netlink;
 pub mod planner;
 pub mod rules;
 pub mod state;
