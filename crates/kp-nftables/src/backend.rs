@@ -10,8 +10,8 @@
 //! meets a deleted table fails on its first chain and makes the next sync
 //! full at once.
 //!
-//! The first transaction of a process, and the one after a failed full
-//! one, deletes the table first (in the same transaction), which removes
+//! The first transaction of a process, and the one after a failed one,
+//! deletes the table first (in the same transaction), which removes
 //! stale chains an earlier process left without listing the table and
 //! lets base chains change priority. Other stale chains are flushed at
 //! once and deleted by a transaction at least a second later.
@@ -227,11 +227,13 @@ impl Backend for NftablesBackend {
         );
         tracing::trace!(family = %self.family, transaction = %rendered.text, "committing nftables transaction");
         if let Err(error) = self.applier.apply(self.family, &rendered.text) {
-            // The kernel kept the table as the last transaction left it, so
-            // the record stays true; a full sync follows, and if a full one
-            // failed, the next deletes the table first.
+            // The kernel kept the table as the last transaction left it,
+            // but someone else may have changed it behind the record (a
+            // deleted table fails a partial transaction): the next sync
+            // deletes the table and writes it afresh, which needs no record.
+            // Affinity state is lost then, as after a restart.
             self.needs_full_sync = true;
-            self.needs_reset |= full;
+            self.needs_reset = true;
             return Err(apply_error("committing the transaction", error));
         }
         if reset {

@@ -319,6 +319,8 @@ fn diff_service(
     let Some(old) = old else { return };
     for chain in &old.chains {
         if new.chains.binary_search(chain).is_err() {
+            // `add` first: someone may have deleted the table meanwhile.
+            let _ = writeln!(out.tail, "add chain {} {chain}", ctx.table);
             let _ = writeln!(out.tail, "flush chain {} {chain}", ctx.table);
             stats.chains_flushed += 1;
             delta.newly_stale.push(Arc::clone(chain));
