@@ -14,23 +14,30 @@
 //!   netlink, ipset over nfnetlink, the dummy link over rtnetlink).
 //! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode.
 //! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
+//! - [`cleanup`]: `--cleanup`, which keeps foreign virtual servers.
+//! - [`setup`]: what the binary calls ([`setup::backend`],
+//!   [`setup::check_host`], [`setup::cleanup`]).
 
 pub mod backend;
 pub mod capability;
+pub mod cleanup;
 pub mod diff;
 pub mod kernel;
 pub mod netlink;
 pub mod planner;
 pub mod rules;
+pub mod setup;
 pub mod state;
 pub mod testing;
 pub mod text;
 
 pub use backend::{IpvsBackend, IpvsOptions, MODE};
 pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};
+pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
 pub use diff::{diff, Op};
 pub use kernel::{FakeKernel, IpvsKernel, KernelError};
 pub use planner::{plan, Plan, PlanInput};
+pub use setup::{backend as build_backend, check_host, cleanup, SetupError, DEPRECATION_WARNING};
 pub use state::{
     KernelState, ServiceKey, ServiceState, SetEntry, SetKind, VirtualServer, DUMMY_LINK,
 };
