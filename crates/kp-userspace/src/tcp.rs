@@ -6,8 +6,9 @@
 //! IPs), given an endpoint by the port's [`Balancer`], and relayed. An
 //! endpoint that refuses or does not answer within the attempt's timeout
 //! is skipped and the next one tried, with growing timeouts, as upstream's
-//! userspace proxier did (250 ms, 500 ms, 1 s, 2 s). A connection nothing
-//! can serve is reset.
+//! userspace proxier did (250 ms, 500 ms, 1 s, 2 s); when every endpoint
+//! has failed, the round starts again with the next timeout. A connection
+//! nothing can serve is reset.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,7 +80,9 @@ impl Connection {
             }
         };
         drop(route);
-        let Some(endpoint) = self.dial(peer, kind).await else {
+        // Boxed, so that the dial's timers and connect state are freed once
+        // connected instead of sizing the task for the connection's life.
+        let Some(endpoint) = Box::pin(self.dial(peer, kind)).await else {
             self.stats.refused();
             reset(&client);
             return;
@@ -100,9 +103,18 @@ impl Connection {
     async fn dial(&self, peer: SocketAddr, kind: TrafficKind) -> Option<TcpStream> {
         let mut failed: Vec<SocketAddr> = Vec::new();
         for timeout in &self.options.dial_timeouts {
-            let endpoint = self
-                .balancer
-                .pick(peer.ip(), kind, Instant::now(), &failed)?;
+            let now = Instant::now();
+            // Once every endpoint has failed, they are tried again with the
+            // next, longer timeout: a single slow endpoint (a SYN lost to a
+            // full queue costs a 1 s retransmission) still gets its chance.
+            let endpoint = match self.balancer.pick(peer.ip(), kind, now, &failed) {
+                Some(endpoint) => endpoint,
+                None if !failed.is_empty() => {
+                    failed.clear();
+                    self.balancer.pick(peer.ip(), kind, now, &failed)?
+                }
+                None => return None,
+            };
             match tokio::time::timeout(*timeout, TcpStream::connect(endpoint)).await {
                 Ok(Ok(stream)) => return Some(stream),
                 Ok(Err(error)) => {
