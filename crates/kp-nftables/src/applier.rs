@@ -44,6 +44,14 @@ pub enum ApplyError {
         /// The rejected line of the transaction, with its number.
         line: Option<(usize, String)>,
     },
+    /// The kernel refused a netlink batch; nothing was committed.
+    #[error("the kernel refused the transaction: {message}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {text})")).unwrap_or_default())]
+    Kernel {
+        /// The error the kernel answered, or why the batch was not sent.
+        message: String,
+        /// The line of the transaction it refused, with its number.
+        line: Option<(usize, String)>,
+    },
     /// Writing the transaction failed (dry run) or a fake was told to fail.
     #[error("writing the transaction")]
     Write(#[source] io::Error),

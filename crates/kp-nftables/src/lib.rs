@@ -21,6 +21,7 @@
 pub mod applier;
 pub mod backend;
 pub mod names;
+pub mod netlink;
 pub mod options;
 pub mod render;
 pub mod state;
@@ -28,6 +29,7 @@ pub mod tracer;
 
 pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier};
 pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
+pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;
 pub use render::{RenderInput, RenderStats, Rendered, Renderer, STALE_CHAIN_DELAY};
 pub use state::{Element, Programmed, ServiceRecord, StateDelta};
