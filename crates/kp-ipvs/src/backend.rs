@@ -164,6 +164,14 @@ impl IpvsBackend {
         self.applied.as_ref()
     }
 
+    /// Requests sent to the kernel so far (0 for a dry run).
+    pub fn kernel_messages(&self) -> u64 {
+        match &self.target {
+            Target::Kernel { kernel, .. } => kernel.messages_sent(),
+            Target::DryRun(_) => 0,
+        }
+    }
+
     fn rule_options(&self, node: &NodeInfo) -> RuleOptions {
         let family = self.family;
         let of_family = |cidrs: &[IpNet]| {
