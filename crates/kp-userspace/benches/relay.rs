@@ -192,11 +192,17 @@ fn start_haproxy(topology: &Topology, pod_ip: IpAddr, maxconn: usize) -> NsChild
 
 fn wait_listening(topology: &Topology, addr: SocketAddr) {
     let ready = topology.client().netns().run(|| {
-        kp_testkit::netns::wait_until(Duration::from_secs(10), || {
+        kp_testkit::netns::wait_until(Duration::from_secs(30), || {
             std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
         })
     });
-    assert!(ready, "nothing listens on {addr}");
+    if !ready {
+        let sockets = topology.node().exec("ss", &["-ltnp"]);
+        panic!(
+            "nothing listens on {addr}; listening in the node namespace:\n{}",
+            String::from_utf8_lossy(&sockets.stdout)
+        );
+    }
 }
 
 fn measure(topology: &Topology, proxy_pid: u32, ports: [u16; 3], idle_count: usize) -> Figures {

@@ -279,7 +279,18 @@ pub fn cleanup(applier: &mut dyn Applier, family: IpFamily) -> Result<usize, Use
     Ok(removed)
 }
 
+/// A backend error for a failed step; a missing iptables program makes
+/// the mode unavailable (reported once, unhealthy at once) rather than a
+/// failure to retry.
 fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
+    if let Some(program) = source.missing_program() {
+        return BackendError::Unavailable {
+            mode: MODE,
+            missing: format!("program {program} not found"),
+            remedy: "install the iptables package (Debian and Ubuntu: apt-get install iptables)"
+                .to_owned(),
+        };
+    }
     BackendError::Apply {
         mode: MODE,
         attempted: attempted.to_owned(),

@@ -316,6 +316,56 @@ async fn a_service_port_that_gets_no_port_fails_the_sync_but_not_the_others() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_missing_iptables_program_makes_the_mode_unavailable() {
+    let mut backend = UserspaceBackend::new(
+        Handle::current(),
+        IpFamily::V4,
+        RelayOptions::default(),
+        Box::new(MissingPrograms),
+    );
+    let error = sync(&mut backend, &BTreeMap::new()).unwrap_err();
+    assert!(
+        matches!(&error, BackendError::Unavailable { missing, .. } if missing.contains("iptables-missing")),
+        "{error}"
+    );
+}
+
+/// Fails every call as a host without the iptables programs would.
+struct MissingPrograms;
+
+impl Applier for MissingPrograms {
+    fn restore(&mut self, _: IpFamily, _: &str) -> Result<(), ApplyError> {
+        Err(ApplyError::Spawn {
+            command: "iptables-missing-restore --noflush".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })
+    }
+    fn save_table(&mut self, _: IpFamily, _: Table) -> Result<SavedTable, ApplyError> {
+        panic!("not used")
+    }
+    fn chain_exists(&mut self, _: IpFamily, _: Table, _: &str) -> Result<bool, ApplyError> {
+        panic!("not used")
+    }
+    fn ensure_chain(&mut self, _: IpFamily, _: Table, _: &str) -> Result<(), ApplyError> {
+        panic!("not used")
+    }
+    fn delete_jump(&mut self, _: IpFamily, _: &JumpRule) -> Result<bool, ApplyError> {
+        Err(ApplyError::Spawn {
+            command: "iptables-missing -t nat -D PREROUTING".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })
+    }
+    fn flush_and_delete_chain(
+        &mut self,
+        _: IpFamily,
+        _: Table,
+        _: &str,
+    ) -> Result<bool, ApplyError> {
+        panic!("not used")
+    }
+}
+
 #[test]
 fn cleanup_deletes_the_jumps_and_the_chains() {
     let mut recorder = Recorder::default();
