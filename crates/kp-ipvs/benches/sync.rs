@@ -117,6 +117,60 @@ fn measure(size: usize, real: bool) -> Sample {
     }
 }
 
+/// One first full sync of `size` Services, applied subsystem by subsystem
+/// (IPVS, then ipset, then addresses), to show where the time goes.
+fn phases(size: usize) {
+    use kp_ipvs::diff::Op;
+    let base = parts(size, false);
+    let node = ["192.168.99.2".parse().unwrap()];
+    let rules = kp_ipvs::rules::RuleOptions {
+        masquerade_mark: "0x00004000".into(),
+        masquerade_all: false,
+        not_local: None,
+        random_fully: true,
+    };
+    let input = kp_ipvs::PlanInput {
+        family: IpFamily::V4,
+        scheduler: "rr",
+        node_addresses: &node,
+        node_port_addresses: &node,
+        node_ip: Some(node[0]),
+        rules: &rules,
+    };
+    let start = Instant::now();
+    let planned = kp_ipvs::plan(&input, &base.ports);
+    let plan_time = start.elapsed();
+    let mut kernel = NetlinkKernel::new();
+    let start = Instant::now();
+    let current = kernel.list(IpFamily::V4).unwrap();
+    let list_time = start.elapsed();
+    let ops = kp_ipvs::diff(&planned.state, &current);
+    let (link, rest): (Vec<Op>, Vec<Op>) = ops
+        .into_iter()
+        .partition(|op| matches!(op, Op::CreateLink | Op::AddAddress(_)));
+    let (sets, ipvs): (Vec<Op>, Vec<Op>) = rest
+        .into_iter()
+        .partition(|op| matches!(op, Op::CreateSet(_) | Op::AddEntry(..)));
+    println!(
+        "phases of one first full sync of {size} Services: plan {:.3} s, listing {:.3} s",
+        plan_time.as_secs_f64(),
+        list_time.as_secs_f64()
+    );
+    for (name, group) in [
+        ("IPVS", ipvs),
+        ("ipset", sets),
+        ("kube-ipvs0 addresses", link),
+    ] {
+        let start = Instant::now();
+        kernel.apply(IpFamily::V4, &group).unwrap();
+        println!(
+            "  {name}: {} requests in {:.3} s",
+            group.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
+
 fn median(mut values: Vec<Duration>) -> Duration {
     values.sort();
     values[values.len() / 2]
@@ -144,7 +198,7 @@ fn main() {
     );
     println!("| services × 2 endpoints | first full sync | messages | full resync, nothing changed | messages | one-endpoint change | messages |");
     println!("|---|---|---|---|---|---|---|");
-    for size in sizes {
+    for &size in &sizes {
         let samples: Vec<Sample> = (0..RUNS)
             .map(|_| {
                 if real {
@@ -166,5 +220,9 @@ fn main() {
             pick(|s| s.one_endpoint).as_secs_f64() * 1e3,
             last.one_endpoint_messages,
         );
+    }
+    if let (true, Some(&size)) = (real, sizes.iter().max()) {
+        let netns = Netns::create("bench").unwrap();
+        netns.run(|| phases(size));
     }
 }

@@ -16,13 +16,16 @@
 //! | ns1/sticky, p80 80/TCP | ClusterIP 10.96.0.13, ClientIP affinity, endpoints ep1, ep2 |
 //! | ns1/dns, p53 53/UDP | ClusterIP 10.96.0.20, endpoint ep2 |
 //! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 |
+//! | ns1/lb, p80 80/TCP | LB 203.0.113.9, loadBalancerSourceRanges client/32, endpoint ep1 |
 //! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
-use kp_iptables::{Applier, ApplyError, JumpRule, SavedTable, Table};
+use kp_iptables::{
+    Applier, ApplyError, IptablesFlavor, JumpRule, SavedTable, SystemApplier, Table,
+};
 use kp_ipvs::kernel::IpvsKernel;
 use kp_ipvs::netlink::NetlinkKernel;
 use kp_ipvs::testing::{service, Ports, RequestParts};
@@ -32,8 +35,8 @@ use kp_ipvs::{
 use kp_model::IpFamily;
 use kp_sync::Backend;
 use kp_testkit::netns::{
-    connect, expect_refused, hits, hits_until_all, require_root, udp_roundtrip, TcpSession,
-    Topology,
+    connect, expect_refused, expect_timeout, hits, hits_until_all, require_root, udp_roundtrip,
+    TcpSession, Topology,
 };
 
 const NEEDS_IPVS: &str = "needs a kernel with IPVS: run scripts/ipvs-vm/run";
@@ -465,5 +468,67 @@ fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
         v4.services.keys().copied().collect::<Vec<_>>(),
         [foreign],
         "the foreign virtual server stays"
+    );
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
+    require_ipvs();
+    kp_testkit::netns::require_tool("iptables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .client("client")
+        .client("client2")
+        .build()
+        .unwrap();
+    let client = topology.client_named("client");
+    let ports = Ports::new()
+        .with(
+            service("ns1", "lb", "10.96.0.15", 80)
+                .load_balancer("203.0.113.9")
+                .source_range(&format!("{}/32", client.ip()))
+                .endpoint(&ip_of(&topology, "ep1"), 80, true),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+
+    assert_eq!(
+        connect(client, at("203.0.113.9", 80)).unwrap().backend,
+        "ep1"
+    );
+    expect_timeout(topology.client_named("client2"), at("203.0.113.9", 80));
+    // A pod reaching itself through its Service is masqueraded
+    // (KUBE-LOOP-BACK), so the reply finds its way back.
+    let reply = connect(topology.pod("ep1"), at("10.96.0.15", 80)).unwrap();
+    assert_eq!(reply.backend, "ep1");
+    assert_ne!(
+        reply.source,
+        IpAddr::V4(topology.pod("ep1").ip()),
+        "hairpin traffic is masqueraded"
+    );
+
+    // A later full sync finds the chains and inserts no second jump.
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    let saved = topology
+        .node()
+        .exec_ok("iptables-legacy-save", &["-t", "filter"]);
+    assert_eq!(saved.matches("-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER").count(), 1, "{saved}");
+    assert!(
+        saved.contains("--match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"),
+        "{saved}"
     );
 }
