@@ -1,0 +1,459 @@
+//! The `--proxy-mode ipvs` implementation of [`kp_sync::Backend`].
+//!
+//! Every sync plans the whole family (planning is pure and cheap), then
+//! compares the plan with what the backend last applied — or, on a full
+//! sync, with what the kernel lists — and sends only the difference. A
+//! one-endpoint change therefore sends one request. The iptables rules
+//! change only when a set turns empty or non-empty or a source-range
+//! exception changes; they are restored in one step per table.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kp_iptables::{Applier, LocalDetector, NodePortAddresses, Sysctl, Table};
+use kp_model::{IpFamily, NodeInfo};
+use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
+
+use crate::capability::KernelVersion;
+use crate::diff::{diff, drained_real_servers, Op};
+use crate::kernel::{IpvsKernel, KernelError};
+use crate::planner::{plan, PlanInput};
+use crate::rules::{self, RuleOptions, JUMP_RULES, KUBE_IPVS_FILTER, KUBE_LOAD_BALANCER};
+use crate::state::KernelState;
+use crate::text::dry_run_text;
+
+/// The mode's name.
+pub const MODE: &str = "ipvs";
+/// Oldest kernel with `net.ipv4.vs.conn_reuse_mode`.
+const CONN_REUSE_MIN: KernelVersion = KernelVersion {
+    major: 4,
+    minor: 1,
+    patch: 0,
+};
+/// First kernel where `conn_reuse_mode` 1 no longer delays reused ports by a
+/// second (kubernetes issue 93297): left as it is from here on.
+const CONN_REUSE_FIXED: KernelVersion = KernelVersion {
+    major: 5,
+    minor: 9,
+    patch: 0,
+};
+
+/// Settings of the IPVS mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsOptions {
+    /// `ipvs.scheduler` (`rr` when empty).
+    pub scheduler: String,
+    /// `ipvs.excludeCIDRs`: virtual servers there are never deleted.
+    pub exclude_cidrs: Vec<IpNet>,
+    /// `ipvs.strictARP`.
+    pub strict_arp: bool,
+    /// `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout`, `ipvs.udpTimeout` (zero
+    /// leaves the kernel's value).
+    pub timeouts: [Duration; 3],
+    /// `iptables.masqueradeBit` (0..=31).
+    pub masquerade_bit: u8,
+    /// `iptables.masqueradeAll`.
+    pub masquerade_all: bool,
+    /// `detectLocalMode` and its parameters.
+    pub local_detector: LocalDetector,
+    /// `nodePortAddresses`.
+    pub node_port_addresses: NodePortAddresses,
+    /// The running kernel, for `conn_reuse_mode` (none: left alone).
+    pub kernel_version: Option<KernelVersion>,
+}
+
+/// Lists the host's addresses (of every interface).
+pub type AddressLister = Box<dyn FnMut() -> io::Result<Vec<IpAddr>> + Send>;
+
+/// The IPVS mode for one IP family.
+pub struct IpvsBackend {
+    family: IpFamily,
+    options: IpvsOptions,
+    target: Target,
+    sysctl: Box<dyn Sysctl>,
+    local_addresses: AddressLister,
+    /// What the kernel holds after the last successful sync; `None` makes
+    /// the next sync list the kernel.
+    applied: Option<KernelState>,
+    /// The iptables text last restored; `None` forces a restore.
+    iptables_written: Option<String>,
+    host_ready: bool,
+}
+
+enum Target {
+    Kernel {
+        kernel: Box<dyn IpvsKernel>,
+        applier: Box<dyn Applier>,
+    },
+    DryRun(Box<dyn Write + Send>),
+}
+
+impl Default for IpvsOptions {
+    fn default() -> Self {
+        Self {
+            scheduler: String::new(),
+            exclude_cidrs: Vec::new(),
+            strict_arp: false,
+            timeouts: [Duration::ZERO; 3],
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+            node_port_addresses: NodePortAddresses::All,
+            kernel_version: None,
+        }
+    }
+}
+
+impl IpvsBackend {
+    /// A backend programming `kernel` and restoring iptables rules through
+    /// `applier`, with sysctls under `/proc/sys` and the host's addresses
+    /// from rtnetlink.
+    pub fn new(
+        family: IpFamily,
+        options: IpvsOptions,
+        kernel: Box<dyn IpvsKernel>,
+        applier: Box<dyn Applier>,
+    ) -> Self {
+        let mut addresses = kp_host::HostAddresses::new();
+        Self::with_target(family, options, Target::Kernel { kernel, applier }).with_local_addresses(
+            Box::new(move || {
+                addresses
+                    .addresses()
+                    .map(<[IpAddr]>::to_vec)
+                    .map_err(io::Error::other)
+            }),
+        )
+    }
+
+    /// A backend that prints each sync's plan to `out` (`--dry-run`).
+    pub fn dry_run(family: IpFamily, options: IpvsOptions, out: Box<dyn Write + Send>) -> Self {
+        Self::with_target(family, options, Target::DryRun(out))
+            .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+    }
+
+    fn with_target(family: IpFamily, options: IpvsOptions, target: Target) -> Self {
+        Self {
+            family,
+            options,
+            target,
+            sysctl: Box::new(kp_iptables::ProcSysctl),
+            local_addresses: Box::new(|| Ok(Vec::new())),
+            applied: None,
+            iptables_written: None,
+            host_ready: false,
+        }
+    }
+
+    /// Uses `sysctl` instead of `/proc/sys`.
+    pub fn with_sysctl(mut self, sysctl: Box<dyn Sysctl>) -> Self {
+        self.sysctl = sysctl;
+        self
+    }
+
+    /// Uses `lister` for the host's addresses.
+    pub fn with_local_addresses(mut self, lister: AddressLister) -> Self {
+        self.local_addresses = lister;
+        self
+    }
+
+    /// The state the backend believes the kernel holds (tests).
+    pub fn applied(&self) -> Option<&KernelState> {
+        self.applied.as_ref()
+    }
+
+    /// Requests sent to the kernel so far (0 for a dry run).
+    pub fn kernel_messages(&self) -> u64 {
+        match &self.target {
+            Target::Kernel { kernel, .. } => kernel.messages_sent(),
+            Target::DryRun(_) => 0,
+        }
+    }
+
+    fn rule_options(&self, node: &NodeInfo) -> RuleOptions {
+        let family = self.family;
+        let of_family = |cidrs: &[IpNet]| {
+            cidrs
+                .iter()
+                .find(|c| IpFamily::of(&c.addr()) == family)
+                .map(|c| c.trunc())
+        };
+        let not_local = match &self.options.local_detector {
+            LocalDetector::None => None,
+            LocalDetector::ClusterCidr(cidrs) => of_family(cidrs).map(|c| format!("! -s {c}")),
+            LocalDetector::NodeCidr => of_family(&node.pod_cidrs).map(|c| format!("! -s {c}")),
+            LocalDetector::BridgeInterface(name) => Some(format!("! -i {name}")),
+            LocalDetector::InterfaceNamePrefix(prefix) => Some(format!("! -i {prefix}+")),
+        };
+        RuleOptions {
+            masquerade_mark: format!("0x{:08x}", 1u32 << (self.options.masquerade_bit & 31)),
+            masquerade_all: self.options.masquerade_all,
+            not_local,
+            random_fully: true,
+        }
+    }
+
+    /// Upstream's start-up settings: the IPVS sysctls and timeouts, once.
+    fn prepare_host(&mut self) -> Result<(), BackendError> {
+        let mut settings = vec![
+            ("net.ipv4.vs.conntrack", "1"),
+            ("net.ipv4.vs.expire_nodest_conn", "1"),
+            ("net.ipv4.vs.expire_quiescent_template", "1"),
+            ("net.ipv4.ip_forward", "1"),
+        ];
+        if let Some(version) = self.options.kernel_version {
+            if version >= CONN_REUSE_MIN && version < CONN_REUSE_FIXED {
+                settings.push(("net.ipv4.vs.conn_reuse_mode", "0"));
+            }
+        }
+        if self.options.strict_arp {
+            settings.push(("net.ipv4.conf.all.arp_ignore", "1"));
+            settings.push(("net.ipv4.conf.all.arp_announce", "2"));
+        }
+        for (name, value) in settings {
+            if self.sysctl.get(name).is_ok_and(|current| current == value) {
+                continue;
+            }
+            self.sysctl
+                .set(name, value)
+                .map_err(|source| BackendError::Apply {
+                    mode: MODE,
+                    attempted: format!("setting sysctl {name}={value}"),
+                    source: Box::new(source),
+                })?;
+        }
+        let timeouts = self.options.timeouts;
+        if timeouts.iter().any(|t| !t.is_zero()) {
+            if let Target::Kernel { kernel, .. } = &mut self.target {
+                if let Err(error) = kernel.set_timeouts(timeouts[0], timeouts[1], timeouts[2]) {
+                    tracing::error!(error = %error, "Failed to configure IPVS timeouts");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's addresses of this family that NodePorts and the bind
+    /// decision consider: not loopback, not IPv6 link-local, not ours.
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, BackendError> {
+        let listed = (self.local_addresses)().map_err(|source| BackendError::Apply {
+            mode: MODE,
+            attempted: "listing the host's addresses".to_owned(),
+            source: Box::new(source),
+        })?;
+        let ours = self.applied.as_ref().map(|a| &a.addresses);
+        let mut addresses: Vec<IpAddr> = listed
+            .into_iter()
+            .filter(|ip| self.family.matches(ip) && !ip.is_loopback() && !is_link_local(ip))
+            .filter(|ip| !ours.is_some_and(|set| set.contains(ip)))
+            .collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        Ok(addresses)
+    }
+}
+
+impl Backend for IpvsBackend {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
+        if !self.host_ready {
+            self.prepare_host()?;
+            self.host_ready = true;
+        }
+        let node_addresses = self.node_addresses()?;
+        let node_port_addresses = self
+            .options
+            .node_port_addresses
+            .resolve(self.family, request.node, &node_addresses)
+            .unwrap_or_else(|| node_addresses.clone());
+        let rule_options = self.rule_options(request.node);
+        let scheduler = crate::capability::scheduler_or_default(&self.options.scheduler)
+            .map_err(|e| BackendError::Render {
+                mode: MODE,
+                reason: e.to_string(),
+            })?
+            .to_owned();
+        let input = PlanInput {
+            family: self.family,
+            scheduler: &scheduler,
+            node_addresses: &node_addresses,
+            node_port_addresses: &node_port_addresses,
+            node_ip: request.node.addresses_of(self.family).next(),
+            rules: &rule_options,
+        };
+        let planned = plan(&input, request.service_ports);
+        let full = request.full || self.applied.is_none();
+        match &mut self.target {
+            Target::DryRun(out) => {
+                let text = dry_run_text(&planned.state, self.family, &planned.iptables);
+                out.write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .map_err(|source| BackendError::Apply {
+                        mode: MODE,
+                        attempted: "writing the dry-run output".to_owned(),
+                        source: Box::new(source),
+                    })?;
+                self.applied = Some(planned.state.clone());
+                Ok(outcome(full, &planned.iptables, 0))
+            }
+            Target::Kernel { .. } => self.apply_plan(full, planned),
+        }
+    }
+}
+
+impl IpvsBackend {
+    fn apply_plan(
+        &mut self,
+        full: bool,
+        planned: crate::planner::Plan,
+    ) -> Result<SyncOutcome, BackendError> {
+        let Target::Kernel { kernel, applier } = &mut self.target else {
+            return Ok(SyncOutcome::default());
+        };
+        let family = self.family;
+        let mut current = match self.applied.take() {
+            Some(applied) if !full => applied,
+            _ => {
+                let mut listed = kernel.list(family).map_err(kernel_error)?;
+                let exclude = &self.options.exclude_cidrs;
+                listed.services.retain(|key, _| {
+                    planned.state.services.contains_key(key)
+                        || !exclude.iter().any(|cidr| cidr.contains(&key.address))
+                });
+                listed
+            }
+        };
+        let mut ops = diff(&planned.state, &current);
+        ops.extend(reap_drained(kernel.as_mut(), &planned.state, &current)?);
+        let result = kernel.apply(family, &ops);
+        for op in &ops {
+            if current.apply(op).is_err() {
+                break;
+            }
+        }
+        result.map_err(kernel_error)?;
+        let restore_needed = full || self.iptables_written.as_deref() != Some(&planned.iptables);
+        if restore_needed {
+            let text = if full {
+                let jumps = missing_jumps(applier.as_mut(), family)?;
+                rules::with_jumps(&planned.iptables, &jumps)
+            } else {
+                planned.iptables.clone()
+            };
+            self.iptables_written = None;
+            applier
+                .restore(family, &text)
+                .map_err(|source| BackendError::Apply {
+                    mode: MODE,
+                    attempted: format!("restoring the {family} iptables rules"),
+                    source: Box::new(source),
+                })?;
+            self.iptables_written = Some(planned.iptables.clone());
+        }
+        self.applied = Some(current);
+        Ok(outcome(full, &planned.iptables, ops.len()))
+    }
+}
+
+/// Deletes drained real servers whose connections are gone.
+fn reap_drained(
+    kernel: &mut dyn IpvsKernel,
+    desired: &KernelState,
+    current: &KernelState,
+) -> Result<Vec<Op>, BackendError> {
+    let mut by_service: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for (service, real) in drained_real_servers(desired, current) {
+        by_service.entry(service).or_default().push(real);
+    }
+    let mut ops = Vec::new();
+    for (service, reals) in by_service {
+        let connections = kernel.connections(&service).map_err(kernel_error)?;
+        for real in reals {
+            if connections.get(&real).copied().unwrap_or(0) == 0 {
+                ops.push(Op::DeleteReal(service, real));
+            }
+        }
+    }
+    Ok(ops)
+}
+
+/// The jump rules of tables where our marker chain is absent: such a table
+/// has none of our rules yet, so its jumps go into the same restore that
+/// creates the chains.
+fn missing_jumps(
+    applier: &mut dyn Applier,
+    family: IpFamily,
+) -> Result<Vec<kp_iptables::JumpRule>, BackendError> {
+    let mut jumps = Vec::new();
+    for (table, marker) in [
+        (Table::Nat, KUBE_LOAD_BALANCER),
+        (Table::Filter, KUBE_IPVS_FILTER),
+    ] {
+        let exists = applier
+            .chain_exists(family, table, marker)
+            .map_err(|source| BackendError::Apply {
+                mode: MODE,
+                attempted: format!("looking for chain {marker} in table {table}"),
+                source: Box::new(source),
+            })?;
+        if !exists {
+            jumps.extend(JUMP_RULES.iter().filter(|j| j.table == table).copied());
+        }
+    }
+    Ok(jumps)
+}
+
+fn outcome(full: bool, iptables: &str, objects_written: usize) -> SyncOutcome {
+    let mut rules_per_table = Vec::new();
+    let mut chains_per_table = Vec::new();
+    let mut table = "";
+    let (mut rules, mut chains) = (0, 0);
+    for line in iptables.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name;
+        } else if line == "COMMIT" {
+            rules_per_table.push((table.to_owned(), rules));
+            chains_per_table.push((table.to_owned(), chains));
+            (rules, chains) = (0, 0);
+        } else if line.starts_with("-A ") {
+            rules += 1;
+        } else if line.starts_with(':') {
+            chains += 1;
+        }
+    }
+    SyncOutcome {
+        full,
+        rules_written_per_table: if objects_written > 0 || full {
+            rules_per_table.clone()
+        } else {
+            Vec::new()
+        },
+        rules_per_table,
+        chains_per_table,
+        objects_written,
+    }
+}
+
+fn kernel_error(error: KernelError) -> BackendError {
+    BackendError::Apply {
+        mode: MODE,
+        attempted: error.attempted.clone(),
+        source: Box::new(error),
+    }
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod tests;

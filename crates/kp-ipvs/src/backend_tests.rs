@@ -1,0 +1,399 @@
+//! Stories of the backend against the fake kernel. Address plan as in
+//! kp_testkit::plan: node 192.168.99.2, ClusterIPs 10.96.0.0/16, pods
+//! 10.244.0.0/16 (this node's 10.244.1.0/24).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use kp_iptables::{ApplyError, JumpRule, MemorySysctl, SavedTable};
+use kp_model::{IpFamily, Protocol};
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::kernel::FakeKernel;
+use crate::state::{ServiceKey, SetEntry, SetKind};
+use crate::testing::{ip, service, Ports, RequestParts};
+
+/// Records restores (and how many a test has looked at); a chain exists
+/// once a restore declared it.
+#[derive(Clone, Default)]
+struct Restores(Arc<Mutex<(Vec<String>, usize)>>);
+
+impl Applier for Restores {
+    fn restore(&mut self, _family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        self.0.lock().unwrap().0.push(text.to_owned());
+        Ok(())
+    }
+    fn save_table(&mut self, _: IpFamily, _: Table) -> Result<SavedTable, ApplyError> {
+        Ok(SavedTable::default())
+    }
+    fn chain_exists(&mut self, _: IpFamily, _: Table, chain: &str) -> Result<bool, ApplyError> {
+        let declared = format!(":{chain} ");
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .0
+            .iter()
+            .any(|text| text.contains(&declared)))
+    }
+    fn ensure_chain(&mut self, _: IpFamily, _: Table, _: &str) -> Result<(), ApplyError> {
+        Ok(())
+    }
+    fn delete_jump(&mut self, _: IpFamily, _: &JumpRule) -> Result<bool, ApplyError> {
+        Ok(false)
+    }
+    fn flush_and_delete_chain(
+        &mut self,
+        _: IpFamily,
+        _: Table,
+        _: &str,
+    ) -> Result<bool, ApplyError> {
+        Ok(false)
+    }
+}
+
+impl Restores {
+    /// The restores since the last call.
+    fn take(&self) -> Vec<String> {
+        let mut guard = self.0.lock().unwrap();
+        let (all, seen) = &mut *guard;
+        let new = all[*seen..].to_vec();
+        *seen = all.len();
+        new
+    }
+}
+
+struct World {
+    kernel: FakeKernel,
+    restores: Restores,
+    backend: IpvsBackend,
+}
+
+fn world(options: IpvsOptions) -> World {
+    let kernel = FakeKernel::new();
+    let restores = Restores::default();
+    let backend = IpvsBackend::new(
+        IpFamily::V4,
+        options,
+        Box::new(kernel.clone()),
+        Box::new(restores.clone()),
+    )
+    .with_sysctl(Box::new(MemorySysctl::new()))
+    .with_local_addresses(Box::new(|| Ok(vec![ip("192.168.99.2"), ip("127.0.0.1")])));
+    World {
+        kernel,
+        restores,
+        backend,
+    }
+}
+
+fn key(address: &str, port: u16) -> ServiceKey {
+    ServiceKey {
+        address: ip(address),
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+fn sock(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+/// 100 Services with two endpoints each, svc42 with a third.
+fn many(third_endpoint: bool) -> RequestParts {
+    let mut ports = Ports::new();
+    for index in 0..100u16 {
+        let cluster_ip = format!("10.96.1.{}", index + 1);
+        let mut svc = service("ns1", &format!("svc{index}"), &cluster_ip, 80)
+            .endpoint(&format!("10.244.2.{}", index + 1), 8080, false)
+            .endpoint(&format!("10.244.3.{}", index + 1), 8080, false);
+        if index == 42 && third_endpoint {
+            svc = svc.endpoint("10.244.4.42", 8080, false);
+        }
+        ports = ports.with(svc);
+    }
+    RequestParts::new(ports.build(), "192.168.99.2")
+}
+
+#[test]
+fn the_first_sync_programs_link_sets_services_and_rules_with_their_jumps() {
+    let mut w = world(IpvsOptions::default());
+    let parts = RequestParts::new(
+        Ports::new()
+            .with(
+                service("ns1", "svc1", "10.96.0.41", 80)
+                    .node_port(30080)
+                    .endpoint("10.244.1.2", 8080, true),
+            )
+            .build(),
+        "192.168.99.2",
+    );
+    let outcome = w.backend.sync(&parts.request(true)).unwrap();
+    assert!(outcome.full);
+    let kernel = w.kernel.family(IpFamily::V4);
+    assert!(kernel.link);
+    assert_eq!(
+        kernel.addresses.iter().copied().collect::<Vec<_>>(),
+        [ip("10.96.0.41")]
+    );
+    assert_eq!(kernel.sets.len(), SetKind::ALL.len());
+    assert_eq!(
+        kernel.services[&key("10.96.0.41", 80)]
+            .reals
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        [sock("10.244.1.2:8080")]
+    );
+    assert!(
+        kernel.services.contains_key(&key("192.168.99.2", 30080)),
+        "NodePort on the node address"
+    );
+    assert!(
+        !kernel.services.keys().any(|k| k.address.is_loopback()),
+        "no NodePort on loopback"
+    );
+    let restores = w.restores.take();
+    assert_eq!(restores.len(), 1);
+    assert!(restores[0].contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-I POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\nCOMMIT\n*filter"), "{}", restores[0]);
+    // Later full syncs find the chains and insert no jumps again.
+    w.backend.sync(&parts.request(true)).unwrap();
+    assert!(!w.restores.take()[0].contains("-I "));
+    assert!(restores[0].contains(
+        "-I INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER"
+    ));
+    // The address appears after the virtual server has its real server.
+    let log = w.kernel.take_log();
+    let position = |wanted: &Op| log.iter().position(|op| op == wanted).unwrap();
+    assert!(
+        position(&Op::AddReal(
+            key("10.96.0.41", 80),
+            sock("10.244.1.2:8080"),
+            1
+        )) < position(&Op::AddAddress(ip("10.96.0.41")))
+    );
+}
+
+#[test]
+fn a_one_endpoint_change_sends_one_message_whatever_the_number_of_services() {
+    let mut w = world(IpvsOptions::default());
+    w.backend.sync(&many(false).request(true)).unwrap();
+    w.kernel.take_log();
+    w.restores.take();
+    let before = w.kernel.messages();
+    let outcome = w.backend.sync(&many(true).request(false)).unwrap();
+    assert_eq!(w.kernel.messages() - before, 1);
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::AddReal(
+            key("10.96.1.43", 80),
+            sock("10.244.4.42:8080"),
+            1
+        )]
+    );
+    assert_eq!(outcome.objects_written, 1);
+    assert!(
+        w.restores.take().is_empty(),
+        "the iptables rules did not change"
+    );
+}
+
+#[test]
+fn a_removed_tcp_endpoint_drains_then_goes_once_its_connections_end() {
+    let mut w = world(IpvsOptions::default());
+    w.backend.sync(&many(true).request(true)).unwrap();
+    w.kernel.take_log();
+    let svc = key("10.96.1.43", 80);
+    let leaving = sock("10.244.4.42:8080");
+    w.kernel.set_connections(svc, leaving, 2);
+
+    w.backend.sync(&many(false).request(false)).unwrap();
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::UpdateReal(svc, leaving, 0)],
+        "weight 0 first"
+    );
+    w.backend.sync(&many(false).request(false)).unwrap();
+    assert_eq!(w.kernel.take_log(), [], "kept while connections are open");
+    assert_eq!(
+        w.kernel.family(IpFamily::V4).services[&svc].reals[&leaving],
+        0
+    );
+
+    w.kernel.set_connections(svc, leaving, 0);
+    w.backend.sync(&many(false).request(false)).unwrap();
+    assert_eq!(w.kernel.take_log(), [Op::DeleteReal(svc, leaving)]);
+}
+
+#[test]
+fn a_removed_udp_endpoint_goes_at_once() {
+    let mut w = world(IpvsOptions::default());
+    let dns = |third: bool| {
+        let mut svc = service("kube-system", "dns", "10.96.0.10", 53)
+            .protocol(Protocol::Udp)
+            .endpoint("10.244.2.2", 53, false);
+        if third {
+            svc = svc.endpoint("10.244.2.3", 53, false);
+        }
+        RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
+    };
+    w.backend.sync(&dns(true).request(true)).unwrap();
+    w.kernel.take_log();
+    w.backend.sync(&dns(false).request(false)).unwrap();
+    let udp = ServiceKey {
+        protocol: Protocol::Udp,
+        ..key("10.96.0.10", 53)
+    };
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::DeleteReal(udp, sock("10.244.2.3:53"))]
+    );
+}
+
+#[test]
+fn a_full_sync_repairs_drift_and_leaves_what_is_right_alone() {
+    let options = IpvsOptions {
+        exclude_cidrs: vec!["198.51.100.0/24".parse().unwrap()],
+        ..IpvsOptions::default()
+    };
+    let mut w = world(options);
+    w.backend.sync(&many(false).request(true)).unwrap();
+    w.kernel.take_log();
+    w.backend.sync(&many(false).request(true)).unwrap();
+    assert_eq!(
+        w.kernel.take_log(),
+        [],
+        "a second full sync changes nothing"
+    );
+
+    // Someone removes an address and a set member, and adds two services.
+    {
+        let mut state = w.kernel.state();
+        let v4 = state.families.get_mut(&IpFamily::V4).unwrap();
+        v4.addresses.remove(&ip("10.96.1.7"));
+        v4.sets
+            .get_mut(&SetKind::ClusterIp)
+            .unwrap()
+            .remove(&SetEntry::IpPort(ip("10.96.1.8"), Protocol::Tcp, 80));
+    }
+    w.kernel.add_foreign_service(key("198.51.100.5", 80), "rr");
+    w.kernel.add_foreign_service(key("10.96.9.9", 80), "rr");
+    w.backend.sync(&many(false).request(true)).unwrap();
+    let mut log = w.kernel.take_log();
+    log.sort_by_key(|op| op.to_string());
+    assert_eq!(
+        log,
+        [
+            Op::AddAddress(ip("10.96.1.7")),
+            Op::AddEntry(
+                SetKind::ClusterIp,
+                SetEntry::IpPort(ip("10.96.1.8"), Protocol::Tcp, 80)
+            ),
+            Op::DeleteService(key("10.96.9.9", 80)),
+        ]
+    );
+    assert!(
+        w.kernel
+            .family(IpFamily::V4)
+            .services
+            .contains_key(&key("198.51.100.5", 80)),
+        "excludeCIDRs protects it"
+    );
+}
+
+#[test]
+fn a_failed_apply_makes_the_next_sync_list_the_kernel() {
+    let mut w = world(IpvsOptions::default());
+    w.backend.sync(&many(false).request(true)).unwrap();
+    w.kernel.state().fail_ops = 1;
+    let error = w.backend.sync(&many(true).request(false)).unwrap_err();
+    assert!(error.to_string().contains("ipvs backend"), "{error}");
+    assert!(w.backend.applied().is_none());
+    w.kernel.take_log();
+    w.backend.sync(&many(true).request(false)).unwrap();
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::AddReal(
+            key("10.96.1.43", 80),
+            sock("10.244.4.42:8080"),
+            1
+        )]
+    );
+}
+
+#[test]
+fn start_up_sets_upstreams_sysctls_and_timeouts() {
+    let sysctl = MemorySysctl::new().with("net.ipv4.vs.conntrack", "0");
+    let options = IpvsOptions {
+        strict_arp: true,
+        timeouts: [
+            std::time::Duration::from_secs(900),
+            std::time::Duration::from_secs(120),
+            std::time::Duration::ZERO,
+        ],
+        kernel_version: Some(KernelVersion {
+            major: 5,
+            minor: 4,
+            patch: 0,
+        }),
+        ..IpvsOptions::default()
+    };
+    let mut w = world(options);
+    w.backend = w.backend.with_sysctl(Box::new(sysctl.clone()));
+    w.backend.sync(&many(false).request(true)).unwrap();
+    for (name, value) in [
+        ("net.ipv4.vs.conntrack", "1"),
+        ("net.ipv4.vs.expire_nodest_conn", "1"),
+        ("net.ipv4.vs.expire_quiescent_template", "1"),
+        ("net.ipv4.vs.conn_reuse_mode", "0"),
+        ("net.ipv4.conf.all.arp_ignore", "1"),
+        ("net.ipv4.conf.all.arp_announce", "2"),
+    ] {
+        assert_eq!(sysctl.get(name).unwrap(), value, "{name}");
+    }
+    assert_eq!(w.kernel.state().timeouts_secs, Some((900, 120, 0)));
+}
+
+#[test]
+fn a_dry_run_prints_the_plan_and_touches_nothing() {
+    let out = SharedBuffer::default();
+    let mut backend =
+        IpvsBackend::dry_run(IpFamily::V4, IpvsOptions::default(), Box::new(out.clone()))
+            .with_local_addresses(Box::new(|| Ok(vec![ip("192.168.99.2")])));
+    let parts = RequestParts::new(
+        Ports::new()
+            .with(service("ns1", "svc1", "10.96.0.41", 80).endpoint("10.244.1.2", 8080, true))
+            .build(),
+        "192.168.99.2",
+    );
+    backend.sync(&parts.request(true)).unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("# kube-ipvs0 addresses (IPv4)\nkube-ipvs0 10.96.0.41/32\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("TCP  10.96.0.41:80 rr\n  -> 10.244.1.2:8080"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Name: KUBE-CLUSTER-IP\nType: hash:ip,port\nMembers:\n10.96.0.41,tcp:80\n"),
+        "{text}"
+    );
+    assert!(text.contains("*nat\n:KUBE-SERVICES - [0:0]"), "{text}");
+}
+
+#[derive(Clone, Default)]
+struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for SharedBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

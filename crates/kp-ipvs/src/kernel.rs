@@ -1,0 +1,273 @@
+//! The seam between the backend and the kernel: [`IpvsKernel`] lists and
+//! changes IPVS virtual servers, ipsets and kube-ipvs0. The real
+//! implementation is [`crate::netlink::NetlinkKernel`]; [`FakeKernel`]
+//! keeps everything in memory, refuses what the kernel refuses, and counts
+//! the messages a real kernel would have received.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use kp_model::IpFamily;
+
+use crate::diff::{Op, OpError};
+use crate::state::{KernelState, ServiceKey, SetEntry, SetKind};
+
+/// Lists and programs the IPVS mode's kernel objects.
+pub trait IpvsKernel: Send {
+    /// The current state for `family`: whether kube-ipvs0 exists and its
+    /// addresses, every virtual server of the family with its real servers,
+    /// and the members of those of our sets that exist.
+    fn list(&mut self, family: IpFamily) -> Result<KernelState, KernelError>;
+
+    /// Open connections (active + inactive) per real server of `service`
+    /// (`ipvsadm -Ln -t SERVICE`).
+    fn connections(
+        &mut self,
+        service: &ServiceKey,
+    ) -> Result<BTreeMap<SocketAddr, u32>, KernelError>;
+
+    /// Applies `ops` in order for `family`; stops at the first refusal.
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError>;
+
+    /// `ipvsadm --set TCP TCPFIN UDP` (zero leaves a value as it is).
+    fn set_timeouts(
+        &mut self,
+        tcp: Duration,
+        tcp_fin: Duration,
+        udp: Duration,
+    ) -> Result<(), KernelError>;
+
+    /// Deletes kube-ipvs0; false when it did not exist.
+    fn delete_link(&mut self) -> Result<bool, KernelError>;
+
+    /// Destroys the set `name`; false when it did not exist.
+    fn destroy_set(&mut self, name: &str) -> Result<bool, KernelError>;
+
+    /// Requests sent to the kernel so far (each operation, each dump).
+    fn messages_sent(&self) -> u64;
+}
+
+/// A kernel request failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{attempted}: {source}")]
+pub struct KernelError {
+    /// What was attempted, e.g. `ipvsadm -a -t 10.96.0.41:80 -r …`.
+    pub attempted: String,
+    /// The kernel's answer.
+    #[source]
+    pub source: io::Error,
+}
+
+/// An in-memory kernel. Clones share the state, so a test keeps one clone
+/// and hands another to the backend.
+#[derive(Debug, Clone, Default)]
+pub struct FakeKernel(Arc<Mutex<FakeState>>);
+
+/// What the fake kernel holds.
+#[derive(Debug, Clone, Default)]
+pub struct FakeState {
+    /// Per family: addresses, services and our sets.
+    pub families: BTreeMap<IpFamily, KernelState>,
+    /// kube-ipvs0 exists.
+    pub link: bool,
+    /// Connections per real server (what `connections` reports).
+    pub connections: BTreeMap<(ServiceKey, SocketAddr), u32>,
+    /// The last timeouts set, in seconds.
+    pub timeouts_secs: Option<(u64, u64, u64)>,
+    /// Requests received.
+    pub messages: u64,
+    /// Every operation applied, in order.
+    pub log: Vec<Op>,
+    /// Fail the next this many operations.
+    pub fail_ops: usize,
+}
+
+impl KernelError {
+    /// An error for `attempted` from an operation refusal.
+    pub fn refused(attempted: impl Into<String>, error: &OpError) -> Self {
+        let kind = match error {
+            OpError::Exists => io::ErrorKind::AlreadyExists,
+            OpError::Missing => io::ErrorKind::NotFound,
+        };
+        Self {
+            attempted: attempted.into(),
+            source: io::Error::new(kind, error.to_string()),
+        }
+    }
+}
+
+impl FakeKernel {
+    /// An empty kernel: no kube-ipvs0, no sets, no virtual servers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The state of `family`.
+    pub fn family(&self, family: IpFamily) -> KernelState {
+        let state = self.state();
+        let mut listed = state.families.get(&family).cloned().unwrap_or_default();
+        listed.link = state.link;
+        listed
+    }
+
+    /// Adds a virtual server someone else made (`ipvsadm -A`).
+    pub fn add_foreign_service(&self, key: ServiceKey, scheduler: &str) {
+        let mut state = self.state();
+        state
+            .families
+            .entry(IpFamily::of(&key.address))
+            .or_default()
+            .services
+            .insert(
+                key,
+                crate::state::ServiceState {
+                    server: crate::state::VirtualServer {
+                        scheduler: scheduler.to_owned(),
+                        flags: 0,
+                        timeout_secs: 0,
+                    },
+                    reals: BTreeMap::new(),
+                },
+            );
+    }
+
+    /// Sets the open connections of one real server.
+    pub fn set_connections(&self, service: ServiceKey, real: SocketAddr, count: u32) {
+        self.state().connections.insert((service, real), count);
+    }
+
+    /// Takes the operations applied since the last call.
+    pub fn take_log(&self) -> Vec<Op> {
+        std::mem::take(&mut self.state().log)
+    }
+
+    /// The number of requests so far.
+    pub fn messages(&self) -> u64 {
+        self.state().messages
+    }
+}
+
+impl IpvsKernel for FakeKernel {
+    fn list(&mut self, family: IpFamily) -> Result<KernelState, KernelError> {
+        let mut state = self.state();
+        // One dump each for links/addresses, services and sets, plus one
+        // destination dump per service, as the netlink kernel sends.
+        let listed = state.families.get(&family).cloned().unwrap_or_default();
+        state.messages += 3 + listed.services.len() as u64;
+        let mut listed = listed;
+        listed.link = state.link;
+        if !state.link {
+            listed.addresses = BTreeSet::new();
+        }
+        Ok(listed)
+    }
+
+    fn connections(
+        &mut self,
+        service: &ServiceKey,
+    ) -> Result<BTreeMap<SocketAddr, u32>, KernelError> {
+        let mut state = self.state();
+        state.messages += 1;
+        let family = IpFamily::of(&service.address);
+        let reals = state
+            .families
+            .get(&family)
+            .and_then(|f| f.services.get(service))
+            .map(|s| s.reals.keys().copied().collect::<Vec<_>>())
+            .ok_or_else(|| {
+                KernelError::refused(format!("ipvsadm -Ln {service}"), &OpError::Missing)
+            })?;
+        Ok(reals
+            .into_iter()
+            .map(|real| {
+                let count = state
+                    .connections
+                    .get(&(*service, real))
+                    .copied()
+                    .unwrap_or(0);
+                (real, count)
+            })
+            .collect())
+    }
+
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+        let mut state = self.state();
+        for op in ops {
+            state.messages += 1;
+            if state.fail_ops > 0 {
+                state.fail_ops -= 1;
+                return Err(KernelError {
+                    attempted: op.to_string(),
+                    source: io::Error::other("injected failure"),
+                });
+            }
+            let link = state.link;
+            let target = state.families.entry(family).or_default();
+            target.link = link;
+            target
+                .apply(op)
+                .map_err(|error| KernelError::refused(op.to_string(), &error))?;
+            if matches!(op, Op::CreateLink) {
+                state.link = true;
+                for other in state.families.values_mut() {
+                    other.link = true;
+                }
+            }
+            state.log.push(op.clone());
+        }
+        Ok(())
+    }
+
+    fn set_timeouts(
+        &mut self,
+        tcp: Duration,
+        tcp_fin: Duration,
+        udp: Duration,
+    ) -> Result<(), KernelError> {
+        let mut state = self.state();
+        state.messages += 1;
+        state.timeouts_secs = Some((tcp.as_secs(), tcp_fin.as_secs(), udp.as_secs()));
+        Ok(())
+    }
+
+    fn delete_link(&mut self) -> Result<bool, KernelError> {
+        let mut state = self.state();
+        state.messages += 1;
+        let existed = state.link;
+        state.link = false;
+        for family in state.families.values_mut() {
+            family.link = false;
+            family.addresses.clear();
+        }
+        Ok(existed)
+    }
+
+    fn destroy_set(&mut self, name: &str) -> Result<bool, KernelError> {
+        let mut state = self.state();
+        state.messages += 1;
+        let Some((kind, family)) = SetKind::from_name(name) else {
+            return Ok(false);
+        };
+        Ok(state
+            .families
+            .get_mut(&family)
+            .is_some_and(|f| f.sets.remove(&kind).is_some()))
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.messages()
+    }
+}
+
+/// Members of a set as the fake holds them (tests).
+pub fn members(state: &KernelState, kind: SetKind) -> Vec<SetEntry> {
+    state.entries(kind).copied().collect()
+}

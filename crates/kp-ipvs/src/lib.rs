@@ -1,0 +1,43 @@
+//! The IPVS backend of kube-proxy-rs (`--proxy-mode ipvs`).
+//!
+//! - [`capability`]: upstream's start-up check of the kernel version, the
+//!   required modules and the ipset version, as a pure function over the
+//!   kernel's files plus a wrapper for the real host.
+//! - [`planner`]: from the service ports of one sync to the kernel state the
+//!   mode wants ([`state::KernelState`]: addresses on `kube-ipvs0`, virtual
+//!   servers with real servers, ipset members) and the iptables rules around
+//!   it ([`rules`]).
+//! - [`diff`]: the planned state against the current one, as the shortest
+//!   list of operations ([`diff::Op`]).
+//! - [`kernel`]: the seam to the kernel ([`kernel::IpvsKernel`]) with an
+//!   in-memory fake; [`netlink`] is the real one (IPVS over generic
+//!   netlink, ipset over nfnetlink, the dummy link over rtnetlink).
+//! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode.
+//! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
+//! - [`cleanup`]: `--cleanup`, which keeps foreign virtual servers.
+//! - [`setup`]: what the binary calls ([`setup::backend`],
+//!   [`setup::check_host`], [`setup::cleanup`]).
+
+pub mod backend;
+pub mod capability;
+pub mod cleanup;
+pub mod diff;
+pub mod kernel;
+pub mod netlink;
+pub mod planner;
+pub mod rules;
+pub mod setup;
+pub mod state;
+pub mod testing;
+pub mod text;
+
+pub use backend::{IpvsBackend, IpvsOptions, MODE};
+pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};
+pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
+pub use diff::{diff, Op};
+pub use kernel::{FakeKernel, IpvsKernel, KernelError};
+pub use planner::{plan, Plan, PlanInput};
+pub use setup::{backend as build_backend, check_host, cleanup, SetupError, DEPRECATION_WARNING};
+pub use state::{
+    KernelState, ServiceKey, ServiceState, SetEntry, SetKind, VirtualServer, DUMMY_LINK,
+};

@@ -1,0 +1,289 @@
+//! The real kernel: IPVS over generic netlink ([`ipvs`]), ipset over
+//! nfnetlink ([`ipset`]), kube-ipvs0 over rtnetlink ([`link`]), all built
+//! on one small message layer ([`wire`], [`channel`]) over `netlink-sys`
+//! sockets. No `ipvsadm`, `ipset` or `ip` program runs.
+//!
+//! Each socket belongs to the network namespace of the thread that opens
+//! it (on first use).
+
+pub mod channel;
+pub mod ipset;
+pub mod ipvs;
+pub mod link;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kp_model::IpFamily;
+
+use crate::diff::Op;
+use crate::kernel::{IpvsKernel, KernelError};
+use crate::netlink::channel::BatchError;
+use crate::netlink::ipset::IpsetNetlink;
+use crate::netlink::ipvs::IpvsNetlink;
+use crate::netlink::link::DummyLink;
+use crate::netlink::wire::Message;
+use crate::state::{KernelState, ServiceKey, ServiceState, SetKind};
+
+/// The three netlink handles behind [`IpvsKernel`].
+#[derive(Debug, Default)]
+pub struct NetlinkKernel {
+    ipvs: IpvsNetlink,
+    ipset: IpsetNetlink,
+    link: DummyLink,
+    link_index: Option<u32>,
+}
+
+/// Which socket an operation goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Link,
+    Ipset,
+    Ipvs,
+}
+
+impl NetlinkKernel {
+    /// Handles that open their sockets on first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The kernel's ipset protocol version.
+    pub fn ipset_protocol(&mut self) -> io::Result<u8> {
+        self.ipset.protocol_version()
+    }
+
+    /// Every virtual server of both families (cleanup).
+    pub fn list_all_services(&mut self) -> io::Result<Vec<ServiceKey>> {
+        Ok(self
+            .ipvs
+            .list_services(None)?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
+    }
+
+    /// `ipvsadm -D -t SERVICE` (cleanup).
+    pub fn delete_service(&mut self, key: &ServiceKey) -> io::Result<()> {
+        let message = self.ipvs.delete_service_message(key)?;
+        self.ipvs.execute(vec![message]).map_err(|e| e.error)
+    }
+
+    fn index(&mut self) -> io::Result<u32> {
+        if let Some(index) = self.link_index {
+            return Ok(index);
+        }
+        let index = self
+            .link
+            .index()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "kube-ipvs0 does not exist"))?;
+        self.link_index = Some(index);
+        Ok(index)
+    }
+
+    fn message(&mut self, family: IpFamily, op: &Op) -> io::Result<Message> {
+        Ok(match op {
+            Op::CreateLink => {
+                return Err(io::Error::other("a link is created on its own"));
+            }
+            Op::AddAddress(ip) => DummyLink::address_message(self.index()?, *ip, true),
+            Op::DeleteAddress(ip) => DummyLink::address_message(self.index()?, *ip, false),
+            Op::CreateSet(kind) => IpsetNetlink::create_message(*kind, family),
+            Op::AddEntry(kind, entry) => IpsetNetlink::entry_message(*kind, family, entry, true),
+            Op::DeleteEntry(kind, entry) => {
+                IpsetNetlink::entry_message(*kind, family, entry, false)
+            }
+            Op::AddService(key, server) => self.ipvs.service_message(key, server, false)?,
+            Op::UpdateService(key, server) => self.ipvs.service_message(key, server, true)?,
+            Op::DeleteService(key) => self.ipvs.delete_service_message(key)?,
+            Op::AddReal(key, real, weight) => {
+                self.ipvs.dest_message(key, *real, Some(*weight), false)?
+            }
+            Op::UpdateReal(key, real, weight) => {
+                self.ipvs.dest_message(key, *real, Some(*weight), true)?
+            }
+            Op::DeleteReal(key, real) => self.ipvs.dest_message(key, *real, None, false)?,
+        })
+    }
+
+    /// Sends a run of operations that go to one socket.
+    fn send_run(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+        let Some(first) = ops.first() else {
+            return Ok(());
+        };
+        if *first == Op::CreateLink {
+            self.link_index = None;
+            return self.link.create().map_err(|e| failure(family, ops, e));
+        }
+        let mut messages = Vec::with_capacity(ops.len());
+        for op in ops {
+            let message = self.message(family, op).map_err(|source| KernelError {
+                attempted: describe(family, op),
+                source,
+            })?;
+            messages.push(message);
+        }
+        let result = match route(first) {
+            Route::Link => self.link.execute(messages),
+            Route::Ipset => self.ipset.execute(messages),
+            Route::Ipvs => self.ipvs.execute(messages),
+        };
+        result.map_err(|e| failure(family, ops, e))
+    }
+}
+
+impl IpvsKernel for NetlinkKernel {
+    fn list(&mut self, family: IpFamily) -> Result<KernelState, KernelError> {
+        let failed = |what: &str| {
+            let what = what.to_owned();
+            move |source| KernelError {
+                attempted: what,
+                source,
+            }
+        };
+        let mut state = KernelState::default();
+        self.link_index = self
+            .link
+            .index()
+            .map_err(failed("ip link show kube-ipvs0"))?;
+        if let Some(index) = self.link_index {
+            state.link = true;
+            state.addresses = self
+                .link
+                .addresses(index, family)
+                .map_err(failed("ip addr show dev kube-ipvs0"))?;
+        }
+        for (key, server) in self
+            .ipvs
+            .list_services(Some(family))
+            .map_err(failed("ipvsadm -Ln"))?
+        {
+            let reals = self
+                .ipvs
+                .list_dests(&key)
+                .map_err(failed(&format!("ipvsadm -Ln {key}")))?
+                .into_iter()
+                .map(|dest| (dest.address, dest.weight))
+                .collect();
+            state.services.insert(key, ServiceState { server, reals });
+        }
+        for kind in SetKind::ALL {
+            let name = kind.name(family);
+            if let Some(members) = self
+                .ipset
+                .list(name, family)
+                .map_err(failed(&format!("ipset list {name}")))?
+            {
+                state.sets.insert(kind, members);
+            }
+        }
+        Ok(state)
+    }
+
+    fn connections(
+        &mut self,
+        service: &ServiceKey,
+    ) -> Result<BTreeMap<SocketAddr, u32>, KernelError> {
+        let dests = self
+            .ipvs
+            .list_dests(service)
+            .map_err(|source| KernelError {
+                attempted: format!("ipvsadm -Ln {service}"),
+                source,
+            })?;
+        Ok(ipvs::connections(&dests))
+    }
+
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+        let mut start = 0;
+        while start < ops.len() {
+            let kind = route(&ops[start]);
+            let single = ops[start] == Op::CreateLink;
+            let mut end = start + 1;
+            while !single
+                && end < ops.len()
+                && route(&ops[end]) == kind
+                && ops[end] != Op::CreateLink
+            {
+                end += 1;
+            }
+            self.send_run(family, &ops[start..end])?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn set_timeouts(
+        &mut self,
+        tcp: Duration,
+        tcp_fin: Duration,
+        udp: Duration,
+    ) -> Result<(), KernelError> {
+        self.ipvs
+            .set_timeouts(tcp, tcp_fin, udp)
+            .map_err(|source| KernelError {
+                attempted: format!(
+                    "ipvsadm --set {} {} {}",
+                    tcp.as_secs(),
+                    tcp_fin.as_secs(),
+                    udp.as_secs()
+                ),
+                source,
+            })
+    }
+
+    fn delete_link(&mut self) -> Result<bool, KernelError> {
+        self.link_index = None;
+        self.link.delete().map_err(|source| KernelError {
+            attempted: "ip link del kube-ipvs0".to_owned(),
+            source,
+        })
+    }
+
+    fn destroy_set(&mut self, name: &str) -> Result<bool, KernelError> {
+        self.ipset.destroy(name).map_err(|source| KernelError {
+            attempted: format!("ipset destroy {name}"),
+            source,
+        })
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.ipvs.messages() + self.ipset.messages() + self.link.messages()
+    }
+}
+
+fn route(op: &Op) -> Route {
+    match op {
+        Op::CreateLink | Op::AddAddress(_) | Op::DeleteAddress(_) => Route::Link,
+        Op::CreateSet(_) | Op::AddEntry(..) | Op::DeleteEntry(..) => Route::Ipset,
+        _ => Route::Ipvs,
+    }
+}
+
+/// An operation as the command an operator would type, with real set names.
+fn describe(family: IpFamily, op: &Op) -> String {
+    match op {
+        Op::CreateSet(kind) => format!(
+            "ipset create {} {}",
+            kind.name(family),
+            kind.set_type().as_str()
+        ),
+        Op::AddEntry(kind, entry) => format!("ipset add {} {entry}", kind.name(family)),
+        Op::DeleteEntry(kind, entry) => format!("ipset del {} {entry}", kind.name(family)),
+        other => other.to_string(),
+    }
+}
+
+fn failure(family: IpFamily, ops: &[Op], error: BatchError) -> KernelError {
+    let attempted = ops
+        .get(error.index)
+        .map(|op| describe(family, op))
+        .unwrap_or_else(|| "a netlink request".to_owned());
+    KernelError {
+        attempted,
+        source: error.error,
+    }
+}

@@ -1,0 +1,534 @@
+//! Kernel tests of the IPVS mode: the real netlink kernel programs IPVS,
+//! ipsets and kube-ipvs0 in a node namespace, and real connections from a
+//! pod namespace prove the result.
+//!
+//! They need a kernel with IPVS, which the build machines lack, so they are
+//! `#[ignore]`d and named `vm_…`: `cargo test -p kp-ipvs` runs everything
+//! else, and scripts/ipvs-vm/run runs these inside a virtual machine with
+//! `--ignored`. Run on a kernel without IPVS they fail and say why.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/web, p80 80/TCP | ClusterIP 10.96.0.10, endpoints ep1, ep2 (node-1), ep3 (node-2) |
+//! | ns1/empty, p80 80/TCP | ClusterIP 10.96.0.14, no endpoints |
+//! | ns1/np, p80 80/TCP | NodePort 30080, externalIP 203.0.113.5, LB 203.0.113.9, endpoints ep1, ep3 |
+//! | ns1/local, p80 80/TCP | NodePort 30081, externalTrafficPolicy Local, endpoints ep1, ep3 |
+//! | ns1/sticky, p80 80/TCP | ClusterIP 10.96.0.13, ClientIP affinity, endpoints ep1, ep2 |
+//! | ns1/dns, p53 53/UDP | ClusterIP 10.96.0.20, endpoint ep2 |
+//! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 |
+//! | ns1/lb, p80 80/TCP | LB 203.0.113.9, loadBalancerSourceRanges client/32, endpoint ep1 |
+//! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use kp_iptables::{
+    Applier, ApplyError, IptablesFlavor, JumpRule, SavedTable, SystemApplier, Table,
+};
+use kp_ipvs::kernel::IpvsKernel;
+use kp_ipvs::netlink::NetlinkKernel;
+use kp_ipvs::testing::{service, Ports, RequestParts};
+use kp_ipvs::{
+    cleanup_with, IpvsBackend, IpvsOptions, Op, ServiceKey, SetKind, VirtualServer, DUMMY_LINK,
+};
+use kp_model::IpFamily;
+use kp_sync::Backend;
+use kp_testkit::netns::{
+    connect, expect_refused, expect_timeout, hits, hits_until_all, require_root, udp_roundtrip,
+    TcpSession, Topology,
+};
+
+const NEEDS_IPVS: &str = "needs a kernel with IPVS: run scripts/ipvs-vm/run";
+
+/// The iptables rules are proven by the golden tests and by kp-iptables'
+/// applier; these tests prove the IPVS, ipset and link side, so restores
+/// are only counted.
+#[derive(Default)]
+struct CountingApplier(usize);
+
+impl Applier for CountingApplier {
+    fn restore(&mut self, _: IpFamily, _: &str) -> Result<(), ApplyError> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn save_table(&mut self, _: IpFamily, _: Table) -> Result<SavedTable, ApplyError> {
+        Ok(SavedTable::default())
+    }
+    fn chain_exists(&mut self, _: IpFamily, _: Table, _: &str) -> Result<bool, ApplyError> {
+        Ok(self.0 > 0)
+    }
+    fn ensure_chain(&mut self, _: IpFamily, _: Table, _: &str) -> Result<(), ApplyError> {
+        Ok(())
+    }
+    fn delete_jump(&mut self, _: IpFamily, _: &JumpRule) -> Result<bool, ApplyError> {
+        Ok(false)
+    }
+    fn flush_and_delete_chain(
+        &mut self,
+        _: IpFamily,
+        _: Table,
+        _: &str,
+    ) -> Result<bool, ApplyError> {
+        Ok(false)
+    }
+}
+
+#[track_caller]
+fn require_ipvs() {
+    require_root();
+    assert!(
+        Path::new("/proc/net/ip_vs").exists(),
+        "this kernel has no IPVS (/proc/net/ip_vs is missing; the ip_vs module is not loaded): {NEEDS_IPVS}"
+    );
+}
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), port)
+}
+
+fn ip_of(topology: &Topology, pod: &str) -> String {
+    topology.pod(pod).ip().to_string()
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_cluster_ip_spreads_over_three_endpoints_and_an_empty_service_refuses() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "web", "10.96.0.10", 80)
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep2"), 80, true)
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .with(service("ns1", "empty", "10.96.0.14", 80))
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(CountingApplier::default()),
+    );
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .expect("the first sync programs the node");
+
+    let counts = hits_until_all(
+        topology.pod("src"),
+        at("10.96.0.10", 80),
+        &["ep1", "ep2", "ep3"],
+        60,
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1", "ep2", "ep3"],
+        "rr spreads connections over every endpoint: {counts:?}"
+    );
+    expect_refused(topology.pod("src"), at("10.96.0.14", 80));
+
+    // What the kernel holds is what was planned: a second full sync sends
+    // nothing but its listing.
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V4))
+        .unwrap();
+    assert!(listed.link, "{DUMMY_LINK} exists");
+    let addresses: Vec<IpAddr> = listed.addresses.iter().copied().collect();
+    assert_eq!(
+        addresses,
+        [
+            "10.96.0.10".parse::<IpAddr>().unwrap(),
+            "10.96.0.14".parse().unwrap()
+        ]
+    );
+    assert_eq!(listed.services.len(), 2);
+    assert_eq!(&listed, backend.applied().unwrap());
+    let outcome = topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    assert_eq!(outcome.objects_written, 0, "nothing was rewritten");
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_one_endpoint_change_touches_one_real_server() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .remote_pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    // ep2 is on another node, so adding it changes no hairpin set member.
+    let web = |both: bool| {
+        let mut svc =
+            service("ns1", "web", "10.96.0.10", 80).endpoint(&ip_of(&topology, "ep1"), 80, true);
+        if both {
+            svc = svc.endpoint(&ip_of(&topology, "ep2"), 80, false);
+        }
+        RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
+    };
+    let mut backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(CountingApplier::default()),
+    );
+    let one = web(false);
+    let two = web(true);
+    topology
+        .node()
+        .run(|| backend.sync(&one.request(true)))
+        .unwrap();
+    let counts = hits_until_all(topology.pod("src"), at("10.96.0.10", 80), &["ep1"], 10);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1"]);
+    let outcome = topology
+        .node()
+        .run(|| backend.sync(&two.request(false)))
+        .unwrap();
+    assert_eq!(outcome.objects_written, 1, "one real server added");
+    let counts = hits_until_all(
+        topology.pod("src"),
+        at("10.96.0.10", 80),
+        &["ep1", "ep2"],
+        60,
+    );
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
+}
+
+/// A backend for the node of `topology`, with the real netlink kernel.
+fn node_backend(family: IpFamily) -> IpvsBackend {
+    IpvsBackend::new(
+        family,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(CountingApplier::default()),
+    )
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "np", "10.96.0.11", 80)
+                .node_port(30080)
+                .external_ip("203.0.113.5")
+                .load_balancer("203.0.113.9")
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .with(
+            service("ns1", "local", "10.96.0.12", 80)
+                .node_port(30081)
+                .local_policy()
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(IpFamily::V4);
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+
+    let client = topology.client();
+    for address in [
+        at("192.168.99.2", 30080),
+        at("203.0.113.5", 80),
+        at("203.0.113.9", 80),
+    ] {
+        let counts = hits_until_all(client, address, &["ep1", "ep3"], 60);
+        assert_eq!(
+            counts.keys().collect::<Vec<_>>(),
+            ["ep1", "ep3"],
+            "{address}: {counts:?}"
+        );
+    }
+    // externalTrafficPolicy Local: only the local endpoint, and it sees the
+    // client's own address.
+    let counts = hits(client, at("192.168.99.2", 30081), 12);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1"], "{counts:?}");
+    let reply = connect(client, at("192.168.99.2", 30081)).unwrap();
+    assert_eq!(
+        reply.source,
+        IpAddr::V4(client.ip()),
+        "the client address is preserved"
+    );
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_session_affinity_udp_and_ipv6() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80).udp(53))
+        .pod("ep2", |p| p.tcp(80).udp(53))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "sticky", "10.96.0.13", 80)
+                .affinity(600)
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep2"), 80, true),
+        )
+        .with(
+            service("ns1", "dns", "10.96.0.20", 53)
+                .protocol(kp_model::Protocol::Udp)
+                .endpoint(&ip_of(&topology, "ep2"), 53, true),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(IpFamily::V4);
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    let counts = hits(topology.pod("src"), at("10.96.0.13", 80), 16);
+    assert_eq!(
+        counts.len(),
+        1,
+        "every connection sticks to one endpoint: {counts:?}"
+    );
+    let reply = udp_roundtrip(topology.pod("src"), at("10.96.0.20", 53)).unwrap();
+    assert_eq!(reply.backend, "ep2");
+
+    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
+    let ports6 = Ports::new()
+        .with(
+            service("ns1", "web6", "fd00:10:96::10", 80)
+                .endpoint(&v6("ep1"), 80, true)
+                .endpoint(&v6("ep2"), 80, true),
+        )
+        .build();
+    let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
+    let mut backend6 = node_backend(IpFamily::V6);
+    topology
+        .node()
+        .run(|| backend6.sync(&parts6.request(true)))
+        .unwrap();
+    let counts = hits_until_all(
+        topology.pod("src"),
+        at("fd00:10:96::10", 80),
+        &["ep1", "ep2"],
+        60,
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1", "ep2"],
+        "{counts:?}"
+    );
+    // Both families share kube-ipvs0; each keeps its own sets.
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V6))
+        .unwrap();
+    assert!(listed.has_entries(SetKind::ClusterIp));
+    assert_eq!(listed.addresses.len(), 1);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_a_removed_endpoint_keeps_its_open_connection_while_new_ones_avoid_it() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let web = |with_ep1: bool| {
+        let mut svc =
+            service("ns1", "web", "10.96.0.10", 80).endpoint(&ip_of(&topology, "ep2"), 80, true);
+        if with_ep1 {
+            svc = svc.endpoint(&ip_of(&topology, "ep1"), 80, true);
+        }
+        RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
+    };
+    let (both, only_ep2) = (web(true), web(false));
+    let mut backend = node_backend(IpFamily::V4);
+    topology
+        .node()
+        .run(|| backend.sync(&both.request(true)))
+        .unwrap();
+    let mut session = (0..40)
+        .map(|_| TcpSession::open(topology.pod("src"), at("10.96.0.10", 80)).unwrap())
+        .find(|s| s.backend() == "ep1")
+        .expect("some connection reaches ep1");
+
+    topology
+        .node()
+        .run(|| backend.sync(&only_ep2.request(false)))
+        .unwrap();
+    let reply = session.echo("still there").unwrap();
+    assert_eq!(
+        (reply.backend.as_str(), reply.text.as_str()),
+        ("ep1", "still there")
+    );
+    let counts = hits(topology.pod("src"), at("10.96.0.10", 80), 12);
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep2"],
+        "new connections avoid ep1: {counts:?}"
+    );
+    let weight = |backend: &IpvsBackend| {
+        backend
+            .applied()
+            .unwrap()
+            .services
+            .values()
+            .next()
+            .unwrap()
+            .reals
+            .get(&SocketAddr::new(topology.pod("ep1").ip().into(), 80))
+            .copied()
+    };
+    assert_eq!(
+        weight(&backend),
+        Some(0),
+        "drained, not deleted, while the connection is open"
+    );
+    // IPVS keeps a closed connection in TIME_WAIT for two minutes, so its
+    // deletion once the count reaches zero is shown with the fake kernel
+    // (backend tests) rather than waited for here.
+    drop(session);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "web", "10.96.0.10", 80)
+                .node_port(30080)
+                .endpoint(&ip_of(&topology, "ep1"), 80, true),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(IpFamily::V4);
+    let foreign = ServiceKey {
+        address: "192.168.99.2".parse().unwrap(),
+        protocol: kp_model::Protocol::Tcp,
+        port: 8443,
+    };
+    let report = topology.node().run(|| {
+        backend.sync(&parts.request(true)).unwrap();
+        let mut kernel = NetlinkKernel::new();
+        let server = VirtualServer {
+            scheduler: "lc".into(),
+            flags: 0,
+            timeout_secs: 0,
+        };
+        kernel
+            .apply(IpFamily::V4, &[Op::AddService(foreign, server)])
+            .unwrap();
+        cleanup_with(&mut kernel, &mut []).unwrap()
+    });
+    assert_eq!(report.services.len(), 2, "{report:?}");
+    assert!(report.link);
+    let (v4, v6) = topology.node().run(|| {
+        let mut kernel = NetlinkKernel::new();
+        (
+            kernel.list(IpFamily::V4).unwrap(),
+            kernel.list(IpFamily::V6).unwrap(),
+        )
+    });
+    assert!(!v4.link, "kube-ipvs0 is gone");
+    assert!(
+        v4.sets.is_empty() && v6.sets.is_empty(),
+        "no set of ours is left: {:?}",
+        v4.sets.keys()
+    );
+    assert_eq!(
+        v4.services.keys().copied().collect::<Vec<_>>(),
+        [foreign],
+        "the foreign virtual server stays"
+    );
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
+    require_ipvs();
+    kp_testkit::netns::require_tool("iptables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .client("client")
+        .client("client2")
+        .build()
+        .unwrap();
+    let client = topology.client_named("client");
+    let ports = Ports::new()
+        .with(
+            service("ns1", "lb", "10.96.0.15", 80)
+                .load_balancer("203.0.113.9")
+                .source_range(&format!("{}/32", client.ip()))
+                .endpoint(&ip_of(&topology, "ep1"), 80, true),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+
+    assert_eq!(
+        connect(client, at("203.0.113.9", 80)).unwrap().backend,
+        "ep1"
+    );
+    expect_timeout(topology.client_named("client2"), at("203.0.113.9", 80));
+    // A pod reaching itself through its Service is masqueraded
+    // (KUBE-LOOP-BACK), so the reply finds its way back.
+    let reply = connect(topology.pod("ep1"), at("10.96.0.15", 80)).unwrap();
+    assert_eq!(reply.backend, "ep1");
+    assert_ne!(
+        reply.source,
+        IpAddr::V4(topology.pod("ep1").ip()),
+        "hairpin traffic is masqueraded"
+    );
+
+    // A later full sync finds the chains and inserts no second jump.
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    let saved = topology
+        .node()
+        .exec_ok("iptables-legacy-save", &["-t", "filter"]);
+    assert_eq!(saved.matches("-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER").count(), 1, "{saved}");
+    assert!(
+        saved.contains("--match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"),
+        "{saved}"
+    );
+}

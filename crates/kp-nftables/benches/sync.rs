@@ -1,0 +1,262 @@
+//! Sync time of the nftables backend against the real kernel, committing
+//! with `nft -f -`.
+//!
+//! For each size (Service ports × 2 endpoints, one TCP port each), in a
+//! network namespace this program creates, enters and removes: the cold
+//! start (the first sync, which deletes and writes the table), full render
+//! and full sync time, and the render and sync time of a partial sync after
+//! one endpoint changed; plus the time `nft -f` needs for a one-line
+//! transaction on the same table (the floor any `nft`-based sync pays:
+//! process start and nft's cache of the table). Medians of 5 runs.
+//!
+//! Needs root and nft. Run with `cargo bench -p kp-nftables --bench sync`,
+//! or `KP_BENCH_SIZES=1000,10000 cargo bench -p kp-nftables --bench sync`.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kp_iptables::{LocalDetector, NodePortAddresses};
+use kp_model::{
+    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
+    ServicePortName,
+};
+use kp_nftables::{NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer};
+use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
+use kp_testkit::netns::Netns;
+
+const RUNS: usize = 5;
+const DEFAULT_SIZES: &str = "1000,10000";
+
+fn endpoint(n: u32) -> Arc<Endpoint> {
+    Arc::new(Endpoint {
+        ip: IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + n)),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local: false,
+        node_name: Some("node-2".into()),
+        zone: None,
+        zone_hints: None,
+        node_hints: None,
+    })
+}
+
+fn name(i: u32) -> ServicePortName {
+    ServicePortName::new(
+        NamespacedName::new(format!("ns{}", i % 100), format!("svc{i}")),
+        "http",
+        Protocol::Tcp,
+    )
+}
+
+fn state(i: u32, mut all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
+    let port = ServicePort {
+        cluster_ip: IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + i)),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        traffic_distribution: None,
+        topology_mode: None,
+    };
+    all_endpoints.sort_by_key(|e| (e.ip, e.port));
+    let endpoints = categorize_endpoints(&all_endpoints, &port, "node-1", &BTreeMap::new());
+    ServicePortState {
+        port: Arc::new(port),
+        endpoints,
+        all_endpoints,
+    }
+}
+
+fn services(count: u32) -> BTreeMap<ServicePortName, ServicePortState> {
+    let pair = |i: u32| vec![endpoint(2 * i), endpoint(2 * i + 1)];
+    (0..count).map(|i| (name(i), state(i, pair(i)))).collect()
+}
+
+fn options() -> NftablesOptions {
+    NftablesOptions {
+        local_detector: LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()]),
+        ..NftablesOptions::default()
+    }
+}
+
+fn node() -> NodeInfo {
+    NodeInfo {
+        name: "node-1".into(),
+        addresses: vec![IpAddr::V4(Ipv4Addr::new(192, 168, 99, 2))],
+        ..NodeInfo::default()
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> f64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2].as_secs_f64() * 1000.0
+}
+
+fn time(f: impl FnOnce()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+#[derive(Debug)]
+struct Row {
+    size: u32,
+    cold_ms: f64,
+    render_full_ms: f64,
+    full_ms: f64,
+    render_change_ms: f64,
+    change_ms: f64,
+    nft_floor_ms: f64,
+}
+
+fn measure(size: u32) -> Row {
+    let namespace = Netns::create("bench-nft").expect("the benchmark needs root");
+    namespace.run(|| measure_here(size))
+}
+
+fn render_times(
+    current: &BTreeMap<ServicePortName, ServicePortState>,
+    node: &NodeInfo,
+) -> (f64, f64) {
+    let mut renderer = Renderer::new(options()).unwrap();
+    let none = BTreeSet::new();
+    let mut input = RenderInput {
+        family: IpFamily::V4,
+        full: true,
+        reset: false,
+        service_ports: current,
+        changed_services: &none,
+        node,
+        node_port_addresses: None,
+        now: Instant::now(),
+    };
+    let mut programmed = Programmed::default();
+    let full = (0..RUNS).map(|_| time(|| drop(renderer.render(&input, &programmed))));
+    let full = median(full.collect());
+    programmed.commit(renderer.render(&input, &programmed).delta);
+    let changed = BTreeSet::from([name(7).service]);
+    input.full = false;
+    input.changed_services = &changed;
+    let partial = (0..RUNS).map(|_| time(|| drop(renderer.render(&input, &programmed))));
+    (full, median(partial.collect()))
+}
+
+fn measure_here(size: u32) -> Row {
+    let node = node();
+    let mut current = services(size);
+    let (render_full_ms, render_change_ms) = render_times(&current, &node);
+    let stale = StaleConntrack::default();
+    let no_changes = BTreeSet::new();
+    let mut backend =
+        NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap();
+    let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
+        let request = SyncRequest {
+            family: IpFamily::V4,
+            full,
+            service_ports: services,
+            changed_services: changed,
+            node: &node,
+            stale_conntrack: &stale,
+        };
+        time(|| {
+            backend.sync(&request).unwrap();
+        })
+    };
+    let cold_ms = median(vec![sync(&current, true, &no_changes)]);
+    let full = (0..RUNS).map(|_| sync(&current, true, &no_changes));
+    let full_ms = median(full.collect());
+    let changed = BTreeSet::from([name(7).service]);
+    let mut change = Vec::new();
+    for run in 0..RUNS as u32 {
+        let moved = vec![endpoint(14), endpoint(1_000_000 + run)];
+        current.insert(name(7), state(7, moved));
+        change.push(sync(&current, false, &changed));
+    }
+    let floor = (0..RUNS).map(|_| time(nft_one_line));
+    Row {
+        size,
+        cold_ms,
+        render_full_ms,
+        full_ms,
+        render_change_ms,
+        change_ms: median(change),
+        nft_floor_ms: median(floor.collect()),
+    }
+}
+
+/// `nft -f -` with one element change on the table the syncs left.
+fn nft_one_line() {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let text = "add element ip kube-proxy cluster-ips { 10.96.255.254 }\ndelete element ip kube-proxy cluster-ips { 10.96.255.254 }\n";
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing to parse.
+    let sizes = std::env::var("KP_BENCH_SIZES").unwrap_or_else(|_| DEFAULT_SIZES.to_owned());
+    let sizes: Vec<u32> = sizes
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("KP_BENCH_SIZES: comma-separated numbers")
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for &size in &sizes {
+        eprintln!("measuring {size} service ports");
+        rows.push(measure(size));
+    }
+    println!("| Service ports (×2 endpoints) | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for row in rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            row.size,
+            row.cold_ms,
+            row.render_full_ms,
+            row.full_ms,
+            row.render_change_ms,
+            row.change_ms,
+            row.nft_floor_ms
+        );
+    }
+    println!();
+    println!("medians of {RUNS} runs (cold start: one run)");
+    match peak_rss_kib() {
+        Some(kib) => println!(
+            "peak RSS of this process (VmHWM): {:.1} MiB",
+            kib as f64 / 1024.0
+        ),
+        None => println!("peak RSS (VmHWM): unavailable"),
+    }
+}

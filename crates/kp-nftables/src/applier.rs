@@ -1,0 +1,268 @@
+//! Committing a transaction to the kernel.
+//!
+//! [`Applier`] is the seam between the backend and the kernel. Three
+//! implementations exist:
+//! - [`NftApplier`] runs `nft -f -` with the transaction on stdin, in the
+//!   network namespace of the calling thread; nft sends it to the kernel as
+//!   one netlink batch, which the kernel commits atomically or not at all.
+//! - [`FakeApplier`] records transactions in memory, for unit tests.
+//! - [`DryRunApplier`] writes them to a writer (`--dry-run`).
+
+use std::io::{self, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kp_model::IpFamily;
+
+/// Commits nft transactions.
+pub trait Applier: Send {
+    /// Commits `text` (`nft -f` input) as one transaction.
+    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
+}
+
+/// Why a transaction was not committed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The program could not be started.
+    #[error("starting {program}")]
+    Spawn {
+        /// The program, e.g. `nft`.
+        program: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The program rejected the transaction; nothing was committed.
+    #[error("{program} -f - exited with {status}: {message}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {text})")).unwrap_or_default())]
+    Rejected {
+        /// The program.
+        program: String,
+        /// Its exit status.
+        status: String,
+        /// The first line of its error output.
+        message: String,
+        /// The rejected line of the transaction, with its number.
+        line: Option<(usize, String)>,
+    },
+    /// The kernel refused a netlink batch; nothing was committed.
+    #[error("the kernel refused the transaction: {message}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {text})")).unwrap_or_default())]
+    Kernel {
+        /// The error the kernel answered, or why the batch was not sent.
+        message: String,
+        /// The line of the transaction it refused, with its number.
+        line: Option<(usize, String)>,
+    },
+    /// Writing the transaction failed (dry run) or a fake was told to fail.
+    #[error("writing the transaction")]
+    Write(#[source] io::Error),
+}
+
+/// Runs `nft -f -`.
+#[derive(Debug, Clone)]
+pub struct NftApplier {
+    program: String,
+}
+
+/// One transaction a [`FakeApplier`] received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeTransaction {
+    /// The family.
+    pub family: IpFamily,
+    /// The text.
+    pub text: String,
+}
+
+/// Records transactions; shares its record with its clones, so a test
+/// keeps a clone after handing one to the backend.
+#[derive(Debug, Clone, Default)]
+pub struct FakeApplier {
+    inner: Arc<Mutex<FakeInner>>,
+}
+
+#[derive(Debug, Default)]
+struct FakeInner {
+    transactions: Vec<FakeTransaction>,
+    failures: usize,
+}
+
+/// Writes each transaction to a writer, touching nothing.
+pub struct DryRunApplier {
+    out: Box<dyn Write + Send>,
+}
+
+impl ApplyError {
+    /// The program that is not installed, if that is the cause.
+    pub fn missing_program(&self) -> Option<&str> {
+        match self {
+            Self::Spawn { program, source } if source.kind() == io::ErrorKind::NotFound => {
+                Some(program)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl NftApplier {
+    /// Runs `nft` from the PATH.
+    pub fn new() -> Self {
+        Self::with_program("nft")
+    }
+
+    /// Runs `program` instead of `nft`.
+    pub fn with_program(program: impl Into<String>) -> Self {
+        Self {
+            program: program.into(),
+        }
+    }
+
+    /// The program run.
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+}
+
+impl Default for NftApplier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Applier for NftApplier {
+    fn apply(&mut self, _family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        let spawn_error = |source| ApplyError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        let mut child = Command::new(&self.program)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
+        let written = child
+            .stdin
+            .take()
+            .map(|mut stdin| stdin.write_all(text.as_bytes()));
+        let output = child.wait_with_output().map_err(spawn_error)?;
+        if output.status.success() {
+            return match written {
+                Some(Err(error)) => Err(ApplyError::Write(error)),
+                _ => Ok(()),
+            };
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(ApplyError::Rejected {
+            program: self.program.clone(),
+            status: output.status.to_string(),
+            message: error_message(&stderr),
+            line: failing_line(&stderr, text),
+        })
+    }
+}
+
+/// The first line of nft's error output that says what went wrong.
+fn error_message(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|line| line.contains("Error:"))
+        .or_else(|| stderr.lines().next())
+        .unwrap_or("no error output")
+        .trim()
+        .to_owned()
+}
+
+/// nft names the rejected line as `/dev/stdin:LINE:COLUMNS: Error: …`.
+fn failing_line(stderr: &str, text: &str) -> Option<(usize, String)> {
+    let line = stderr.lines().find(|line| line.contains("Error:"))?;
+    let number: usize = line.split(':').nth(1)?.trim().parse().ok()?;
+    let content = text.lines().nth(number.checked_sub(1)?)?;
+    Some((number, content.to_owned()))
+}
+
+impl FakeApplier {
+    /// A fake that accepts everything.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every transaction received so far.
+    pub fn transactions(&self) -> Vec<FakeTransaction> {
+        self.lock().transactions.clone()
+    }
+
+    /// The last transaction received.
+    pub fn last(&self) -> Option<FakeTransaction> {
+        self.lock().transactions.last().cloned()
+    }
+
+    /// Makes the next `count` transactions fail (they are still recorded).
+    pub fn fail_next(&self, count: usize) {
+        self.lock().failures = count;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Applier for FakeApplier {
+    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        let mut inner = self.lock();
+        inner.transactions.push(FakeTransaction {
+            family,
+            text: text.to_owned(),
+        });
+        if inner.failures > 0 {
+            inner.failures -= 1;
+            return Err(ApplyError::Write(io::Error::other("fake failure")));
+        }
+        Ok(())
+    }
+}
+
+impl DryRunApplier {
+    /// Writes to `out`.
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        Self { out }
+    }
+}
+
+impl Applier for DryRunApplier {
+    fn apply(&mut self, _family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        self.out
+            .write_all(text.as_bytes())
+            .and_then(|()| self.out.flush())
+            .map_err(ApplyError::Write)
+    }
+}
+
+impl std::fmt::Debug for DryRunApplier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DryRunApplier").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn the_rejected_line_is_named() {
+        let stderr = "/dev/stdin:2:1-20: Error: Could not process rule: No such file or directory\nadd rule ip kube-proxy x\n^^^^\n";
+        let text = "add table ip kube-proxy\nadd rule ip kube-proxy x drop\n";
+        assert_eq!(
+            failing_line(stderr, text),
+            Some((2, "add rule ip kube-proxy x drop".to_owned()))
+        );
+        assert!(error_message(stderr).starts_with("/dev/stdin:2:1-20: Error: Could not"));
+    }
+
+    #[test]
+    fn a_missing_program_is_reported_as_such() {
+        let mut applier = NftApplier::with_program("/nonexistent/nft");
+        let error = applier.apply(IpFamily::V4, "").unwrap_err();
+        assert_eq!(error.missing_program(), Some("/nonexistent/nft"));
+    }
+}

@@ -1,0 +1,379 @@
+//! [`NftablesBackend`]: the nftables mode as a [`kp_sync::Backend`].
+//!
+//! One sync is one transaction. The sync loop asks for a full sync once per
+//! `syncPeriod` and after any failure; the backend also syncs in full until
+//! its first success and after a failed transaction. A full transaction
+//! declares and flushes every fixed object and rewrites every Service, so
+//! it repairs whatever someone else did to the table (`nft flush ruleset`,
+//! `nft delete table ip kube-proxy`, a flushed chain) within one
+//! `syncPeriod`: that is this mode's canary. A partial transaction that
+//! meets a deleted table fails on its first chain and makes the next sync
+//! full at once.
+//!
+//! The first transaction of a process, and the one after a failed one,
+//! deletes the table first (in the same transaction), which removes
+//! stale chains an earlier process left without listing the table and
+//! lets base chains change priority. Other stale chains are flushed at
+//! once and deleted by a transaction at least a second later.
+
+use std::io;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use kp_config::{KubeProxyConfiguration, LocalMode};
+use kp_iptables::{IptablesError, LocalDetector, NodePortAddresses};
+use kp_model::{IpFamily, NodeInfo};
+use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
+
+use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
+use crate::names::TABLE;
+use crate::options::NftablesOptions;
+use crate::render::{RenderInput, Rendered, Renderer};
+use crate::state::Programmed;
+use crate::NftablesError;
+
+/// The mode's name, as `--proxy-mode` spells it.
+pub const MODE: &str = "nftables";
+
+/// Lists the host's addresses (for `nodePortAddresses` CIDRs); `true` asks
+/// for a fresh listing.
+type AddressLister = Box<dyn FnMut(bool) -> io::Result<Vec<IpAddr>> + Send>;
+
+/// The nftables mode for one IP family.
+pub struct NftablesBackend {
+    family: IpFamily,
+    renderer: Renderer,
+    node_port_addresses: NodePortAddresses,
+    applier: Box<dyn Applier>,
+    local_addresses: AddressLister,
+    clock: Box<dyn FnMut() -> Instant + Send>,
+    programmed: Programmed,
+    needs_full_sync: bool,
+    needs_reset: bool,
+}
+
+/// The nftables backend of `family` as the binary configures it:
+/// `nftables.masqueradeBit`, `nftables.masqueradeAll`, `detectLocalMode`
+/// with `clusterCIDR` or `detectLocal`, and `nodePortAddresses` (unset
+/// means `primary` in this mode). With `dry_run` every transaction is
+/// written to stdout and nothing is touched.
+pub fn from_config(
+    config: &KubeProxyConfiguration,
+    family: IpFamily,
+    dry_run: bool,
+) -> Result<NftablesBackend, NftablesError> {
+    let options = options_from_config(config)?;
+    let addresses = NodePortAddresses::parse(&config.effective_node_port_addresses())
+        .map_err(from_iptables_error)?;
+    if dry_run {
+        NftablesBackend::dry_run(family, options, addresses, Box::new(io::stdout()))
+    } else {
+        NftablesBackend::system(family, options, addresses)
+    }
+}
+
+/// Deletes the `kube-proxy` tables of both families with `nft`
+/// (`--cleanup`, and what another mode does at start). A table that does
+/// not exist is no error.
+pub fn cleanup() -> Result<(), BackendError> {
+    cleanup_with(&mut NftApplier::new())
+}
+
+/// Like [`cleanup`], through `applier`.
+pub fn cleanup_with(applier: &mut dyn Applier) -> Result<(), BackendError> {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let table = format!("{} {TABLE}", crate::options::family_keyword(family));
+        let text = format!("add table {table}\ndelete table {table}\n");
+        applier
+            .apply(family, &text)
+            .map_err(|e| apply_error("deleting the kube-proxy table", e))?;
+    }
+    Ok(())
+}
+
+impl NftablesBackend {
+    /// A backend for `family` committing through `applier`, with the
+    /// host's addresses from rtnetlink (of the namespace of the thread
+    /// that runs the first sync needing them).
+    pub fn new(
+        family: IpFamily,
+        options: NftablesOptions,
+        node_port_addresses: NodePortAddresses,
+        applier: Box<dyn Applier>,
+    ) -> Result<Self, NftablesError> {
+        let mut host = None::<kp_host::HostAddresses>;
+        let local_addresses: AddressLister = Box::new(move |fresh| {
+            let host = host.get_or_insert_with(kp_host::HostAddresses::new);
+            let listed = if fresh {
+                host.refresh()
+            } else {
+                host.addresses()
+            };
+            listed.map(<[IpAddr]>::to_vec).map_err(io::Error::other)
+        });
+        Ok(Self {
+            family,
+            renderer: Renderer::new(options)?,
+            node_port_addresses,
+            applier,
+            local_addresses,
+            clock: Box::new(Instant::now),
+            programmed: Programmed::default(),
+            needs_full_sync: true,
+            needs_reset: true,
+        })
+    }
+
+    /// A backend running `nft -f -`.
+    pub fn system(
+        family: IpFamily,
+        options: NftablesOptions,
+        node_port_addresses: NodePortAddresses,
+    ) -> Result<Self, NftablesError> {
+        Self::new(
+            family,
+            options,
+            node_port_addresses,
+            Box::new(NftApplier::new()),
+        )
+    }
+
+    /// A backend that writes every transaction, exactly as it would commit
+    /// it, to `out` and touches nothing (`--dry-run`).
+    pub fn dry_run(
+        family: IpFamily,
+        options: NftablesOptions,
+        node_port_addresses: NodePortAddresses,
+        out: Box<dyn io::Write + Send>,
+    ) -> Result<Self, NftablesError> {
+        let applier = Box::new(DryRunApplier::new(out));
+        Self::new(family, options, node_port_addresses, applier)
+    }
+
+    /// Lists the host's addresses with `list` (given `true` when a fresh
+    /// listing is wanted) instead of rtnetlink.
+    pub fn with_local_addresses(
+        mut self,
+        list: impl FnMut(bool) -> io::Result<Vec<IpAddr>> + Send + 'static,
+    ) -> Self {
+        self.local_addresses = Box::new(list);
+        self
+    }
+
+    /// Reads the time from `clock` (stale chains wait a second).
+    pub fn with_clock(mut self, clock: impl FnMut() -> Instant + Send + 'static) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// What the table holds after the last successful transaction.
+    pub fn programmed(&self) -> &Programmed {
+        &self.programmed
+    }
+
+    /// The addresses NodePorts answer on; `None` means every local address.
+    fn resolve_node_ports(
+        &mut self,
+        node: &NodeInfo,
+        full: bool,
+    ) -> Result<Option<Vec<IpAddr>>, BackendError> {
+        let needs_host = matches!(
+            &self.node_port_addresses,
+            NodePortAddresses::Select { cidrs, .. } if !cidrs.is_empty()
+        );
+        let local = if needs_host {
+            (self.local_addresses)(full).map_err(|source| BackendError::Apply {
+                mode: MODE,
+                attempted: "listing the host's addresses for nodePortAddresses".to_owned(),
+                source: Box::new(source),
+            })?
+        } else {
+            Vec::new()
+        };
+        Ok(self.node_port_addresses.resolve(self.family, node, &local))
+    }
+}
+
+impl Backend for NftablesBackend {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
+        if request.family != self.family {
+            return Err(BackendError::Render {
+                mode: MODE,
+                reason: format!(
+                    "a sync of {} rules reached the {} backend",
+                    request.family, self.family
+                ),
+            });
+        }
+        let full = request.full || self.needs_full_sync;
+        let reset = full && self.needs_reset;
+        let node_ports = self.resolve_node_ports(request.node, full)?;
+        let rendered = self.renderer.render(
+            &RenderInput {
+                family: self.family,
+                full,
+                reset,
+                service_ports: request.service_ports,
+                changed_services: request.changed_services,
+                node: request.node,
+                node_port_addresses: node_ports.as_deref(),
+                now: (self.clock)(),
+            },
+            &self.programmed,
+        );
+        tracing::trace!(family = %self.family, transaction = %rendered.text, "committing nftables transaction");
+        if let Err(error) = self.applier.apply(self.family, &rendered.text) {
+            // The kernel kept the table as the last transaction left it,
+            // but someone else may have changed it behind the record (a
+            // deleted table fails a partial transaction): the next sync
+            // deletes the table and writes it afresh, which needs no record.
+            // Affinity state is lost then, as after a restart.
+            self.needs_full_sync = true;
+            self.needs_reset = true;
+            return Err(apply_error("committing the transaction", error));
+        }
+        if reset {
+            self.programmed.clear();
+        }
+        self.needs_full_sync = false;
+        self.needs_reset = false;
+        let outcome = outcome(&rendered, &self.programmed);
+        self.programmed.commit(rendered.delta);
+        tracing::debug!(
+            family = %self.family,
+            full,
+            reset,
+            commands = rendered.stats.commands,
+            elements_added = rendered.stats.elements_added,
+            elements_deleted = rendered.stats.elements_deleted,
+            chains_deleted = rendered.stats.chains_deleted,
+            "committed nftables transaction"
+        );
+        Ok(outcome)
+    }
+}
+
+impl std::fmt::Debug for NftablesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NftablesBackend")
+            .field("family", &self.family)
+            .field("node_port_addresses", &self.node_port_addresses)
+            .field("needs_full_sync", &self.needs_full_sync)
+            .finish_non_exhaustive()
+    }
+}
+
+fn options_from_config(config: &KubeProxyConfiguration) -> Result<NftablesOptions, NftablesError> {
+    let invalid = |e: kp_config::InvalidValue| NftablesError::InvalidOption {
+        field: e.field,
+        value: e.value,
+        valid: e.expected,
+    };
+    let local_detector = match config.effective_detect_local_mode().map_err(invalid)? {
+        LocalMode::ClusterCidr => {
+            let cidrs = config.cluster_cidrs().map_err(invalid)?;
+            if cidrs.is_empty() {
+                LocalDetector::None
+            } else {
+                LocalDetector::ClusterCidr(cidrs)
+            }
+        }
+        LocalMode::NodeCidr => LocalDetector::NodeCidr,
+        LocalMode::BridgeInterface => {
+            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
+        }
+        LocalMode::InterfaceNamePrefix => {
+            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
+        }
+    };
+    let bit = config.nftables.masquerade_bit.unwrap_or(14);
+    let masquerade_bit = u8::try_from(bit).map_err(|_| NftablesError::InvalidOption {
+        field: "nftables.masqueradeBit",
+        value: bit.to_string(),
+        valid: "an integer from 0 to 31",
+    })?;
+    let options = NftablesOptions {
+        masquerade_bit,
+        masquerade_all: config.nftables.masquerade_all,
+        local_detector,
+    };
+    options.validate()?;
+    Ok(options)
+}
+
+fn from_iptables_error(error: IptablesError) -> NftablesError {
+    match error {
+        IptablesError::InvalidOption {
+            field,
+            value,
+            valid,
+        } => NftablesError::InvalidOption {
+            field,
+            value,
+            valid,
+        },
+    }
+}
+
+/// Counts after the transaction, for logs and metrics. `programmed` is the
+/// record before `rendered` is committed; the counts are estimated from
+/// it and the render.
+fn outcome(rendered: &Rendered, programmed: &Programmed) -> SyncOutcome {
+    let (chains, rules, _) = programmed.totals();
+    let mut after_chains = chains;
+    let mut after_rules = rules;
+    for (service, record) in &rendered.delta.services {
+        if !rendered.delta.replace_all {
+            if let Some(old) = programmed.services.get(service) {
+                after_chains -= old.chains.len();
+                after_rules -= old.rules;
+            }
+        }
+        if let Some(new) = record {
+            after_chains += new.chains.len();
+            after_rules += new.rules;
+        }
+    }
+    if rendered.delta.replace_all {
+        after_chains -= chains;
+        after_rules -= rules;
+    }
+    let table = TABLE.to_owned();
+    let written = rendered
+        .text
+        .lines()
+        .filter(|l| l.starts_with("add rule"))
+        .count();
+    SyncOutcome {
+        full: rendered.full,
+        rules_per_table: vec![(table.clone(), after_rules)],
+        chains_per_table: vec![(table.clone(), after_chains)],
+        rules_written_per_table: vec![(table, written)],
+        objects_written: rendered.stats.commands,
+    }
+}
+
+/// What to install when `nft` is missing.
+const INSTALL_NFT: &str =
+    "install the nftables package (Debian and Ubuntu: apt-get install nftables)";
+
+/// A backend error for a failed step; a missing `nft` makes the mode
+/// unavailable, reported once.
+fn apply_error(step: &str, error: ApplyError) -> BackendError {
+    if let Some(program) = error.missing_program() {
+        return BackendError::Unavailable {
+            mode: MODE,
+            missing: format!("program {program} not found"),
+            remedy: INSTALL_NFT.to_owned(),
+        };
+    }
+    BackendError::Apply {
+        mode: MODE,
+        attempted: format!("{step}: {error}"),
+        source: Box::new(error),
+    }
+}

@@ -1,0 +1,50 @@
+//! The nftables backend of kube-proxy-rs.
+//!
+//! [`Renderer::render`] turns the service ports of one IP family, with
+//! their categorized endpoints, into one nft transaction for table `ip
+//! kube-proxy` or `ip6 kube-proxy` with upstream's chain, set and map names
+//! and meanings ([`names`]), so either implementation can take over from,
+//! or `--cleanup` after, the other. A full render writes everything; a
+//! partial render writes only the element and chain changes of the
+//! Services that changed, found by comparing with what the last
+//! transaction left ([`Programmed`]) instead of listing the table.
+//!
+//! [`NftablesBackend`] is the `--proxy-mode nftables` implementation of
+//! [`kp_sync::Backend`]: it renders and commits through an [`Applier`] (the
+//! real [`NftApplier`], the in-memory [`FakeApplier`], or the
+//! [`DryRunApplier`]); [`cleanup`] deletes both tables.
+//!
+//! [`tracer`] parses rendered text and follows a packet through it, so
+//! tests can assert behaviour ("goes to one of these endpoints", "is
+//! rejected") rather than rule text alone.
+
+pub mod applier;
+pub mod backend;
+pub mod names;
+pub mod netlink;
+pub mod options;
+pub mod render;
+pub mod state;
+pub mod tracer;
+
+pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier};
+pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
+pub use netlink::NetlinkApplier;
+pub use options::NftablesOptions;
+pub use render::{RenderInput, RenderStats, Rendered, Renderer, STALE_CHAIN_DELAY};
+pub use state::{Element, Programmed, ServiceRecord, StateDelta};
+
+/// Why the nftables backend could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NftablesError {
+    /// A configuration value is out of range.
+    #[error("invalid configuration: field {field}: value {value:?} is invalid; valid values are {valid}")]
+    InvalidOption {
+        /// The configuration field, e.g. `nftables.masqueradeBit`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// What would be valid.
+        valid: &'static str,
+    },
+}

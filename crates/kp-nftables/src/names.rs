@@ -1,0 +1,279 @@
+//! Names of the `kube-proxy` table's objects, as upstream's nftables mode
+//! names them, so that either implementation can take over the other's
+//! table.
+//!
+//! Per-service chains and sets are named `PREFIX` + the first 8 characters
+//! of base32(sha256(NAME)) + `-` + NAME, where NAME is
+//! `namespace/service/protocol/port` for a service port and
+//! `namespace/service/protocol/port__ip/port` for an endpoint (an IPv6
+//! address with `:` replaced by `.`), e.g.
+//! `service-ULMVA6XW-ns1/svc1/tcp/p80` and
+//! `endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80`. The hash keeps names
+//! unique when a long one is cut and tells apart names that differ in one
+//! digit.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use kp_model::ServicePortName;
+use sha2::{Digest, Sha256};
+
+/// The table, in both families.
+pub const TABLE: &str = "kube-proxy";
+
+/// Base chain: filter hook prerouting, before DNAT (priority -110).
+pub const FILTER_PREROUTING_PRE_DNAT: &str = "filter-prerouting-pre-dnat";
+/// Base chain: filter hook output, before DNAT (priority -110).
+pub const FILTER_OUTPUT_PRE_DNAT: &str = "filter-output-pre-dnat";
+/// Base chain: filter hook forward (priority 0).
+pub const FILTER_FORWARD: &str = "filter-forward";
+/// Base chain: filter hook input (priority 0).
+pub const FILTER_INPUT: &str = "filter-input";
+/// Base chain: filter hook output (priority 0).
+pub const FILTER_OUTPUT: &str = "filter-output";
+/// Base chain: nat hook output (priority -100, dstnat).
+pub const NAT_OUTPUT: &str = "nat-output";
+/// Base chain: nat hook postrouting (priority 100, srcnat).
+pub const NAT_POSTROUTING: &str = "nat-postrouting";
+/// Base chain: nat hook prerouting (priority -100, dstnat).
+pub const NAT_PREROUTING: &str = "nat-prerouting";
+
+/// Dispatch of Service traffic through the `service-ips` and
+/// `service-nodeports` maps.
+pub const SERVICES: &str = "services";
+/// Rejects traffic to ports of a ClusterIP that no Service defines.
+pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+/// Drops traffic to load balancer IPs from outside `loadBalancerSourceRanges`.
+pub const FIREWALL_CHECK: &str = "firewall-check";
+/// Refuses traffic to Service IPs without endpoints.
+pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+/// Refuses traffic to NodePorts without endpoints.
+pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+/// `reject`, as the verdict of a map element (a map cannot say `reject`).
+pub const REJECT_CHAIN: &str = "reject-chain";
+/// Sets the masquerade mark.
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+/// Masquerades marked packets.
+pub const MASQUERADING: &str = "masquerading";
+
+/// Set of every ClusterIP.
+pub const CLUSTER_IPS: &str = "cluster-ips";
+/// Set of the addresses NodePorts answer on (with `nodePortAddresses`).
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// Verdict map: ClusterIP, external IP and load balancer IP traffic.
+pub const SERVICE_IPS: &str = "service-ips";
+/// Verdict map: NodePort traffic.
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// Verdict map: Service IPs without endpoints.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+/// Verdict map: NodePorts without endpoints.
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// Verdict map: load balancer IPs subject to `loadBalancerSourceRanges`.
+pub const FIREWALL_IPS: &str = "firewall-ips";
+
+/// Longest object name nf_tables accepts (`NFT_NAME_MAXLEN` − 1).
+pub const NAME_LENGTH_MAX: usize = 255;
+/// Longest name part after the prefix (upstream `chainNameBaseLengthMax`).
+const NAME_BASE_LENGTH_MAX: usize = NAME_LENGTH_MAX - 16;
+
+/// The names of one service port's chains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceChains {
+    /// `service-…`: cluster traffic policy.
+    pub cluster: Arc<str>,
+    /// `local-…`: local traffic policy.
+    pub local: Arc<str>,
+    /// `external-…`: external destinations.
+    pub external: Arc<str>,
+    /// `firewall-…`: `loadBalancerSourceRanges`.
+    pub firewall: Arc<str>,
+}
+
+/// The names of one endpoint's chain and affinity set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointNames {
+    /// `endpoint-…`.
+    pub chain: Arc<str>,
+    /// `affinity-…`.
+    pub affinity_set: Arc<str>,
+}
+
+/// Remembers names across syncs: hashing is most of a name's cost, and a
+/// full sync of 10,000 service ports asks for 30,000 of them.
+#[derive(Debug, Default)]
+pub struct NameCache {
+    services: HashMap<ServicePortName, Arc<ServiceChains>>,
+    endpoints: HashMap<(ServicePortName, SocketAddr), Arc<EndpointNames>>,
+}
+
+impl NameCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The chain names of `port`.
+    pub fn service(&mut self, port: &ServicePortName) -> Arc<ServiceChains> {
+        if let Some(names) = self.services.get(port) {
+            return Arc::clone(names);
+        }
+        let names = Arc::new(service_chains(port));
+        self.services.insert(port.clone(), Arc::clone(&names));
+        names
+    }
+
+    /// The chain and affinity set names of `endpoint` of `port`.
+    pub fn endpoint(&mut self, port: &ServicePortName, endpoint: SocketAddr) -> Arc<EndpointNames> {
+        let key = (port.clone(), endpoint);
+        if let Some(names) = self.endpoints.get(&key) {
+            return Arc::clone(names);
+        }
+        let names = Arc::new(endpoint_names(port, endpoint));
+        self.endpoints.insert(key, Arc::clone(&names));
+        names
+    }
+
+    /// Forgets the names of service ports for which `keep` is false (a full
+    /// sync drops those of deleted Services).
+    pub fn retain(&mut self, mut keep: impl FnMut(&ServicePortName) -> bool) {
+        self.services.retain(|port, _| keep(port));
+        self.endpoints.retain(|(port, _), _| keep(port));
+    }
+}
+
+/// `HASH-ns/svc/proto/port` of a service port (upstream
+/// `servicePortChainNameBase`).
+pub fn service_port_base(port: &ServicePortName) -> String {
+    let mut name = String::with_capacity(64);
+    write_port_name(&mut name, port);
+    hash_and_truncate(&name)
+}
+
+/// `HASH-ns/svc/proto/port__ip/port` of an endpoint (upstream
+/// `servicePortEndpointChainNameBase`).
+pub fn endpoint_base(port: &ServicePortName, endpoint: SocketAddr) -> String {
+    let mut name = String::with_capacity(80);
+    write_port_name(&mut name, port);
+    let ip = match endpoint.ip() {
+        IpAddr::V4(ip) => ip.to_string(),
+        IpAddr::V6(ip) => ip.to_string().replace(':', "."),
+    };
+    // Writing into a String cannot fail.
+    let _ = write!(name, "__{ip}/{}", endpoint.port());
+    hash_and_truncate(&name)
+}
+
+/// Whether `name` is one of the per-service chains (they, unlike the fixed
+/// chains, hold a `/`).
+pub fn is_service_chain_name(name: &str) -> bool {
+    name.contains('/')
+}
+
+fn service_chains(port: &ServicePortName) -> ServiceChains {
+    let base = service_port_base(port);
+    ServiceChains {
+        cluster: Arc::from(format!("service-{base}")),
+        local: Arc::from(format!("local-{base}")),
+        external: Arc::from(format!("external-{base}")),
+        firewall: Arc::from(format!("firewall-{base}")),
+    }
+}
+
+fn endpoint_names(port: &ServicePortName, endpoint: SocketAddr) -> EndpointNames {
+    let base = endpoint_base(port, endpoint);
+    EndpointNames {
+        chain: Arc::from(format!("endpoint-{base}")),
+        affinity_set: Arc::from(format!("affinity-{base}")),
+    }
+}
+
+/// `ns/svc/proto/port`, every character outside the ones nft names may hold
+/// (`[A-Za-z0-9_./-]`) replaced by `_`: valid Kubernetes names never hold
+/// one, and a name from a hand-written manifest must not end the name in
+/// the nft script.
+fn write_port_name(out: &mut String, port: &ServicePortName) {
+    let parts = [
+        &*port.service.namespace,
+        &*port.service.name,
+        protocol_name(port),
+        &*port.port,
+    ];
+    for (i, part) in parts.into_iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.extend(part.chars().map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') {
+                c
+            } else {
+                '_'
+            }
+        }));
+    }
+}
+
+fn protocol_name(port: &ServicePortName) -> &'static str {
+    match port.protocol {
+        kp_model::Protocol::Tcp => "tcp",
+        kp_model::Protocol::Udp => "udp",
+        kp_model::Protocol::Sctp => "sctp",
+    }
+}
+
+fn hash_and_truncate(name: &str) -> String {
+    let hash = Sha256::digest(name.as_bytes());
+    let encoded = data_encoding::BASE32.encode(&hash);
+    let mut out = String::with_capacity(9 + name.len());
+    out.push_str(&encoded[..8]);
+    out.push('-');
+    out.push_str(name);
+    if out.len() > NAME_BASE_LENGTH_MAX {
+        // Only ASCII is written above, so any index is a char boundary.
+        out.truncate(NAME_BASE_LENGTH_MAX - 3);
+        out.push_str("...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use kp_model::{NamespacedName, Protocol};
+
+    fn port(ns: &str, name: &str, port: &str) -> ServicePortName {
+        ServicePortName::new(NamespacedName::new(ns, name), port, Protocol::Tcp)
+    }
+
+    #[test]
+    fn names_match_upstream() {
+        // Names from upstream's nftables proxier tests.
+        let p = port("ns1", "svc1", "p80");
+        assert_eq!(service_port_base(&p), "ULMVA6XW-ns1/svc1/tcp/p80");
+        assert_eq!(
+            endpoint_base(&p, "10.180.0.1:80".parse().unwrap()),
+            "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+        );
+        assert_eq!(
+            service_port_base(&port("ns2", "svc2", "p80")),
+            "42NFTM6N-ns2/svc2/tcp/p80"
+        );
+    }
+
+    #[test]
+    fn ipv6_colons_become_dots_and_odd_characters_underscores() {
+        let p = port("ns1", "we b\"", "");
+        let base = endpoint_base(&p, "[fd00::1]:80".parse().unwrap());
+        assert!(base.ends_with("-ns1/we_b_/tcp/__fd00..1/80"), "{base}");
+    }
+
+    #[test]
+    fn long_names_are_cut() {
+        let long = "a".repeat(200);
+        let base = endpoint_base(&port(&long, &long, &long), "10.0.0.1:80".parse().unwrap());
+        assert_eq!(base.len(), NAME_BASE_LENGTH_MAX);
+        assert!(base.ends_with("..."));
+    }
+}

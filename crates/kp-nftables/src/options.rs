@@ -1,0 +1,174 @@
+//! Settings of the nftables renderer that come from configuration, and the
+//! local-traffic detector in nft syntax.
+
+use ipnet::IpNet;
+use kp_iptables::LocalDetector;
+use kp_model::IpFamily;
+
+use crate::NftablesError;
+
+/// Renderer settings; [`NftablesOptions::default`] matches upstream's
+/// defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftablesOptions {
+    /// `nftables.masqueradeBit`: bit of the packet mark that asks for SNAT
+    /// (0..=31, default 14 → `0x4000`).
+    pub masquerade_bit: u8,
+    /// `nftables.masqueradeAll`: SNAT all traffic sent to ClusterIPs.
+    pub masquerade_all: bool,
+    /// `detectLocalMode` and its parameters (shared with the iptables mode).
+    pub local_detector: LocalDetector,
+}
+
+/// A detector resolved for one family, as nft match expressions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NftDetector {
+    /// Matches traffic from this cluster's pods, e.g. `ip saddr 10.244.0.0/16`.
+    pub if_local: String,
+    /// Matches other traffic, e.g. `ip saddr != 10.244.0.0/16`.
+    pub if_not_local: String,
+}
+
+impl Default for NftablesOptions {
+    fn default() -> Self {
+        Self {
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+        }
+    }
+}
+
+impl NftablesOptions {
+    /// Checks values a user can get wrong.
+    pub fn validate(&self) -> Result<(), NftablesError> {
+        if self.masquerade_bit > 31 {
+            return Err(NftablesError::InvalidOption {
+                field: "nftables.masqueradeBit",
+                value: self.masquerade_bit.to_string(),
+                valid: "an integer from 0 to 31",
+            });
+        }
+        let interface = match &self.local_detector {
+            LocalDetector::BridgeInterface(name) => Some(("detectLocal.bridgeInterface", name)),
+            LocalDetector::InterfaceNamePrefix(name) => {
+                Some(("detectLocal.interfaceNamePrefix", name))
+            }
+            _ => None,
+        };
+        if let Some((field, name)) = interface {
+            let valid = !name.is_empty()
+                && name.len() <= 15
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !valid {
+                return Err(NftablesError::InvalidOption {
+                    field,
+                    value: name.clone(),
+                    valid: "an interface name of 1 to 15 letters, digits, '-', '_' or '.'",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
+    /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
+    pub fn masquerade_mark(&self) -> String {
+        format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
+    }
+
+    /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
+    /// `spec.podCIDRs` for [`LocalDetector::NodeCidr`].
+    pub(crate) fn resolve_detector(
+        &self,
+        family: IpFamily,
+        node_pod_cidrs: &[IpNet],
+    ) -> Option<NftDetector> {
+        let ipx = family_keyword(family);
+        let of_family = |cidrs: &[IpNet]| {
+            cidrs
+                .iter()
+                .find(|cidr| IpFamily::of(&cidr.addr()) == family)
+                .map(|cidr| cidr.trunc())
+        };
+        let cidr_matches = |cidr: IpNet| NftDetector {
+            if_local: format!("{ipx} saddr {cidr}"),
+            if_not_local: format!("{ipx} saddr != {cidr}"),
+        };
+        let interface_matches = |name: String| NftDetector {
+            if_local: format!("iifname {name}"),
+            if_not_local: format!("iifname != {name}"),
+        };
+        match &self.local_detector {
+            LocalDetector::None => None,
+            LocalDetector::ClusterCidr(cidrs) => of_family(cidrs).map(cidr_matches),
+            LocalDetector::NodeCidr => of_family(node_pod_cidrs).map(cidr_matches),
+            LocalDetector::BridgeInterface(name) => Some(interface_matches(name.clone())),
+            LocalDetector::InterfaceNamePrefix(prefix) => {
+                Some(interface_matches(format!("{prefix}*")))
+            }
+        }
+    }
+}
+
+/// `ip` or `ip6`: the table family and the address match keyword.
+pub fn family_keyword(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn mark_is_formatted_like_upstream() {
+        assert_eq!(NftablesOptions::default().masquerade_mark(), "0x00004000");
+        let options = NftablesOptions {
+            masquerade_bit: 0,
+            ..NftablesOptions::default()
+        };
+        assert_eq!(options.masquerade_mark(), "0x00000001");
+    }
+
+    #[test]
+    fn out_of_range_bit_names_the_field() {
+        let options = NftablesOptions {
+            masquerade_bit: 32,
+            ..NftablesOptions::default()
+        };
+        let error = options.validate().unwrap_err().to_string();
+        assert!(error.contains("nftables.masqueradeBit"), "{error}");
+    }
+
+    #[test]
+    fn detectors_in_nft_syntax() {
+        let options = NftablesOptions {
+            local_detector: LocalDetector::ClusterCidr(vec![
+                "fd00:10:244::/48".parse().unwrap(),
+                "10.244.0.0/16".parse().unwrap(),
+            ]),
+            ..NftablesOptions::default()
+        };
+        let v4 = options.resolve_detector(IpFamily::V4, &[]).unwrap();
+        assert_eq!(v4.if_not_local, "ip saddr != 10.244.0.0/16");
+        let v6 = options.resolve_detector(IpFamily::V6, &[]).unwrap();
+        assert_eq!(v6.if_local, "ip6 saddr fd00:10:244::/48");
+        let prefix = NftablesOptions {
+            local_detector: LocalDetector::InterfaceNamePrefix("veth".into()),
+            ..NftablesOptions::default()
+        };
+        let resolved = prefix.resolve_detector(IpFamily::V4, &[]).unwrap();
+        assert_eq!(resolved.if_local, "iifname veth*");
+        let bad = NftablesOptions {
+            local_detector: LocalDetector::BridgeInterface("a b".into()),
+            ..NftablesOptions::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

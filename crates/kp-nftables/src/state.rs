@@ -1,0 +1,171 @@
+//! What the last successful transaction left in the `kube-proxy` table, as
+//! far as partial syncs need to know it: per Service, its map and set
+//! elements, its chains and its affinity sets; and the chains waiting to be
+//! deleted.
+//!
+//! Every transaction is atomic, so a failed one leaves the kernel as the
+//! last successful one did and this record stays true; only someone else
+//! editing the table can make it wrong, and the periodic full sync rewrites
+//! everything it holds.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kp_model::NamespacedName;
+
+/// One element of a set or verdict map of the table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Element {
+    /// The set or map, e.g. `service-ips`.
+    pub map: &'static str,
+    /// The key as nft writes it, e.g. `10.96.0.10 . tcp . 80`.
+    pub key: String,
+    /// The verdict, e.g. `goto service-…`; empty for a set element.
+    pub value: String,
+    /// The element's comment (`ns/svc:port`), if any.
+    pub comment: Option<Arc<str>>,
+}
+
+/// What one Service holds in the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceRecord {
+    /// Its elements, sorted by map and key, without duplicate keys.
+    pub elements: Vec<Element>,
+    /// Its chains (`service-`, `local-`, `external-`, `firewall-`,
+    /// `endpoint-`), sorted.
+    pub chains: Vec<Arc<str>>,
+    /// Its `affinity-` sets, sorted.
+    pub affinity_sets: Vec<Arc<str>>,
+    /// Rules in its chains.
+    pub rules: usize,
+}
+
+/// The table as the last successful transaction left it.
+#[derive(Debug, Clone, Default)]
+pub struct Programmed {
+    /// Per Service.
+    pub services: BTreeMap<NamespacedName, ServiceRecord>,
+    /// Chains flushed because no Service uses them any more, with the time
+    /// they were flushed; deleted by a later transaction.
+    pub stale_chains: BTreeMap<Arc<str>, Instant>,
+}
+
+/// The change a rendered transaction makes to [`Programmed`], applied once
+/// the kernel accepted the transaction.
+#[derive(Debug, Clone, Default)]
+pub struct StateDelta {
+    /// Replace everything (a full sync) instead of the listed Services.
+    pub replace_all: bool,
+    /// New records of Services; `None` removes the Service.
+    pub services: Vec<(NamespacedName, Option<ServiceRecord>)>,
+    /// Chains flushed by this transaction, to delete later.
+    pub newly_stale: Vec<Arc<str>>,
+    /// Stale chains this transaction deleted or that are in use again.
+    pub no_longer_stale: Vec<Arc<str>>,
+    /// The time of the sync.
+    pub now: Option<Instant>,
+}
+
+impl Element {
+    /// A set element.
+    pub fn set(map: &'static str, key: String) -> Self {
+        Self {
+            map,
+            key,
+            value: String::new(),
+            comment: None,
+        }
+    }
+
+    /// A map element.
+    pub fn map(map: &'static str, key: String, value: String, comment: Option<Arc<str>>) -> Self {
+        Self {
+            map,
+            key,
+            value,
+            comment,
+        }
+    }
+
+    /// Same map and key.
+    pub fn same_key(&self, other: &Element) -> bool {
+        self.map == other.map && self.key == other.key
+    }
+}
+
+/// `{ KEY[ comment "C"][ : VALUE] }`, as `add element` takes it.
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{ {}", self.key)?;
+        if let Some(comment) = &self.comment {
+            write!(f, " comment \"{comment}\"")?;
+        }
+        if !self.value.is_empty() {
+            write!(f, " : {}", self.value)?;
+        }
+        f.write_str(" }")
+    }
+}
+
+impl ServiceRecord {
+    /// Sorts the elements and drops later duplicates of a key (two ports of
+    /// one Service share their ClusterIP in `cluster-ips`).
+    pub fn normalize(&mut self) {
+        self.elements
+            .sort_by(|a, b| (a.map, &a.key).cmp(&(b.map, &b.key)));
+        self.elements
+            .dedup_by(|later, earlier| later.same_key(earlier));
+        self.chains.sort_unstable();
+        self.chains.dedup();
+        self.affinity_sets.sort_unstable();
+        self.affinity_sets.dedup();
+    }
+}
+
+impl Programmed {
+    /// Applies `delta` (the kernel accepted its transaction).
+    pub fn commit(&mut self, delta: StateDelta) {
+        if delta.replace_all {
+            self.services.clear();
+        }
+        for (service, record) in delta.services {
+            match record {
+                Some(record) => {
+                    self.services.insert(service, record);
+                }
+                None => {
+                    self.services.remove(&service);
+                }
+            }
+        }
+        for chain in delta.no_longer_stale {
+            self.stale_chains.remove(&chain);
+        }
+        if let Some(now) = delta.now {
+            for chain in delta.newly_stale {
+                self.stale_chains.insert(chain, now);
+            }
+        }
+    }
+
+    /// Forgets everything (the table is deleted and written afresh).
+    pub fn clear(&mut self) {
+        self.services.clear();
+        self.stale_chains.clear();
+    }
+
+    /// Chains and rules of every Service.
+    pub fn totals(&self) -> (usize, usize, usize) {
+        self.services
+            .values()
+            .fold((0, 0, 0), |(chains, rules, elements), record| {
+                (
+                    chains + record.chains.len(),
+                    rules + record.rules,
+                    elements + record.elements.len(),
+                )
+            })
+    }
+}

@@ -1,0 +1,136 @@
+//! The backend's choices between full and partial syncs, its dry run and
+//! its configuration, over a fake applier.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::{service, World};
+use kp_iptables::NodePortAddresses;
+use kp_model::{IpFamily, NamespacedName};
+use kp_nftables::{NftablesBackend, NftablesOptions};
+
+fn changed(ns: &str, name: &str) -> BTreeSet<NamespacedName> {
+    BTreeSet::from([NamespacedName::new(ns, name)])
+}
+
+#[test]
+fn the_first_sync_deletes_the_table_and_later_ones_are_partial() {
+    let mut world = World::v4();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    let first = world.try_sync(false, &BTreeSet::new()).unwrap();
+    assert!(first.full, "nothing is known before the first sync");
+    let text = world.applier.last().unwrap().text;
+    assert!(text.starts_with("add table ip kube-proxy\ndelete table ip kube-proxy\n"));
+
+    let second = world.try_sync(false, &changed("ns1", "web")).unwrap();
+    assert!(!second.full);
+    let periodic = world.try_sync(true, &BTreeSet::new()).unwrap();
+    assert!(periodic.full);
+    let text = world.applier.last().unwrap().text;
+    assert!(
+        !text.contains("delete table"),
+        "affinity state is kept:\n{text}"
+    );
+    assert_eq!(
+        periodic.chains_per_table,
+        vec![("kube-proxy".to_owned(), 2)]
+    );
+}
+
+#[test]
+fn a_failed_sync_is_followed_by_a_full_one_that_starts_afresh() {
+    let mut world = World::v4();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.try_sync(true, &BTreeSet::new()).unwrap();
+    world.applier.fail_next(1);
+    let error = world.try_sync(false, &changed("ns1", "web")).unwrap_err();
+    assert!(error.to_string().contains("nftables"), "{error}");
+
+    let retry = world.try_sync(false, &BTreeSet::new()).unwrap();
+    assert!(retry.full);
+    let text = world.applier.last().unwrap().text;
+    assert!(text.contains("delete table ip kube-proxy"), "{text}");
+}
+
+#[test]
+fn a_sync_of_the_other_family_is_refused() {
+    let mut world = World::with(IpFamily::V6, NodePortAddresses::All);
+    world.family = IpFamily::V4;
+    let error = world.try_sync(true, &BTreeSet::new()).unwrap_err();
+    assert!(error.to_string().contains("IPv4"), "{error}");
+}
+
+/// A writer the test can read after handing it to the backend.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_dry_run_prints_exactly_what_a_full_sync_commits() {
+    let mut world = World::v4();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.sync(true, &[]);
+    let committed = world.applier.last().unwrap().text;
+
+    let out = Shared::default();
+    let options = NftablesOptions {
+        local_detector: kp_iptables::LocalDetector::ClusterCidr(vec![
+            kp_testkit::plan::POD_CIDR.into()
+        ]),
+        ..NftablesOptions::default()
+    };
+    let mut dry = NftablesBackend::dry_run(
+        IpFamily::V4,
+        options,
+        NodePortAddresses::All,
+        Box::new(out.clone()),
+    )
+    .unwrap();
+    let stale = kp_sync::StaleConntrack::default();
+    let none = BTreeSet::new();
+    let request = kp_sync::SyncRequest {
+        family: IpFamily::V4,
+        full: true,
+        service_ports: &world.services,
+        changed_services: &none,
+        node: &world.node,
+        stale_conntrack: &stale,
+    };
+    kp_sync::Backend::sync(&mut dry, &request).unwrap();
+    let printed = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    pretty_assertions::assert_eq!(printed, committed);
+}
+
+#[test]
+fn the_configuration_maps_onto_the_options() {
+    let mut config = kp_config::KubeProxyConfiguration::defaulted();
+    config.mode = "nftables".to_owned();
+    config.cluster_cidr = "10.244.0.0/16".to_owned();
+    config.nftables.masquerade_bit = Some(40);
+    let error = kp_nftables::from_config(&config, IpFamily::V4, true).unwrap_err();
+    assert!(
+        error.to_string().contains("nftables.masqueradeBit"),
+        "{error}"
+    );
+
+    config.nftables.masquerade_bit = Some(15);
+    config.node_port_addresses = Some(vec!["not-a-cidr".to_owned()]);
+    let error = kp_nftables::from_config(&config, IpFamily::V4, true).unwrap_err();
+    assert!(error.to_string().contains("nodePortAddresses"), "{error}");
+
+    config.node_port_addresses = None;
+    assert!(kp_nftables::from_config(&config, IpFamily::V4, true).is_ok());
+}

@@ -1,0 +1,305 @@
+//! Story-style builders shared by the integration tests.
+//!
+//! Address plan (kp_testkit::plan): pods 10.244.0.0/16 (this node's
+//! 10.244.1.0/24), ClusterIPs 10.96.0.0/16, node 192.168.99.2, client
+//! 192.168.99.10, external and load balancer IPs 203.0.113.0/24; IPv6 pods
+//! fd00:10:244::/48, services fd00:10:96::/112, node fd00:192:168:99::2.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kp_iptables::{LocalDetector, NodePortAddresses};
+use kp_model::{
+    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
+    ServicePortName,
+};
+use kp_nftables::tracer::{Packet, Table, Verdict};
+use kp_nftables::{FakeApplier, NftablesBackend, NftablesOptions};
+use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest};
+use kp_testkit::plan;
+
+/// Parses an address of the plan.
+pub fn ip(text: &str) -> IpAddr {
+    text.parse().expect("test address")
+}
+
+/// `ip:port`.
+pub fn at(text: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip(text), port)
+}
+
+/// A service port under construction; see [`service`].
+#[derive(Debug, Clone)]
+pub struct ServiceBuilder {
+    name: ServicePortName,
+    port: ServicePort,
+    endpoints: Vec<Endpoint>,
+}
+
+/// Service port `ns/name:p<port>` (TCP) at `cluster_ip:port`, no endpoints.
+pub fn service(namespace: &str, name: &str, cluster_ip: &str, port: u16) -> ServiceBuilder {
+    ServiceBuilder {
+        name: ServicePortName::new(
+            NamespacedName::new(namespace, name),
+            format!("p{port}"),
+            Protocol::Tcp,
+        ),
+        port: ServicePort {
+            cluster_ip: ip(cluster_ip),
+            port,
+            protocol: Protocol::Tcp,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            traffic_distribution: None,
+            topology_mode: None,
+        },
+        endpoints: Vec::new(),
+    }
+}
+
+impl ServiceBuilder {
+    pub fn udp(mut self) -> Self {
+        self.name.protocol = Protocol::Udp;
+        self.port.protocol = Protocol::Udp;
+        self
+    }
+    pub fn node_port(mut self, port: u16) -> Self {
+        self.port.node_port = Some(port);
+        self
+    }
+    pub fn external_ip(mut self, address: &str) -> Self {
+        self.port.external_ips.push(ip(address));
+        self
+    }
+    pub fn lb_ip(mut self, address: &str) -> Self {
+        self.port.load_balancer_ips.push(ip(address));
+        self
+    }
+    pub fn source_range(mut self, cidr: &str) -> Self {
+        self.port
+            .load_balancer_source_ranges
+            .push(cidr.parse().unwrap());
+        self
+    }
+    pub fn affinity_secs(mut self, seconds: u64) -> Self {
+        self.port.session_affinity_timeout = Some(Duration::from_secs(seconds));
+        self
+    }
+    pub fn etp_local(mut self) -> Self {
+        self.port.external_policy_local = true;
+        self
+    }
+    pub fn itp_local(mut self) -> Self {
+        self.port.internal_policy_local = true;
+        self
+    }
+    /// A ready endpoint on this node.
+    pub fn local_endpoint(self, address: &str, port: u16) -> Self {
+        self.with_endpoint(address, port, true, true, false)
+    }
+    /// A ready endpoint on another node.
+    pub fn remote_endpoint(self, address: &str, port: u16) -> Self {
+        self.with_endpoint(address, port, false, true, false)
+    }
+    /// A terminating endpoint that still serves.
+    pub fn terminating_endpoint(self, address: &str, port: u16, local: bool) -> Self {
+        self.with_endpoint(address, port, local, false, true)
+    }
+
+    fn with_endpoint(
+        mut self,
+        address: &str,
+        port: u16,
+        local: bool,
+        ready: bool,
+        terminating: bool,
+    ) -> Self {
+        let node = if local {
+            plan::NODE_NAME
+        } else {
+            plan::OTHER_NODE_NAME
+        };
+        self.endpoints.push(Endpoint {
+            ip: ip(address),
+            port,
+            ready,
+            serving: true,
+            terminating,
+            is_local: local,
+            node_name: Some(node.into()),
+            zone: None,
+            zone_hints: None,
+            node_hints: None,
+        });
+        self
+    }
+
+    /// The service port with its endpoints categorized for this node, as
+    /// the sync loop does.
+    pub fn build(mut self) -> (ServicePortName, ServicePortState) {
+        self.endpoints.sort_by_key(|e| (e.ip, e.port));
+        let all_endpoints: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
+        let endpoints = categorize_endpoints(
+            &all_endpoints,
+            &self.port,
+            plan::NODE_NAME,
+            &BTreeMap::new(),
+        );
+        (
+            self.name,
+            ServicePortState {
+                port: Arc::new(self.port),
+                endpoints,
+                all_endpoints,
+            },
+        )
+    }
+}
+
+/// A node, its Services and a backend over a fake applier; every sync's
+/// transaction is replayed on a tracer table.
+pub struct World {
+    pub family: IpFamily,
+    pub services: BTreeMap<ServicePortName, ServicePortState>,
+    pub node: NodeInfo,
+    pub backend: NftablesBackend,
+    pub applier: FakeApplier,
+    pub table: Table,
+    pub clock: Arc<Mutex<Instant>>,
+}
+
+impl World {
+    /// An IPv4 node (192.168.99.2) with the ClusterCIDR detector for
+    /// 10.244.0.0/16, NodePorts on every local address.
+    pub fn v4() -> Self {
+        Self::with(IpFamily::V4, NodePortAddresses::All)
+    }
+
+    /// Like [`World::v4`], for `family` and `node_ports`.
+    pub fn with(family: IpFamily, node_ports: NodePortAddresses) -> Self {
+        let options = NftablesOptions {
+            local_detector: LocalDetector::ClusterCidr(vec![
+                plan::POD_CIDR.into(),
+                plan::POD_CIDR_V6.into(),
+            ]),
+            ..NftablesOptions::default()
+        };
+        let applier = FakeApplier::new();
+        let clock = Arc::new(Mutex::new(Instant::now()));
+        let shared = Arc::clone(&clock);
+        let backend = NftablesBackend::new(family, options, node_ports, Box::new(applier.clone()))
+            .unwrap()
+            .with_local_addresses(|_| Ok(Vec::new()))
+            .with_clock(move || *shared.lock().unwrap());
+        Self {
+            family,
+            services: BTreeMap::new(),
+            node: NodeInfo {
+                name: plan::NODE_NAME.to_owned(),
+                addresses: vec![IpAddr::V4(plan::NODE_IP), IpAddr::V6(plan::NODE_IP_V6)],
+                pod_cidrs: vec![plan::NODE_POD_CIDR.into()],
+                ..NodeInfo::default()
+            },
+            backend,
+            applier,
+            table: Table::new(),
+            clock,
+        }
+    }
+
+    /// Adds or replaces a service port.
+    pub fn put(&mut self, builder: ServiceBuilder) -> &mut Self {
+        let (name, state) = builder.build();
+        self.services.insert(name, state);
+        self
+    }
+
+    /// Removes every port of `ns/name`.
+    pub fn remove(&mut self, namespace: &str, name: &str) -> &mut Self {
+        let service = NamespacedName::new(namespace, name);
+        self.services.retain(|port, _| port.service != service);
+        self
+    }
+
+    /// Moves the clock on.
+    pub fn advance(&mut self, by: Duration) {
+        *self.clock.lock().unwrap() += by;
+    }
+
+    /// Syncs (full or partial, with `changed` Services) and replays the
+    /// transaction on the tracer table. Returns the transaction text.
+    pub fn sync(&mut self, full: bool, changed: &[(&str, &str)]) -> String {
+        let changed: BTreeSet<NamespacedName> = changed
+            .iter()
+            .map(|(ns, name)| NamespacedName::new(ns, name))
+            .collect();
+        let outcome = self.try_sync(full, &changed).unwrap();
+        assert_eq!(outcome.full, full || outcome.full);
+        let text = self.applier.last().unwrap().text;
+        self.table.apply(&text).unwrap();
+        text
+    }
+
+    /// One sync through the backend.
+    pub fn try_sync(
+        &mut self,
+        full: bool,
+        changed: &BTreeSet<NamespacedName>,
+    ) -> Result<SyncOutcome, kp_sync::BackendError> {
+        let stale = StaleConntrack::default();
+        let request = SyncRequest {
+            family: self.family,
+            full,
+            service_ports: &self.services,
+            changed_services: changed,
+            node: &self.node,
+            stale_conntrack: &stale,
+        };
+        self.backend.sync(&request)
+    }
+
+    /// Traces a TCP connection from `src` to `dst`.
+    pub fn trace(&self, src: &str, dst: SocketAddr) -> Verdict {
+        self.trace_packet(packet(src, dst, "tcp"))
+    }
+
+    /// Traces `packet`.
+    pub fn trace_packet(&self, packet: Packet) -> Verdict {
+        self.table.trace(&packet).unwrap()
+    }
+}
+
+/// A packet from `src` to `dst`; the node's own addresses count as local.
+pub fn packet(src: &str, dst: SocketAddr, protocol: &'static str) -> Packet {
+    let node = [IpAddr::V4(plan::NODE_IP), IpAddr::V6(plan::NODE_IP_V6)];
+    let src = ip(src);
+    Packet {
+        src,
+        dst: dst.ip(),
+        protocol,
+        dport: dst.port(),
+        src_local: node.contains(&src),
+        dst_local: node.contains(&dst.ip()),
+    }
+}
+
+/// DNAT to exactly `endpoints`.
+#[track_caller]
+pub fn assert_goes_to(verdict: &Verdict, endpoints: &[SocketAddr]) {
+    match verdict {
+        Verdict::Dnat { endpoints: got, .. } => {
+            let want: BTreeSet<SocketAddr> = endpoints.iter().copied().collect();
+            assert_eq!(got, &want, "endpoints");
+        }
+        other => panic!("expected DNAT to {endpoints:?}, got {other:?}"),
+    }
+}

@@ -1,0 +1,289 @@
+//! The relay against HAProxy in the same namespace topology.
+//!
+//! `cargo bench -p kp-userspace --bench relay` (root; needs the Debian
+//! package `haproxy`). A client namespace talks to a proxy in the node
+//! namespace (192.168.99.2), which forwards to servers in the pod `ep1`
+//! (10.244.1.2): the kp-testkit topology. The proxy is either our relay,
+//! run as a child process of this binary (`relay-child`), or HAProxy 2.x
+//! with two threads (our relay's runtime has two workers), both with
+//! their default buffer sizes. The client connects to the proxy's port
+//! directly: no portal rules, the data path alone is compared.
+//!
+//! Figures, medians of `KP_US_BENCH_RUNS` runs (5 by default):
+//! - bulk throughput with 1 and 64 connections (client → sink, 2 s);
+//! - connections per second (16 loops of connect, read 1 byte, close);
+//! - request/response latency p50/p99 (64 bytes over 8 connections at
+//!   2,000 requests/s in all, 3 s, from each request's scheduled time);
+//! - the proxy's RSS growth with 10,000 idle relayed connections, per
+//!   connection.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "relay_load.rs"]
+mod load;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use kp_model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use kp_testkit::netns::{NsChild, Topology};
+use kp_testkit::plan::NODE_IP;
+use kp_userspace::{DesiredListener, Relay, RelayOptions, Route};
+
+/// Open connections of the idle-memory figure. Each costs the relay two
+/// descriptors and this process two (client and server end), so 10,000
+/// needs a descriptor limit above 20,000; where the hard limit is lower
+/// (and cannot be raised without CAP_SYS_RESOURCE) it is 9,000.
+const IDLE_CONNECTIONS_WANTED: usize = 10_000;
+/// Our relay's ports on the node: sink, greeter, echo.
+const RELAY_PORTS: [u16; 3] = [15000, 15001, 15002];
+/// HAProxy's ports on the node: sink, greeter, echo.
+const HAPROXY_PORTS: [u16; 3] = [16000, 16001, 16002];
+/// File descriptors the benchmark's processes may open.
+const NOFILE: u64 = 100_000;
+/// Descriptors kept free for everything but the idle connections.
+const SPARE_DESCRIPTORS: u64 = 500;
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy, Default)]
+struct Figures {
+    bulk_1_mbps: f64,
+    bulk_64_mbps: f64,
+    connections_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    idle_bytes_per_connection: f64,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("relay-child") {
+        relay_child(&args[2..]);
+        return;
+    }
+    let idle = idle_connections(raise_nofile());
+    let runs: usize = std::env::var("KP_US_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let topology = Topology::builder()
+        .pod("ep1", |p| p)
+        .client("client")
+        .build()
+        .unwrap();
+    let pod_ip = IpAddr::V4(topology.pod("ep1").ip());
+    let server = start_servers(&topology, pod_ip);
+    let mut results: BTreeMap<&str, Vec<Figures>> = BTreeMap::new();
+    for run in 0..runs {
+        // A fresh proxy per run, so the idle-memory figure starts from a
+        // heap that no earlier bulk run has grown.
+        for name in ["kp-userspace", "haproxy"] {
+            let (child, ports) = if name == "haproxy" {
+                (start_haproxy(&topology, pod_ip, idle + 200), HAPROXY_PORTS)
+            } else {
+                (start_relay(&topology, pod_ip), RELAY_PORTS)
+            };
+            let figures = measure(&topology, child.id(), ports, idle);
+            drop(child);
+            eprintln!("run {run} {name}: {figures:?}");
+            results.entry(name).or_default().push(figures);
+        }
+    }
+    drop(server);
+    print_table(&results, runs, idle);
+}
+
+/// The relay as a process of its own (so its RSS is its own): serves
+/// `port=endpoint` pairs until killed.
+fn relay_child(pairs: &[String]) {
+    raise_nofile();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut relays = Vec::new();
+    for (index, pair) in pairs.iter().enumerate() {
+        let (port, endpoint) = pair.split_once('=').unwrap();
+        let port: u16 = port.parse().unwrap();
+        let endpoint: SocketAddr = endpoint.parse().unwrap();
+        let options = RelayOptions {
+            port_range: Some((port, port)),
+            ..RelayOptions::default()
+        };
+        let mut relay = Relay::new(runtime.handle().clone(), IpFamily::V4, options);
+        let name = ServicePortName::new(
+            NamespacedName::new("bench", format!("s{index}")),
+            "",
+            Protocol::Tcp,
+        );
+        let desired = BTreeMap::from([(
+            name,
+            DesiredListener {
+                protocol: Protocol::Tcp,
+                route: Route::to_endpoints(&[endpoint]),
+            },
+        )]);
+        let errors = relay.apply(&desired);
+        assert!(errors.is_empty(), "{errors:?}");
+        relays.push(relay);
+    }
+    runtime.block_on(std::future::pending::<()>());
+}
+
+fn start_servers(topology: &Topology, pod_ip: IpAddr) -> std::thread::JoinHandle<()> {
+    let handle = topology.pod("ep1").netns().run(move || {
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(load::serve(pod_ip));
+        })
+    });
+    wait_listening(topology, SocketAddr::new(pod_ip, load::ECHO_PORT));
+    handle
+}
+
+fn start_relay(topology: &Topology, pod_ip: IpAddr) -> NsChild {
+    let exe = std::env::current_exe().unwrap();
+    let pairs: Vec<String> = RELAY_PORTS
+        .iter()
+        .zip([load::SINK_PORT, load::GREET_PORT, load::ECHO_PORT])
+        .map(|(port, target)| format!("{port}={}", SocketAddr::new(pod_ip, target)))
+        .collect();
+    let mut args = vec!["relay-child"];
+    args.extend(pairs.iter().map(String::as_str));
+    let child = topology.node().spawn(exe.to_str().unwrap(), &args);
+    wait_listening(
+        topology,
+        SocketAddr::new(IpAddr::V4(NODE_IP), RELAY_PORTS[2]),
+    );
+    child
+}
+
+/// HAProxy with room for `maxconn` connections (it needs two descriptors
+/// per connection and refuses to start when the limit is lower).
+fn start_haproxy(topology: &Topology, pod_ip: IpAddr, maxconn: usize) -> NsChild {
+    let mut config = format!(
+        "global\n  nbthread 2\n  maxconn {maxconn}\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n  maxconn {maxconn}\n\n",
+    );
+    for (index, (port, target)) in HAPROXY_PORTS
+        .iter()
+        .zip([load::SINK_PORT, load::GREET_PORT, load::ECHO_PORT])
+        .enumerate()
+    {
+        config.push_str(&format!(
+            "listen l{index}\n  bind {NODE_IP}:{port}\n  server s1 {pod_ip}:{target}\n\n"
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("kp-userspace-bench-{}.cfg", std::process::id()));
+    std::fs::write(&path, config).unwrap();
+    let child = topology
+        .node()
+        .spawn("haproxy", &["-db", "-f", path.to_str().unwrap()]);
+    wait_listening(
+        topology,
+        SocketAddr::new(IpAddr::V4(NODE_IP), HAPROXY_PORTS[2]),
+    );
+    child
+}
+
+fn wait_listening(topology: &Topology, addr: SocketAddr) {
+    let ready = topology.client().netns().run(|| {
+        kp_testkit::netns::wait_until(Duration::from_secs(30), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        })
+    });
+    if !ready {
+        let sockets = topology.node().exec("ss", &["-ltnp"]);
+        panic!(
+            "nothing listens on {addr}; listening in the node namespace:\n{}",
+            String::from_utf8_lossy(&sockets.stdout)
+        );
+    }
+}
+
+fn measure(topology: &Topology, proxy_pid: u32, ports: [u16; 3], idle_count: usize) -> Figures {
+    let at = |port| SocketAddr::new(IpAddr::V4(NODE_IP), port);
+    let (sink, greet, echo) = (at(ports[0]), at(ports[1]), at(ports[2]));
+    topology.client().netns().block_on(|| async move {
+        // Idle memory first, on the fresh process, after a few connections
+        // have warmed up what the first connections initialise.
+        drop(load::open_idle(echo, 100).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = rss_bytes(proxy_pid);
+        let idle = load::open_idle(echo, idle_count).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = rss_bytes(proxy_pid);
+        drop(idle);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let bulk_1 = load::bulk(sink, 1, Duration::from_secs(2)).await;
+        let bulk_64 = load::bulk(sink, 64, Duration::from_secs(2)).await;
+        let rate = load::connection_rate(greet, 16, Duration::from_secs(2)).await;
+        // Let the connection-rate run's sockets go before measuring latency.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let samples = load::latency(echo, 8, 2000, Duration::from_secs(3)).await;
+        Figures {
+            bulk_1_mbps: bulk_1 * 8.0 / 1e6,
+            bulk_64_mbps: bulk_64 * 8.0 / 1e6,
+            connections_per_s: rate,
+            p50_us: load::quantile(&samples, 0.50) as f64,
+            p99_us: load::quantile(&samples, 0.99) as f64,
+            idle_bytes_per_connection: after.saturating_sub(before) as f64 / idle_count as f64,
+        }
+    })
+}
+
+/// Resident memory of `pid` and its threads (VmRSS).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Raises the descriptor limit to [`NOFILE`], or to the hard limit where
+/// that is lower and cannot be raised; returns the limit in force.
+fn raise_nofile() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if setrlimit(Resource::RLIMIT_NOFILE, NOFILE, NOFILE).is_ok() {
+        return NOFILE;
+    }
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    hard
+}
+
+/// How many idle connections fit the descriptor limit `nofile` (in whole
+/// thousands, at most [`IDLE_CONNECTIONS_WANTED`]).
+fn idle_connections(nofile: u64) -> usize {
+    let fitting =
+        usize::try_from(nofile.saturating_sub(SPARE_DESCRIPTORS) / 2).unwrap_or(usize::MAX);
+    IDLE_CONNECTIONS_WANTED.min(fitting / 1000 * 1000)
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize) {
+    println!("medians of {runs} runs; idle memory over {idle} connections");
+    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | connections/s | p50 (µs) | p99 (µs) | RSS per idle conn (bytes) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, figures) in results {
+        let m = |f: fn(&Figures) -> f64| median(figures.iter().map(f));
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            m(|f| f.bulk_1_mbps),
+            m(|f| f.bulk_64_mbps),
+            m(|f| f.connections_per_s),
+            m(|f| f.p50_us),
+            m(|f| f.p99_us),
+            m(|f| f.idle_bytes_per_connection),
+        );
+    }
+}

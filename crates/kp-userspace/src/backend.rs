@@ -1,0 +1,345 @@
+//! `--proxy-mode userspace`: [`UserspaceBackend`] keeps the relay's
+//! listeners and the portal rules in step with the Services.
+//!
+//! A sync is a plain call from the sync loop's thread. It opens, updates
+//! and closes listeners (non-blocking socket calls; the listeners' tasks
+//! run on the tokio runtime whose [`Handle`] the backend was given), then
+//! writes the whole portal ruleset of its family in one `iptables-restore`
+//! (the four chains are flushed and refilled atomically at `COMMIT`). The
+//! portal ruleset holds a few rules per service port, so every sync is a
+//! full one.
+//!
+//! A listener that cannot be opened (its port range is full, say) leaves
+//! that service port without portal rules; every other service port is
+//! served, and the sync reports an error so the sync loop retries.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use kp_config::KubeProxyConfiguration;
+use kp_iptables::{Applier, ApplyError, DryRunApplier, IptablesFlavor, SystemApplier};
+use kp_model::{IpFamily, Protocol, ServicePortName};
+use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
+use tokio::runtime::Handle;
+
+use crate::portal::{render_portals, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS};
+use crate::relay::{DesiredListener, OpenError, Relay};
+use crate::route::Route;
+use crate::stats::StatsSnapshot;
+use crate::RelayOptions;
+
+/// The mode's name, as `--proxy-mode` spells it.
+pub const MODE: &str = "userspace";
+
+/// A jump is deleted at most this many times per sync (duplicates left by
+/// crashed runs), so a fake or broken `iptables -D` cannot loop forever.
+const MAX_JUMP_COPIES: usize = 16;
+
+/// The userspace mode of one IP family.
+pub struct UserspaceBackend {
+    family: IpFamily,
+    relay: Relay,
+    applier: Box<dyn Applier>,
+    /// The jumps from the built-in chains are known to be in place.
+    jumps_in_place: bool,
+}
+
+/// Why the userspace mode could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum UserspaceError {
+    /// A configuration value is unusable.
+    #[error("invalid configuration: field {field}: value {value:?} is invalid: {reason}")]
+    InvalidOption {
+        /// The field, e.g. `portRange`.
+        field: &'static str,
+        /// The value.
+        value: String,
+        /// What would be valid.
+        reason: &'static str,
+    },
+    /// Removing the portal rules failed.
+    #[error("removing the {family} userspace portal rules failed")]
+    Cleanup {
+        /// The family.
+        family: IpFamily,
+        /// The cause.
+        #[source]
+        source: ApplyError,
+    },
+}
+
+/// Listeners that could not be opened in one sync.
+#[derive(Debug)]
+struct OpenErrors(Vec<OpenError>);
+
+impl UserspaceBackend {
+    /// A backend for `family` relaying on `handle`'s runtime and applying
+    /// portal rules through `applier`.
+    pub fn new(
+        handle: Handle,
+        family: IpFamily,
+        options: RelayOptions,
+        applier: Box<dyn Applier>,
+    ) -> Self {
+        Self {
+            family,
+            relay: Relay::new(handle, family, options),
+            applier,
+            jumps_in_place: false,
+        }
+    }
+
+    /// The backend the binary builds from its configuration: listener
+    /// ports from `portRange`, the iptables flavor the host uses, and with
+    /// `dry_run` the portal rules written to standard output instead of
+    /// the kernel (listeners are opened either way: they touch nothing
+    /// outside the process).
+    pub fn from_config(
+        config: &KubeProxyConfiguration,
+        family: IpFamily,
+        dry_run: bool,
+        handle: Handle,
+    ) -> Result<Self, UserspaceError> {
+        let options = RelayOptions {
+            port_range: parse_port_range(&config.port_range)?,
+            ..RelayOptions::default()
+        };
+        let applier: Box<dyn Applier> = if dry_run {
+            Box::new(DryRunApplier::new(Box::new(std::io::stdout())))
+        } else {
+            Box::new(SystemApplier::new(IptablesFlavor::detect()))
+        };
+        Ok(Self::new(handle, family, options, applier))
+    }
+
+    /// The relay, for its listeners and counters.
+    pub fn relay(&self) -> &Relay {
+        &self.relay
+    }
+
+    /// Connection counters per service port.
+    pub fn stats(&self) -> BTreeMap<ServicePortName, StatsSnapshot> {
+        self.relay.stats()
+    }
+
+    /// Deletes leftover copies of the jumps, so the next restore inserts
+    /// each exactly once.
+    fn remove_jumps(&mut self) -> Result<(), BackendError> {
+        for jump in &PORTAL_JUMPS {
+            for _ in 0..MAX_JUMP_COPIES {
+                let removed = self
+                    .applier
+                    .delete_jump(self.family, jump)
+                    .map_err(|source| apply_error("deleting old portal jump rules", source))?;
+                if !removed {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn desired_listeners(request: &SyncRequest<'_>) -> BTreeMap<ServicePortName, DesiredListener> {
+        request
+            .service_ports
+            .iter()
+            .filter(|(name, state)| {
+                let supported = state.port.protocol != Protocol::Sctp;
+                if !supported {
+                    tracing::debug!(service = %name, "the userspace mode does not relay SCTP; skipping");
+                }
+                supported
+            })
+            .map(|(name, state)| {
+                let desired = DesiredListener {
+                    protocol: state.port.protocol,
+                    route: Route::from_state(state),
+                };
+                (name.clone(), desired)
+            })
+            .collect()
+    }
+}
+
+impl Backend for UserspaceBackend {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
+        let desired = Self::desired_listeners(request);
+        let open_errors = self.relay.apply(&desired);
+        let services: Vec<PortalService> = desired
+            .keys()
+            .filter_map(|name| {
+                let listener = self.relay.listener(name)?;
+                let state = request.service_ports.get(name)?;
+                Some(PortalService {
+                    name: name.clone(),
+                    port: state.port.clone(),
+                    proxy_port: listener.port,
+                    has_endpoints: listener.has_endpoints,
+                })
+            })
+            .collect();
+        let with_jumps = !self.jumps_in_place;
+        if with_jumps {
+            self.remove_jumps()?;
+        }
+        let text = render_portals(&PortalInput {
+            family: self.family,
+            node_ip: request.node.addresses_of(self.family).next(),
+            refusing_port: self.relay.refusing_port(),
+            services: &services,
+            with_jumps,
+        });
+        tracing::trace!(rules = %text, "portal rules");
+        // A failed restore may or may not have left the jumps: the next
+        // sync replaces them either way.
+        self.jumps_in_place = false;
+        self.applier
+            .restore(self.family, &text)
+            .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
+        self.applier
+            .end_sync()
+            .map_err(|source| apply_error("finishing the sync", source))?;
+        self.jumps_in_place = true;
+        self.relay.sweep_affinity();
+        if !open_errors.is_empty() {
+            return Err(BackendError::Apply {
+                mode: MODE,
+                attempted: "opening listeners".to_owned(),
+                source: Box::new(OpenErrors(open_errors)),
+            });
+        }
+        let rules = text
+            .lines()
+            .filter(|line| line.starts_with("-A KUBE-"))
+            .count();
+        Ok(SyncOutcome {
+            full: true,
+            rules_per_table: vec![("nat".to_owned(), rules)],
+            chains_per_table: vec![("nat".to_owned(), PORTAL_CHAINS.len())],
+            rules_written_per_table: vec![("nat".to_owned(), rules)],
+            objects_written: rules + services.len(),
+        })
+    }
+}
+
+impl fmt::Debug for UserspaceBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserspaceBackend")
+            .field("family", &self.family)
+            .field("relay", &self.relay)
+            .field("jumps_in_place", &self.jumps_in_place)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for OpenErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                write!(f, ": {cause}")?;
+                source = cause.source();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for OpenErrors {}
+
+/// `--cleanup`: deletes the portal jumps and chains of `family` through
+/// `applier`. Running it twice is harmless.
+pub fn cleanup(applier: &mut dyn Applier, family: IpFamily) -> Result<usize, UserspaceError> {
+    let error = |source| UserspaceError::Cleanup { family, source };
+    let mut removed = 0;
+    for jump in &PORTAL_JUMPS {
+        for _ in 0..MAX_JUMP_COPIES {
+            if !applier.delete_jump(family, jump).map_err(error)? {
+                break;
+            }
+            removed += 1;
+        }
+    }
+    for chain in PORTAL_CHAINS {
+        if applier
+            .flush_and_delete_chain(family, kp_iptables::Table::Nat, chain)
+            .map_err(error)?
+        {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// A backend error for a failed step; a missing iptables program makes
+/// the mode unavailable (reported once, unhealthy at once) rather than a
+/// failure to retry.
+fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
+    if let Some(program) = source.missing_program() {
+        return BackendError::Unavailable {
+            mode: MODE,
+            missing: format!("program {program} not found"),
+            remedy: "install the iptables package (Debian and Ubuntu: apt-get install iptables)"
+                .to_owned(),
+        };
+    }
+    BackendError::Apply {
+        mode: MODE,
+        attempted: attempted.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
+/// `utilnet.ParsePortRange`; kp-config has validated it already, this
+/// only reads it).
+fn parse_port_range(text: &str) -> Result<Option<(u16, u16)>, UserspaceError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let invalid = |reason| UserspaceError::InvalidOption {
+        field: "portRange",
+        value: text.to_owned(),
+        reason,
+    };
+    let number = |part: &str| {
+        part.trim()
+            .parse::<u16>()
+            .map_err(|_| invalid("ports are numbers in 0..=65535"))
+    };
+    let (low, high) = if let Some((low, high)) = text.split_once('-') {
+        (number(low)?, number(high)?)
+    } else if let Some((low, count)) = text.split_once('+') {
+        let low = number(low)?;
+        let high = low
+            .checked_add(number(count)?)
+            .ok_or_else(|| invalid("the range ends above 65535"))?;
+        (low, high)
+    } else {
+        let port = number(text)?;
+        (port, port)
+    };
+    if high < low {
+        return Err(invalid("the end port is below the start port"));
+    }
+    if (low, high) == (0, 0) {
+        return Ok(None);
+    }
+    if low == 0 {
+        return Err(invalid("listener ports start at 1"));
+    }
+    Ok(Some((low, high)))
+}
+
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod tests;

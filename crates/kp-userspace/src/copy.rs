@@ -1,0 +1,124 @@
+//! Copying bytes between the two sockets of a relayed connection.
+//!
+//! Each direction waits for its source to become readable *before* it
+//! takes a buffer, and gives the buffer back once the source has nothing
+//! more to read, so an idle connection holds no buffer at all: its cost is
+//! the task and two registered sockets. `tokio::io::copy_bidirectional`
+//! keeps two 8 KiB buffers for the whole life of a connection, which is
+//! 16 KiB per idle connection; at tens of thousands of connections that is
+//! the difference between megabytes and gigabytes.
+//!
+//! Both directions are polled by one small hand-written state machine
+//! (about a hundred bytes) rather than two `async` loops: an idle
+//! connection's task is mostly its future, and the readiness futures of
+//! `async` loops would make it several times larger. Waiting uses the
+//! sockets' own reader and writer wakers (`poll_read_ready`,
+//! `poll_write_ready`); each (socket, direction) pair is waited on by one
+//! direction only, as those wakers require.
+//!
+//! The buffer is a `Vec` with capacity only: reads fill its spare capacity
+//! (`try_read_buf`), so nothing is zeroed first.
+
+use std::future::poll_fn;
+use std::io;
+use std::task::{ready, Context, Poll};
+
+use tokio::net::TcpStream;
+
+use crate::sockets::shutdown_write;
+
+/// Bytes moved by a finished relay, per direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Copied {
+    /// From the client to the endpoint.
+    pub to_endpoint: u64,
+    /// From the endpoint to the client.
+    pub to_client: u64,
+}
+
+/// One direction's state.
+#[derive(Debug, Default)]
+struct Direction {
+    /// Present only while data is in flight.
+    buffer: Option<Vec<u8>>,
+    /// Bytes of `buffer` already written.
+    written: usize,
+    total: u64,
+    /// The source ended and the end was passed on.
+    done: bool,
+}
+
+/// Relays between `client` and `endpoint` until both directions have seen
+/// an end of stream (each passed on as a half-close), or either fails.
+/// At most one buffer of `buffer_size` bytes per direction exists, and
+/// only while data is flowing.
+pub async fn relay(
+    client: &TcpStream,
+    endpoint: &TcpStream,
+    buffer_size: usize,
+) -> io::Result<Copied> {
+    let mut to_endpoint = Direction::default();
+    let mut to_client = Direction::default();
+    poll_fn(|cx| {
+        let forward = to_endpoint.poll(cx, client, endpoint, buffer_size)?;
+        let backward = to_client.poll(cx, endpoint, client, buffer_size)?;
+        match (forward, backward) {
+            (Poll::Ready(to_endpoint), Poll::Ready(to_client)) => Poll::Ready(Ok(Copied {
+                to_endpoint,
+                to_client,
+            })),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+impl Direction {
+    /// Moves what `from` has to `to`; ready with the byte count once
+    /// `from` has ended, pending while waiting for either socket.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &TcpStream,
+        to: &TcpStream,
+        buffer_size: usize,
+    ) -> Poll<io::Result<u64>> {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(self.total));
+            }
+            if let Some(buffer) = &self.buffer {
+                if self.written < buffer.len() {
+                    ready!(to.poll_write_ready(cx))?;
+                    match to.try_write(&buffer[self.written..]) {
+                        Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                        Ok(n) => {
+                            self.written += n;
+                            self.total += n as u64;
+                        }
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(error) => return Poll::Ready(Err(error)),
+                    }
+                    continue;
+                }
+            }
+            ready!(from.poll_read_ready(cx))?;
+            let buffer = self
+                .buffer
+                .get_or_insert_with(|| Vec::with_capacity(buffer_size));
+            buffer.clear();
+            self.written = 0;
+            match from.try_read_buf(buffer) {
+                Ok(0) => {
+                    self.buffer = None;
+                    shutdown_write(to)?;
+                    self.done = true;
+                }
+                Ok(_) => {}
+                // Nothing more to read for now: the buffer goes back.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.buffer = None,
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
+    }
+}

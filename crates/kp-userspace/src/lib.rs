@@ -1,0 +1,80 @@
+//! The userspace mode of kube-proxy-rs: Service traffic is redirected by
+//! nat "portal" rules to listeners inside the proxy, which relay it to the
+//! endpoints.
+//!
+//! - [`relay`]: the listeners, one per service port, on tokio.
+//!   [`balancer`] picks endpoints (round robin, ClientIP affinity);
+//!   [`tcp`] and [`udp`] move the bytes ([`copy`] keeps idle TCP
+//!   connections free of buffers).
+//! - [`portal`]: the pure renderer of the portal chains
+//!   (`KUBE-PORTALS-CONTAINER`, `KUBE-PORTALS-HOST`,
+//!   `KUBE-NODEPORT-CONTAINER`, `KUBE-NODEPORT-HOST`, as upstream's
+//!   userspace proxier named them) as iptables-restore input.
+//! - [`backend`]: [`UserspaceBackend`], the `--proxy-mode userspace`
+//!   implementation of [`kp_sync::Backend`], and [`cleanup`].
+
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod balancer;
+pub mod copy;
+pub mod portal;
+pub mod relay;
+pub mod route;
+pub mod sockets;
+pub mod stats;
+pub mod tcp;
+pub mod udp;
+
+use std::time::Duration;
+
+pub use backend::{cleanup, UserspaceBackend, UserspaceError, MODE};
+pub use balancer::Balancer;
+pub use portal::{render_portals, PortalInput, PortalService};
+pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
+pub use route::{Route, TrafficKind};
+pub use stats::StatsSnapshot;
+
+/// Upstream's default `--udp-timeout`: a UDP session with no traffic for
+/// this long is closed.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Timeouts of the successive attempts to reach an endpoint for one
+/// connection, as upstream's userspace proxier used them; each attempt
+/// tries another endpoint.
+pub const DEFAULT_DIAL_TIMEOUTS: [Duration; 4] = [
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// Size of the buffer a TCP direction takes while data flows (none while
+/// idle). 64 KiB moves a full TCP window per system call pair.
+pub const DEFAULT_BUFFER_SIZE: usize = 64 * 1024;
+
+/// How the relay behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayOptions {
+    /// Buffer size per active TCP direction.
+    pub buffer_size: usize,
+    /// Timeout of each attempt to reach an endpoint; the number of entries
+    /// is the number of endpoints tried.
+    pub dial_timeouts: Vec<Duration>,
+    /// A UDP session idle this long is closed.
+    pub udp_idle_timeout: Duration,
+    /// `portRange`: the ports listeners may use (inclusive); any free port
+    /// when `None`.
+    pub port_range: Option<(u16, u16)>,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            buffer_size: DEFAULT_BUFFER_SIZE,
+            dial_timeouts: DEFAULT_DIAL_TIMEOUTS.to_vec(),
+            udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+            port_range: None,
+        }
+    }
+}

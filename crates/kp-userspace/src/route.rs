@@ -1,0 +1,156 @@
+//! Where the connections of one service port go: which endpoints serve
+//! internal and external traffic, and who may use the load balancer IPs.
+//!
+//! A [`Route`] is built once per sync from the sync loop's categorized view
+//! ([`kp_model::TrafficPlan`] decides which endpoint list each kind of
+//! traffic uses) and swapped into the service port's
+//! [`Balancer`](crate::balancer::Balancer) whole, so a connection being
+//! accepted sees either the old or the new route, never a mix.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kp_model::{ServicePort, TrafficPlan};
+use kp_sync::ServicePortState;
+
+/// The routing decisions of one service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// ClusterIP and port: connections to them are internal traffic.
+    pub cluster: SocketAddr,
+    /// The NodePort, when allocated.
+    pub node_port: Option<u16>,
+    /// `spec.externalIPs` of this family.
+    pub external_ips: Vec<IpAddr>,
+    /// Load balancer ingress IPs of this family.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `loadBalancerSourceRanges`: when not empty, only clients in these
+    /// ranges may connect through a load balancer IP.
+    pub source_ranges: Vec<IpNet>,
+    /// Endpoints for traffic to the ClusterIP.
+    pub internal: Arc<[SocketAddr]>,
+    /// Endpoints for traffic to a NodePort, external IP or load balancer IP.
+    pub external: Arc<[SocketAddr]>,
+    /// ClientIP session affinity timeout, when affinity is on.
+    pub affinity_timeout: Option<Duration>,
+}
+
+/// Which traffic a connection is, by the address it was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrafficKind {
+    /// Sent to the ClusterIP (or straight to the proxy's own port).
+    Internal,
+    /// Sent to a NodePort, external IP or load balancer IP.
+    External,
+}
+
+/// A connection the route does not allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// The client is outside `loadBalancerSourceRanges`.
+    SourceRange,
+}
+
+impl Route {
+    /// The route of `state`: internal traffic goes to the local endpoints
+    /// under `internalTrafficPolicy: Local`, else to the cluster endpoints;
+    /// external traffic likewise under `externalTrafficPolicy`. Only ready
+    /// (or serving-terminating, when nothing is ready) endpoints are listed,
+    /// as categorized by the sync loop.
+    pub fn from_state(state: &ServicePortState) -> Self {
+        let port: &ServicePort = &state.port;
+        let plan = TrafficPlan::new(port, &state.endpoints);
+        let addresses = |local: bool| -> Arc<[SocketAddr]> {
+            let list = if local {
+                &state.endpoints.local
+            } else {
+                &state.endpoints.cluster
+            };
+            list.iter().map(|ep| ep.socket_addr()).collect()
+        };
+        let internal = if plan.has_internal_endpoints {
+            addresses(plan.internal_policy_local)
+        } else {
+            Arc::from([])
+        };
+        let external = if plan.has_external_endpoints && plan.externally_accessible {
+            addresses(plan.external_policy_local)
+        } else {
+            Arc::from([])
+        };
+        Self {
+            cluster: SocketAddr::new(port.cluster_ip, port.port),
+            node_port: port.node_port,
+            external_ips: port.external_ips.clone(),
+            load_balancer_ips: port.load_balancer_ips.clone(),
+            source_ranges: port.load_balancer_source_ranges.clone(),
+            internal,
+            external,
+            affinity_timeout: port.session_affinity_timeout,
+        }
+    }
+
+    /// Whether any traffic has an endpoint to go to.
+    pub fn has_endpoints(&self) -> bool {
+        !self.internal.is_empty() || !self.external.is_empty()
+    }
+
+    /// Classifies a connection from `client` by the address it was first
+    /// sent to (`original_destination`, from conntrack; `None` when it was
+    /// not redirected, e.g. a client connecting to the proxy's port).
+    pub fn classify(
+        &self,
+        original_destination: Option<SocketAddr>,
+        client: IpAddr,
+    ) -> Result<TrafficKind, Denied> {
+        let Some(destination) = original_destination else {
+            return Ok(TrafficKind::Internal);
+        };
+        if destination == self.cluster {
+            return Ok(TrafficKind::Internal);
+        }
+        let on_service_port = destination.port() == self.cluster.port();
+        if on_service_port && self.load_balancer_ips.contains(&destination.ip()) {
+            let allowed = self.source_ranges.is_empty()
+                || self.source_ranges.iter().any(|net| net.contains(&client));
+            return if allowed {
+                Ok(TrafficKind::External)
+            } else {
+                Err(Denied::SourceRange)
+            };
+        }
+        if on_service_port && self.external_ips.contains(&destination.ip()) {
+            return Ok(TrafficKind::External);
+        }
+        if Some(destination.port()) == self.node_port {
+            return Ok(TrafficKind::External);
+        }
+        Ok(TrafficKind::Internal)
+    }
+
+    /// The endpoints for `kind` of traffic.
+    pub fn endpoints(&self, kind: TrafficKind) -> &Arc<[SocketAddr]> {
+        match kind {
+            TrafficKind::Internal => &self.internal,
+            TrafficKind::External => &self.external,
+        }
+    }
+
+    /// A route with the same endpoints for internal and external traffic
+    /// and nothing else set: what loopback tests and benchmarks relay to.
+    pub fn to_endpoints(endpoints: &[SocketAddr]) -> Self {
+        let list: Arc<[SocketAddr]> = endpoints.into();
+        Self {
+            cluster: SocketAddr::from(([0, 0, 0, 0], 0)),
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            internal: Arc::clone(&list),
+            external: list,
+            affinity_timeout: None,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Socket set-up the relay needs beyond what tokio offers: binding with
+//! `SO_REUSEADDR`, a TCP port held without listening, the address a
+//! redirected connection was first sent to, and resets.
+
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use nix::sys::socket::{getsockopt, sockopt, SockaddrIn, SockaddrIn6};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+/// Listen backlog of every TCP listener: as deep as the kernel allows
+/// (`net.core.somaxconn` caps it), so bursts of connections queue instead
+/// of being dropped.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A TCP socket bound to `addr` (port 0: any free port) with
+/// `SO_REUSEADDR`, so the port can be bound again while connections of an
+/// earlier listener on it are still open. IPv6 sockets are IPv6 only.
+pub fn bind_tcp(addr: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    prepare(&socket, addr)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// A UDP socket bound to `addr`, non-blocking, without `SO_REUSEADDR`
+/// (which would let two UDP sockets share a port).
+pub fn bind_udp(addr: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    prepare(&socket, addr)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+fn prepare(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
+    socket.set_nonblocking(true)?;
+    socket.set_cloexec(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    Ok(())
+}
+
+/// The address a connection was sent to before a `REDIRECT` or `DNAT`
+/// rule rewrote it (`SO_ORIGINAL_DST`, `IP6T_SO_ORIGINAL_DST`); `None`
+/// when conntrack has no such rewrite for it.
+pub fn original_destination(socket: &impl AsFd, local: SocketAddr) -> Option<SocketAddr> {
+    let original = match local {
+        SocketAddr::V4(_) => getsockopt(socket, sockopt::OriginalDst)
+            .ok()
+            .map(|raw| SocketAddr::V4(SocketAddrV4::from(SockaddrIn::from(raw)))),
+        SocketAddr::V6(_) => getsockopt(socket, sockopt::Ip6tOriginalDst)
+            .ok()
+            .map(|raw| SocketAddr::V6(SocketAddrV6::from(SockaddrIn6::from(raw)))),
+    };
+    // Without a rewrite, conntrack reports the address as it is.
+    original.filter(|original| *original != local)
+}
+
+/// Closes `socket` with a reset instead of an orderly close
+/// (`SO_LINGER` with a zero timeout), so the client learns at once that
+/// nothing will answer.
+pub fn reset(socket: &impl AsFd) {
+    // Best effort: the socket is closed right after, reset or not.
+    let _ = SockRef::from(socket).set_linger(Some(Duration::ZERO));
+}
+
+/// Half-closes `socket` for writing (`shutdown(SHUT_WR)`), passing an
+/// end of stream on to the peer.
+pub fn shutdown_write(socket: &impl AsFd) -> io::Result<()> {
+    match SockRef::from(socket).shutdown(std::net::Shutdown::Write) {
+        Err(error) if error.kind() == io::ErrorKind::NotConnected => Ok(()),
+        other => other,
+    }
+}
