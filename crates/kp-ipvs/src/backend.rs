@@ -237,7 +237,7 @@ impl IpvsBackend {
 
     /// The host's addresses of this family that NodePorts and the bind
     /// decision consider: not loopback, not IPv6 link-local, not on
-    /// kube-ipvs0 (`ours`).
+    /// kube-ipvs0 (`ours`), as upstream's `GetAllLocalAddressesExcept`.
     fn node_addresses(&mut self, ours: &BTreeSet<IpAddr>) -> Result<Vec<IpAddr>, BackendError> {
         let listed = (self.local_addresses)().map_err(|source| BackendError::Apply {
             mode: MODE,
@@ -458,9 +458,11 @@ fn kernel_error(error: KernelError) -> BackendError {
     }
 }
 
+/// IPv6 link-local addresses take no NodePorts (upstream's
+/// `isValidForSet`); IPv4 link-local ones do, as upstream.
 fn is_link_local(ip: &IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V4(_) => false,
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }

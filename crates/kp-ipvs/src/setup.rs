@@ -178,6 +178,21 @@ pub fn cleanup() -> Result<CleanupReport, CleanupError> {
     cleanup_with(&mut kernel, &mut appliers)
 }
 
+/// Whether the IPVS mode left something on this node (kube-ipvs0 or one of
+/// its sets): a proxy starting in another mode then runs [`cleanup`], so
+/// moving a node off IPVS leaves nothing behind. Errors count as "no".
+pub fn has_leftovers() -> bool {
+    let mut link = crate::netlink::link::DummyLink::new();
+    if matches!(link.index(), Ok(Some(_))) {
+        return true;
+    }
+    let mut ipset = crate::netlink::ipset::IpsetNetlink::new();
+    [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
+        let name = crate::state::SetKind::ClusterIp.name(family);
+        matches!(ipset.list(name, family), Ok(Some(_)))
+    })
+}
+
 fn program_exists(name: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
