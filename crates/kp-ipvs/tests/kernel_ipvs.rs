@@ -277,7 +277,7 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
 
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
-fn vm_session_affinity_udp_and_ipv6() {
+fn vm_session_affinity_sticks_and_udp_round_trips() {
     require_ipvs();
     let topology = Topology::builder()
         .pod("ep1", |p| p.tcp(80).udp(53))
@@ -312,39 +312,6 @@ fn vm_session_affinity_udp_and_ipv6() {
     );
     let reply = udp_roundtrip(topology.pod("src"), at("10.96.0.20", 53)).unwrap();
     assert_eq!(reply.backend, "ep2");
-
-    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
-    let ports6 = Ports::new()
-        .with(
-            service("ns1", "web6", "fd00:10:96::10", 80)
-                .endpoint(&v6("ep1"), 80, true)
-                .endpoint(&v6("ep2"), 80, true),
-        )
-        .build();
-    let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
-    let mut backend6 = node_backend(IpFamily::V6);
-    topology
-        .node()
-        .run(|| backend6.sync(&parts6.request(true)))
-        .unwrap();
-    let counts = hits_until_all(
-        topology.pod("src"),
-        at("fd00:10:96::10", 80),
-        &["ep1", "ep2"],
-        60,
-    );
-    assert_eq!(
-        counts.keys().collect::<Vec<_>>(),
-        ["ep1", "ep2"],
-        "{counts:?}"
-    );
-    // Both families share kube-ipvs0; each keeps its own sets.
-    let listed = topology
-        .node()
-        .run(|| NetlinkKernel::new().list(IpFamily::V6))
-        .unwrap();
-    assert!(listed.has_entries(SetKind::ClusterIp));
-    assert_eq!(listed.addresses.len(), 1);
 }
 
 #[test]
@@ -546,4 +513,48 @@ fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
         saved.contains("--match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"),
         "{saved}"
     );
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_ipv6_cluster_ip_spreads_connections() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
+    let ports6 = Ports::new()
+        .with(
+            service("ns1", "web6", "fd00:10:96::10", 80)
+                .endpoint(&v6("ep1"), 80, true)
+                .endpoint(&v6("ep2"), 80, true),
+        )
+        .build();
+    let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
+    let mut backend6 = node_backend(IpFamily::V6);
+    topology
+        .node()
+        .run(|| backend6.sync(&parts6.request(true)))
+        .unwrap();
+    let counts = hits_until_all(
+        topology.pod("src"),
+        at("fd00:10:96::10", 80),
+        &["ep1", "ep2"],
+        60,
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1", "ep2"],
+        "{counts:?}"
+    );
+    // The listing of the family finds its KUBE-6- sets and its address.
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V6))
+        .unwrap();
+    assert!(listed.has_entries(SetKind::ClusterIp));
+    assert_eq!(listed.addresses.len(), 1);
 }
