@@ -151,8 +151,12 @@ pub fn backend(
     }
     let version = check_host(config)?;
     let options = options(config, Some(version))?;
-    tracing::info!(ip_family = %family, "Using ipvs Proxier");
-    tracing::error!(ip_family = %family, "{DEPRECATION_WARNING}");
+    // Once per process, as upstream, also when both families start.
+    static ANNOUNCED: std::sync::Once = std::sync::Once::new();
+    ANNOUNCED.call_once(|| {
+        tracing::info!("Using ipvs Proxier");
+        tracing::error!("{DEPRECATION_WARNING}");
+    });
     let applier = SystemApplier::new(IptablesFlavor::detect());
     Ok(Box::new(IpvsBackend::new(
         family,
