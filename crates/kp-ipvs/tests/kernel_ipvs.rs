@@ -15,7 +15,7 @@
 //! | ns1/local, p80 80/TCP | NodePort 30081, externalTrafficPolicy Local, endpoints ep1, ep3 |
 //! | ns1/sticky, p80 80/TCP | ClusterIP 10.96.0.13, ClientIP affinity, endpoints ep1, ep2 |
 //! | ns1/dns, p53 53/UDP | ClusterIP 10.96.0.20, endpoint ep2 |
-//! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 |
+//! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 (fd00:10:96::11 with ip6tables, ep1) |
 //! | ns1/lb, p80 80/TCP | LB 203.0.113.9, loadBalancerSourceRanges client/32, endpoint ep1 |
 //! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -557,4 +557,41 @@ fn vm_ipv6_cluster_ip_spreads_connections() {
         .unwrap();
     assert!(listed.has_entries(SetKind::ClusterIp));
     assert_eq!(listed.addresses.len(), 1);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_ipv6_rules_restore_with_ip6tables_and_traffic_still_flows() {
+    require_ipvs();
+    kp_testkit::netns::require_tool("ip6tables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ep1 = topology.pod("ep1").ip_v6().to_string();
+    let ports = Ports::new()
+        .with(service("ns1", "web6", "fd00:10:96::11", 80).endpoint(&ep1, 80, true))
+        .build();
+    let parts = RequestParts::new(ports, "fd00:192:168:99::2");
+    let mut backend = IpvsBackend::new(
+        IpFamily::V6,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    let reply = connect(topology.pod("src"), at("fd00:10:96::11", 80)).unwrap();
+    assert_eq!(reply.backend, "ep1");
+    let saved = topology
+        .node()
+        .exec_ok("ip6tables-legacy-save", &["-t", "nat"]);
+    assert!(
+        saved.contains("-A KUBE-SERVICES -s ::1/128 -j RETURN"),
+        "{saved}"
+    );
+    assert!(saved.contains("--match-set KUBE-6-CLUSTER-IP"), "{saved}");
 }
