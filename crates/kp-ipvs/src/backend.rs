@@ -7,7 +7,7 @@
 //! change only when a set turns empty or non-empty or a source-range
 //! exception changes; they are restored in one step per table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -236,18 +236,18 @@ impl IpvsBackend {
     }
 
     /// The host's addresses of this family that NodePorts and the bind
-    /// decision consider: not loopback, not IPv6 link-local, not ours.
-    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, BackendError> {
+    /// decision consider: not loopback, not IPv6 link-local, not on
+    /// kube-ipvs0 (`ours`), as upstream's `GetAllLocalAddressesExcept`.
+    fn node_addresses(&mut self, ours: &BTreeSet<IpAddr>) -> Result<Vec<IpAddr>, BackendError> {
         let listed = (self.local_addresses)().map_err(|source| BackendError::Apply {
             mode: MODE,
             attempted: "listing the host's addresses".to_owned(),
             source: Box::new(source),
         })?;
-        let ours = self.applied.as_ref().map(|a| &a.addresses);
         let mut addresses: Vec<IpAddr> = listed
             .into_iter()
             .filter(|ip| self.family.matches(ip) && !ip.is_loopback() && !is_link_local(ip))
-            .filter(|ip| !ours.is_some_and(|set| set.contains(ip)))
+            .filter(|ip| !ours.contains(ip))
             .collect();
         addresses.sort_unstable();
         addresses.dedup();
@@ -265,7 +265,12 @@ impl Backend for IpvsBackend {
             self.prepare_host()?;
             self.host_ready = true;
         }
-        let node_addresses = self.node_addresses()?;
+        let full = request.full || self.applied.is_none();
+        // A full sync starts from what the kernel holds, so that after a
+        // restart the service addresses already on kube-ipvs0 are not
+        // mistaken for the node's own.
+        let current = self.current_state(full)?;
+        let node_addresses = self.node_addresses(&current.addresses)?;
         let node_port_addresses = self
             .options
             .node_port_addresses
@@ -287,7 +292,6 @@ impl Backend for IpvsBackend {
             rules: &rule_options,
         };
         let planned = plan(&input, request.service_ports);
-        let full = request.full || self.applied.is_none();
         match &mut self.target {
             Target::DryRun(out) => {
                 let text = dry_run_text(&planned.state, self.family, &planned.iptables);
@@ -301,33 +305,40 @@ impl Backend for IpvsBackend {
                 self.applied = Some(planned.state.clone());
                 Ok(outcome(full, &planned.iptables, 0))
             }
-            Target::Kernel { .. } => self.apply_plan(full, planned),
+            Target::Kernel { .. } => self.apply_plan(full, planned, current),
         }
     }
 }
 
 impl IpvsBackend {
+    /// What the kernel holds: listed for a full sync, else what the last
+    /// sync left (taken, so a failure below forces the next sync to list).
+    fn current_state(&mut self, full: bool) -> Result<KernelState, BackendError> {
+        match (&mut self.target, self.applied.take()) {
+            (_, Some(applied)) if !full => Ok(applied),
+            (Target::Kernel { kernel, .. }, _) => kernel.list(self.family).map_err(kernel_error),
+            (Target::DryRun(_), _) => Ok(KernelState::default()),
+        }
+    }
+
     fn apply_plan(
         &mut self,
         full: bool,
         planned: crate::planner::Plan,
+        mut current: KernelState,
     ) -> Result<SyncOutcome, BackendError> {
         let Target::Kernel { kernel, applier } = &mut self.target else {
             return Ok(SyncOutcome::default());
         };
         let family = self.family;
-        let mut current = match self.applied.take() {
-            Some(applied) if !full => applied,
-            _ => {
-                let mut listed = kernel.list(family).map_err(kernel_error)?;
-                let exclude = &self.options.exclude_cidrs;
-                listed.services.retain(|key, _| {
-                    planned.state.services.contains_key(key)
-                        || !exclude.iter().any(|cidr| cidr.contains(&key.address))
-                });
-                listed
-            }
-        };
+        if full {
+            // Virtual servers inside excludeCIDRs are never removed.
+            let exclude = &self.options.exclude_cidrs;
+            current.services.retain(|key, _| {
+                planned.state.services.contains_key(key)
+                    || !exclude.iter().any(|cidr| cidr.contains(&key.address))
+            });
+        }
         let mut ops = diff(&planned.state, &current);
         ops.extend(reap_drained(kernel.as_mut(), &planned.state, &current)?);
         let result = kernel.apply(family, &ops);
@@ -447,9 +458,11 @@ fn kernel_error(error: KernelError) -> BackendError {
     }
 }
 
+/// IPv6 link-local addresses take no NodePorts (upstream's
+/// `isValidForSet`); IPv4 link-local ones do, as upstream.
 fn is_link_local(ip: &IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V4(_) => false,
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }

@@ -397,3 +397,52 @@ impl std::io::Write for SharedBuffer {
         Ok(())
     }
 }
+
+#[test]
+fn after_a_restart_service_addresses_on_kube_ipvs0_are_not_taken_for_node_addresses() {
+    let kernel = FakeKernel::new();
+    let parts = RequestParts::new(
+        Ports::new()
+            .with(
+                service("ns1", "ext", "10.96.0.46", 80)
+                    .external_ip("203.0.113.9")
+                    .node_port(30080)
+                    .endpoint("10.244.1.2", 80, true),
+            )
+            .build(),
+        "192.168.99.2",
+    );
+    // The host lists every address, those on kube-ipvs0 included.
+    let lister = || -> AddressLister {
+        let kernel = kernel.clone();
+        Box::new(move || {
+            let mut all = vec![ip("192.168.99.2")];
+            all.extend(kernel.family(IpFamily::V4).addresses);
+            Ok(all)
+        })
+    };
+    let new_backend = || {
+        IpvsBackend::new(
+            IpFamily::V4,
+            IpvsOptions::default(),
+            Box::new(kernel.clone()),
+            Box::new(Restores::default()),
+        )
+        .with_sysctl(Box::new(MemorySysctl::new()))
+        .with_local_addresses(lister())
+    };
+    let mut first = new_backend();
+    first.sync(&parts.request(true)).unwrap();
+    kernel.take_log();
+    let mut restarted = new_backend();
+    restarted.sync(&parts.request(true)).unwrap();
+    assert_eq!(
+        kernel.take_log(),
+        [],
+        "the restarted proxy finds everything in place"
+    );
+    assert!(kernel
+        .family(IpFamily::V4)
+        .addresses
+        .contains(&ip("203.0.113.9")));
+}

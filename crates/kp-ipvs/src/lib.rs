@@ -37,7 +37,9 @@ pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
 pub use diff::{diff, Op};
 pub use kernel::{FakeKernel, IpvsKernel, KernelError};
 pub use planner::{plan, Plan, PlanInput};
-pub use setup::{backend as build_backend, check_host, cleanup, SetupError, DEPRECATION_WARNING};
+pub use setup::{
+    backend as build_backend, check_host, cleanup, has_leftovers, SetupError, DEPRECATION_WARNING,
+};
 pub use state::{
     KernelState, ServiceKey, ServiceState, SetEntry, SetKind, VirtualServer, DUMMY_LINK,
 };

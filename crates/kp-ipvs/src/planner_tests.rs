@@ -312,3 +312,34 @@ fn ipv6_sets_are_named_kube_6_and_fit_the_kernel_limit() {
         .contains("TCP  [fd00:10:96::41]:80 rr\n  -> [fd00:10:244:1::2]:80"));
     let _: IpAddr = ip("fd00:10:96::41");
 }
+
+/// Every kind of address at once, as `--dry-run` prints it.
+#[test]
+fn golden_dry_run_of_every_service_kind() {
+    let ports = Ports::new()
+        .with(
+            service("ns1", "np", "10.96.0.42", 80)
+                .node_port(30080)
+                .external_ip("203.0.113.5")
+                .endpoint("10.244.1.2", 8080, true)
+                .endpoint("10.244.2.3", 8080, false),
+        )
+        .with(
+            service("ns1", "lb", "10.96.0.44", 443)
+                .load_balancer("203.0.113.7")
+                .source_range("198.51.100.0/24")
+                .local_policy()
+                .node_port(30443)
+                .affinity(600)
+                .endpoint("10.244.1.3", 8443, true),
+        )
+        .with(
+            service("ns1", "dns", "10.96.0.10", 53)
+                .protocol(Protocol::Udp)
+                .endpoint("10.244.2.9", 53, false),
+        )
+        .build();
+    let planned = plan_of(&ports, "rr");
+    let text = crate::text::dry_run_text(&planned.state, IpFamily::V4, &planned.iptables);
+    assert_eq!(text, include_str!("../tests/golden/every_kind.txt"));
+}

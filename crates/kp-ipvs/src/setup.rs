@@ -151,8 +151,12 @@ pub fn backend(
     }
     let version = check_host(config)?;
     let options = options(config, Some(version))?;
-    tracing::info!(ip_family = %family, "Using ipvs Proxier");
-    tracing::error!(ip_family = %family, "{DEPRECATION_WARNING}");
+    // Once per process, as upstream, also when both families start.
+    static ANNOUNCED: std::sync::Once = std::sync::Once::new();
+    ANNOUNCED.call_once(|| {
+        tracing::info!("Using ipvs Proxier");
+        tracing::error!("{DEPRECATION_WARNING}");
+    });
     let applier = SystemApplier::new(IptablesFlavor::detect());
     Ok(Box::new(IpvsBackend::new(
         family,
@@ -176,6 +180,21 @@ pub fn cleanup() -> Result<CleanupReport, CleanupError> {
         appliers.push(&mut nft);
     }
     cleanup_with(&mut kernel, &mut appliers)
+}
+
+/// Whether the IPVS mode left something on this node (kube-ipvs0 or one of
+/// its sets): a proxy starting in another mode then runs [`cleanup`], so
+/// moving a node off IPVS leaves nothing behind. Errors count as "no".
+pub fn has_leftovers() -> bool {
+    let mut link = crate::netlink::link::DummyLink::new();
+    if matches!(link.index(), Ok(Some(_))) {
+        return true;
+    }
+    let mut ipset = crate::netlink::ipset::IpsetNetlink::new();
+    [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
+        let name = crate::state::SetKind::ClusterIp.name(family);
+        matches!(ipset.list(name, family), Ok(Some(_)))
+    })
 }
 
 fn program_exists(name: &str) -> bool {

@@ -15,7 +15,7 @@
 //! | ns1/local, p80 80/TCP | NodePort 30081, externalTrafficPolicy Local, endpoints ep1, ep3 |
 //! | ns1/sticky, p80 80/TCP | ClusterIP 10.96.0.13, ClientIP affinity, endpoints ep1, ep2 |
 //! | ns1/dns, p53 53/UDP | ClusterIP 10.96.0.20, endpoint ep2 |
-//! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 |
+//! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 (fd00:10:96::11 with ip6tables, ep1) |
 //! | ns1/lb, p80 80/TCP | LB 203.0.113.9, loadBalancerSourceRanges client/32, endpoint ep1 |
 //! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -277,7 +277,7 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
 
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
-fn vm_session_affinity_udp_and_ipv6() {
+fn vm_session_affinity_sticks_and_udp_round_trips() {
     require_ipvs();
     let topology = Topology::builder()
         .pod("ep1", |p| p.tcp(80).udp(53))
@@ -312,39 +312,6 @@ fn vm_session_affinity_udp_and_ipv6() {
     );
     let reply = udp_roundtrip(topology.pod("src"), at("10.96.0.20", 53)).unwrap();
     assert_eq!(reply.backend, "ep2");
-
-    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
-    let ports6 = Ports::new()
-        .with(
-            service("ns1", "web6", "fd00:10:96::10", 80)
-                .endpoint(&v6("ep1"), 80, true)
-                .endpoint(&v6("ep2"), 80, true),
-        )
-        .build();
-    let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
-    let mut backend6 = node_backend(IpFamily::V6);
-    topology
-        .node()
-        .run(|| backend6.sync(&parts6.request(true)))
-        .unwrap();
-    let counts = hits_until_all(
-        topology.pod("src"),
-        at("fd00:10:96::10", 80),
-        &["ep1", "ep2"],
-        60,
-    );
-    assert_eq!(
-        counts.keys().collect::<Vec<_>>(),
-        ["ep1", "ep2"],
-        "{counts:?}"
-    );
-    // Both families share kube-ipvs0; each keeps its own sets.
-    let listed = topology
-        .node()
-        .run(|| NetlinkKernel::new().list(IpFamily::V6))
-        .unwrap();
-    assert!(listed.has_entries(SetKind::ClusterIp));
-    assert_eq!(listed.addresses.len(), 1);
 }
 
 #[test]
@@ -447,9 +414,24 @@ fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
         kernel
             .apply(IpFamily::V4, &[Op::AddService(foreign, server)])
             .unwrap();
-        cleanup_with(&mut kernel, &mut []).unwrap()
+        assert!(
+            kp_ipvs::has_leftovers(),
+            "kube-ipvs0 and the sets are found"
+        );
+        let report = cleanup_with(&mut kernel, &mut []).unwrap();
+        assert!(!kp_ipvs::has_leftovers(), "nothing is left to find");
+        report
     });
-    assert_eq!(report.services.len(), 2, "{report:?}");
+    // The ClusterIP, and the NodePort on each node address (the node's
+    // 192.168.99.2 and the pods' gateway 169.254.1.1).
+    assert!(report.services.len() >= 2, "{report:?}");
+    assert!(
+        report
+            .services
+            .iter()
+            .all(|key| key.port == 30080 || key.address.to_string() == "10.96.0.10"),
+        "{report:?}"
+    );
     assert!(report.link);
     let (v4, v6) = topology.node().run(|| {
         let mut kernel = NetlinkKernel::new();
@@ -531,4 +513,85 @@ fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
         saved.contains("--match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"),
         "{saved}"
     );
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_ipv6_cluster_ip_spreads_connections() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
+    let ports6 = Ports::new()
+        .with(
+            service("ns1", "web6", "fd00:10:96::10", 80)
+                .endpoint(&v6("ep1"), 80, true)
+                .endpoint(&v6("ep2"), 80, true),
+        )
+        .build();
+    let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
+    let mut backend6 = node_backend(IpFamily::V6);
+    topology
+        .node()
+        .run(|| backend6.sync(&parts6.request(true)))
+        .unwrap();
+    let counts = hits_until_all(
+        topology.pod("src"),
+        at("fd00:10:96::10", 80),
+        &["ep1", "ep2"],
+        60,
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1", "ep2"],
+        "{counts:?}"
+    );
+    // The listing of the family finds its KUBE-6- sets and its address.
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V6))
+        .unwrap();
+    assert!(listed.has_entries(SetKind::ClusterIp));
+    assert_eq!(listed.addresses.len(), 1);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_ipv6_rules_restore_with_ip6tables_and_traffic_still_flows() {
+    require_ipvs();
+    kp_testkit::netns::require_tool("ip6tables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ep1 = topology.pod("ep1").ip_v6().to_string();
+    let ports = Ports::new()
+        .with(service("ns1", "web6", "fd00:10:96::11", 80).endpoint(&ep1, 80, true))
+        .build();
+    let parts = RequestParts::new(ports, "fd00:192:168:99::2");
+    let mut backend = IpvsBackend::new(
+        IpFamily::V6,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+    let reply = connect(topology.pod("src"), at("fd00:10:96::11", 80)).unwrap();
+    assert_eq!(reply.backend, "ep1");
+    let saved = topology
+        .node()
+        .exec_ok("ip6tables-legacy-save", &["-t", "nat"]);
+    assert!(
+        saved.contains("-A KUBE-SERVICES -s ::1/128 -j RETURN"),
+        "{saved}"
+    );
+    assert!(saved.contains("--match-set KUBE-6-CLUSTER-IP"), "{saved}");
 }

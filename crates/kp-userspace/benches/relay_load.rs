@@ -119,13 +119,15 @@ pub async fn connection_rate(addr: SocketAddr, concurrency: usize, duration: Dur
 
 /// Round-trip times (µs) of 64-byte requests to the echo server over
 /// `connections` connections, `rate` requests per second in all, for
-/// `duration`; sorted.
+/// `duration`: measured from each request's send, and from its scheduled
+/// time (which also counts the client's timer lag and any stall that
+/// delayed later requests); both sorted.
 pub async fn latency(
     addr: SocketAddr,
     connections: usize,
     rate: u32,
     duration: Duration,
-) -> Vec<u64> {
+) -> (Vec<u64>, Vec<u64>) {
     let per_connection = Duration::from_secs_f64(connections as f64 / f64::from(rate));
     let mut tasks = Vec::new();
     for index in 0..connections {
@@ -138,26 +140,34 @@ pub async fn latency(
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let request = [0x42u8; 64];
             let mut answer = [0u8; 64];
-            let mut samples = Vec::new();
+            let mut from_send = Vec::new();
+            let mut from_schedule = Vec::new();
             let end = Instant::now() + duration;
             while Instant::now() < end {
                 let scheduled = ticks.tick().await;
+                let sent = tokio::time::Instant::now();
                 stream.write_all(&request).await.unwrap();
                 stream.read_exact(&mut answer).await.unwrap();
-                // From the scheduled send time, so a stall counts for every
-                // request it delayed.
-                let rtt = tokio::time::Instant::now().duration_since(scheduled);
-                samples.push(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX));
+                let now = tokio::time::Instant::now();
+                from_send.push(micros(now.duration_since(sent)));
+                from_schedule.push(micros(now.duration_since(scheduled)));
             }
-            samples
+            (from_send, from_schedule)
         }));
     }
-    let mut all = Vec::new();
+    let (mut from_send, mut from_schedule) = (Vec::new(), Vec::new());
     for task in tasks {
-        all.extend(task.await.unwrap());
+        let (send, schedule) = task.await.unwrap();
+        from_send.extend(send);
+        from_schedule.extend(schedule);
     }
-    all.sort_unstable();
-    all
+    from_send.sort_unstable();
+    from_schedule.sort_unstable();
+    (from_send, from_schedule)
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Opens `count` connections through `addr` to the echo server, each with

@@ -16,8 +16,11 @@
 //! `poll_write_ready`); each (socket, direction) pair is waited on by one
 //! direction only, as those wakers require.
 //!
-//! The buffer is a `Vec` with capacity only: reads fill its spare capacity
-//! (`try_read_buf`), so nothing is zeroed first.
+//! Small messages (up to 4 KiB, what request/response traffic mostly is)
+//! pass through a buffer on the stack and are written on at once; only
+//! bulk data and writes that would block take a heap buffer, a `Vec` with
+//! capacity only that reads fill without zeroing it first
+//! (`try_read_buf`).
 
 use std::future::poll_fn;
 use std::io;
@@ -26,6 +29,9 @@ use std::task::{ready, Context, Poll};
 use tokio::net::TcpStream;
 
 use crate::sockets::shutdown_write;
+
+/// Size of the stack buffer small messages pass through.
+const SMALL_READ: usize = 4096;
 
 /// Bytes moved by a finished relay, per direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,12 +109,15 @@ impl Direction {
                 }
             }
             ready!(from.poll_read_ready(cx))?;
-            let buffer = self
-                .buffer
-                .get_or_insert_with(|| Vec::with_capacity(buffer_size));
-            buffer.clear();
-            self.written = 0;
-            match from.try_read_buf(buffer) {
+            let read = match self.buffer.as_mut() {
+                Some(buffer) => {
+                    buffer.clear();
+                    self.written = 0;
+                    from.try_read_buf(buffer)
+                }
+                None => self.pass_small(from, to, buffer_size),
+            };
+            match read {
                 Ok(0) => {
                     self.buffer = None;
                     shutdown_write(to)?;
@@ -120,5 +129,36 @@ impl Direction {
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
+    }
+
+    /// Reads into a buffer on the stack and writes it on at once: a
+    /// request or an answer of a few kilobytes never touches the heap. What
+    /// cannot be written at once, and the reads after one that filled the
+    /// stack buffer (bulk data), go through a heap buffer of
+    /// `buffer_size`.
+    fn pass_small(
+        &mut self,
+        from: &TcpStream,
+        to: &TcpStream,
+        buffer_size: usize,
+    ) -> io::Result<usize> {
+        let mut small = [0u8; SMALL_READ];
+        let read = from.try_read(&mut small)?;
+        if read == 0 {
+            return Ok(0);
+        }
+        let written = match to.try_write(&small[..read]) {
+            Ok(written) => written,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(error) => return Err(error),
+        };
+        self.total += written as u64;
+        if written < read || read == SMALL_READ {
+            let mut buffer = Vec::with_capacity(buffer_size.max(SMALL_READ));
+            buffer.extend_from_slice(&small[written..read]);
+            self.written = 0;
+            self.buffer = Some(buffer);
+        }
+        Ok(read)
     }
 }

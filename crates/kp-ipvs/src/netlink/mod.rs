@@ -26,7 +26,7 @@ use crate::netlink::ipset::IpsetNetlink;
 use crate::netlink::ipvs::IpvsNetlink;
 use crate::netlink::link::DummyLink;
 use crate::netlink::wire::Message;
-use crate::state::{KernelState, ServiceKey, ServiceState, SetKind};
+use crate::state::{KernelState, ServiceKey, ServiceState, SetKind, VirtualServer};
 
 /// The three netlink handles behind [`IpvsKernel`].
 #[derive(Debug, Default)]
@@ -35,7 +35,14 @@ pub struct NetlinkKernel {
     ipset: IpsetNetlink,
     link: DummyLink,
     link_index: Option<u32>,
+    /// Requests the listing threads sent.
+    worker_messages: u64,
 }
+
+/// Services from which on real servers are listed in parallel.
+const PARALLEL_LIST_MIN: usize = 512;
+/// Most listing threads.
+const MAX_LIST_WORKERS: usize = 4;
 
 /// Which socket an operation goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +77,51 @@ impl NetlinkKernel {
     pub fn delete_service(&mut self, key: &ServiceKey) -> io::Result<()> {
         let message = self.ipvs.delete_service_message(key)?;
         self.ipvs.execute(vec![message]).map_err(|e| e.error)
+    }
+
+    /// The real servers of every service. A destination listing is one
+    /// dump per service, so with many services the dumps are spread over
+    /// several sockets and threads (each thread opens its socket, in the
+    /// network namespace it inherits from this one).
+    fn list_real_servers(
+        &mut self,
+        services: Vec<(ServiceKey, VirtualServer)>,
+    ) -> Result<BTreeMap<ServiceKey, ServiceState>, KernelError> {
+        let workers = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, MAX_LIST_WORKERS);
+        if services.len() < PARALLEL_LIST_MIN || workers == 1 {
+            return list_chunk(&mut self.ipvs, services);
+        }
+        let chunk = services.len().div_ceil(workers);
+        let mut chunks: Vec<Vec<(ServiceKey, VirtualServer)>> = Vec::new();
+        let mut rest = services.into_iter().peekable();
+        while rest.peek().is_some() {
+            chunks.push(rest.by_ref().take(chunk).collect());
+        }
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = chunks
+                .into_iter()
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut ipvs = IpvsNetlink::new();
+                        let listed = list_chunk(&mut ipvs, part);
+                        (listed, ipvs.messages())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join()).collect()
+        });
+        let mut all = BTreeMap::new();
+        for result in results {
+            let (listed, messages) = result.map_err(|_| KernelError {
+                attempted: "listing real servers".to_owned(),
+                source: io::Error::other("a listing thread panicked"),
+            })?;
+            self.worker_messages += messages;
+            all.extend(listed?);
+        }
+        Ok(all)
     }
 
     fn index(&mut self) -> io::Result<u32> {
@@ -156,20 +208,11 @@ impl IpvsKernel for NetlinkKernel {
                 .addresses(index, family)
                 .map_err(failed("ip addr show dev kube-ipvs0"))?;
         }
-        for (key, server) in self
+        let services = self
             .ipvs
             .list_services(Some(family))
-            .map_err(failed("ipvsadm -Ln"))?
-        {
-            let reals = self
-                .ipvs
-                .list_dests(&key)
-                .map_err(failed(&format!("ipvsadm -Ln {key}")))?
-                .into_iter()
-                .map(|dest| (dest.address, dest.weight))
-                .collect();
-            state.services.insert(key, ServiceState { server, reals });
-        }
+            .map_err(failed("ipvsadm -Ln"))?;
+        state.services = self.list_real_servers(services)?;
         for kind in SetKind::ALL {
             let name = kind.name(family);
             if let Some(members) = self
@@ -251,8 +294,29 @@ impl IpvsKernel for NetlinkKernel {
     }
 
     fn messages_sent(&self) -> u64 {
-        self.ipvs.messages() + self.ipset.messages() + self.link.messages()
+        self.ipvs.messages() + self.ipset.messages() + self.link.messages() + self.worker_messages
     }
+}
+
+/// Lists the real servers of `services` through `ipvs`.
+fn list_chunk(
+    ipvs: &mut IpvsNetlink,
+    services: Vec<(ServiceKey, VirtualServer)>,
+) -> Result<BTreeMap<ServiceKey, ServiceState>, KernelError> {
+    let mut listed = BTreeMap::new();
+    for (key, server) in services {
+        let reals = ipvs
+            .list_dests(&key)
+            .map_err(|source| KernelError {
+                attempted: format!("ipvsadm -Ln {key}"),
+                source,
+            })?
+            .into_iter()
+            .map(|dest| (dest.address, dest.weight))
+            .collect();
+        listed.insert(key, ServiceState { server, reals });
+    }
+    Ok(listed)
 }
 
 fn route(op: &Op) -> Route {

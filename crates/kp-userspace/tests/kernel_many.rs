@@ -1,0 +1,125 @@
+//! Kernel test: thousands of concurrent connections through one Service's
+//! portal rules and listener, all open at once and all still answering.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/many, echo 80/TCP | ClusterIP 10.96.0.20, endpoint ep1:9100 (a tokio echo server) |
+//!
+//! Every relayed connection costs this process four descriptors (client,
+//! two in the relay, server), so the count is 10,000 where the descriptor
+//! limit allows and the largest whole thousand that fits otherwise (4,000
+//! under a hard limit of 20,000); the test says which it used.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use std::net::{IpAddr, SocketAddr};
+
+use kernel::{at, require, three_pods, Proxy};
+use kp_iptables::IptablesFlavor;
+use kp_model::IpFamily;
+use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::plan::NODE_NAME;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The echo server's port in the pod.
+const ECHO_PORT: u16 = 9100;
+/// What the issue asks for.
+const WANTED: usize = 10_000;
+/// Descriptors kept for everything else the test process holds.
+const SPARE_DESCRIPTORS: u64 = 1_000;
+
+#[test]
+fn thousands_of_concurrent_connections_through_one_service() {
+    require(IptablesFlavor::Nft);
+    let count = connections_that_fit();
+    eprintln!("opening {count} concurrent connections (wanted {WANTED})");
+    let topology = three_pods();
+    let pod_ip = IpAddr::V4(topology.pod("ep1").ip());
+    let _server = topology.pod("ep1").netns().run(move || {
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(echo_server(SocketAddr::new(pod_ip, ECHO_PORT)));
+        })
+    });
+    let proxy = Proxy::start(&topology, IptablesFlavor::Nft, IpFamily::V4);
+    let slice = endpoint_slice("ns1", "many-1", "many", |s| {
+        s.address_type("IPv4")
+            .port("echo", i32::from(ECHO_PORT), "TCP")
+            .endpoint(pod_ip, |e| e.ready(true).node(NODE_NAME))
+    });
+    proxy.apply(
+        &[service("ns1", "many", |s| {
+            s.cluster_ip("10.96.0.20").port("echo", 80, "TCP")
+        })],
+        &[slice],
+    );
+    proxy.sync();
+
+    let service = at("10.96.0.20", 80);
+    let answered = topology.client().netns().block_on(|| async move {
+        let mut open = Vec::with_capacity(count);
+        for batch in (0..count).collect::<Vec<_>>().chunks(250) {
+            let mut tasks = Vec::new();
+            for &index in batch {
+                tasks.push(tokio::spawn(async move {
+                    let mut stream = tokio::net::TcpStream::connect(service).await.unwrap();
+                    round_trip(&mut stream, index).await;
+                    stream
+                }));
+            }
+            for task in tasks {
+                open.push(task.await.unwrap());
+            }
+        }
+        // Every connection is open now; each must still answer.
+        let mut answered = 0;
+        for (index, stream) in open.iter_mut().enumerate() {
+            round_trip(stream, index + count).await;
+            answered += 1;
+        }
+        answered
+    });
+    assert_eq!(answered, count);
+}
+
+async fn round_trip(stream: &mut tokio::net::TcpStream, token: usize) {
+    let message = format!("{token:08}");
+    stream.write_all(message.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 8];
+    stream.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, message.as_bytes());
+}
+
+async fn echo_server(addr: SocketAddr) {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    loop {
+        let (stream, _) = listener.accept().await.unwrap();
+        tokio::spawn(async move {
+            let (mut reader, mut writer) = stream.into_split();
+            let _ = tokio::io::copy(&mut reader, &mut writer).await;
+        });
+    }
+}
+
+/// Raises the descriptor limit as far as allowed and returns how many
+/// connections fit.
+fn connections_that_fit() -> usize {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let wanted = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
+    if setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return WANTED;
+    }
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let fitting =
+        usize::try_from(hard.saturating_sub(SPARE_DESCRIPTORS) / 4).unwrap() / 1000 * 1000;
+    assert!(
+        fitting >= 1000,
+        "the descriptor hard limit {hard} leaves room for fewer than 1,000 relayed connections; raise it (ulimit -Hn)"
+    );
+    fitting.min(WANTED)
+}
