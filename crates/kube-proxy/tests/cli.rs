@@ -166,7 +166,7 @@ fn a_mode_this_build_lacks_fails_clearly_and_prints_no_rules() {
     let examples = examples();
     let out = kube_proxy(&[
         "--proxy-mode",
-        "ipvs",
+        "userspace",
         "--manifests",
         examples.to_str().unwrap(),
         "--hostname-override",
@@ -175,11 +175,30 @@ fn a_mode_this_build_lacks_fails_clearly_and_prints_no_rules() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("mode ipvs is not available in this build"),
+        stderr(&out).contains("mode userspace is not available in this build"),
         "{}",
         stderr(&out)
     );
     assert!(stdout(&out).is_empty(), "no fake output: {}", stdout(&out));
+}
+
+#[test]
+fn ipvs_dry_run_prints_virtual_servers_sets_and_rules_of_the_examples() {
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--proxy-mode",
+        "ipvs",
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in ["kube-ipvs0", "KUBE-CLUSTER-IP", "-> ", "*nat", "COMMIT"] {
+        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
+    }
 }
 
 #[test]

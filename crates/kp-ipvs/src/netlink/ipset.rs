@@ -24,7 +24,9 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::netlink::channel::{BatchError, Channel};
 use crate::netlink::ipvs::protocol_number;
-use crate::netlink::wire::{self, Attributes, Message, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP};
+use crate::netlink::wire::{
+    self, Attributes, Message, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
+};
 use crate::state::{SetEntry, SetKind, SetType};
 
 const SUBSYS_IPSET: u16 = 6 << 8;
@@ -187,7 +189,11 @@ impl IpsetNetlink {
 
     /// `ipset destroy NAME`; false when it did not exist.
     pub fn destroy(&mut self, name: &str) -> io::Result<bool> {
-        let message = request(CMD_DESTROY, NFPROTO_UNSPEC, NLM_F_ACK).string(ATTR_SETNAME, name);
+        // With NLM_F_EXCL the kernel says ENOENT for a set that does not
+        // exist (without it, destroying nothing succeeds), so the answer
+        // tells whether there was a set.
+        let message =
+            request(CMD_DESTROY, NFPROTO_UNSPEC, NLM_F_ACK | NLM_F_EXCL).string(ATTR_SETNAME, name);
         match self.channel.execute(vec![message]) {
             Ok(()) => Ok(true),
             Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENOENT) => Ok(false),

@@ -1,6 +1,7 @@
 //! The data-plane modes this build offers, and how each is constructed.
 
 mod iptables;
+mod ipvs;
 mod nftables_leftovers;
 
 pub use iptables::node_port_addresses;
@@ -32,7 +33,7 @@ pub enum ModeError {
 }
 
 /// The modes this build can run, in the order shown in messages.
-const AVAILABLE: [ProxyMode; 1] = [ProxyMode::Iptables];
+const AVAILABLE: [ProxyMode; 2] = [ProxyMode::Iptables, ProxyMode::Ipvs];
 
 /// The backend for `mode` and `family`; with `dry_run`, one that prints what
 /// it would program (to stdout) instead of touching the kernel.
@@ -49,6 +50,12 @@ pub fn backend(
                 source,
             })
         }
+        ProxyMode::Ipvs => {
+            ipvs::backend(family, config, dry_run).map_err(|source| ModeError::Config {
+                mode: mode.as_str(),
+                source,
+            })
+        }
         _ => Err(unavailable(mode)),
     }
 }
@@ -58,7 +65,8 @@ pub fn backend(
 /// [`iptables::families`]).
 pub fn families(mode: ProxyMode, dry_run: bool) -> Vec<IpFamily> {
     match mode {
-        ProxyMode::Iptables if !dry_run => iptables::families(),
+        // The IPVS mode's masquerade and filter rules are iptables rules.
+        ProxyMode::Iptables | ProxyMode::Ipvs if !dry_run => iptables::families(),
         _ => vec![IpFamily::V4, IpFamily::V6],
     }
 }
@@ -75,24 +83,30 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
     if let Ok(tables) = &nftables {
         tracing::info!(tables = ?tables, "Removed nftables tables");
     }
+    let ipvs = ipvs::cleanup();
     iptables?;
     nftables?;
+    ipvs?;
     Ok(())
 }
 
 /// Removes, at start, what the modes other than `mode` left behind that
-/// would act on the same traffic: for the iptables mode, the tables of the
-/// nftables mode. A failure is logged; it does not stop the proxy.
+/// would act on the same traffic: the nftables mode's tables (in the
+/// iptables and IPVS modes, as upstream does) and the IPVS mode's link,
+/// sets and virtual servers (in the iptables mode). A failure is logged; it
+/// does not stop the proxy.
 pub fn remove_leftovers(mode: ProxyMode) {
-    if mode != ProxyMode::Iptables {
-        return;
-    }
-    match nftables_leftovers::remove() {
-        Ok(tables) if tables.is_empty() => {}
-        Ok(tables) => tracing::info!(tables = ?tables, "Removed the nftables mode's tables"),
-        Err(error) => {
-            tracing::warn!(error = %kp_sync::error_chain(&error), "Cannot remove the nftables mode's tables")
+    if matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs) {
+        match nftables_leftovers::remove() {
+            Ok(tables) if tables.is_empty() => {}
+            Ok(tables) => tracing::info!(tables = ?tables, "Removed the nftables mode's tables"),
+            Err(error) => {
+                tracing::warn!(error = %kp_sync::error_chain(&error), "Cannot remove the nftables mode's tables")
+            }
         }
+    }
+    if mode == ProxyMode::Iptables {
+        ipvs::remove_leftovers();
     }
 }
 
