@@ -38,7 +38,7 @@ pub use host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
 pub use jumps::{JumpRule, Table, JUMP_RULES};
 pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};
-pub use options::{IptablesOptions, LocalDetector};
+pub use options::{IptablesOptions, LocalDetector, ResolvedDetector};
 pub use render::{
     is_large_cluster, stale_chains, NatChains, RenderInput, RenderStats, Rendered, Renderer,
     LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,

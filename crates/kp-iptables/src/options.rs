@@ -59,7 +59,7 @@ pub struct IptablesOptions {
 
 /// `-s`/`-i` arguments of a detector resolved for one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ResolvedDetector {
+pub struct ResolvedDetector {
     /// Arguments matching local traffic, e.g. `-s 10.244.0.0/16`.
     pub if_local: String,
     /// Arguments matching other traffic, e.g. `! -s 10.244.0.0/16`.
@@ -113,13 +113,23 @@ impl IptablesOptions {
         family: IpFamily,
         node_pod_cidrs: &[IpNet],
     ) -> Option<ResolvedDetector> {
+        self.local_detector.resolve(family, node_pod_cidrs)
+    }
+}
+
+impl LocalDetector {
+    /// The `iptables` arguments that tell local traffic from other traffic
+    /// for `family` (every mode's rules use them); `node_pod_cidrs` are the
+    /// Node's `spec.podCIDRs` for [`LocalDetector::NodeCidr`]. `None` when
+    /// the detector has nothing for `family`.
+    pub fn resolve(&self, family: IpFamily, node_pod_cidrs: &[IpNet]) -> Option<ResolvedDetector> {
         let of_family = |cidrs: &[IpNet]| {
             cidrs
                 .iter()
                 .find(|cidr| family_of(cidr) == family)
                 .map(|cidr| cidr.trunc())
         };
-        let (flag, value) = match &self.local_detector {
+        let (flag, value) = match self {
             LocalDetector::None => return None,
             LocalDetector::ClusterCidr(cidrs) => ("-s", of_family(cidrs)?.to_string()),
             LocalDetector::NodeCidr => ("-s", of_family(node_pod_cidrs)?.to_string()),

@@ -173,20 +173,11 @@ impl IpvsBackend {
     }
 
     fn rule_options(&self, node: &NodeInfo) -> RuleOptions {
-        let family = self.family;
-        let of_family = |cidrs: &[IpNet]| {
-            cidrs
-                .iter()
-                .find(|c| IpFamily::of(&c.addr()) == family)
-                .map(|c| c.trunc())
-        };
-        let not_local = match &self.options.local_detector {
-            LocalDetector::None => None,
-            LocalDetector::ClusterCidr(cidrs) => of_family(cidrs).map(|c| format!("! -s {c}")),
-            LocalDetector::NodeCidr => of_family(&node.pod_cidrs).map(|c| format!("! -s {c}")),
-            LocalDetector::BridgeInterface(name) => Some(format!("! -i {name}")),
-            LocalDetector::InterfaceNamePrefix(prefix) => Some(format!("! -i {prefix}+")),
-        };
+        let not_local = self
+            .options
+            .local_detector
+            .resolve(self.family, &node.pod_cidrs)
+            .map(|detector| detector.if_not_local);
         RuleOptions {
             masquerade_mark: format!("0x{:08x}", 1u32 << (self.options.masquerade_bit & 31)),
             masquerade_all: self.options.masquerade_all,
