@@ -17,21 +17,30 @@
 //! direction only, as those wakers require.
 //!
 //! Small messages (up to 4 KiB, what request/response traffic mostly is)
-//! pass through a buffer on the stack and are written on at once; only
-//! bulk data and writes that would block take a heap buffer, a `Vec` with
-//! capacity only that reads fill without zeroing it first
-//! (`try_read_buf`).
+//! pass through a buffer on the stack and are written on at once; a write
+//! that would block keeps the rest in a heap buffer. Bulk data (a read that
+//! fills the stack buffer) is moved by the kernel with `splice(2)` through
+//! a pipe the direction holds only while the data flows, so it is never
+//! copied into the process; without a pipe (no descriptors left) it goes
+//! through a heap buffer instead, a `Vec` with capacity only that reads
+//! fill without zeroing it first (`try_read_buf`).
 
 use std::future::poll_fn;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::task::{ready, Context, Poll};
 
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::sockets::shutdown_write;
 
 /// Size of the stack buffer small messages pass through.
 const SMALL_READ: usize = 4096;
+
+/// Bytes moved per `splice` call: a default pipe's capacity.
+const PIPE_CHUNK: usize = 64 * 1024;
 
 /// Bytes moved by a finished relay, per direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,6 +56,9 @@ pub struct Copied {
 struct Direction {
     /// Present only while data is in flight.
     buffer: Option<Vec<u8>>,
+    /// Present only while bulk data flows: the kernel moves it from socket
+    /// to socket through this pipe, without copying it into the process.
+    pipe: Option<Pipe>,
     /// Bytes of `buffer` already written.
     written: usize,
     total: u64,
@@ -79,6 +91,14 @@ pub async fn relay(
     .await
 }
 
+/// A pipe for `splice`, with the bytes it holds.
+#[derive(Debug)]
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    held: usize,
+}
+
 impl Direction {
     /// Moves what `from` has to `to`; ready with the byte count once
     /// `from` has ended, pending while waiting for either socket.
@@ -107,6 +127,11 @@ impl Direction {
                     }
                     continue;
                 }
+            }
+            if self.pipe.is_some() {
+                self.buffer = None;
+                ready!(self.poll_splice(cx, from, to))?;
+                continue;
             }
             ready!(from.poll_read_ready(cx))?;
             let read = match self.buffer.as_mut() {
@@ -153,12 +178,75 @@ impl Direction {
             Err(error) => return Err(error),
         };
         self.total += written as u64;
-        if written < read || read == SMALL_READ {
+        // A full stack buffer means bulk data: splice it, or failing a
+        // pipe (no descriptors left), copy it through a heap buffer.
+        if read == SMALL_READ {
+            self.pipe = Pipe::new();
+        }
+        if written < read || (read == SMALL_READ && self.pipe.is_none()) {
             let mut buffer = Vec::with_capacity(buffer_size.max(SMALL_READ));
             buffer.extend_from_slice(&small[written..read]);
             self.written = 0;
             self.buffer = Some(buffer);
         }
         Ok(read)
+    }
+
+    /// One step of bulk mode: empties the pipe into `to`, or refills it
+    /// from `from`. Ready when a step was made; the pipe is given back when
+    /// `from` has nothing more for now, and at the end of the stream.
+    fn poll_splice(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &TcpStream,
+        to: &TcpStream,
+    ) -> Poll<io::Result<()>> {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
+        if pipe.held > 0 {
+            ready!(to.poll_write_ready(cx))?;
+            let moved = to.try_io(Interest::WRITABLE, || {
+                splice(&pipe.read, None, to, None, pipe.held, flags).map_err(io::Error::from)
+            });
+            match moved {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    pipe.held -= n;
+                    self.total += n as u64;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+            return Poll::Ready(Ok(()));
+        }
+        ready!(from.poll_read_ready(cx))?;
+        let moved = from.try_io(Interest::READABLE, || {
+            splice(from, None, &pipe.write, None, PIPE_CHUNK, flags).map_err(io::Error::from)
+        });
+        match moved {
+            Ok(0) => {
+                self.pipe = None;
+                shutdown_write(to)?;
+                self.done = true;
+            }
+            Ok(n) => pipe.held = n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.pipe = None,
+            Err(error) => return Poll::Ready(Err(error)),
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Pipe {
+    /// A non-blocking pipe, or `None` when none can be made.
+    fn new() -> Option<Self> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok()?;
+        Some(Self {
+            read,
+            write,
+            held: 0,
+        })
     }
 }

@@ -243,3 +243,37 @@ async fn a_full_port_range_fails_only_the_service_port_that_does_not_fit_and_is_
         low
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_to_a_slow_reader_arrives_whole_and_in_order() {
+    // An endpoint that pushes 32 MiB at once; the client waits before
+    // reading, so the relay's pipe and buffers fill and wait for room.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = listener.local_addr().unwrap();
+    const SIZE: usize = 32 * 1024 * 1024;
+    let pattern = |i: usize| (i % 253) as u8;
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let data: Vec<u8> = (0..SIZE).map(pattern).collect();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, &data)
+            .await
+            .unwrap();
+    });
+    let mut relay = relay(quick_options());
+    let addr = serve_tcp(&mut relay, "bulk", Route::to_endpoints(&[source]));
+
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut received = Vec::with_capacity(SIZE);
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut received);
+    tokio::time::timeout(DEADLINE * 4, read)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(received.len(), SIZE, "every byte arrives");
+    let first_wrong = received
+        .iter()
+        .enumerate()
+        .position(|(i, b)| *b != pattern(i));
+    assert_eq!(first_wrong, None, "the bytes arrive in order, unchanged");
+}
