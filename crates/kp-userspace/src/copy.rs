@@ -68,18 +68,23 @@ struct Direction {
 
 /// Relays between `client` and `endpoint` until both directions have seen
 /// an end of stream (each passed on as a half-close), or either fails.
-/// At most one buffer of `buffer_size` bytes per direction exists, and
-/// only while data is flowing.
+/// At most one buffer of `buffer_size` bytes (or, with `splice`, one
+/// pipe) per direction exists, and only while data is flowing.
 pub async fn relay(
     client: &TcpStream,
     endpoint: &TcpStream,
     buffer_size: usize,
+    splice: bool,
 ) -> io::Result<Copied> {
+    let copying = Copying {
+        buffer_size,
+        splice,
+    };
     let mut to_endpoint = Direction::default();
     let mut to_client = Direction::default();
     poll_fn(|cx| {
-        let forward = to_endpoint.poll(cx, client, endpoint, buffer_size)?;
-        let backward = to_client.poll(cx, endpoint, client, buffer_size)?;
+        let forward = to_endpoint.poll(cx, client, endpoint, copying)?;
+        let backward = to_client.poll(cx, endpoint, client, copying)?;
         match (forward, backward) {
             (Poll::Ready(to_endpoint), Poll::Ready(to_client)) => Poll::Ready(Ok(Copied {
                 to_endpoint,
@@ -89,6 +94,13 @@ pub async fn relay(
         }
     })
     .await
+}
+
+/// How a direction copies.
+#[derive(Debug, Clone, Copy)]
+struct Copying {
+    buffer_size: usize,
+    splice: bool,
 }
 
 /// A pipe for `splice`, with the bytes it holds.
@@ -107,7 +119,7 @@ impl Direction {
         cx: &mut Context<'_>,
         from: &TcpStream,
         to: &TcpStream,
-        buffer_size: usize,
+        copying: Copying,
     ) -> Poll<io::Result<u64>> {
         loop {
             if self.done {
@@ -140,7 +152,7 @@ impl Direction {
                     self.written = 0;
                     from.try_read_buf(buffer)
                 }
-                None => self.pass_small(from, to, buffer_size),
+                None => self.pass_small(from, to, copying),
             };
             match read {
                 Ok(0) => {
@@ -160,12 +172,12 @@ impl Direction {
     /// request or an answer of a few kilobytes never touches the heap. What
     /// cannot be written at once, and the reads after one that filled the
     /// stack buffer (bulk data), go through a heap buffer of
-    /// `buffer_size`.
+    /// `buffer_size`, or a pipe with `splice`.
     fn pass_small(
         &mut self,
         from: &TcpStream,
         to: &TcpStream,
-        buffer_size: usize,
+        copying: Copying,
     ) -> io::Result<usize> {
         let mut small = [0u8; SMALL_READ];
         let read = from.try_read(&mut small)?;
@@ -180,11 +192,11 @@ impl Direction {
         self.total += written as u64;
         // A full stack buffer means bulk data: splice it, or failing a
         // pipe (no descriptors left), copy it through a heap buffer.
-        if read == SMALL_READ {
+        if read == SMALL_READ && copying.splice {
             self.pipe = Pipe::new();
         }
         if written < read || (read == SMALL_READ && self.pipe.is_none()) {
-            let mut buffer = Vec::with_capacity(buffer_size.max(SMALL_READ));
+            let mut buffer = Vec::with_capacity(copying.buffer_size.max(SMALL_READ));
             buffer.extend_from_slice(&small[written..read]);
             self.written = 0;
             self.buffer = Some(buffer);

@@ -181,14 +181,26 @@ async fn wait_refused(addr: SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_data_and_half_close_pass_through_unchanged() {
     let ep1 = tcp_endpoint("ep1").await;
-    let mut relay = relay(quick_options());
-    let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
     let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for splice in [true, false] {
+        let mut relay = relay(RelayOptions {
+            splice,
+            ..quick_options()
+        });
+        let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
 
-    let client = Client::open(addr).await.unwrap();
-    let echoed = client.round_trip(&data).await;
-    assert_eq!(echoed.len(), data.len(), "every byte comes back");
-    assert!(echoed == data, "the bytes come back unchanged");
+        let client = Client::open(addr).await.unwrap();
+        let echoed = client.round_trip(&data).await;
+        assert_eq!(
+            echoed.len(),
+            data.len(),
+            "every byte comes back (splice {splice})"
+        );
+        assert!(
+            echoed == data,
+            "the bytes come back unchanged (splice {splice})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,27 +265,33 @@ async fn bulk_data_to_a_slow_reader_arrives_whole_and_in_order() {
     const SIZE: usize = 32 * 1024 * 1024;
     let pattern = |i: usize| (i % 253) as u8;
     tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
         let data: Vec<u8> = (0..SIZE).map(pattern).collect();
-        tokio::io::AsyncWriteExt::write_all(&mut stream, &data)
-            .await
-            .unwrap();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::io::AsyncWriteExt::write_all(&mut stream, &data)
+                .await
+                .unwrap();
+        }
     });
-    let mut relay = relay(quick_options());
-    let addr = serve_tcp(&mut relay, "bulk", Route::to_endpoints(&[source]));
+    for splice in [true, false] {
+        let mut relay = relay(RelayOptions {
+            splice,
+            ..quick_options()
+        });
+        let addr = serve_tcp(&mut relay, "bulk", Route::to_endpoints(&[source]));
 
-    let mut client = TcpStream::connect(addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut received = Vec::with_capacity(SIZE);
-    let read = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut received);
-    tokio::time::timeout(DEADLINE * 4, read)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(received.len(), SIZE, "every byte arrives");
-    let first_wrong = received
-        .iter()
-        .enumerate()
-        .position(|(i, b)| *b != pattern(i));
-    assert_eq!(first_wrong, None, "the bytes arrive in order, unchanged");
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut received = Vec::with_capacity(SIZE);
+        let read = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut received);
+        tokio::time::timeout(DEADLINE * 4, read)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(received.len(), SIZE, "every byte arrives (splice {splice})");
+        let first_wrong = received
+            .iter()
+            .enumerate()
+            .position(|(i, b)| *b != pattern(i));
+        assert_eq!(first_wrong, None, "in order, unchanged (splice {splice})");
+    }
 }
