@@ -1,5 +1,5 @@
 //! Sync time of the nftables backend against the real kernel, committing
-//! with `nft -f -`.
+//! over netlink and with `nft -f -` (`KP_BENCH_APPLIERS=netlink,nft`).
 //!
 //! For each size (Service ports × 2 endpoints, one TCP port each), in a
 //! network namespace this program creates, enters and removes: the cold
@@ -10,7 +10,9 @@
 //! process start and nft's cache of the table). Medians of 5 runs.
 //!
 //! Needs root and nft. Run with `cargo bench -p kp-nftables --bench sync`,
-//! or `KP_BENCH_SIZES=1000,10000 cargo bench -p kp-nftables --bench sync`.
+//! or `KP_BENCH_SIZES=1000,10000 KP_BENCH_APPLIERS=netlink cargo bench -p
+//! kp-nftables --bench sync`. The peak RSS printed is the process's over
+//! every measurement (run one size and applier alone for its own figure).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -113,6 +115,7 @@ fn time(f: impl FnOnce()) -> Duration {
 
 #[derive(Debug)]
 struct Row {
+    applier: &'static str,
     size: u32,
     cold_ms: f64,
     render_full_ms: f64,
@@ -122,9 +125,9 @@ struct Row {
     nft_floor_ms: f64,
 }
 
-fn measure(size: u32) -> Row {
+fn measure(size: u32, netlink: bool) -> Row {
     let namespace = Netns::create("bench-nft").expect("the benchmark needs root");
-    namespace.run(|| measure_here(size))
+    namespace.run(|| measure_here(size, netlink))
 }
 
 fn render_times(
@@ -154,14 +157,17 @@ fn render_times(
     (full, median(partial.collect()))
 }
 
-fn measure_here(size: u32) -> Row {
+fn measure_here(size: u32, netlink: bool) -> Row {
     let node = node();
     let mut current = services(size);
     let (render_full_ms, render_change_ms) = render_times(&current, &node);
     let stale = StaleConntrack::default();
     let no_changes = BTreeSet::new();
-    let mut backend =
-        NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap();
+    let mut backend = if netlink {
+        NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
+    } else {
+        NftablesBackend::with_nft(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
+    };
     let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
         let request = SyncRequest {
             family: IpFamily::V4,
@@ -175,7 +181,28 @@ fn measure_here(size: u32) -> Row {
             backend.sync(&request).unwrap();
         })
     };
-    let cold_ms = median(vec![sync(&current, true, &no_changes)]);
+    let cold_ms = if std::env::var_os("KP_BENCH_CHUNKED").is_some() {
+        // Experiment: the cold start as a first transaction of 1,000
+        // service ports and partial ones adding 1,000 more each.
+        let all: Vec<_> = current
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut sofar = BTreeMap::new();
+        let start = Instant::now();
+        for (i, chunk) in all.chunks(1000).enumerate() {
+            let mut changed = BTreeSet::new();
+            for (k, v) in chunk {
+                sofar.insert(k.clone(), v.clone());
+                changed.insert(k.service.clone());
+            }
+            let took = sync(&sofar, i == 0, &changed);
+            eprintln!("chunk {i}: {:.1} ms", took.as_secs_f64() * 1000.0);
+        }
+        start.elapsed().as_secs_f64() * 1000.0
+    } else {
+        median(vec![sync(&current, true, &no_changes)])
+    };
     let full = (0..RUNS).map(|_| sync(&current, true, &no_changes));
     let full_ms = median(full.collect());
     let changed = BTreeSet::from([name(7).service]);
@@ -187,6 +214,7 @@ fn measure_here(size: u32) -> Row {
     }
     let floor = (0..RUNS).map(|_| time(nft_one_line));
     Row {
+        applier: if netlink { "netlink" } else { "nft -f" },
         size,
         cold_ms,
         render_full_ms,
@@ -231,16 +259,20 @@ fn main() {
                 .expect("KP_BENCH_SIZES: comma-separated numbers")
         })
         .collect();
+    let appliers = std::env::var("KP_BENCH_APPLIERS").unwrap_or_else(|_| "netlink,nft".to_owned());
     let mut rows = Vec::new();
     for &size in &sizes {
-        eprintln!("measuring {size} service ports");
-        rows.push(measure(size));
+        for applier in appliers.split(',') {
+            eprintln!("measuring {size} service ports with {applier}");
+            rows.push(measure(size, applier.trim() == "netlink"));
+        }
     }
-    println!("| Service ports (×2 endpoints) | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| applier | Service ports (×2 endpoints) | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            row.applier,
             row.size,
             row.cold_ms,
             row.render_full_ms,
