@@ -1,7 +1,8 @@
 //! Sync time of the nftables backend against the real kernel, committing
 //! over netlink and with `nft -f -` (`KP_BENCH_APPLIERS=netlink,nft`).
 //!
-//! For each size (Service ports × 2 endpoints, one TCP port each), in a
+//! For each size (Service ports × 2 endpoints, or `KP_BENCH_ENDPOINTS`;
+//! one TCP port each), in a
 //! network namespace this program creates, enters and removes: the cold
 //! start (the first sync, which deletes and writes the table), full render
 //! and full sync time, and the render and sync time of a partial sync after
@@ -82,9 +83,20 @@ fn state(i: u32, mut all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
     }
 }
 
+/// Endpoints per Service port (`KP_BENCH_ENDPOINTS`, default 2).
+fn endpoints_per_service() -> u32 {
+    std::env::var("KP_BENCH_ENDPOINTS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(2)
+}
+
 fn services(count: u32) -> BTreeMap<ServicePortName, ServicePortState> {
-    let pair = |i: u32| vec![endpoint(2 * i), endpoint(2 * i + 1)];
-    (0..count).map(|i| (name(i), state(i, pair(i)))).collect()
+    let per = endpoints_per_service();
+    let endpoints = |i: u32| (0..per).map(|k| endpoint(per * i + k)).collect();
+    (0..count)
+        .map(|i| (name(i), state(i, endpoints(i))))
+        .collect()
 }
 
 fn options() -> NftablesOptions {
@@ -182,8 +194,9 @@ fn measure_here(size: u32, netlink: bool) -> Row {
         })
     };
     let cold_ms = if std::env::var_os("KP_BENCH_CHUNKED").is_some() {
-        // Experiment: the cold start as a first transaction of 1,000
-        // service ports and partial ones adding 1,000 more each.
+        // `KP_BENCH_CHUNKED=1`: the cold start as a first transaction of
+        // 1,000 service ports and partial ones adding 1,000 more each,
+        // each timed (how a transaction's cost grows with the table).
         let all: Vec<_> = current
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -208,7 +221,9 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     let changed = BTreeSet::from([name(7).service]);
     let mut change = Vec::new();
     for run in 0..RUNS as u32 {
-        let moved = vec![endpoint(14), endpoint(1_000_000 + run)];
+        let per = endpoints_per_service();
+        let mut moved: Vec<_> = (1..per).map(|k| endpoint(per * 7 + k)).collect();
+        moved.push(endpoint(10_000_000 + run));
         current.insert(name(7), state(7, moved));
         change.push(sync(&current, false, &changed));
     }
@@ -267,7 +282,8 @@ fn main() {
             rows.push(measure(size, applier.trim() == "netlink"));
         }
     }
-    println!("| applier | Service ports (×2 endpoints) | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
+    println!("endpoints per Service port: {}", endpoints_per_service());
+    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(

@@ -217,3 +217,47 @@ impl Applier for NetlinkApplier {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn keys_are_padded_fields_in_network_order() {
+        let key = objects::key_bytes("10.96.0.10 . tcp . 80").unwrap();
+        assert_eq!(key, [10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0]);
+        assert!(objects::key_bytes("10.96.0.10 . icmp").is_err());
+    }
+
+    #[test]
+    fn an_unknown_line_is_named_and_nothing_is_sent() {
+        let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
+        let mut batch = Batch::new(1);
+        let text = "add table ip kube-proxy\nadd rule ip kube-proxy c tcp flags syn drop\n";
+        let error = encoder.encode(&mut batch, text).unwrap_err();
+        assert_eq!(error.0, 2);
+        let other_table = "add chain ip filter c\n";
+        assert!(encoder.encode(&mut Batch::new(1), other_table).is_err());
+    }
+
+    #[test]
+    fn each_message_is_framed_with_its_length() {
+        let mut encoder = Encoder::new(IpFamily::V6, "p".to_owned());
+        let mut batch = Batch::new(7);
+        encoder
+            .encode(&mut batch, "add chain ip6 kube-proxy services\n")
+            .unwrap();
+        batch.finish();
+        let mut offset = 0;
+        let mut sequences = Vec::new();
+        while offset < batch.bytes.len() {
+            let len = u32::from_ne_bytes(batch.bytes[offset..offset + 4].try_into().unwrap());
+            let seq = u32::from_ne_bytes(batch.bytes[offset + 8..offset + 12].try_into().unwrap());
+            sequences.push(seq);
+            offset += len as usize;
+        }
+        assert_eq!(offset, batch.bytes.len());
+        assert_eq!(sequences, [7, 8, 9], "begin, the chain, end");
+    }
+}

@@ -216,8 +216,8 @@ impl Encoder {
         Ok(())
     }
 
-    /// Writes the expressions of the first statement of `tokens`; returns
-    /// the tokens after it.
+    /// Writes the expressions of the first match or statement of `tokens`;
+    /// returns the tokens after it.
     fn expression<'t>(
         &self,
         rule: &mut Rule<'_>,
@@ -225,7 +225,6 @@ impl Encoder {
         anonymous: &mut std::slice::Iter<'_, u32>,
     ) -> Result<&'t [Token<'t>], EncodeError> {
         use Token::{Group, Word};
-        let unsupported = Err(EncodeError::Unsupported);
         match tokens {
             [Word("ct"), Word("state"), Word("new"), rest @ ..] => {
                 rule.ct_state(REG_1);
@@ -319,6 +318,21 @@ impl Encoder {
                 rule.interface(name, false);
                 Ok(rest)
             }
+            _ => self.statement(rule, tokens, anonymous),
+        }
+    }
+
+    /// Writes the expressions of a statement that changes the packet or
+    /// decides its fate; returns the tokens after it.
+    fn statement<'t>(
+        &self,
+        rule: &mut Rule<'_>,
+        tokens: &'t [Token<'t>],
+        anonymous: &mut std::slice::Iter<'_, u32>,
+    ) -> Result<&'t [Token<'t>], EncodeError> {
+        use Token::{Group, Word};
+        let unsupported = Err(EncodeError::Unsupported);
+        match tokens {
             [Word("mark"), Word("set"), Word("mark"), Word(op @ ("or" | "xor")), Word(value), rest @ ..] =>
             {
                 let value = parse_hex(value)?;
