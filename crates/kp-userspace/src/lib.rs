@@ -33,7 +33,7 @@ pub use balancer::Balancer;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
 pub use route::{Route, TrafficKind};
-pub use stats::StatsSnapshot;
+pub use stats::{StatsRegistry, StatsSnapshot};
 
 /// Upstream's default `--udp-timeout`: a UDP session with no traffic for
 /// this long is closed.

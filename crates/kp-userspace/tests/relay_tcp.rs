@@ -156,8 +156,19 @@ async fn closing_a_listener_keeps_its_established_connections() {
     let mut relay = relay(quick_options());
     let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
     let mut established = Client::open(addr).await.unwrap();
+    let registry = relay.stats_registry();
+    let name = port_name("web", Protocol::Tcp);
+    assert_eq!(
+        registry.snapshot()[&name].active,
+        1,
+        "a metrics reader sees the open connection"
+    );
 
     assert!(relay.apply(&BTreeMap::new()).is_empty());
+    assert!(
+        !registry.snapshot().contains_key(&name),
+        "a closed listener leaves the registry"
+    );
     assert!(relay.listener(&port_name("web", Protocol::Tcp)).is_none());
     let refused = wait_refused(addr).await;
     assert!(
