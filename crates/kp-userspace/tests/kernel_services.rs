@@ -294,6 +294,12 @@ fn ipv6_cluster_ip_spreads_connections(flavor: IptablesFlavor) {
         40,
     );
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
+    // The node's own connection goes through the host chain's DNAT.
+    let from_node = connect(topology.node(), at("fd00:10:96::10", 80)).unwrap();
+    assert!(
+        ["ep1", "ep3"].contains(&from_node.backend.as_str()),
+        "{from_node:?}"
+    );
 }
 
 fn ipv6_udp_round_trip(flavor: IptablesFlavor) {
@@ -312,4 +318,6 @@ fn ipv6_udp_round_trip(flavor: IptablesFlavor) {
 
     let reply = udp_roundtrip(topology.pod("ep1"), at("fd00:10:96::12", 53)).unwrap();
     assert_eq!(reply.backend, "ep2");
+    let from_node = udp_roundtrip(topology.node(), at("fd00:10:96::12", 53)).unwrap();
+    assert_eq!(from_node.backend, "ep2");
 }
