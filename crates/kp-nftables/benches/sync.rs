@@ -1,7 +1,8 @@
 //! Sync time of the nftables backend against the real kernel, committing
-//! with `nft -f -`.
+//! over netlink and with `nft -f -` (`KP_BENCH_APPLIERS=netlink,nft`).
 //!
-//! For each size (Service ports × 2 endpoints, one TCP port each), in a
+//! For each size (Service ports × 2 endpoints, or `KP_BENCH_ENDPOINTS`;
+//! one TCP port each), in a
 //! network namespace this program creates, enters and removes: the cold
 //! start (the first sync, which deletes and writes the table), full render
 //! and full sync time, and the render and sync time of a partial sync after
@@ -10,7 +11,9 @@
 //! process start and nft's cache of the table). Medians of 5 runs.
 //!
 //! Needs root and nft. Run with `cargo bench -p kp-nftables --bench sync`,
-//! or `KP_BENCH_SIZES=1000,10000 cargo bench -p kp-nftables --bench sync`.
+//! or `KP_BENCH_SIZES=1000,10000 KP_BENCH_APPLIERS=netlink cargo bench -p
+//! kp-nftables --bench sync`. The peak RSS printed is the process's over
+//! every measurement (run one size and applier alone for its own figure).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,9 +83,20 @@ fn state(i: u32, mut all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
     }
 }
 
+/// Endpoints per Service port (`KP_BENCH_ENDPOINTS`, default 2).
+fn endpoints_per_service() -> u32 {
+    std::env::var("KP_BENCH_ENDPOINTS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(2)
+}
+
 fn services(count: u32) -> BTreeMap<ServicePortName, ServicePortState> {
-    let pair = |i: u32| vec![endpoint(2 * i), endpoint(2 * i + 1)];
-    (0..count).map(|i| (name(i), state(i, pair(i)))).collect()
+    let per = endpoints_per_service();
+    let endpoints = |i: u32| (0..per).map(|k| endpoint(per * i + k)).collect();
+    (0..count)
+        .map(|i| (name(i), state(i, endpoints(i))))
+        .collect()
 }
 
 fn options() -> NftablesOptions {
@@ -113,6 +127,7 @@ fn time(f: impl FnOnce()) -> Duration {
 
 #[derive(Debug)]
 struct Row {
+    applier: &'static str,
     size: u32,
     cold_ms: f64,
     render_full_ms: f64,
@@ -122,9 +137,9 @@ struct Row {
     nft_floor_ms: f64,
 }
 
-fn measure(size: u32) -> Row {
+fn measure(size: u32, netlink: bool) -> Row {
     let namespace = Netns::create("bench-nft").expect("the benchmark needs root");
-    namespace.run(|| measure_here(size))
+    namespace.run(|| measure_here(size, netlink))
 }
 
 fn render_times(
@@ -154,14 +169,17 @@ fn render_times(
     (full, median(partial.collect()))
 }
 
-fn measure_here(size: u32) -> Row {
+fn measure_here(size: u32, netlink: bool) -> Row {
     let node = node();
     let mut current = services(size);
     let (render_full_ms, render_change_ms) = render_times(&current, &node);
     let stale = StaleConntrack::default();
     let no_changes = BTreeSet::new();
-    let mut backend =
-        NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap();
+    let mut backend = if netlink {
+        NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
+    } else {
+        NftablesBackend::with_nft(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
+    };
     let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
         let request = SyncRequest {
             family: IpFamily::V4,
@@ -175,18 +193,43 @@ fn measure_here(size: u32) -> Row {
             backend.sync(&request).unwrap();
         })
     };
-    let cold_ms = median(vec![sync(&current, true, &no_changes)]);
+    let cold_ms = if std::env::var_os("KP_BENCH_CHUNKED").is_some() {
+        // `KP_BENCH_CHUNKED=1`: the cold start as a first transaction of
+        // 1,000 service ports and partial ones adding 1,000 more each,
+        // each timed (how a transaction's cost grows with the table).
+        let all: Vec<_> = current
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut sofar = BTreeMap::new();
+        let start = Instant::now();
+        for (i, chunk) in all.chunks(1000).enumerate() {
+            let mut changed = BTreeSet::new();
+            for (k, v) in chunk {
+                sofar.insert(k.clone(), v.clone());
+                changed.insert(k.service.clone());
+            }
+            let took = sync(&sofar, i == 0, &changed);
+            eprintln!("chunk {i}: {:.1} ms", took.as_secs_f64() * 1000.0);
+        }
+        start.elapsed().as_secs_f64() * 1000.0
+    } else {
+        median(vec![sync(&current, true, &no_changes)])
+    };
     let full = (0..RUNS).map(|_| sync(&current, true, &no_changes));
     let full_ms = median(full.collect());
     let changed = BTreeSet::from([name(7).service]);
     let mut change = Vec::new();
     for run in 0..RUNS as u32 {
-        let moved = vec![endpoint(14), endpoint(1_000_000 + run)];
+        let per = endpoints_per_service();
+        let mut moved: Vec<_> = (1..per).map(|k| endpoint(per * 7 + k)).collect();
+        moved.push(endpoint(10_000_000 + run));
         current.insert(name(7), state(7, moved));
         change.push(sync(&current, false, &changed));
     }
     let floor = (0..RUNS).map(|_| time(nft_one_line));
     Row {
+        applier: if netlink { "netlink" } else { "nft -f" },
         size,
         cold_ms,
         render_full_ms,
@@ -231,16 +274,21 @@ fn main() {
                 .expect("KP_BENCH_SIZES: comma-separated numbers")
         })
         .collect();
+    let appliers = std::env::var("KP_BENCH_APPLIERS").unwrap_or_else(|_| "netlink,nft".to_owned());
     let mut rows = Vec::new();
     for &size in &sizes {
-        eprintln!("measuring {size} service ports");
-        rows.push(measure(size));
+        for applier in appliers.split(',') {
+            eprintln!("measuring {size} service ports with {applier}");
+            rows.push(measure(size, applier.trim() == "netlink"));
+        }
     }
-    println!("| Service ports (×2 endpoints) | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("endpoints per Service port: {}", endpoints_per_service());
+    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            row.applier,
             row.size,
             row.cold_ms,
             row.render_full_ms,

@@ -1,7 +1,8 @@
 //! Committing a transaction to the kernel.
 //!
-//! [`Applier`] is the seam between the backend and the kernel. Three
-//! implementations exist:
+//! [`Applier`] is the seam between the backend and the kernel. Besides
+//! [`crate::NetlinkApplier`] (what the proxy runs), three implementations
+//! exist:
 //! - [`NftApplier`] runs `nft -f -` with the transaction on stdin, in the
 //!   network namespace of the calling thread; nft sends it to the kernel as
 //!   one netlink batch, which the kernel commits atomically or not at all.

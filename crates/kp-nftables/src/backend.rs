@@ -27,6 +27,7 @@ use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::names::TABLE;
+use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
 use crate::render::{RenderInput, Rendered, Renderer};
 use crate::state::Programmed;
@@ -72,11 +73,11 @@ pub fn from_config(
     }
 }
 
-/// Deletes the `kube-proxy` tables of both families with `nft`
+/// Deletes the `kube-proxy` tables of both families over netlink
 /// (`--cleanup`, and what another mode does at start). A table that does
 /// not exist is no error.
 pub fn cleanup() -> Result<(), BackendError> {
-    cleanup_with(&mut NftApplier::new())
+    cleanup_with(&mut NetlinkApplier::new())
 }
 
 /// Like [`cleanup`], through `applier`.
@@ -124,18 +125,27 @@ impl NftablesBackend {
         })
     }
 
-    /// A backend running `nft -f -`.
+    /// A backend committing over netlink ([`NetlinkApplier`]): what the
+    /// proxy runs. `nft` is not needed.
     pub fn system(
         family: IpFamily,
         options: NftablesOptions,
         node_port_addresses: NodePortAddresses,
     ) -> Result<Self, NftablesError> {
-        Self::new(
-            family,
-            options,
-            node_port_addresses,
-            Box::new(NftApplier::new()),
-        )
+        let applier = Box::new(NetlinkApplier::new());
+        Self::new(family, options, node_port_addresses, applier)
+    }
+
+    /// A backend running `nft -f -` for every transaction: the same
+    /// transactions as [`NftablesBackend::system`], slower by the time nft
+    /// needs to list the table first (kept to compare).
+    pub fn with_nft(
+        family: IpFamily,
+        options: NftablesOptions,
+        node_port_addresses: NodePortAddresses,
+    ) -> Result<Self, NftablesError> {
+        let applier = Box::new(NftApplier::new());
+        Self::new(family, options, node_port_addresses, applier)
     }
 
     /// A backend that writes every transaction, exactly as it would commit

@@ -10,9 +10,12 @@
 //! transaction left ([`Programmed`]) instead of listing the table.
 //!
 //! [`NftablesBackend`] is the `--proxy-mode nftables` implementation of
-//! [`kp_sync::Backend`]: it renders and commits through an [`Applier`] (the
-//! real [`NftApplier`], the in-memory [`FakeApplier`], or the
-//! [`DryRunApplier`]); [`cleanup`] deletes both tables.
+//! [`kp_sync::Backend`]: it renders and commits through an [`Applier`]:
+//! the [`NetlinkApplier`], which sends the transaction to the kernel as one
+//! nf_tables netlink batch (what the proxy runs; no `nft` program), the
+//! [`NftApplier`] running `nft -f -` (the same transactions, slower), the
+//! in-memory [`FakeApplier`], or the [`DryRunApplier`]; [`cleanup`]
+//! deletes both tables.
 //!
 //! [`tracer`] parses rendered text and follows a packet through it, so
 //! tests can assert behaviour ("goes to one of these endpoints", "is

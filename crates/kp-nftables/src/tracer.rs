@@ -226,8 +226,30 @@ impl Table {
             .chains
             .get(chain)
             .ok_or_else(|| Unknown(format!("missing chain {chain}")))?;
-        let mut state = Path::default();
-        for rule in rules {
+        self.run_rules(rules, packet, depth, Path::default())
+    }
+
+    /// Runs `rules` from the first; a `numgen random mod N 0 goto C` rule
+    /// may or may not be taken, so both continuations are followed.
+    fn run_rules(
+        &self,
+        rules: &[String],
+        packet: &Packet,
+        depth: usize,
+        mut state: Path,
+    ) -> Result<Vec<Path>, Unknown> {
+        for (index, rule) in rules.iter().enumerate() {
+            if let Some(choice) = rule.strip_prefix("numgen random mod ") {
+                let (_, target) = choice
+                    .split_once(" 0 goto ")
+                    .ok_or_else(|| Unknown(rule.clone()))?;
+                let mut paths = match self.enter(target, packet, depth, &state)? {
+                    Step::Done(found) => found,
+                    Step::Continue(path) => vec![path],
+                };
+                paths.extend(self.run_rules(&rules[index + 1..], packet, depth, state)?);
+                return Ok(paths);
+            }
             match self.run_rule(rule, packet, depth, &state)? {
                 Step::Continue(next) => state = next,
                 Step::Done(paths) => return Ok(paths),
@@ -289,19 +311,6 @@ impl Table {
             let (_, address) = to.split_once(" dnat to ").ok_or_else(unknown)?;
             next.dnat = Some(address.parse().map_err(|_| unknown())?);
             return Ok(Step::Done(vec![next]));
-        }
-        if let Some(vmap) = rest.strip_prefix("numgen random mod ") {
-            let inner = vmap.split_once("vmap { ").ok_or_else(unknown)?.1;
-            let inner = inner.strip_suffix(" }").ok_or_else(unknown)?;
-            let mut paths = Vec::new();
-            for entry in inner.split(" , ") {
-                let target = entry.split_once(" : goto ").ok_or_else(unknown)?.1;
-                match self.enter(target, packet, depth, &next)? {
-                    Step::Done(found) => paths.extend(found),
-                    Step::Continue(path) => paths.push(path),
-                }
-            }
-            return Ok(Step::Done(paths));
         }
         if rest.starts_with("update @") {
             return Ok(Step::Continue(next));

@@ -75,3 +75,19 @@ fn a_rejected_transaction_names_its_line_and_changes_nothing() {
         "nothing committed: {tables}"
     );
 }
+
+#[test]
+fn source_ranges_with_several_entries_and_interfaces_leave_the_same_table_as_nft() {
+    require();
+    let text = "add table ip kube-proxy\n\
+        add chain ip kube-proxy mark-for-masquerade\n\
+        add chain ip kube-proxy fw\n\
+        add rule ip kube-proxy fw ip saddr != { 198.51.100.0/24, 203.0.113.9, 10.0.0.0/8 } drop\n\
+        add rule ip kube-proxy fw iifname veth* jump mark-for-masquerade\n\
+        add rule ip kube-proxy fw iifname != cbr0 jump mark-for-masquerade\n\
+        add set ip kube-proxy affinity-x { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }\n\
+        add rule ip kube-proxy fw ip saddr @affinity-x goto mark-for-masquerade\n\
+        add rule ip kube-proxy fw update @affinity-x { ip saddr }\n\
+        add rule ip kube-proxy fw meta l4proto udp dnat to 10.244.1.2:53\n";
+    commit_both(IpFamily::V4, &[text]);
+}

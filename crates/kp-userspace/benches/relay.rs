@@ -3,20 +3,25 @@
 //! `cargo bench -p kp-userspace --bench relay` (root; needs the Debian
 //! package `haproxy`). A client namespace talks to a proxy in the node
 //! namespace (192.168.99.2), which forwards to servers in the pod `ep1`
-//! (10.244.1.2): the kp-testkit topology. The proxy is either our relay,
-//! run as a child process of this binary (`relay-child`), or HAProxy 2.x
-//! with two threads (our relay's runtime has two workers), both with
-//! their default buffer sizes. The client connects to the proxy's port
-//! directly: no portal rules, the data path alone is compared.
+//! (10.244.1.2): the kp-testkit topology. Three proxies take turns, each
+//! started fresh for every run: our relay as a child process of this
+//! binary (`relay-child`, so its RSS and CPU time are its own), the same
+//! without splice (copying through buffers), and HAProxy 2.x with two
+//! threads (our relay's runtime has two workers), all with their default
+//! buffer sizes. The client connects to the proxy's port directly: no
+//! portal rules, the data path alone is compared. Each run widens the
+//! namespaces' local port range and allows TIME_WAIT reuse, so tens of
+//! thousands of connections per run do not run out of ports.
 //!
 //! Figures, medians of `KP_US_BENCH_RUNS` runs (5 by default):
-//! - bulk throughput with 1 and 64 connections (client → sink, 2 s);
+//! - bulk throughput with 1 and 64 connections (client → sink, 2 s), and
+//!   the proxy's CPU time per GiB in the 64-connection run;
 //! - connections per second (16 loops of connect, read 1 byte, close);
 //! - request/response latency p50/p99 (64 bytes over 8 connections at
 //!   2,000 requests/s in all, 3 s), from each request's send, and the p99
 //!   from its scheduled time (which adds the client's 1 ms timer lag);
-//! - the proxy's RSS growth with 10,000 idle relayed connections, per
-//!   connection.
+//! - the proxy's RSS growth with 10,000 idle relayed connections (9,000
+//!   where the descriptor hard limit is 20,000), per connection.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "relay_load.rs"]
@@ -38,6 +43,8 @@ use kp_userspace::{DesiredListener, Relay, RelayOptions, Route};
 const IDLE_CONNECTIONS_WANTED: usize = 10_000;
 /// Our relay's ports on the node: sink, greeter, echo.
 const RELAY_PORTS: [u16; 3] = [15000, 15001, 15002];
+/// The relay without splice (copying through buffers): sink, greeter, echo.
+const RELAY_COPY_PORTS: [u16; 3] = [17000, 17001, 17002];
 /// HAProxy's ports on the node: sink, greeter, echo.
 const HAPROXY_PORTS: [u16; 3] = [16000, 16001, 16002];
 /// File descriptors the benchmark's processes may open.
@@ -58,6 +65,9 @@ struct Target {
 struct Figures {
     bulk_1_mbps: f64,
     bulk_64_mbps: f64,
+    /// CPU time of the proxy process per GiB moved in the 64-connection
+    /// bulk run (user + system).
+    bulk_64_cpu_ms_per_gib: f64,
     connections_per_s: f64,
     p50_us: f64,
     p99_us: f64,
@@ -98,26 +108,31 @@ fn main() {
         // heap that no earlier bulk run has grown; the two proxies take
         // turns scenario by scenario, so a noisy moment of the machine
         // hits both alike.
-        let mut relay = Target {
-            name: "kp-userspace",
-            process: start_relay(&topology, pod_ip),
-            ports: RELAY_PORTS,
-            figures: Figures::default(),
-        };
-        let mut haproxy = Target {
-            name: "haproxy",
-            process: start_haproxy(&topology, pod_ip, idle + 200),
-            ports: HAPROXY_PORTS,
-            figures: Figures::default(),
-        };
-        // Each goes first every other run, so a drift of the machine's
-        // load during a run favours neither.
-        if run % 2 == 0 {
-            measure(&topology, &mut [&mut relay, &mut haproxy], idle);
-        } else {
-            measure(&topology, &mut [&mut haproxy, &mut relay], idle);
-        }
-        for target in [relay, haproxy] {
+        let mut targets = [
+            Target {
+                name: "kp-userspace",
+                process: start_relay(&topology, pod_ip, RELAY_PORTS, true),
+                ports: RELAY_PORTS,
+                figures: Figures::default(),
+            },
+            Target {
+                name: "kp-userspace (no splice)",
+                process: start_relay(&topology, pod_ip, RELAY_COPY_PORTS, false),
+                ports: RELAY_COPY_PORTS,
+                figures: Figures::default(),
+            },
+            Target {
+                name: "haproxy",
+                process: start_haproxy(&topology, pod_ip, idle + 200),
+                ports: HAPROXY_PORTS,
+                figures: Figures::default(),
+            },
+        ];
+        // The order rotates from run to run, so a drift of the machine's
+        // load during a run favours none.
+        targets.rotate_left(run % 3);
+        measure(&topology, &mut targets, idle);
+        for target in targets {
             eprintln!("run {run} {}: {:?}", target.name, target.figures);
             results.entry(target.name).or_default().push(target.figures);
         }
@@ -127,8 +142,11 @@ fn main() {
 }
 
 /// The relay as a process of its own (so its RSS is its own): serves
-/// `port=endpoint` pairs until killed.
-fn relay_child(pairs: &[String]) {
+/// `port=endpoint` pairs until killed; `no-splice` among them turns
+/// splicing off.
+fn relay_child(args: &[String]) {
+    let splice = !args.iter().any(|arg| arg == "no-splice");
+    let pairs: Vec<&String> = args.iter().filter(|arg| *arg != "no-splice").collect();
     raise_nofile();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -142,6 +160,7 @@ fn relay_child(pairs: &[String]) {
         let endpoint: SocketAddr = endpoint.parse().unwrap();
         let options = RelayOptions {
             port_range: Some((port, port)),
+            splice,
             ..RelayOptions::default()
         };
         let mut relay = Relay::new(runtime.handle().clone(), IpFamily::V4, options);
@@ -179,19 +198,22 @@ fn start_servers(topology: &Topology, pod_ip: IpAddr) -> std::thread::JoinHandle
     handle
 }
 
-fn start_relay(topology: &Topology, pod_ip: IpAddr) -> NsChild {
+fn start_relay(topology: &Topology, pod_ip: IpAddr, ports: [u16; 3], splice: bool) -> NsChild {
     let exe = std::env::current_exe().unwrap();
-    let pairs: Vec<String> = RELAY_PORTS
+    let pairs: Vec<String> = ports
         .iter()
         .zip([load::SINK_PORT, load::GREET_PORT, load::ECHO_PORT])
         .map(|(port, target)| format!("{port}={}", SocketAddr::new(pod_ip, target)))
         .collect();
     let mut args = vec!["relay-child"];
     args.extend(pairs.iter().map(String::as_str));
+    if !splice {
+        args.push("no-splice");
+    }
     let mut child = topology.node().spawn(exe.to_str().unwrap(), &args);
     wait_listening(
         topology,
-        SocketAddr::new(IpAddr::V4(NODE_IP), RELAY_PORTS[2]),
+        SocketAddr::new(IpAddr::V4(NODE_IP), ports[2]),
         Some(&mut child),
     );
     child
@@ -241,7 +263,7 @@ fn wait_listening(topology: &Topology, addr: SocketAddr, process: Option<&mut Ns
     }
 }
 
-fn measure(topology: &Topology, targets: &mut [&mut Target], idle_count: usize) {
+fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize) {
     let at = |port| SocketAddr::new(IpAddr::V4(NODE_IP), port);
     topology.client().netns().block_on(|| async move {
         for target in targets.iter_mut() {
@@ -265,8 +287,13 @@ fn measure(topology: &Topology, targets: &mut [&mut Target], idle_count: usize) 
             target.figures.bulk_1_mbps = bulk * 8.0 / 1e6;
         }
         for target in targets.iter_mut() {
+            let cpu_before = cpu_seconds(target.process.id());
             let bulk = load::bulk(at(target.ports[0]), 64, Duration::from_secs(2)).await;
+            let cpu = cpu_seconds(target.process.id()) - cpu_before;
             target.figures.bulk_64_mbps = bulk * 8.0 / 1e6;
+            // The run lasts 2 s (a little more while the last writes drain).
+            let gib = bulk * 2.0 / f64::from(1u32 << 30);
+            target.figures.bulk_64_cpu_ms_per_gib = cpu * 1e3 / gib;
         }
         for target in targets.iter_mut() {
             let greet = at(target.ports[1]);
@@ -284,6 +311,28 @@ fn measure(topology: &Topology, targets: &mut [&mut Target], idle_count: usize) 
             target.figures.p99_scheduled_us = load::quantile(&from_schedule, 0.99) as f64;
         }
     });
+}
+
+/// CPU time (user + system) `pid` has used, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces; utime and stime are the 14th and 15th fields.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / clock_ticks_per_second()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    let output = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Resident memory of `pid` and its threads (VmRSS).
@@ -322,14 +371,15 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 
 fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize) {
     println!("medians of {runs} runs; idle memory over {idle} connections");
-    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | connections/s | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (name, figures) in results {
         let m = |f: fn(&Figures) -> f64| median(figures.iter().map(f));
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             m(|f| f.bulk_1_mbps),
             m(|f| f.bulk_64_mbps),
+            m(|f| f.bulk_64_cpu_ms_per_gib),
             m(|f| f.connections_per_s),
             m(|f| f.p50_us),
             m(|f| f.p99_us),

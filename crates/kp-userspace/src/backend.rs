@@ -25,7 +25,7 @@ use tokio::runtime::Handle;
 use crate::portal::{render_portals, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS};
 use crate::relay::{DesiredListener, OpenError, Relay};
 use crate::route::Route;
-use crate::stats::StatsSnapshot;
+use crate::stats::{StatsRegistry, StatsSnapshot};
 use crate::RelayOptions;
 
 /// The mode's name, as `--proxy-mode` spells it.
@@ -120,6 +120,12 @@ impl UserspaceBackend {
     /// Connection counters per service port.
     pub fn stats(&self) -> BTreeMap<ServicePortName, StatsSnapshot> {
         self.relay.stats()
+    }
+
+    /// A shared view of the connection counters that stays readable after
+    /// the backend has moved into the sync loop (for the metrics server).
+    pub fn stats_registry(&self) -> StatsRegistry {
+        self.relay.stats_registry()
     }
 
     /// Deletes leftover copies of the jumps, so the next restore inserts

@@ -17,21 +17,30 @@
 //! direction only, as those wakers require.
 //!
 //! Small messages (up to 4 KiB, what request/response traffic mostly is)
-//! pass through a buffer on the stack and are written on at once; only
-//! bulk data and writes that would block take a heap buffer, a `Vec` with
-//! capacity only that reads fill without zeroing it first
-//! (`try_read_buf`).
+//! pass through a buffer on the stack and are written on at once; a write
+//! that would block keeps the rest in a heap buffer. Bulk data (a read that
+//! fills the stack buffer) is moved by the kernel with `splice(2)` through
+//! a pipe the direction holds only while the data flows, so it is never
+//! copied into the process; without a pipe (no descriptors left) it goes
+//! through a heap buffer instead, a `Vec` with capacity only that reads
+//! fill without zeroing it first (`try_read_buf`).
 
 use std::future::poll_fn;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::task::{ready, Context, Poll};
 
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::sockets::shutdown_write;
 
 /// Size of the stack buffer small messages pass through.
 const SMALL_READ: usize = 4096;
+
+/// Bytes moved per `splice` call: a default pipe's capacity.
+const PIPE_CHUNK: usize = 64 * 1024;
 
 /// Bytes moved by a finished relay, per direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,6 +56,9 @@ pub struct Copied {
 struct Direction {
     /// Present only while data is in flight.
     buffer: Option<Vec<u8>>,
+    /// Present only while bulk data flows: the kernel moves it from socket
+    /// to socket through this pipe, without copying it into the process.
+    pipe: Option<Pipe>,
     /// Bytes of `buffer` already written.
     written: usize,
     total: u64,
@@ -56,18 +68,23 @@ struct Direction {
 
 /// Relays between `client` and `endpoint` until both directions have seen
 /// an end of stream (each passed on as a half-close), or either fails.
-/// At most one buffer of `buffer_size` bytes per direction exists, and
-/// only while data is flowing.
+/// At most one buffer of `buffer_size` bytes (or, with `splice`, one
+/// pipe) per direction exists, and only while data is flowing.
 pub async fn relay(
     client: &TcpStream,
     endpoint: &TcpStream,
     buffer_size: usize,
+    splice: bool,
 ) -> io::Result<Copied> {
+    let copying = Copying {
+        buffer_size,
+        splice,
+    };
     let mut to_endpoint = Direction::default();
     let mut to_client = Direction::default();
     poll_fn(|cx| {
-        let forward = to_endpoint.poll(cx, client, endpoint, buffer_size)?;
-        let backward = to_client.poll(cx, endpoint, client, buffer_size)?;
+        let forward = to_endpoint.poll(cx, client, endpoint, copying)?;
+        let backward = to_client.poll(cx, endpoint, client, copying)?;
         match (forward, backward) {
             (Poll::Ready(to_endpoint), Poll::Ready(to_client)) => Poll::Ready(Ok(Copied {
                 to_endpoint,
@@ -79,6 +96,21 @@ pub async fn relay(
     .await
 }
 
+/// How a direction copies.
+#[derive(Debug, Clone, Copy)]
+struct Copying {
+    buffer_size: usize,
+    splice: bool,
+}
+
+/// A pipe for `splice`, with the bytes it holds.
+#[derive(Debug)]
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    held: usize,
+}
+
 impl Direction {
     /// Moves what `from` has to `to`; ready with the byte count once
     /// `from` has ended, pending while waiting for either socket.
@@ -87,7 +119,7 @@ impl Direction {
         cx: &mut Context<'_>,
         from: &TcpStream,
         to: &TcpStream,
-        buffer_size: usize,
+        copying: Copying,
     ) -> Poll<io::Result<u64>> {
         loop {
             if self.done {
@@ -108,6 +140,11 @@ impl Direction {
                     continue;
                 }
             }
+            if self.pipe.is_some() {
+                self.buffer = None;
+                ready!(self.poll_splice(cx, from, to))?;
+                continue;
+            }
             ready!(from.poll_read_ready(cx))?;
             let read = match self.buffer.as_mut() {
                 Some(buffer) => {
@@ -115,7 +152,7 @@ impl Direction {
                     self.written = 0;
                     from.try_read_buf(buffer)
                 }
-                None => self.pass_small(from, to, buffer_size),
+                None => self.pass_small(from, to, copying),
             };
             match read {
                 Ok(0) => {
@@ -135,12 +172,12 @@ impl Direction {
     /// request or an answer of a few kilobytes never touches the heap. What
     /// cannot be written at once, and the reads after one that filled the
     /// stack buffer (bulk data), go through a heap buffer of
-    /// `buffer_size`.
+    /// `buffer_size`, or a pipe with `splice`.
     fn pass_small(
         &mut self,
         from: &TcpStream,
         to: &TcpStream,
-        buffer_size: usize,
+        copying: Copying,
     ) -> io::Result<usize> {
         let mut small = [0u8; SMALL_READ];
         let read = from.try_read(&mut small)?;
@@ -153,12 +190,75 @@ impl Direction {
             Err(error) => return Err(error),
         };
         self.total += written as u64;
-        if written < read || read == SMALL_READ {
-            let mut buffer = Vec::with_capacity(buffer_size.max(SMALL_READ));
+        // A full stack buffer means bulk data: splice it, or failing a
+        // pipe (no descriptors left), copy it through a heap buffer.
+        if read == SMALL_READ && copying.splice {
+            self.pipe = Pipe::new();
+        }
+        if written < read || (read == SMALL_READ && self.pipe.is_none()) {
+            let mut buffer = Vec::with_capacity(copying.buffer_size.max(SMALL_READ));
             buffer.extend_from_slice(&small[written..read]);
             self.written = 0;
             self.buffer = Some(buffer);
         }
         Ok(read)
+    }
+
+    /// One step of bulk mode: empties the pipe into `to`, or refills it
+    /// from `from`. Ready when a step was made; the pipe is given back when
+    /// `from` has nothing more for now, and at the end of the stream.
+    fn poll_splice(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &TcpStream,
+        to: &TcpStream,
+    ) -> Poll<io::Result<()>> {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
+        if pipe.held > 0 {
+            ready!(to.poll_write_ready(cx))?;
+            let moved = to.try_io(Interest::WRITABLE, || {
+                splice(&pipe.read, None, to, None, pipe.held, flags).map_err(io::Error::from)
+            });
+            match moved {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    pipe.held -= n;
+                    self.total += n as u64;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+            return Poll::Ready(Ok(()));
+        }
+        ready!(from.poll_read_ready(cx))?;
+        let moved = from.try_io(Interest::READABLE, || {
+            splice(from, None, &pipe.write, None, PIPE_CHUNK, flags).map_err(io::Error::from)
+        });
+        match moved {
+            Ok(0) => {
+                self.pipe = None;
+                shutdown_write(to)?;
+                self.done = true;
+            }
+            Ok(n) => pipe.held = n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.pipe = None,
+            Err(error) => return Poll::Ready(Err(error)),
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Pipe {
+    /// A non-blocking pipe, or `None` when none can be made.
+    fn new() -> Option<Self> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok()?;
+        Some(Self {
+            read,
+            write,
+            held: 0,
+        })
     }
 }

@@ -33,7 +33,7 @@ pub use balancer::Balancer;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
 pub use route::{Route, TrafficKind};
-pub use stats::StatsSnapshot;
+pub use stats::{StatsRegistry, StatsSnapshot};
 
 /// Upstream's default `--udp-timeout`: a UDP session with no traffic for
 /// this long is closed.
@@ -58,6 +58,9 @@ pub const DEFAULT_BUFFER_SIZE: usize = 64 * 1024;
 pub struct RelayOptions {
     /// Buffer size per active TCP direction.
     pub buffer_size: usize,
+    /// Move bulk TCP data with `splice(2)` (no copy into the process; a
+    /// pipe, two descriptors, per direction while data flows).
+    pub splice: bool,
     /// Timeout of each attempt to reach an endpoint; the number of entries
     /// is the number of endpoints tried.
     pub dial_timeouts: Vec<Duration>,
@@ -72,6 +75,7 @@ impl Default for RelayOptions {
     fn default() -> Self {
         Self {
             buffer_size: DEFAULT_BUFFER_SIZE,
+            splice: true,
             dial_timeouts: DEFAULT_DIAL_TIMEOUTS.to_vec(),
             udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
             port_range: None,

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use crate::balancer::Balancer;
 use crate::route::Route;
 use crate::sockets::{bind_tcp, bind_udp, LISTEN_BACKLOG};
-use crate::stats::{ConnectionStats, StatsSnapshot};
+use crate::stats::{ConnectionStats, StatsRegistry, StatsSnapshot};
 use crate::{tcp, udp, RelayOptions};
 
 /// What the relay should serve for one service port.
@@ -60,6 +60,7 @@ pub struct Relay {
     listeners: HashMap<ServicePortName, Listener>,
     refusing: Option<(Socket, u16)>,
     next_in_range: u32,
+    registry: StatsRegistry,
 }
 
 /// A listener that could not be opened.
@@ -119,6 +120,7 @@ impl Relay {
             listeners: HashMap::new(),
             refusing: None,
             next_in_range: 0,
+            registry: StatsRegistry::default(),
         }
     }
 
@@ -137,6 +139,7 @@ impl Relay {
         &mut self,
         desired: &BTreeMap<ServicePortName, DesiredListener>,
     ) -> Vec<OpenError> {
+        let registry = &self.registry;
         self.listeners.retain(|name, listener| {
             let keep = desired
                 .get(name)
@@ -144,6 +147,7 @@ impl Relay {
             if !keep {
                 tracing::info!(service = %name, port = listener.port, "closing listener");
                 listener.task.abort();
+                registry.remove(name);
             }
             keep
         });
@@ -160,6 +164,8 @@ impl Relay {
             }
             match self.open(name, want) {
                 Ok(listener) => {
+                    self.registry
+                        .insert(name.clone(), Arc::clone(&listener.stats));
                     tracing::info!(service = %name, port = listener.port, protocol = %want.protocol, "opened listener");
                     self.listeners.insert(name.clone(), listener);
                 }
@@ -185,10 +191,13 @@ impl Relay {
 
     /// Connection counters of every open listener.
     pub fn stats(&self) -> BTreeMap<ServicePortName, StatsSnapshot> {
-        self.listeners
-            .iter()
-            .map(|(name, listener)| (name.clone(), listener.stats.snapshot()))
-            .collect()
+        self.registry.snapshot()
+    }
+
+    /// A shared view of the counters of every open listener, for a
+    /// metrics server on another thread.
+    pub fn stats_registry(&self) -> StatsRegistry {
+        self.registry.clone()
     }
 
     /// Drops remembered affinity clients idle past their timeout.
@@ -327,8 +336,9 @@ impl Relay {
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        for listener in self.listeners.values() {
+        for (name, listener) in &self.listeners {
             listener.task.abort();
+            self.registry.remove(name);
         }
     }
 }

@@ -154,3 +154,7 @@ impl Route {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

@@ -1,6 +1,10 @@
 //! Connection counters per service port, for metrics.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kp_model::ServicePortName;
 
 /// Counters of one service port's relay. TCP counts connections; UDP
 /// counts client sessions.
@@ -25,6 +29,11 @@ pub struct StatsSnapshot {
     /// Attempts to reach an endpoint that failed (refused or timed out).
     pub dial_failures: u64,
 }
+
+/// The counters of every open listener, shared: the relay adds and
+/// removes listeners, a metrics server reads a snapshot from any thread.
+#[derive(Debug, Clone, Default)]
+pub struct StatsRegistry(Arc<Mutex<BTreeMap<ServicePortName, Arc<ConnectionStats>>>>);
 
 /// Counts a connection as active until dropped.
 #[derive(Debug)]
@@ -62,6 +71,32 @@ impl ConnectionStats {
             refused: self.refused.load(Ordering::Relaxed),
             dial_failures: self.dial_failures.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl StatsRegistry {
+    /// The counters of every open listener now.
+    pub fn snapshot(&self) -> BTreeMap<ServicePortName, StatsSnapshot> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(name, stats)| (name.clone(), stats.snapshot()))
+            .collect()
+    }
+
+    pub(crate) fn insert(&self, name: ServicePortName, stats: Arc<ConnectionStats>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name, stats);
+    }
+
+    pub(crate) fn remove(&self, name: &ServicePortName) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
     }
 }
 

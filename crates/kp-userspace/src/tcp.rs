@@ -91,7 +91,14 @@ impl Connection {
         // is passed on at once.
         let _ = client.set_nodelay(true);
         let _ = endpoint.set_nodelay(true);
-        if let Err(error) = relay(&client, &endpoint, self.options.buffer_size).await {
+        if let Err(error) = relay(
+            &client,
+            &endpoint,
+            self.options.buffer_size,
+            self.options.splice,
+        )
+        .await
+        {
             tracing::trace!(client = %peer, %error, "relayed connection ended with an error");
             reset(&client);
             reset(&endpoint);

@@ -42,8 +42,9 @@ type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
 struct Session {
     /// Connected to the endpoint.
     upstream: UdpSocket,
-    /// The address the client sent to; replies are sent from it.
-    reply_from: Option<IpAddr>,
+    /// The address the client sent to, and the interface it came in on;
+    /// replies are sent from there.
+    reply_from: Option<LocalAddress>,
     /// Milliseconds since `epoch` at the last datagram either way.
     last_active_ms: AtomicU64,
     epoch: Instant,
@@ -53,7 +54,17 @@ struct Session {
 struct Received {
     len: usize,
     client: SocketAddr,
-    destination: Option<IpAddr>,
+    destination: Option<LocalAddress>,
+}
+
+/// Where a datagram arrived: its destination address and the index of the
+/// interface it came in on. A `REDIRECT` rule for IPv6 rewrites the
+/// destination to the interface's first address, which may be link-local
+/// (`fe80::1` on a pod's veth): an answer from it needs the interface too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LocalAddress {
+    ip: IpAddr,
+    interface: u32,
 }
 
 /// Asks the kernel to report each datagram's destination address
@@ -237,10 +248,17 @@ async fn receive(socket: &UdpSocket, buffer: &mut [u8]) -> io::Result<Received> 
                 match control {
                     ControlMessageOwned::Ipv4PacketInfo(info) => {
                         let octets = info.ipi_addr.s_addr.to_ne_bytes();
-                        destination = Some(IpAddr::from(octets));
+                        destination = Some(LocalAddress {
+                            ip: IpAddr::from(octets),
+                            // Routing picks the interface of an IPv4 answer.
+                            interface: 0,
+                        });
                     }
                     ControlMessageOwned::Ipv6PacketInfo(info) => {
-                        destination = Some(IpAddr::from(info.ipi6_addr.s6_addr));
+                        destination = Some(LocalAddress {
+                            ip: IpAddr::from(info.ipi6_addr.s6_addr),
+                            interface: info.ipi6_ifindex,
+                        });
                     }
                     _ => {}
                 }
@@ -270,9 +288,13 @@ async fn send_from(
     socket: &UdpSocket,
     data: &[u8],
     to: SocketAddr,
-    from: Option<IpAddr>,
+    from: Option<LocalAddress>,
 ) -> io::Result<usize> {
-    let Some(from) = from.filter(|from| from.is_ipv4() == to.is_ipv4()) else {
+    let Some(LocalAddress {
+        ip: from,
+        interface,
+    }) = from.filter(|from| from.ip.is_ipv4() == to.is_ipv4())
+    else {
         return socket.send_to(data, to).await;
     };
     let fd = socket.as_raw_fd();
@@ -297,7 +319,7 @@ async fn send_from(
                         ipi6_addr: libc::in6_addr {
                             s6_addr: from.octets(),
                         },
-                        ipi6_ifindex: 0,
+                        ipi6_ifindex: interface,
                     };
                     let control = [ControlMessage::Ipv6PacketInfo(&info)];
                     let to = SockaddrIn6::from(to);

@@ -11,6 +11,7 @@
 //! | ns1/empty, http 80/TCP | ClusterIP 10.96.0.14, no endpoints |
 //! | ns1/dns, dns 53/UDP | ClusterIP 10.96.0.12, endpoints ep2; NodePort 30053 |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
+//! | ns1/dns6, dns 53/UDP | ClusterIP fd00:10:96::12, endpoints ep2 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
@@ -31,6 +32,7 @@ on_both_flavors!(
     udp_service_round_trip,
     removing_an_endpoint_keeps_its_established_connection,
     ipv6_cluster_ip_spreads_connections,
+    ipv6_udp_round_trip,
 );
 
 fn cluster_ip_spreads_connections_over_every_ready_endpoint(flavor: IptablesFlavor) {
@@ -292,4 +294,30 @@ fn ipv6_cluster_ip_spreads_connections(flavor: IptablesFlavor) {
         40,
     );
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
+    // The node's own connection goes through the host chain's DNAT.
+    let from_node = connect(topology.node(), at("fd00:10:96::10", 80)).unwrap();
+    assert!(
+        ["ep1", "ep3"].contains(&from_node.backend.as_str()),
+        "{from_node:?}"
+    );
+}
+
+fn ipv6_udp_round_trip(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V6);
+    proxy.apply(
+        &[service("ns1", "dns6", |s| {
+            s.ip_families(&["IPv6"])
+                .cluster_ip("fd00:10:96::12")
+                .port("dns", 53, "UDP")
+        })],
+        &[slice("dns6", &[pod_ip_v6(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+
+    let reply = udp_roundtrip(topology.pod("ep1"), at("fd00:10:96::12", 53)).unwrap();
+    assert_eq!(reply.backend, "ep2");
+    let from_node = udp_roundtrip(topology.node(), at("fd00:10:96::12", 53)).unwrap();
+    assert_eq!(from_node.backend, "ep2");
 }

@@ -156,8 +156,19 @@ async fn closing_a_listener_keeps_its_established_connections() {
     let mut relay = relay(quick_options());
     let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
     let mut established = Client::open(addr).await.unwrap();
+    let registry = relay.stats_registry();
+    let name = port_name("web", Protocol::Tcp);
+    assert_eq!(
+        registry.snapshot()[&name].active,
+        1,
+        "a metrics reader sees the open connection"
+    );
 
     assert!(relay.apply(&BTreeMap::new()).is_empty());
+    assert!(
+        !registry.snapshot().contains_key(&name),
+        "a closed listener leaves the registry"
+    );
     assert!(relay.listener(&port_name("web", Protocol::Tcp)).is_none());
     let refused = wait_refused(addr).await;
     assert!(
@@ -181,14 +192,26 @@ async fn wait_refused(addr: SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_data_and_half_close_pass_through_unchanged() {
     let ep1 = tcp_endpoint("ep1").await;
-    let mut relay = relay(quick_options());
-    let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
     let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for splice in [true, false] {
+        let mut relay = relay(RelayOptions {
+            splice,
+            ..quick_options()
+        });
+        let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
 
-    let client = Client::open(addr).await.unwrap();
-    let echoed = client.round_trip(&data).await;
-    assert_eq!(echoed.len(), data.len(), "every byte comes back");
-    assert!(echoed == data, "the bytes come back unchanged");
+        let client = Client::open(addr).await.unwrap();
+        let echoed = client.round_trip(&data).await;
+        assert_eq!(
+            echoed.len(),
+            data.len(),
+            "every byte comes back (splice {splice})"
+        );
+        assert!(
+            echoed == data,
+            "the bytes come back unchanged (splice {splice})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,4 +265,44 @@ async fn a_full_port_range_fails_only_the_service_port_that_does_not_fit_and_is_
         relay.listener(&port_name("b", Protocol::Tcp)).unwrap().port,
         low
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_to_a_slow_reader_arrives_whole_and_in_order() {
+    // An endpoint that pushes 32 MiB at once; the client waits before
+    // reading, so the relay's pipe and buffers fill and wait for room.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = listener.local_addr().unwrap();
+    const SIZE: usize = 32 * 1024 * 1024;
+    let pattern = |i: usize| (i % 253) as u8;
+    tokio::spawn(async move {
+        let data: Vec<u8> = (0..SIZE).map(pattern).collect();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::io::AsyncWriteExt::write_all(&mut stream, &data)
+                .await
+                .unwrap();
+        }
+    });
+    for splice in [true, false] {
+        let mut relay = relay(RelayOptions {
+            splice,
+            ..quick_options()
+        });
+        let addr = serve_tcp(&mut relay, "bulk", Route::to_endpoints(&[source]));
+
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut received = Vec::with_capacity(SIZE);
+        let read = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut received);
+        tokio::time::timeout(DEADLINE * 4, read)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(received.len(), SIZE, "every byte arrives (splice {splice})");
+        let first_wrong = received
+            .iter()
+            .enumerate()
+            .position(|(i, b)| *b != pattern(i));
+        assert_eq!(first_wrong, None, "in order, unchanged (splice {splice})");
+    }
 }

@@ -93,7 +93,7 @@ impl Encoder {
         self.anonymous_set_header(batch, id, SET_F_MAP, 4, 4, true);
         let seq = batch.begin(Kind::NewSetElem, self.family, F_CREATE);
         self.note(seq);
-        anonymous_element_list(batch, &self.table, id);
+        anonymous_element_list(batch, &self.table, &self.anonymous_name(id), id);
         for entry in items.join(" ").split(" , ") {
             let (key, verdict) = entry.split_once(" : ").ok_or(EncodeError::Unsupported)?;
             let key: u32 = key.trim().parse().map_err(|_| EncodeError::Unsupported)?;
@@ -148,7 +148,7 @@ impl Encoder {
         self.anonymous_set_header(batch, id, SET_F_INTERVAL, type_id, len, false);
         let seq = batch.begin(Kind::NewSetElem, self.family, F_CREATE);
         self.note(seq);
-        anonymous_element_list(batch, &self.table, id);
+        anonymous_element_list(batch, &self.table, &self.anonymous_name(id), id);
         let bytes = |value: u128| -> Vec<u8> {
             if v4 {
                 u32::try_from(value)
@@ -183,7 +183,7 @@ impl Encoder {
         let seq = batch.begin(Kind::NewSet, self.family, F_CREATE);
         self.note(seq);
         batch.str(SET_TABLE, &self.table);
-        batch.str(SET_NAME, "__set%d");
+        batch.str(SET_NAME, &self.anonymous_name(id));
         batch.u32(SET_FLAGS, flags | SET_F_ANONYMOUS | SET_F_CONSTANT);
         batch.u32(SET_KEY_TYPE, key_type);
         batch.u32(SET_KEY_LEN, key_len);
@@ -216,8 +216,8 @@ impl Encoder {
         Ok(())
     }
 
-    /// Writes the expressions of the first statement of `tokens`; returns
-    /// the tokens after it.
+    /// Writes the expressions of the first match or statement of `tokens`;
+    /// returns the tokens after it.
     fn expression<'t>(
         &self,
         rule: &mut Rule<'_>,
@@ -225,7 +225,6 @@ impl Encoder {
         anonymous: &mut std::slice::Iter<'_, u32>,
     ) -> Result<&'t [Token<'t>], EncodeError> {
         use Token::{Group, Word};
-        let unsupported = Err(EncodeError::Unsupported);
         match tokens {
             [Word("ct"), Word("state"), Word("new"), rest @ ..] => {
                 rule.ct_state(REG_1);
@@ -271,7 +270,7 @@ impl Encoder {
             [Word(ipx), Word(field), Word("!="), Group(_), rest @ ..] if is_ipx(ipx) => {
                 let id = *anonymous.next().ok_or(EncodeError::Unsupported)?;
                 rule.payload(REG_1, 1, self.addr_offset(field)?, self.addr_len());
-                rule.lookup("__set%d", Some(id), REG_1, None, true);
+                rule.lookup(&self.anonymous_name(id), Some(id), REG_1, None, true);
                 Ok(rest)
             }
             [Word(ipx), Word(field), Word("!="), Word(value), rest @ ..] if is_ipx(ipx) => {
@@ -319,6 +318,21 @@ impl Encoder {
                 rule.interface(name, false);
                 Ok(rest)
             }
+            _ => self.statement(rule, tokens, anonymous),
+        }
+    }
+
+    /// Writes the expressions of a statement that changes the packet or
+    /// decides its fate; returns the tokens after it.
+    fn statement<'t>(
+        &self,
+        rule: &mut Rule<'_>,
+        tokens: &'t [Token<'t>],
+        anonymous: &mut std::slice::Iter<'_, u32>,
+    ) -> Result<&'t [Token<'t>], EncodeError> {
+        use Token::{Group, Word};
+        let unsupported = Err(EncodeError::Unsupported);
+        match tokens {
             [Word("mark"), Word("set"), Word("mark"), Word(op @ ("or" | "xor")), Word(value), rest @ ..] =>
             {
                 let value = parse_hex(value)?;
@@ -335,12 +349,28 @@ impl Encoder {
                 rule.cmp(REG_1, 0, &0u32.to_ne_bytes());
                 Ok(rest)
             }
+            [Word("numgen"), Word("random"), Word("mod"), Word(modulus), Word(value), rest @ ..]
+                if value.parse::<u32>().is_ok() =>
+            {
+                let modulus: u32 = modulus.parse().map_err(|_| EncodeError::Unsupported)?;
+                let value: u32 = value.parse().map_err(|_| EncodeError::Unsupported)?;
+                rule.numgen(REG_1, modulus);
+                // numgen writes a host-order u32.
+                rule.cmp(REG_1, 0, &value.to_ne_bytes());
+                Ok(rest)
+            }
             [Word("numgen"), Word("random"), Word("mod"), Word(modulus), Word("vmap"), Group(_), rest @ ..] =>
             {
                 let id = *anonymous.next().ok_or(EncodeError::Unsupported)?;
                 let modulus: u32 = modulus.parse().map_err(|_| EncodeError::Unsupported)?;
                 rule.numgen(REG_1, modulus);
-                rule.lookup("__set%d", Some(id), REG_1, Some(REG_VERDICT), false);
+                rule.lookup(
+                    &self.anonymous_name(id),
+                    Some(id),
+                    REG_1,
+                    Some(REG_VERDICT),
+                    false,
+                );
                 Ok(rest)
             }
             [Word("update"), Word(set), Group(_), rest @ ..] => {
@@ -618,9 +648,9 @@ fn tokenize<'a>(words: &'a [&'a str]) -> Vec<Token<'a>> {
     tokens
 }
 
-fn anonymous_element_list(batch: &mut Batch, table: &str, id: u32) {
+fn anonymous_element_list(batch: &mut Batch, table: &str, name: &str, id: u32) {
     batch.str(ELEM_LIST_TABLE, table);
-    batch.str(ELEM_LIST_SET, "__set%d");
+    batch.str(ELEM_LIST_SET, name);
     batch.u32(ELEM_LIST_SET_ID, id);
     batch.open(ELEM_LIST_ELEMENTS);
 }
