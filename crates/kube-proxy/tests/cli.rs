@@ -183,6 +183,30 @@ fn a_mode_this_build_lacks_fails_clearly_and_prints_no_rules() {
 }
 
 #[test]
+fn nftables_dry_run_prints_the_transaction_of_the_examples() {
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--proxy-mode",
+        "nftables",
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "table ip kube-proxy",
+        "table ip6 kube-proxy",
+        "service-ips",
+        "10.96.0.10",
+    ] {
+        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
+    }
+}
+
+#[test]
 fn ipvs_dry_run_prints_virtual_servers_sets_and_rules_of_the_examples() {
     let examples = examples();
     let out = kube_proxy(&[

@@ -31,6 +31,14 @@ spec:
     - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}
 ";
 
+const NODE: &str = "apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status:
+  addresses:
+    - {type: InternalIP, address: 192.168.99.2}
+";
+
 fn slice(addresses: &[&str]) -> String {
     let mut text = String::from(
         "apiVersion: discovery.k8s.io/v1
@@ -194,4 +202,101 @@ fn nft_leftovers(node: &Netns) {
 fn nft_tables(node: &Netns) -> Vec<String> {
     let listing = node.exec_ok("nft", &["list", "tables"]);
     listing.lines().map(str::to_owned).collect()
+}
+
+/// `--proxy-mode nftables`: the binary removes the iptables mode's chains at
+/// start, programs its own tables over netlink, follows manifest edits, and
+/// `--cleanup` removes its tables.
+#[test]
+fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
+    require_root();
+    require_tool("nft");
+    let cluster = Topology::builder()
+        .pod("ep1", |p| p.tcp(8080))
+        .pod("ep2", |p| p.tcp(8080))
+        .pod("ep3", |p| p.tcp(8080))
+        .build()
+        .unwrap();
+    cluster.add_node_default_route().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path();
+    fs::write(manifests.join("service.yaml"), SERVICE).unwrap();
+    let slice_file = manifests.join("slice.yaml");
+    fs::write(
+        &slice_file,
+        slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
+    )
+    .unwrap();
+    // The nftables mode serves NodePorts on the Node's primary address by
+    // default.
+    fs::write(manifests.join("node.yaml"), NODE).unwrap();
+    let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
+    // What the iptables mode would have left.
+    node.exec_ok(
+        "iptables-legacy",
+        &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"],
+    );
+
+    let mut proxy = node.spawn(
+        env!("CARGO_BIN_EXE_kube-proxy"),
+        &[
+            "--proxy-mode",
+            "nftables",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ],
+    );
+    let cluster_ip = at("10.96.0.41:80");
+    let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
+    assert!(up, "the proxy programmed the ClusterIP within 15 s");
+    assert!(nft_tables(node).contains(&"table ip kube-proxy".to_owned()));
+    assert_eq!(
+        node.iptables_chains("nat", "KUBE-SVC-"),
+        0,
+        "the iptables mode's chains are gone at start"
+    );
+    let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
+    assert_eq!(backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]), all);
+    assert_eq!(
+        backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
+        all,
+        "the NodePort answers the client on the node's primary address"
+    );
+
+    write_atomically(&slice_file, &slice(&["10.244.1.3"]));
+    let moved = wait_until(Duration::from_secs(5), || {
+        backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
+    });
+    assert!(moved, "after the edit only ep2 answers");
+    write_atomically(&slice_file, &slice(&[]));
+    let refused = wait_until(Duration::from_secs(5), || {
+        connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
+    });
+    assert!(refused, "a Service without endpoints refuses connections");
+
+    let pid = proxy.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exited = wait_until(Duration::from_secs(5), || {
+        proxy.try_wait().is_ok_and(|s| s.is_some())
+    });
+    assert!(exited, "SIGTERM ends the proxy");
+    let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tables = nft_tables(node);
+    assert!(
+        !tables.iter().any(|t| t.ends_with(" kube-proxy")),
+        "--cleanup removes the nftables mode's tables: {tables:?}"
+    );
 }

@@ -2,7 +2,7 @@
 
 mod iptables;
 mod ipvs;
-mod nftables_leftovers;
+mod nftables;
 
 pub use iptables::node_port_addresses;
 
@@ -33,7 +33,7 @@ pub enum ModeError {
 }
 
 /// The modes this build can run, in the order shown in messages.
-const AVAILABLE: [ProxyMode; 2] = [ProxyMode::Iptables, ProxyMode::Ipvs];
+const AVAILABLE: [ProxyMode; 3] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs];
 
 /// The backend for `mode` and `family`; with `dry_run`, one that prints what
 /// it would program (to stdout) instead of touching the kernel.
@@ -46,6 +46,12 @@ pub fn backend(
     match mode {
         ProxyMode::Iptables => {
             iptables::backend(family, config, dry_run).map_err(|source| ModeError::Config {
+                mode: mode.as_str(),
+                source,
+            })
+        }
+        ProxyMode::Nftables => {
+            nftables::backend(family, config, dry_run).map_err(|source| ModeError::Config {
                 mode: mode.as_str(),
                 source,
             })
@@ -79,10 +85,7 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
         "Removing the rules of every mode this build has"
     );
     let iptables = iptables::cleanup();
-    let nftables = nftables_leftovers::remove();
-    if let Ok(tables) = &nftables {
-        tracing::info!(tables = ?tables, "Removed nftables tables");
-    }
+    let nftables = nftables::cleanup();
     let ipvs = ipvs::cleanup();
     iptables?;
     nftables?;
@@ -90,22 +93,21 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes, at start, what the modes other than `mode` left behind that
-/// would act on the same traffic: the nftables mode's tables (in the
-/// iptables and IPVS modes, as upstream does) and the IPVS mode's link,
-/// sets and virtual servers (in the iptables mode). A failure is logged; it
-/// does not stop the proxy.
+/// Removes, at start, what the other modes left behind that would act on
+/// the same traffic, as upstream does: the nftables mode's tables in the
+/// iptables and IPVS modes; the iptables chains in the nftables mode; the
+/// IPVS mode's link, sets and virtual servers in the iptables and nftables
+/// modes. A failure is logged; it does not stop the proxy.
 pub fn remove_leftovers(mode: ProxyMode) {
     if matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs) {
-        match nftables_leftovers::remove() {
-            Ok(tables) if tables.is_empty() => {}
-            Ok(tables) => tracing::info!(tables = ?tables, "Removed the nftables mode's tables"),
-            Err(error) => {
-                tracing::warn!(error = %kp_sync::error_chain(&error), "Cannot remove the nftables mode's tables")
-            }
+        nftables::remove_leftovers();
+    }
+    if mode == ProxyMode::Nftables {
+        if let Err(error) = iptables::cleanup() {
+            tracing::warn!(error = %format!("{error:#}"), "Cannot remove the iptables mode's rules");
         }
     }
-    if mode == ProxyMode::Iptables {
+    if matches!(mode, ProxyMode::Iptables | ProxyMode::Nftables) {
         ipvs::remove_leftovers();
     }
 }
