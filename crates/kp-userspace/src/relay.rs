@@ -246,6 +246,7 @@ impl Relay {
         let options = Arc::clone(&self.options);
         let _runtime = self.handle.enter();
         let task = if want.protocol == Protocol::Tcp {
+            socket.set_tcp_nodelay(true).map_err(socket_error)?;
             socket.listen(LISTEN_BACKLOG).map_err(socket_error)?;
             let listener = TcpListener::from_std(socket.into()).map_err(socket_error)?;
             let serve = tcp::serve(listener, Arc::clone(&balancer), Arc::clone(&stats), options);

@@ -92,6 +92,14 @@ impl Route {
         }
     }
 
+    /// Whether the address a connection was sent to matters: internal and
+    /// external traffic have different endpoints, or the load balancer IPs
+    /// are limited to some sources. Otherwise the relay need not ask
+    /// conntrack (a system call per connection).
+    pub fn needs_classification(&self) -> bool {
+        self.internal != self.external || !self.source_ranges.is_empty()
+    }
+
     /// Whether any traffic has an endpoint to go to.
     pub fn has_endpoints(&self) -> bool {
         !self.internal.is_empty() || !self.external.is_empty()

@@ -159,3 +159,25 @@ fn affinity_timeout_comes_from_the_service_port() {
     let route = Route::from_state(&state(port(|p| p.session_affinity_timeout = Some(timeout))));
     assert_eq!(route.affinity_timeout, Some(timeout));
 }
+
+#[test]
+fn the_original_destination_is_only_asked_for_when_it_decides_something() {
+    let plain = Route::from_state(&state(port(|p| p.load_balancer_source_ranges.clear())));
+    assert!(
+        !plain.needs_classification(),
+        "same endpoints for all, no source ranges"
+    );
+    let ranges = Route::from_state(&state(port(|_| {})));
+    assert!(
+        ranges.needs_classification(),
+        "the source ranges need the destination"
+    );
+    let local = Route::from_state(&state(port(|p| {
+        p.load_balancer_source_ranges.clear();
+        p.external_policy_local = true;
+    })));
+    assert!(
+        local.needs_classification(),
+        "external traffic has its own endpoints"
+    );
+}

@@ -46,18 +46,18 @@ fn prepare(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
 
 /// The address a connection was sent to before a `REDIRECT` or `DNAT`
 /// rule rewrote it (`SO_ORIGINAL_DST`, `IP6T_SO_ORIGINAL_DST`); `None`
-/// when conntrack has no such rewrite for it.
-pub fn original_destination(socket: &impl AsFd, local: SocketAddr) -> Option<SocketAddr> {
-    let original = match local {
-        SocketAddr::V4(_) => getsockopt(socket, sockopt::OriginalDst)
+/// when conntrack does not know the connection. Without a rewrite it is
+/// the socket's own address.
+pub fn original_destination(socket: &impl AsFd, ipv6: bool) -> Option<SocketAddr> {
+    if ipv6 {
+        getsockopt(socket, sockopt::Ip6tOriginalDst)
             .ok()
-            .map(|raw| SocketAddr::V4(SocketAddrV4::from(SockaddrIn::from(raw)))),
-        SocketAddr::V6(_) => getsockopt(socket, sockopt::Ip6tOriginalDst)
+            .map(|raw| SocketAddr::V6(SocketAddrV6::from(SockaddrIn6::from(raw))))
+    } else {
+        getsockopt(socket, sockopt::OriginalDst)
             .ok()
-            .map(|raw| SocketAddr::V6(SocketAddrV6::from(SockaddrIn6::from(raw)))),
-    };
-    // Without a rewrite, conntrack reports the address as it is.
-    original.filter(|original| *original != local)
+            .map(|raw| SocketAddr::V4(SocketAddrV4::from(SockaddrIn::from(raw))))
+    }
 }
 
 /// Closes `socket` with a reset instead of an orderly close

@@ -36,6 +36,7 @@ pub async fn serve(
     stats: Arc<ConnectionStats>,
     options: Arc<RelayOptions>,
 ) {
+    let ipv6 = listener.local_addr().is_ok_and(|addr| addr.is_ipv6());
     loop {
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -47,6 +48,7 @@ pub async fn serve(
         };
         stats.accepted();
         let connection = Connection {
+            ipv6,
             balancer: Arc::clone(&balancer),
             stats: Arc::clone(&stats),
             options: Arc::clone(&options),
@@ -57,6 +59,7 @@ pub async fn serve(
 
 /// What one connection's task needs.
 struct Connection {
+    ipv6: bool,
     balancer: Arc<Balancer>,
     stats: Arc<ConnectionStats>,
     options: Arc<RelayOptions>,
@@ -65,11 +68,12 @@ struct Connection {
 impl Connection {
     async fn run(self, client: TcpStream, peer: SocketAddr) {
         let _active = self.stats.active_guard();
-        let Ok(local) = client.local_addr() else {
-            return;
-        };
-        let original = original_destination(&client, local);
         let route = self.balancer.route();
+        let original = if route.needs_classification() {
+            original_destination(&client, self.ipv6)
+        } else {
+            None
+        };
         let kind = match route.classify(original, peer.ip()) {
             Ok(kind) => kind,
             Err(denied) => {
@@ -88,8 +92,8 @@ impl Connection {
             return;
         };
         // Latency matters more than packet count for a relay: what arrives
-        // is passed on at once.
-        let _ = client.set_nodelay(true);
+        // is passed on at once. (The client's socket has TCP_NODELAY from
+        // the listener: Linux hands it on to accepted sockets.)
         let _ = endpoint.set_nodelay(true);
         if let Err(error) = relay(
             &client,
