@@ -300,3 +300,90 @@ fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
         "--cleanup removes the nftables mode's tables: {tables:?}"
     );
 }
+
+/// `--proxy-mode userspace`: the binary relays Service traffic itself
+/// behind nat portal rules, follows manifest edits, and `--cleanup` removes
+/// the portal chains.
+#[test]
+fn the_binary_in_userspace_mode_relays_follows_edits_and_cleans_up() {
+    require_root();
+    let cluster = Topology::builder()
+        .pod("ep1", |p| p.tcp(8080))
+        .pod("ep2", |p| p.tcp(8080))
+        .pod("ep3", |p| p.tcp(8080))
+        .build()
+        .unwrap();
+    cluster.add_node_default_route().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path();
+    fs::write(manifests.join("service.yaml"), SERVICE).unwrap();
+    let slice_file = manifests.join("slice.yaml");
+    fs::write(
+        &slice_file,
+        slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
+    )
+    .unwrap();
+    let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
+    let mut proxy = node.spawn(
+        env!("CARGO_BIN_EXE_kube-proxy"),
+        &[
+            "--proxy-mode",
+            "userspace",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ],
+    );
+    let cluster_ip = at("10.96.0.41:80");
+    let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
+    assert!(up, "the proxy relays the ClusterIP within 15 s");
+    assert!(node.iptables_chains("nat", "KUBE-PORTALS-") > 0);
+    assert_eq!(
+        node.iptables_chains("nat", "KUBE-SVC-"),
+        0,
+        "no per-Service NAT chains in this mode"
+    );
+    let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
+    assert_eq!(backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]), all);
+    assert_eq!(
+        backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
+        all,
+        "the NodePort answers the client"
+    );
+
+    write_atomically(&slice_file, &slice(&["10.244.1.3"]));
+    let moved = wait_until(Duration::from_secs(5), || {
+        backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
+    });
+    assert!(moved, "after the edit only ep2 answers");
+    write_atomically(&slice_file, &slice(&[]));
+    let refused = wait_until(Duration::from_secs(5), || {
+        connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
+    });
+    assert!(refused, "a Service without endpoints refuses connections");
+
+    let pid = proxy.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exited = wait_until(Duration::from_secs(5), || {
+        proxy.try_wait().is_ok_and(|s| s.is_some())
+    });
+    assert!(exited, "SIGTERM ends the proxy");
+    let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        node.iptables_chains("nat", "KUBE-PORTALS-"),
+        0,
+        "--cleanup removes the portal chains"
+    );
+}

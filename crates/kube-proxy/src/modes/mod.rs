@@ -3,6 +3,7 @@
 mod iptables;
 mod ipvs;
 mod nftables;
+mod userspace;
 
 pub use iptables::node_port_addresses;
 
@@ -33,7 +34,12 @@ pub enum ModeError {
 }
 
 /// The modes this build can run, in the order shown in messages.
-const AVAILABLE: [ProxyMode; 3] = [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs];
+const AVAILABLE: [ProxyMode; 4] = [
+    ProxyMode::Iptables,
+    ProxyMode::Nftables,
+    ProxyMode::Ipvs,
+    ProxyMode::Userspace,
+];
 
 /// The backend for `mode` and `family`; with `dry_run`, one that prints what
 /// it would program (to stdout) instead of touching the kernel.
@@ -62,6 +68,12 @@ pub fn backend(
                 source,
             })
         }
+        ProxyMode::Userspace => {
+            userspace::backend(family, config, dry_run).map_err(|source| ModeError::Config {
+                mode: mode.as_str(),
+                source,
+            })
+        }
         _ => Err(unavailable(mode)),
     }
 }
@@ -71,8 +83,11 @@ pub fn backend(
 /// [`iptables::families`]).
 pub fn families(mode: ProxyMode, dry_run: bool) -> Vec<IpFamily> {
     match mode {
-        // The IPVS mode's masquerade and filter rules are iptables rules.
-        ProxyMode::Iptables | ProxyMode::Ipvs if !dry_run => iptables::families(),
+        // The IPVS mode's masquerade and filter rules and the userspace
+        // mode's portals are iptables rules.
+        ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Userspace if !dry_run => {
+            iptables::families()
+        }
         _ => vec![IpFamily::V4, IpFamily::V6],
     }
 }
@@ -84,9 +99,12 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
         configured = mode.as_str(),
         "Removing the rules of every mode this build has"
     );
+    // The portals' jumps go before the iptables mode removes our chains.
+    let userspace = userspace::cleanup();
     let iptables = iptables::cleanup();
     let nftables = nftables::cleanup();
     let ipvs = ipvs::cleanup();
+    userspace?;
     iptables?;
     nftables?;
     ipvs?;

@@ -1,0 +1,43 @@
+//! The userspace mode as the binary builds it: a relay in this process
+//! (listeners on the runtime the binary runs) behind nat portal rules, and
+//! the removal of those rules.
+
+use kp_config::KubeProxyConfiguration;
+use kp_iptables::{IptablesFlavor, SystemApplier};
+use kp_model::IpFamily;
+use kp_sync::Backend;
+
+/// The userspace backend of `family`, its listeners on the current tokio
+/// runtime (the binary calls this inside it); with `dry_run` the portal
+/// rules go to stdout instead of the kernel.
+pub fn backend(
+    family: IpFamily,
+    config: &KubeProxyConfiguration,
+    dry_run: bool,
+) -> anyhow::Result<Box<dyn Backend>> {
+    let handle = tokio::runtime::Handle::try_current()
+        .map_err(|_| anyhow::anyhow!("the userspace mode needs the proxy's runtime"))?;
+    Ok(Box::new(kp_userspace::UserspaceBackend::from_config(
+        config, family, dry_run, handle,
+    )?))
+}
+
+/// `--cleanup`: the portal chains and their jumps, in both families. Runs
+/// before the iptables mode's cleanup, which cannot delete a chain that a
+/// jump still uses.
+pub fn cleanup() -> anyhow::Result<()> {
+    let mut applier = SystemApplier::new(IptablesFlavor::detect());
+    let mut removed = 0;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        match kp_userspace::cleanup(&mut applier, family) {
+            Ok(count) => removed += count,
+            // A host without ip6tables has no IPv6 portals to remove.
+            Err(error) if family == IpFamily::V6 => {
+                tracing::debug!(error = %kp_sync::error_chain(&error), "No IPv6 portal rules removed");
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    tracing::info!(removed, "Removed the userspace mode's portal rules");
+    Ok(())
+}
