@@ -27,6 +27,31 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `--dry-run` of the examples in `mode`, as node-1.
+fn dry_run_of_examples(mode: &str) -> Output {
+    let examples = examples();
+    kube_proxy(&[
+        "--proxy-mode",
+        mode,
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--dry-run",
+    ])
+}
+
+/// Asserts that `mode`'s dry run of the examples succeeds and prints each
+/// of `expected`.
+fn assert_dry_run_prints(mode: &str, expected: &[&str]) {
+    let out = dry_run_of_examples(mode);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in expected {
+        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
+    }
+}
+
 #[test]
 fn version_and_help_exit_zero_and_name_upstream_flags() {
     let version = kube_proxy(&["--version"]);
@@ -163,69 +188,36 @@ fn dry_run_without_any_source_says_how_to_give_one() {
 
 #[test]
 fn userspace_dry_run_prints_the_portal_rules_of_the_examples() {
-    let examples = examples();
-    let out = kube_proxy(&[
-        "--proxy-mode",
+    assert_dry_run_prints(
         "userspace",
-        "--manifests",
-        examples.to_str().unwrap(),
-        "--hostname-override",
-        "node-1",
-        "--dry-run",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
-    for expected in [
-        "KUBE-PORTALS-CONTAINER",
-        "KUBE-PORTALS-HOST",
-        "10.96.0.10",
-        "COMMIT",
-    ] {
-        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
-    }
+        &[
+            "KUBE-PORTALS-CONTAINER",
+            "KUBE-PORTALS-HOST",
+            "10.96.0.10",
+            "COMMIT",
+        ],
+    );
 }
 
 #[test]
 fn nftables_dry_run_prints_the_transaction_of_the_examples() {
-    let examples = examples();
-    let out = kube_proxy(&[
-        "--proxy-mode",
+    assert_dry_run_prints(
         "nftables",
-        "--manifests",
-        examples.to_str().unwrap(),
-        "--hostname-override",
-        "node-1",
-        "--dry-run",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
-    for expected in [
-        "table ip kube-proxy",
-        "table ip6 kube-proxy",
-        "service-ips",
-        "10.96.0.10",
-    ] {
-        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
-    }
+        &[
+            "table ip kube-proxy",
+            "table ip6 kube-proxy",
+            "service-ips",
+            "10.96.0.10",
+        ],
+    );
 }
 
 #[test]
 fn ipvs_dry_run_prints_virtual_servers_sets_and_rules_of_the_examples() {
-    let examples = examples();
-    let out = kube_proxy(&[
-        "--proxy-mode",
+    assert_dry_run_prints(
         "ipvs",
-        "--manifests",
-        examples.to_str().unwrap(),
-        "--hostname-override",
-        "node-1",
-        "--dry-run",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
-    for expected in ["kube-ipvs0", "KUBE-CLUSTER-IP", "-> ", "*nat", "COMMIT"] {
-        assert!(text.contains(expected), "no {expected:?} in:\n{text}");
-    }
+        &["kube-ipvs0", "KUBE-CLUSTER-IP", "-> ", "*nat", "COMMIT"],
+    );
 }
 
 #[test]

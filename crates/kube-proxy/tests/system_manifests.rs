@@ -204,96 +204,131 @@ fn nft_tables(node: &Netns) -> Vec<String> {
     listing.lines().map(str::to_owned).collect()
 }
 
+/// Three pods behind the web Service (and, with `node`, a Node manifest
+/// giving node-1 its address), the manifests in a temporary directory.
+struct WebCluster {
+    cluster: Topology,
+    dir: tempfile::TempDir,
+    slice_file: std::path::PathBuf,
+}
+
+impl WebCluster {
+    fn new(node: bool) -> Self {
+        let cluster = Topology::builder()
+            .pod("ep1", |p| p.tcp(8080))
+            .pod("ep2", |p| p.tcp(8080))
+            .pod("ep3", |p| p.tcp(8080))
+            .build()
+            .unwrap();
+        cluster.add_node_default_route().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("service.yaml"), SERVICE).unwrap();
+        if node {
+            fs::write(dir.path().join("node.yaml"), NODE).unwrap();
+        }
+        let slice_file = dir.path().join("slice.yaml");
+        fs::write(
+            &slice_file,
+            slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
+        )
+        .unwrap();
+        Self {
+            cluster,
+            dir,
+            slice_file,
+        }
+    }
+
+    /// The binary in `mode` on the manifests, in the node namespace.
+    fn spawn(&self, mode: &str) -> kp_testkit::netns::NsChild {
+        self.cluster.node().spawn(
+            env!("CARGO_BIN_EXE_kube-proxy"),
+            &[
+                "--proxy-mode",
+                mode,
+                "--manifests",
+                self.dir.path().to_str().unwrap(),
+                "--hostname-override",
+                "node-1",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+            ],
+        )
+    }
+
+    /// The ClusterIP and the NodePort reach all three pods; after an edit
+    /// only ep2 answers; without endpoints the Service refuses.
+    fn serves_and_follows_edits(&self) {
+        let (pod, client) = (self.cluster.pod("ep1"), self.cluster.client());
+        let cluster_ip = at("10.96.0.41:80");
+        let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
+        assert!(up, "the proxy serves the ClusterIP within 15 s");
+        let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
+        assert_eq!(backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]), all);
+        assert_eq!(
+            backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
+            all,
+            "the NodePort answers the client"
+        );
+        write_atomically(&self.slice_file, &slice(&["10.244.1.3"]));
+        let moved = wait_until(Duration::from_secs(5), || {
+            backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
+        });
+        assert!(moved, "after the edit only ep2 answers");
+        write_atomically(&self.slice_file, &slice(&[]));
+        let refused = wait_until(Duration::from_secs(5), || {
+            connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
+        });
+        assert!(refused, "a Service without endpoints refuses connections");
+    }
+
+    /// Stops `proxy` with SIGTERM, then runs `--cleanup` in the node.
+    fn stop_and_clean_up(&self, mut proxy: kp_testkit::netns::NsChild) {
+        let pid = proxy.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+        let exited = wait_until(Duration::from_secs(5), || {
+            proxy.try_wait().is_ok_and(|s| s.is_some())
+        });
+        assert!(exited, "SIGTERM ends the proxy");
+        let out = self
+            .cluster
+            .node()
+            .exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// `--proxy-mode nftables`: the binary removes the iptables mode's chains at
-/// start, programs its own tables over netlink, follows manifest edits, and
+/// start, programs its own tables over netlink (NodePorts on the Node's
+/// primary address, this mode's default), follows manifest edits, and
 /// `--cleanup` removes its tables.
 #[test]
 fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
     require_root();
     require_tool("nft");
-    let cluster = Topology::builder()
-        .pod("ep1", |p| p.tcp(8080))
-        .pod("ep2", |p| p.tcp(8080))
-        .pod("ep3", |p| p.tcp(8080))
-        .build()
-        .unwrap();
-    cluster.add_node_default_route().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path();
-    fs::write(manifests.join("service.yaml"), SERVICE).unwrap();
-    let slice_file = manifests.join("slice.yaml");
-    fs::write(
-        &slice_file,
-        slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
-    )
-    .unwrap();
-    // The nftables mode serves NodePorts on the Node's primary address by
-    // default.
-    fs::write(manifests.join("node.yaml"), NODE).unwrap();
-    let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
+    let web = WebCluster::new(true);
+    let node = web.cluster.node();
     // What the iptables mode would have left.
     node.exec_ok(
         "iptables-legacy",
         &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"],
     );
 
-    let mut proxy = node.spawn(
-        env!("CARGO_BIN_EXE_kube-proxy"),
-        &[
-            "--proxy-mode",
-            "nftables",
-            "--manifests",
-            manifests.to_str().unwrap(),
-            "--hostname-override",
-            "node-1",
-            "--cluster-cidr",
-            "10.244.0.0/16",
-        ],
-    );
-    let cluster_ip = at("10.96.0.41:80");
-    let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
-    assert!(up, "the proxy programmed the ClusterIP within 15 s");
+    let proxy = web.spawn("nftables");
+    web.serves_and_follows_edits();
     assert!(nft_tables(node).contains(&"table ip kube-proxy".to_owned()));
     assert_eq!(
         node.iptables_chains("nat", "KUBE-SVC-"),
         0,
         "the iptables mode's chains are gone at start"
     );
-    let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
-    assert_eq!(backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]), all);
-    assert_eq!(
-        backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
-        all,
-        "the NodePort answers the client on the node's primary address"
-    );
 
-    write_atomically(&slice_file, &slice(&["10.244.1.3"]));
-    let moved = wait_until(Duration::from_secs(5), || {
-        backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
-    });
-    assert!(moved, "after the edit only ep2 answers");
-    write_atomically(&slice_file, &slice(&[]));
-    let refused = wait_until(Duration::from_secs(5), || {
-        connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
-    });
-    assert!(refused, "a Service without endpoints refuses connections");
-
-    let pid = proxy.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let exited = wait_until(Duration::from_secs(5), || {
-        proxy.try_wait().is_ok_and(|s| s.is_some())
-    });
-    assert!(exited, "SIGTERM ends the proxy");
-    let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    web.stop_and_clean_up(proxy);
     let tables = nft_tables(node);
     assert!(
         !tables.iter().any(|t| t.ends_with(" kube-proxy")),
@@ -307,80 +342,19 @@ fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
 #[test]
 fn the_binary_in_userspace_mode_relays_follows_edits_and_cleans_up() {
     require_root();
-    let cluster = Topology::builder()
-        .pod("ep1", |p| p.tcp(8080))
-        .pod("ep2", |p| p.tcp(8080))
-        .pod("ep3", |p| p.tcp(8080))
-        .build()
-        .unwrap();
-    cluster.add_node_default_route().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path();
-    fs::write(manifests.join("service.yaml"), SERVICE).unwrap();
-    let slice_file = manifests.join("slice.yaml");
-    fs::write(
-        &slice_file,
-        slice(&["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
-    )
-    .unwrap();
-    let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
-    let mut proxy = node.spawn(
-        env!("CARGO_BIN_EXE_kube-proxy"),
-        &[
-            "--proxy-mode",
-            "userspace",
-            "--manifests",
-            manifests.to_str().unwrap(),
-            "--hostname-override",
-            "node-1",
-            "--cluster-cidr",
-            "10.244.0.0/16",
-        ],
-    );
-    let cluster_ip = at("10.96.0.41:80");
-    let up = wait_until(Duration::from_secs(15), || connect(pod, cluster_ip).is_ok());
-    assert!(up, "the proxy relays the ClusterIP within 15 s");
+    let web = WebCluster::new(false);
+    let node = web.cluster.node();
+
+    let proxy = web.spawn("userspace");
+    web.serves_and_follows_edits();
     assert!(node.iptables_chains("nat", "KUBE-PORTALS-") > 0);
     assert_eq!(
         node.iptables_chains("nat", "KUBE-SVC-"),
         0,
         "no per-Service NAT chains in this mode"
     );
-    let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
-    assert_eq!(backends_of(pod, cluster_ip, &["ep1", "ep2", "ep3"]), all);
-    assert_eq!(
-        backends_of(client, at("192.168.99.2:30080"), &["ep1", "ep2", "ep3"]),
-        all,
-        "the NodePort answers the client"
-    );
 
-    write_atomically(&slice_file, &slice(&["10.244.1.3"]));
-    let moved = wait_until(Duration::from_secs(5), || {
-        backends_of(pod, cluster_ip, &["ep2"]) == BTreeSet::from(["ep2".to_owned()])
-    });
-    assert!(moved, "after the edit only ep2 answers");
-    write_atomically(&slice_file, &slice(&[]));
-    let refused = wait_until(Duration::from_secs(5), || {
-        connect(pod, cluster_ip).is_err_and(|e| e.is_refused())
-    });
-    assert!(refused, "a Service without endpoints refuses connections");
-
-    let pid = proxy.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let exited = wait_until(Duration::from_secs(5), || {
-        proxy.try_wait().is_ok_and(|s| s.is_some())
-    });
-    assert!(exited, "SIGTERM ends the proxy");
-    let out = node.exec(env!("CARGO_BIN_EXE_kube-proxy"), &["--cleanup"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    web.stop_and_clean_up(proxy);
     assert_eq!(
         node.iptables_chains("nat", "KUBE-PORTALS-"),
         0,
