@@ -86,8 +86,11 @@ fn measure(
     let copies = dir.join("inputs");
     std::fs::create_dir_all(&wrappers).unwrap();
     std::fs::create_dir_all(&copies).unwrap();
-    let real = which(mode.restore());
-    let wrapper = wrappers.join(mode.restore());
+    let restore = mode
+        .restore()
+        .expect("a lone-restore reference only for modes that run a restore program");
+    let real = which(restore);
+    let wrapper = wrappers.join(restore);
     std::fs::write(
         &wrapper,
         format!(

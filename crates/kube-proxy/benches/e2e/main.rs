@@ -222,7 +222,7 @@ fn main() {
                 );
                 runs.push(result);
             }
-            if settings.lone && size == largest {
+            if settings.lone && size == largest && mode.restore().is_some() {
                 eprintln!("e2e: {}, {size} Services, lone restore", mode.name());
                 let log = settings
                     .logs
@@ -414,7 +414,7 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
              the binary's partial sync within 15 % of it:",
             lone.input_lines,
             lone.input_bytes,
-            mode.restore(),
+            mode.restore().unwrap_or_default(),
             mode.restore_args().join(" "),
             lone.restore_ms.len()
         );

@@ -1,8 +1,9 @@
 //! The proxy modes the harness drives, and everything that differs between
 //! them: how the binary is made to choose one, how our objects are read back
-//! from the kernel, and which program applies a sync. A later mode
-//! (nftables, IPVS) is one more variant here; the rest of the harness only
-//! asks these questions.
+//! from the kernel, and which program applies a sync (none for the
+//! nftables mode, which commits over netlink: it has no lone-restore
+//! reference). A later mode (IPVS) is one more variant here; the rest of
+//! the harness only asks these questions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -15,16 +16,20 @@ pub enum Mode {
     IptablesLegacy,
     /// `--proxy-mode iptables` on a node whose kubelet uses iptables-nft.
     IptablesNft,
+    /// `--proxy-mode nftables`: the tables `ip kube-proxy` and `ip6
+    /// kube-proxy`, committed over netlink.
+    Nftables,
 }
 
 /// What kind of object of ours a chain is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ObjectKind {
-    /// One per Service port (`KUBE-SVC-`).
+    /// One per Service port (`KUBE-SVC-`; nftables: `service-`).
     Service,
-    /// One per endpoint of a Service port (`KUBE-SEP-`).
+    /// One per endpoint of a Service port (`KUBE-SEP-`; `endpoint-`).
     Endpoint,
-    /// The other per-Service chains (`KUBE-EXT-`, `KUBE-FW-`, `KUBE-SVL-`).
+    /// The other per-Service chains (`KUBE-EXT-`, `KUBE-FW-`, `KUBE-SVL-`;
+    /// `external-`, `firewall-`).
     OtherPerService,
 }
 
@@ -42,7 +47,7 @@ pub struct Ruleset {
 
 impl Mode {
     /// Every mode, in the order of `KP_E2E_MODES`' names.
-    pub const ALL: [Mode; 2] = [Mode::IptablesLegacy, Mode::IptablesNft];
+    pub const ALL: [Mode; 3] = [Mode::IptablesLegacy, Mode::IptablesNft, Mode::Nftables];
 
     /// The mode named `name` in `KP_E2E_MODES`.
     pub fn parse(name: &str) -> Self {
@@ -60,6 +65,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
+            Mode::Nftables => "nftables",
         }
     }
 
@@ -68,20 +74,29 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
+            Mode::Nftables => "nftables",
         }
     }
 
-    /// The programs this mode needs on the PATH.
-    pub fn tools(self) -> [&'static str; 3] {
-        [self.iptables(), self.save(), self.restore()]
+    /// The programs the harness needs on the PATH for this mode.
+    pub fn tools(self) -> &'static [&'static str] {
+        match self {
+            Mode::IptablesLegacy => &[
+                "iptables-legacy",
+                "iptables-legacy-save",
+                "iptables-legacy-restore",
+            ],
+            Mode::IptablesNft => &["iptables-nft", "iptables-nft-save", "iptables-nft-restore"],
+            Mode::Nftables => &["nft"],
+        }
     }
 
     /// Flags that select the mode, beyond the operator's usual ones: none
-    /// for iptables, the default mode (nftables will pass `--proxy-mode
-    /// nftables`).
+    /// for iptables, the default mode.
     pub fn flags(self) -> &'static [&'static str] {
         match self {
             Mode::IptablesLegacy | Mode::IptablesNft => &[],
+            Mode::Nftables => &["--proxy-mode", "nftables"],
         }
     }
 
@@ -90,7 +105,10 @@ impl Mode {
     /// in the mangle table of the flavor it uses makes the proxy pick that
     /// flavor (`iptables-legacy -t mangle -N KUBE-IPTABLES-HINT`).
     pub fn prepare_node(self) {
-        let status = Command::new(self.iptables())
+        let Some(iptables) = self.iptables() else {
+            return;
+        };
+        let status = Command::new(iptables)
             .args(["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])
             .status()
             .unwrap();
@@ -99,10 +117,12 @@ impl Mode {
 
     /// The program that applies a sync, as the proxy runs it (`PATH`
     /// lookup), and its arguments: the lone-restore reference times it.
-    pub fn restore(self) -> &'static str {
+    /// `None` for the nftables mode, which runs no program.
+    pub fn restore(self) -> Option<&'static str> {
         match self {
-            Mode::IptablesLegacy => "iptables-legacy-restore",
-            Mode::IptablesNft => "iptables-nft-restore",
+            Mode::IptablesLegacy => Some("iptables-legacy-restore"),
+            Mode::IptablesNft => Some("iptables-nft-restore"),
+            Mode::Nftables => None,
         }
     }
 
@@ -111,16 +131,23 @@ impl Mode {
         &["--noflush", "--counters", "-w", "5", "-W", "100000"]
     }
 
-    /// Our objects in the kernel now (`iptables-legacy-save -t nat`).
+    /// Our objects in the kernel now (`iptables-legacy-save -t nat`;
+    /// `nft list table ip kube-proxy`).
     pub fn ruleset(self) -> Ruleset {
-        Ruleset::from_iptables_save(&self.run(self.save(), &["-t", "nat"]))
+        match self.save() {
+            Some(save) => Ruleset::from_iptables_save(&self.run(save, &["-t", "nat"])),
+            None => Ruleset::from_nft_listing(&self.nft_listing()),
+        }
     }
 
     /// Whether the service object `object` sends to `destination`
     /// (`IP:PORT`) now: `iptables-legacy -t nat -S KUBE-SVC-…`, then `-S` of
     /// each `KUBE-SEP-` chain it jumps to, for its DNAT rule.
     pub fn service_reaches(self, object: &str, destination: &str) -> bool {
-        let rules = |chain: &str| self.run(self.iptables(), &["-t", "nat", "-S", chain]);
+        let Some(iptables) = self.iptables() else {
+            return nft_service_reaches(&self.nft_listing(), object, destination);
+        };
+        let rules = |chain: &str| self.run(iptables, &["-t", "nat", "-S", chain]);
         rules(object)
             .lines()
             .filter_map(|line| line.strip_prefix("-A "))
@@ -138,21 +165,29 @@ impl Mode {
 
     /// The versions of the mode's programs, for the header.
     pub fn versions(self) -> String {
-        self.run(self.iptables(), &["--version"]).trim().to_owned()
+        let program = self.iptables().unwrap_or("nft");
+        self.run(program, &["--version"]).trim().to_owned()
     }
 
-    fn iptables(self) -> &'static str {
+    fn iptables(self) -> Option<&'static str> {
         match self {
-            Mode::IptablesLegacy => "iptables-legacy",
-            Mode::IptablesNft => "iptables-nft",
+            Mode::IptablesLegacy => Some("iptables-legacy"),
+            Mode::IptablesNft => Some("iptables-nft"),
+            Mode::Nftables => None,
         }
     }
 
-    fn save(self) -> &'static str {
+    fn save(self) -> Option<&'static str> {
         match self {
-            Mode::IptablesLegacy => "iptables-legacy-save",
-            Mode::IptablesNft => "iptables-nft-save",
+            Mode::IptablesLegacy => Some("iptables-legacy-save"),
+            Mode::IptablesNft => Some("iptables-nft-save"),
+            Mode::Nftables => None,
         }
+    }
+
+    /// `nft list table ip kube-proxy`.
+    fn nft_listing(self) -> String {
+        self.run("nft", &["list", "table", "ip", "kube-proxy"])
     }
 
     /// Runs `program ARGS…` in the calling thread's namespace; its stdout.
@@ -228,6 +263,102 @@ impl Ruleset {
     pub fn service_object(&self, port: &str) -> Option<&str> {
         self.service_objects.get(port).map(String::as_str)
     }
+}
+
+impl Ruleset {
+    /// Reads `nft list table ip kube-proxy`: declared chains (`chain NAME
+    /// {`), every `goto`/`jump` target (in rules and in verdict map
+    /// elements), and each Service port's `service-` chain, whose name
+    /// ends in `ns/name/protocol/port`.
+    pub fn from_nft_listing(text: &str) -> Self {
+        let mut ruleset = Ruleset::default();
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(name) = line
+                .strip_prefix("chain ")
+                .and_then(|l| l.strip_suffix(" {"))
+            {
+                let name = name.trim_matches('"');
+                if let Some(kind) = nft_chain_kind(name) {
+                    ruleset.objects.push((kind, name.to_owned()));
+                }
+                if nft_chain_kind(name) == Some(ObjectKind::Service) {
+                    if let Some(port) = nft_service_port(name) {
+                        ruleset.service_objects.insert(port, name.to_owned());
+                    }
+                }
+                continue;
+            }
+            ruleset
+                .referenced
+                .extend(nft_targets(line).map(str::to_owned));
+        }
+        ruleset
+    }
+}
+
+/// The chains an nft line (a rule or verdict map elements) goes or jumps
+/// to.
+fn nft_targets(line: &str) -> impl Iterator<Item = &str> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let targets: Vec<&str> = words
+        .windows(2)
+        .filter(|pair| pair[0] == "goto" || pair[0] == "jump")
+        .map(|pair| pair[1].trim_end_matches([',', '}']).trim_matches('"'))
+        .collect();
+    targets.into_iter()
+}
+
+/// The kind of a per-Service chain, `KIND-HASHHASH-…` with an 8-character
+/// base32 hash (which tells `service-ABCDEFGH-ns/…` from the mode's own
+/// `service-endpoints-check`).
+fn nft_chain_kind(name: &str) -> Option<ObjectKind> {
+    let (prefix, rest) = name.split_once('-')?;
+    let hashed = rest.len() > 9
+        && rest.as_bytes()[8] == b'-'
+        && rest[..8]
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b));
+    match prefix {
+        _ if !hashed => None,
+        "service" => Some(ObjectKind::Service),
+        "endpoint" => Some(ObjectKind::Endpoint),
+        "external" | "firewall" => Some(ObjectKind::OtherPerService),
+        _ => None,
+    }
+}
+
+/// `ns/name:port` of a `service-HASH-ns/name/protocol/port` chain.
+fn nft_service_port(chain: &str) -> Option<String> {
+    let (_, readable) = chain.strip_prefix("service-")?.split_once('-')?;
+    let mut parts = readable.split('/');
+    let (namespace, name, _protocol, port) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    Some(format!("{namespace}/{name}:{port}"))
+}
+
+/// Whether the `service-` chain `object` in `listing` goes to an
+/// `endpoint-` chain that DNATs to `destination` (`IP:PORT`).
+fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
+    let chain_body = |name: &str| -> Vec<&str> {
+        let mut lines = listing.lines().map(str::trim);
+        let header = format!("chain {name} {{");
+        let quoted = format!("chain \"{name}\" {{");
+        if !lines.any(|line| line == header || line == quoted) {
+            return Vec::new();
+        }
+        lines.take_while(|line| *line != "}").collect()
+    };
+    let endpoints: Vec<String> = chain_body(object)
+        .into_iter()
+        .flat_map(nft_targets)
+        .filter(|target| nft_chain_kind(target) == Some(ObjectKind::Endpoint))
+        .map(str::to_owned)
+        .collect();
+    let dnat = format!("dnat to {destination}");
+    endpoints
+        .iter()
+        .any(|endpoint| chain_body(endpoint).iter().any(|line| line.contains(&dnat)))
 }
 
 /// The chain an iptables rule (`CHAIN … -j TARGET`) jumps or goes to.

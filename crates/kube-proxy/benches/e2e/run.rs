@@ -136,7 +136,9 @@ fn drive(
     let first = watch.seen.clone();
     let first_end = first.last_sync.unwrap();
     let start_to_rules_s = first_end - proxy.spawned;
-    let first_full_s = if first.syncs.count == 1 {
+    // Modes without the full-sync histogram (upstream's nftables mode has
+    // none) leave it unknown.
+    let first_full_s = if first.syncs.count == 1 && first.full.count == 1 {
         first.full.sum
     } else {
         f64::NAN
