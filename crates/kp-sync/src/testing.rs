@@ -1,10 +1,16 @@
 //! A strict in-memory [`Backend`] for tests of the sync loop and of the
-//! binary's wiring.
+//! binary's wiring, and [`ServiceBuilder`], the service ports every mode's
+//! tests render.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
+use kp_model::{
+    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
+    ServicePortName,
+};
 use tokio::sync::watch;
 
 use crate::proxier::{Proxier, ProxierConfig};
@@ -251,4 +257,179 @@ pub fn fake_proxier(
         runner,
     };
     (Proxier::new(config, Box::new(backend.clone())), backend)
+}
+
+/// The node [`ServiceBuilder`] categorizes endpoints for, and where its
+/// local endpoints run (kp-testkit's address plan names the same nodes).
+pub const BUILDER_NODE: &str = "node-1";
+/// Where [`ServiceBuilder`]'s remote endpoints run.
+pub const BUILDER_OTHER_NODE: &str = "node-2";
+
+/// A service port with its endpoints under construction, for the tests of
+/// every mode's renderer and backend; see [`service`].
+#[derive(Debug, Clone)]
+pub struct ServiceBuilder {
+    name: ServicePortName,
+    port: ServicePort,
+    endpoints: Vec<Endpoint>,
+}
+
+/// Service port `ns/name:p<port>` (TCP) at `cluster_ip:port`, no endpoints.
+/// Addresses that do not parse are a bug in the test and panic.
+pub fn service(namespace: &str, name: &str, cluster_ip: &str, port: u16) -> ServiceBuilder {
+    ServiceBuilder {
+        name: ServicePortName::new(
+            NamespacedName::new(namespace, name),
+            format!("p{port}"),
+            Protocol::Tcp,
+        ),
+        port: ServicePort {
+            cluster_ip: test_ip(cluster_ip),
+            port,
+            protocol: Protocol::Tcp,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            traffic_distribution: None,
+            topology_mode: None,
+        },
+        endpoints: Vec::new(),
+    }
+}
+
+/// Parses an address of a test, panicking on a typo.
+fn test_ip(text: &str) -> IpAddr {
+    match text.parse() {
+        Ok(ip) => ip,
+        Err(_) => panic!("bad test address {text:?}"),
+    }
+}
+
+impl ServiceBuilder {
+    /// Another protocol.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.name.protocol = protocol;
+        self.port.protocol = protocol;
+        self
+    }
+    /// UDP.
+    pub fn udp(self) -> Self {
+        self.protocol(Protocol::Udp)
+    }
+    /// The Service's single unnamed port.
+    pub fn unnamed_port(mut self) -> Self {
+        self.name.port = "".into();
+        self
+    }
+    /// A NodePort.
+    pub fn node_port(mut self, port: u16) -> Self {
+        self.port.node_port = Some(port);
+        self
+    }
+    /// An external IP.
+    pub fn external_ip(mut self, address: &str) -> Self {
+        self.port.external_ips.push(test_ip(address));
+        self
+    }
+    /// A load balancer IP.
+    pub fn lb_ip(mut self, address: &str) -> Self {
+        self.port.load_balancer_ips.push(test_ip(address));
+        self
+    }
+    /// A `loadBalancerSourceRanges` entry.
+    pub fn source_range(mut self, cidr: &str) -> Self {
+        match cidr.parse() {
+            Ok(cidr) => self.port.load_balancer_source_ranges.push(cidr),
+            Err(_) => panic!("bad test CIDR {cidr:?}"),
+        }
+        self
+    }
+    /// `sessionAffinity: ClientIP` with a timeout.
+    pub fn affinity_secs(mut self, seconds: u64) -> Self {
+        self.port.session_affinity_timeout = Some(Duration::from_secs(seconds));
+        self
+    }
+    /// `externalTrafficPolicy: Local`.
+    pub fn etp_local(mut self) -> Self {
+        self.port.external_policy_local = true;
+        self
+    }
+    /// `internalTrafficPolicy: Local`.
+    pub fn itp_local(mut self) -> Self {
+        self.port.internal_policy_local = true;
+        self
+    }
+    /// `spec.healthCheckNodePort`.
+    pub fn health_check_node_port(mut self, port: u16) -> Self {
+        self.port.health_check_node_port = Some(port);
+        self
+    }
+    /// A ready endpoint on this node.
+    pub fn local_endpoint(self, address: &str, port: u16) -> Self {
+        self.with_endpoint(address, port, true, true, false)
+    }
+    /// A ready endpoint on another node.
+    pub fn remote_endpoint(self, address: &str, port: u16) -> Self {
+        self.with_endpoint(address, port, false, true, false)
+    }
+    /// A terminating endpoint that still serves.
+    pub fn terminating_endpoint(self, address: &str, port: u16, local: bool) -> Self {
+        self.with_endpoint(address, port, local, false, true)
+    }
+
+    fn with_endpoint(
+        mut self,
+        address: &str,
+        port: u16,
+        local: bool,
+        ready: bool,
+        terminating: bool,
+    ) -> Self {
+        let node = if local {
+            BUILDER_NODE
+        } else {
+            BUILDER_OTHER_NODE
+        };
+        self.endpoints.push(Endpoint {
+            ip: test_ip(address),
+            port,
+            ready,
+            serving: true,
+            terminating,
+            is_local: local,
+            node_name: Some(node.into()),
+            zone: None,
+            zone_hints: None,
+            node_hints: None,
+        });
+        self
+    }
+
+    /// The service port's name.
+    pub fn name(&self) -> &ServicePortName {
+        &self.name
+    }
+
+    /// The service port with its endpoints (sorted, without duplicates)
+    /// categorized for [`BUILDER_NODE`], as the sync loop does.
+    pub fn build(mut self) -> (ServicePortName, ServicePortState) {
+        self.endpoints.sort_by_key(|e| (e.ip, e.port));
+        self.endpoints.dedup_by_key(|e| (e.ip, e.port));
+        let all_endpoints: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
+        let endpoints =
+            categorize_endpoints(&all_endpoints, &self.port, BUILDER_NODE, &BTreeMap::new());
+        (
+            self.name,
+            ServicePortState {
+                port: Arc::new(self.port),
+                endpoints,
+                all_endpoints,
+            },
+        )
+    }
 }

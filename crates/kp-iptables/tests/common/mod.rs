@@ -8,15 +8,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use kp_iptables::tracer::{Packet, Ruleset, Trace};
 use kp_iptables::{IptablesOptions, LocalDetector, NatChains, RenderInput, Rendered, Renderer};
-use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
-};
+use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use kp_sync::ServicePortState;
 use kp_testkit::plan;
 
@@ -25,155 +20,7 @@ pub fn ip(text: &str) -> IpAddr {
     text.parse().expect("test address")
 }
 
-/// A service port under construction; see [`service`].
-#[derive(Debug, Clone)]
-pub struct ServiceBuilder {
-    name: ServicePortName,
-    port: ServicePort,
-    endpoints: Vec<Endpoint>,
-}
-
-/// Service port `ns/name:p<port>` (TCP) at `cluster_ip:port`, no endpoints.
-pub fn service(namespace: &str, name: &str, cluster_ip: &str, port: u16) -> ServiceBuilder {
-    ServiceBuilder {
-        name: ServicePortName {
-            service: NamespacedName {
-                namespace: namespace.into(),
-                name: name.into(),
-            },
-            port: format!("p{port}").into(),
-            protocol: Protocol::Tcp,
-        },
-        port: ServicePort {
-            cluster_ip: ip(cluster_ip),
-            port,
-            protocol: Protocol::Tcp,
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            load_balancer_source_ranges: Vec::new(),
-            session_affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            traffic_distribution: None,
-            topology_mode: None,
-        },
-        endpoints: Vec::new(),
-    }
-}
-
-impl ServiceBuilder {
-    pub fn protocol(mut self, protocol: Protocol) -> Self {
-        self.name.protocol = protocol;
-        self.port.protocol = protocol;
-        self
-    }
-    pub fn unnamed_port(mut self) -> Self {
-        self.name.port = "".into();
-        self
-    }
-    pub fn node_port(mut self, port: u16) -> Self {
-        self.port.node_port = Some(port);
-        self
-    }
-    pub fn external_ip(mut self, address: &str) -> Self {
-        self.port.external_ips.push(ip(address));
-        self
-    }
-    pub fn lb_ip(mut self, address: &str) -> Self {
-        self.port.load_balancer_ips.push(ip(address));
-        self
-    }
-    pub fn source_range(mut self, cidr: &str) -> Self {
-        self.port
-            .load_balancer_source_ranges
-            .push(cidr.parse().unwrap());
-        self
-    }
-    pub fn affinity_secs(mut self, seconds: u64) -> Self {
-        self.port.session_affinity_timeout = Some(Duration::from_secs(seconds));
-        self
-    }
-    pub fn etp_local(mut self) -> Self {
-        self.port.external_policy_local = true;
-        self
-    }
-    pub fn itp_local(mut self) -> Self {
-        self.port.internal_policy_local = true;
-        self
-    }
-    pub fn health_check_node_port(mut self, port: u16) -> Self {
-        self.port.health_check_node_port = Some(port);
-        self
-    }
-    /// A ready endpoint on this node.
-    pub fn local_endpoint(self, address: &str, port: u16) -> Self {
-        self.with_endpoint(address, port, true, true, false)
-    }
-    /// A ready endpoint on another node.
-    pub fn remote_endpoint(self, address: &str, port: u16) -> Self {
-        self.with_endpoint(address, port, false, true, false)
-    }
-    /// A terminating endpoint that still serves.
-    pub fn terminating_endpoint(self, address: &str, port: u16, local: bool) -> Self {
-        self.with_endpoint(address, port, local, false, true)
-    }
-
-    fn with_endpoint(
-        mut self,
-        address: &str,
-        port: u16,
-        local: bool,
-        ready: bool,
-        terminating: bool,
-    ) -> Self {
-        let node = if local {
-            plan::NODE_NAME
-        } else {
-            plan::OTHER_NODE_NAME
-        };
-        self.endpoints.push(Endpoint {
-            ip: ip(address),
-            port,
-            ready,
-            serving: true,
-            terminating,
-            is_local: local,
-            node_name: Some(node.into()),
-            zone: None,
-            zone_hints: None,
-            node_hints: None,
-        });
-        self
-    }
-
-    pub fn name(&self) -> &ServicePortName {
-        &self.name
-    }
-
-    /// The service port with its endpoints categorized by
-    /// `kp_model::categorize_endpoints` for this node, as the sync loop does.
-    pub fn build(mut self) -> (ServicePortName, ServicePortState) {
-        self.endpoints.sort_by_key(|e| (e.ip, e.port));
-        self.endpoints.dedup_by_key(|e| (e.ip, e.port));
-        let all_endpoints: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
-        let endpoints = categorize_endpoints(
-            &all_endpoints,
-            &self.port,
-            plan::NODE_NAME,
-            &BTreeMap::new(),
-        );
-        (
-            self.name,
-            ServicePortState {
-                port: Arc::new(self.port),
-                endpoints,
-                all_endpoints,
-            },
-        )
-    }
-}
+pub use kp_sync::testing::{service, ServiceBuilder};
 
 /// One node, its services and the renderer settings: what a test renders.
 #[derive(Debug, Clone)]
