@@ -10,6 +10,7 @@
 //! - [`DryRunApplier`] writes what would be programmed to a writer.
 
 use std::fmt;
+use std::io;
 
 use kp_model::IpFamily;
 
@@ -17,6 +18,7 @@ use crate::jumps::{JumpRule, Table};
 
 mod dry_run;
 mod fake;
+mod sent_input;
 mod system;
 
 pub use dry_run::DryRunApplier;
@@ -33,6 +35,27 @@ pub trait Applier: Send {
     /// stdin: each table in `text` is replaced atomically at its `COMMIT`
     /// (one table after the other; nothing spans tables).
     fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
+
+    /// [`Self::restore`] with input that `input` writes into a sink as it
+    /// produces it, so that a large ruleset need not be held whole. An
+    /// error of `input` (the sink's own, passed on) ends the restore with
+    /// nothing more applied: the program gets no further input and is
+    /// stopped before it could see a `COMMIT` that did not come.
+    ///
+    /// A [`ApplyError::RestoreLine`] from here has an empty `text` unless
+    /// the applier kept the input: the caller, which can produce it again,
+    /// names the line.
+    ///
+    /// By default the input is gathered and passed to [`Self::restore`].
+    fn restore_streamed(
+        &mut self,
+        family: IpFamily,
+        input: &mut dyn FnMut(&mut dyn RestoreSink) -> io::Result<()>,
+    ) -> Result<(), ApplyError> {
+        let mut text = String::new();
+        input(&mut text).map_err(ApplyError::Write)?;
+        self.restore(family, &text)
+    }
 
     /// What `iptables-save -t TABLE` shows of `table`: the `KUBE-` chains
     /// and which of [`JUMP_RULES`](crate::jumps::JUMP_RULES) are present.
@@ -71,6 +94,19 @@ pub trait Applier: Send {
     /// Marks the end of one sync. Only a dry run does something here: it
     /// writes what the sync would have done.
     fn end_sync(&mut self) -> Result<(), ApplyError> {
+        Ok(())
+    }
+}
+
+/// Where restore input goes as it is produced, in pieces of whole lines.
+pub trait RestoreSink {
+    /// Takes the next piece: one or more lines, each ending in `\n`.
+    fn write_lines(&mut self, lines: &str) -> io::Result<()>;
+}
+
+impl RestoreSink for String {
+    fn write_lines(&mut self, lines: &str) -> io::Result<()> {
+        self.push_str(lines);
         Ok(())
     }
 }
@@ -147,8 +183,8 @@ pub enum ApplyError {
         /// What the program wrote to stderr.
         stderr: String,
     },
-    /// Writing to a dry run's output failed.
-    #[error("writing the dry-run output failed")]
+    /// Writing restore input or a dry run's output failed.
+    #[error("writing the rules failed")]
     Write(#[source] std::io::Error),
 }
 

@@ -30,7 +30,7 @@ pub mod tracer;
 
 pub use applier::{
     Applier, ApplyError, DryRunApplier, FakeApplier, FakeCall, FakeKernel, IptablesFlavor,
-    SavedTable, SystemApplier,
+    RestoreSink, SavedTable, SystemApplier,
 };
 pub use backend::{IptablesBackend, NodePortAddresses, MODE};
 pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};
@@ -42,6 +42,7 @@ pub use options::{IptablesOptions, LocalDetector, ResolvedDetector};
 pub use render::{
     is_large_cluster, stale_chains, NatChains, RenderInput, RenderStats, Rendered, Renderer,
     LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
+    STREAM_CHUNK_BYTES,
 };
 pub use support::{check_family, check_family_with, FamilyUnsupported};
 

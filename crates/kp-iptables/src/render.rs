@@ -14,11 +14,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use kp_sync::ServicePortState;
 
+use crate::applier::RestoreSink;
 use crate::jumps::{JumpRule, Table};
 use crate::names::{
     is_service_chain_name, protocol_name, ChainName, ChainNameCache, KUBE_EXTERNAL_SERVICES,
@@ -33,7 +35,9 @@ use crate::IptablesError;
 macro_rules! emit {
     ($out:expr, $($arg:tt)*) => {{
         let out: &mut $crate::render::Out = $out;
-        if out.discard {
+        if out.muted {
+            // A streamed render's other pass writes this part.
+        } else if out.discard {
             out.skipped += 1;
         } else {
             out.written += 1;
@@ -174,7 +178,11 @@ pub(crate) struct Out {
     pub text: String,
     pub written: usize,
     pub skipped: usize,
+    /// Lines of an unchanged service port in a partial render: only counted.
     pub discard: bool,
+    /// Neither written nor counted: this pass of a streamed render leaves
+    /// the part to the other pass.
+    pub muted: bool,
 }
 
 /// The four parts of the text, in the order they are joined.
@@ -223,18 +231,7 @@ impl Renderer {
         let (total_endpoints, max_endpoints) = endpoint_counts(input.service_ports);
         self.precompute_probabilities(max_endpoints);
         let mark = self.options.masquerade_mark();
-        let ctx = Context {
-            family: input.family,
-            masquerade_all: self.options.masquerade_all,
-            detector: self
-                .options
-                .resolve_detector(input.family, &input.node.pod_cidrs),
-            localhost_node_ports: localhost_node_ports(&self.options, input),
-            nfacct_localhost_node_ports: self.options.nfacct_localhost_node_ports,
-            large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
-            node_ip: first_of_family(&input.node.addresses, input.family),
-            probabilities: &self.probabilities,
-        };
+        let ctx = context(&self.options, &self.probabilities, input, total_endpoints);
         // The first render of each kind guesses from the input (about 450
         // bytes per service port and 200 per endpoint, plus a quarter so
         // that the head fits in front of the nat rules when `join` puts it
@@ -254,25 +251,18 @@ impl Renderer {
 
         let mut stats = RenderStats::default();
         let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
-        let mut name_text = String::new();
-        for (name, state) in input.service_ports {
-            let endpoints = state.endpoints.all_reachable.iter();
-            let addresses = endpoints.map(|ep| SocketAddr::new(ep.ip, ep.port));
-            let Some(names) = self.names.touch(name, addresses) else {
-                continue; // unreachable: touch inserts what it does not find
-            };
-            name_text.clear();
-            // Names reach the restore input only through this text.
-            kp_model::rule_text::write_service_port_comment(&mut name_text, name);
-            let service = service::ServiceView {
-                state,
-                name: &name_text,
-                names,
-                protocol: protocol_name(name.protocol),
-                rewrite: input.full || input.changed_services.contains(&name.service),
-            };
-            service::render_service(&ctx, &mut buffers, &service, &mut active, &mut stats);
-        }
+        let rendered: Result<(), std::convert::Infallible> =
+            render_service_ports(&mut self.names, input, &mut buffers, |service| {
+                service::render_service(
+                    &ctx,
+                    service.buffers,
+                    &service.view,
+                    &mut active,
+                    &mut stats,
+                );
+                Ok(())
+            });
+        let Ok(()) = rendered;
         self.names.prune();
         active.sort_unstable();
         active.dedup();
@@ -282,17 +272,7 @@ impl Renderer {
         buffers.count_into(&mut stats, deleted.len());
         let restore = buffers.join();
         self.capacity_hints[kind] = restore.len() + restore.len() / 8;
-        tracing::debug!(
-            family = ?input.family,
-            full = input.full,
-            service_ports = input.service_ports.len(),
-            endpoints = total_endpoints,
-            filter_rules = stats.filter_rules,
-            nat_rules = stats.nat_rules,
-            nat_chains = stats.nat_chains,
-            deleted_chains = stats.deleted_chains,
-            "rendered iptables rules"
-        );
+        log_render(input, total_endpoints, &stats);
         Rendered {
             family: input.family,
             full: input.full,
@@ -302,6 +282,109 @@ impl Renderer {
             deleted_chains: deleted,
             large_cluster_mode: ctx.large_cluster_mode,
         }
+    }
+
+    /// Renders `input` into `sink` as it goes instead of into
+    /// [`Rendered::restore`] (left empty): the same text, byte for byte, as
+    /// [`Self::render`], without ever holding the nat rules whole (8.5 MB
+    /// at 10,000 Services, the largest thing a full sync held).
+    ///
+    /// The text must declare every chain before a rule jumps to it, and the
+    /// filter table comes first (a kill between the two tables' commits
+    /// then leaves new filter rules, which only refuse, beside the old nat
+    /// rules). So the service ports are walked twice: the first pass keeps
+    /// the filter table, the nat chain declarations, the active chains and
+    /// the counts (some 2 MB at 10,000 Services) and sends them; the second
+    /// writes only the nat rules, handing them to `sink` every
+    /// [`STREAM_CHUNK_BYTES`]. The second pass costs about as much as a
+    /// partial render; the restore program reads while it runs.
+    ///
+    /// Fails only when `sink` does, and then sends no `COMMIT` for the nat
+    /// table.
+    pub fn render_streamed(
+        &mut self,
+        input: &RenderInput<'_>,
+        sink: &mut dyn RestoreSink,
+    ) -> io::Result<Rendered> {
+        self.names.begin();
+        let (total_endpoints, max_endpoints) = endpoint_counts(input.service_ports);
+        self.precompute_probabilities(max_endpoints);
+        let mark = self.options.masquerade_mark();
+        let ctx = context(&self.options, &self.probabilities, input, total_endpoints);
+
+        // First pass: everything but the nat rules.
+        let mut head = Buffers::for_head(input.service_ports.len(), total_endpoints);
+        write_head(&ctx, &mut head, &mark, self.options.random_fully);
+        let mut stats = RenderStats::default();
+        let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
+        let walked: Result<(), std::convert::Infallible> =
+            render_service_ports(&mut self.names, input, &mut head, |service| {
+                service::render_service(
+                    &ctx,
+                    service.buffers,
+                    &service.view,
+                    &mut active,
+                    &mut stats,
+                );
+                Ok(())
+            });
+        let Ok(()) = walked;
+        active.sort_unstable();
+        active.dedup();
+        let deleted = delete_stale_chains(&mut head, input.existing_nat_chains, &active);
+        write_tail(&ctx, &mut head, input, &mark, &self.options);
+        sink.write_lines("*filter\n")?;
+        sink.write_lines(&head.filter_chains.text)?;
+        sink.write_lines(&head.filter_rules.text)?;
+        sink.write_lines("COMMIT\n*nat\n")?;
+        sink.write_lines(&head.nat_chains.text)?;
+        for out in [
+            &mut head.filter_chains,
+            &mut head.filter_rules,
+            &mut head.nat_chains,
+        ] {
+            out.text = String::new();
+        }
+
+        // Second pass: the nat rules, in the same order as `render`'s.
+        let mut rules = Buffers::for_nat_rules(STREAM_CHUNK_BYTES + STREAM_CHUNK_BYTES / 4);
+        write_head(&ctx, &mut rules, &mark, self.options.random_fully);
+        let mut scratch_active = Vec::new();
+        let mut scratch_stats = RenderStats::default();
+        render_service_ports::<io::Error>(&mut self.names, input, &mut rules, |service| {
+            service::render_service(
+                &ctx,
+                service.buffers,
+                &service.view,
+                &mut scratch_active,
+                &mut scratch_stats,
+            );
+            scratch_active.clear();
+            let text = &mut service.buffers.nat_rules.text;
+            if text.len() >= STREAM_CHUNK_BYTES {
+                sink.write_lines(text)?;
+                text.clear();
+            }
+            Ok(())
+        })?;
+        self.names.prune();
+        write_chain_deletions(&mut rules, &deleted);
+        write_tail(&ctx, &mut rules, input, &mark, &self.options);
+        rules.nat_rules.text.push_str("COMMIT\n");
+        sink.write_lines(&rules.nat_rules.text)?;
+
+        head.nat_rules = std::mem::take(&mut rules.nat_rules);
+        head.count_into(&mut stats, deleted.len());
+        log_render(input, total_endpoints, &stats);
+        Ok(Rendered {
+            family: input.family,
+            full: input.full,
+            restore: String::new(),
+            stats,
+            active_nat_chains: active,
+            deleted_chains: deleted,
+            large_cluster_mode: ctx.large_cluster_mode,
+        })
     }
 
     /// Probabilities `1/n` formatted as upstream does (`%0.10f`), for every
@@ -327,6 +410,31 @@ impl Buffers {
         buffers.filter_rules.text.reserve(4096 + total / 32);
         buffers.nat_chains.text.reserve(total / 5);
         buffers.nat_rules.text.reserve(total);
+        buffers
+    }
+
+    /// The first pass of a streamed render: the nat rules are muted.
+    fn for_head(service_ports: usize, endpoints: usize) -> Self {
+        let mut buffers = Buffers::default();
+        buffers.filter_chains.text.reserve(256);
+        buffers.filter_rules.text.reserve(4096 + service_ports * 16);
+        buffers
+            .nat_chains
+            .text
+            .reserve(service_ports * 60 + endpoints * 30);
+        buffers.nat_rules.muted = true;
+        buffers
+    }
+
+    /// The second pass of a streamed render: only the nat rules are
+    /// written, into a buffer of `capacity` bytes that is sent and cleared
+    /// whenever it passes [`STREAM_CHUNK_BYTES`].
+    fn for_nat_rules(capacity: usize) -> Self {
+        let mut buffers = Buffers::default();
+        buffers.filter_chains.muted = true;
+        buffers.filter_rules.muted = true;
+        buffers.nat_chains.muted = true;
+        buffers.nat_rules.text.reserve(capacity);
         buffers
     }
 
@@ -364,6 +472,84 @@ impl Buffers {
         text.push_str("COMMIT\n");
         text
     }
+}
+
+/// How many bytes of nat rules a streamed render gathers before it hands
+/// them on: large enough that each write to the restore program's pipe
+/// moves a lot, small enough to be nothing beside the rest of the state.
+pub const STREAM_CHUNK_BYTES: usize = 64 * 1024;
+
+/// What the service-port walk hands to each step: the buffers and the
+/// service port's view.
+struct ServiceStep<'s, 'a> {
+    buffers: &'s mut Buffers,
+    view: service::ServiceView<'a>,
+}
+
+/// Calls `each` for every service port of `input` in order, with its names
+/// looked up (and computed on first use) in `names`.
+fn render_service_ports<E>(
+    names: &mut ChainNameCache,
+    input: &RenderInput<'_>,
+    buffers: &mut Buffers,
+    mut each: impl FnMut(&mut ServiceStep<'_, '_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut name_text = String::new();
+    for (name, state) in input.service_ports {
+        let endpoints = state.endpoints.all_reachable.iter();
+        let addresses = endpoints.map(|ep| SocketAddr::new(ep.ip, ep.port));
+        let Some(cached) = names.touch(name, addresses) else {
+            continue; // unreachable: touch inserts what it does not find
+        };
+        name_text.clear();
+        // Names reach the restore input only through this text.
+        kp_model::rule_text::write_service_port_comment(&mut name_text, name);
+        let mut step = ServiceStep {
+            buffers: &mut *buffers,
+            view: service::ServiceView {
+                state,
+                name: &name_text,
+                names: cached,
+                protocol: protocol_name(name.protocol),
+                rewrite: input.full || input.changed_services.contains(&name.service),
+            },
+        };
+        each(&mut step)?;
+    }
+    Ok(())
+}
+
+/// What every service port's rendering needs to know about this render.
+fn context<'a>(
+    options: &IptablesOptions,
+    probabilities: &'a [String],
+    input: &RenderInput<'_>,
+    total_endpoints: usize,
+) -> Context<'a> {
+    Context {
+        family: input.family,
+        masquerade_all: options.masquerade_all,
+        detector: options.resolve_detector(input.family, &input.node.pod_cidrs),
+        localhost_node_ports: localhost_node_ports(options, input),
+        nfacct_localhost_node_ports: options.nfacct_localhost_node_ports,
+        large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+        node_ip: first_of_family(&input.node.addresses, input.family),
+        probabilities,
+    }
+}
+
+fn log_render(input: &RenderInput<'_>, total_endpoints: usize, stats: &RenderStats) {
+    tracing::debug!(
+        family = ?input.family,
+        full = input.full,
+        service_ports = input.service_ports.len(),
+        endpoints = total_endpoints,
+        filter_rules = stats.filter_rules,
+        nat_rules = stats.nat_rules,
+        nat_chains = stats.nat_chains,
+        deleted_chains = stats.deleted_chains,
+        "rendered iptables rules"
+    );
 }
 
 fn endpoint_counts(service_ports: &BTreeMap<ServicePortName, ServicePortState>) -> (usize, usize) {
@@ -457,9 +643,17 @@ fn delete_stale_chains(
     stale.dedup();
     for chain in &stale {
         emit!(&mut buffers.nat_chains, ":{chain} - [0:0]");
+    }
+    write_chain_deletions(buffers, &stale);
+    stale
+}
+
+/// The `-X` lines of the stale chains, after every rule that could jump to
+/// them was flushed or rewritten.
+fn write_chain_deletions(buffers: &mut Buffers, stale: &[String]) {
+    for chain in stale {
         emit!(&mut buffers.nat_rules, "-X {chain}");
     }
-    stale
 }
 
 fn stale_among(existing: &[String], active: &[ChainName]) -> Vec<String> {
@@ -519,8 +713,10 @@ fn write_tail(
             Table::Mangle => continue,
         };
         // Not counted: these are rules of built-in chains, not ours.
-        out.text.push_str(&rule.insert_line());
-        out.text.push('\n');
+        if !out.muted {
+            out.text.push_str(&rule.insert_line());
+            out.text.push('\n');
+        }
     }
     let filter = &mut buffers.filter_rules;
     if !options.conntrack_tcp_be_liberal {

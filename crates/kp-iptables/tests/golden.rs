@@ -10,8 +10,10 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
-use common::{ip, namespaced, ruleset, service, World};
-use kp_iptables::{LocalDetector, Renderer};
+use common::{ip, namespaced, render_both_ways, ruleset, service, Pieces, World};
+use kp_iptables::{
+    JumpRule, LocalDetector, NatChains, RenderInput, Renderer, JUMP_RULES, STREAM_CHUNK_BYTES,
+};
 use kp_model::Protocol;
 
 #[track_caller]
@@ -296,4 +298,51 @@ fn partial_sync_rewrites_only_changed_services() {
     let changed = BTreeSet::from([namespaced("ns2", "svc2")]);
     let partial = world.render_with(&mut renderer, false, &changed, Some(&existing));
     assert_golden("partial_sync", &partial.restore);
+}
+
+/// A cluster large enough that a streamed render hands its nat rules on in
+/// many pieces, with stale chains to delete and jump rules to insert: the
+/// pieces join to exactly the whole render's text.
+#[test]
+fn a_streamed_render_of_a_large_cluster_is_the_whole_render_in_pieces() {
+    let mut world = World::v4();
+    for n in 0..3000u32 {
+        let (a, b) = (n / 250, n % 250);
+        world = world.with(
+            service("ns1", &format!("svc{n}"), &format!("10.96.{a}.{b}"), 80)
+                .remote_endpoint(&format!("10.244.{}.{b}", 2 + a), 8080)
+                .remote_endpoint(&format!("10.244.{}.{b}", 20 + a), 8080),
+        );
+    }
+    let mut renderer = Renderer::new(world.options.clone()).unwrap();
+    let stale = [
+        "KUBE-SEP-STALESTALESTALE2".to_owned(),
+        "KUBE-SVC-NOTANAMEATALL".to_owned(),
+    ];
+    let jumps: Vec<JumpRule> = JUMP_RULES.to_vec();
+    for full in [true, false] {
+        let input = RenderInput {
+            family: world.family,
+            full,
+            service_ports: &world.services,
+            changed_services: &BTreeSet::from([namespaced("ns1", "svc7")]),
+            node: &world.node,
+            node_port_addresses: None,
+            existing_nat_chains: NatChains::Listed(&stale),
+            jumps: &jumps,
+        };
+        let mut pieces = Pieces::default();
+        renderer.render_streamed(&input, &mut pieces).unwrap();
+        let whole = render_both_ways(&mut renderer, &input);
+        assert_eq!(whole.deleted_chains, stale, "both stale chains go");
+        if full {
+            assert!(
+                pieces.count > 2 + whole.restore.len() / STREAM_CHUNK_BYTES / 2,
+                "{} pieces for {} bytes",
+                pieces.count,
+                whole.restore.len()
+            );
+            ruleset(&whole);
+        }
+    }
 }

@@ -9,8 +9,15 @@ mod kernel;
 
 use kernel::require;
 use kp_iptables::applier::{Applier, ApplyError, Tool};
-use kp_iptables::{IptablesFlavor, SystemApplier, Table, JUMP_RULES};
-use kp_model::IpFamily;
+use std::collections::{BTreeMap, BTreeSet};
+
+use kp_iptables::{
+    IptablesBackend, IptablesFlavor, IptablesOptions, JumpRule, MemorySysctl, NodePortAddresses,
+    SystemApplier, Table, JUMP_RULES,
+};
+use kp_model::{IpFamily, NodeInfo};
+use kp_sync::testing::service;
+use kp_sync::{Backend, BackendError, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
 
 on_both_flavors!(
@@ -18,6 +25,7 @@ on_both_flavors!(
     a_rejected_line_of_a_large_restore_is_named_by_its_input_line,
     a_listing_finds_every_jump_rule_a_restore_inserted,
     a_large_first_restore_on_a_fresh_host_inserts_the_jump_rules,
+    a_line_rejected_in_a_streamed_full_sync_is_named_and_nothing_is_applied,
 );
 
 const CHAINS: usize = 1500;
@@ -115,12 +123,16 @@ fn a_large_first_restore_on_a_fresh_host_inserts_the_jump_rules(flavor: Iptables
     require(flavor);
     let node = Netns::create("fresh").unwrap();
     let mut applier = SystemApplier::new(flavor);
-    let nat_jumps: String = JUMP_RULES
-        .iter()
-        .filter(|rule| rule.table == Table::Nat)
-        .map(|rule| format!(":{} - [0:0]\n{}\n", rule.target_chain, rule.insert_line()))
+    // As the renderer writes them: the chains declared first, the jump
+    // rules inserted at the end of the section.
+    let nat_rules = JUMP_RULES.iter().filter(|rule| rule.table == Table::Nat);
+    let targets: String = nat_rules
+        .clone()
+        .map(|rule| format!(":{} - [0:0]\n", rule.target_chain))
         .collect();
-    let input = large_input(None).replace("*nat\n", &format!("*nat\n{nat_jumps}"));
+    let inserts: Vec<String> = nat_rules.map(JumpRule::insert_line).collect();
+    let input =
+        large_input(Some(&inserts.join("\n"))).replace("*nat\n", &format!("*nat\n{targets}"));
 
     let saved = node.run(|| {
         applier.ensure_chain(IpFamily::V4, Table::Nat, "KUBE-PROXY-CANARY")?;
@@ -171,4 +183,63 @@ fn a_listing_finds_every_jump_rule_a_restore_inserted(flavor: IptablesFlavor) {
             rule.table
         );
     }
+}
+
+/// A full sync streams its text into the restore program, so the backend
+/// has no copy of it when the program rejects a line. Here the kernel
+/// refuses to delete a stale chain of ours that another owner's rule still
+/// jumps to: the error names the `-X` line all the same (for iptables-nft,
+/// past the lines added for its whole-table listing), and nothing of the
+/// sync is applied.
+fn a_line_rejected_in_a_streamed_full_sync_is_named_and_nothing_is_applied(flavor: IptablesFlavor) {
+    require(flavor);
+    let node = Netns::create("reject").unwrap();
+    let stale = "KUBE-SEP-STALESTALESTALE2";
+    iptables(&node, flavor, &["-t", "nat", "-N", stale]);
+    iptables(&node, flavor, &["-t", "nat", "-N", "FOREIGN"]);
+    iptables(&node, flavor, &["-t", "nat", "-A", "FOREIGN", "-j", stale]);
+    // Enough chains for iptables-nft's listing.
+    let service_ports: BTreeMap<_, _> = (0..600u32)
+        .map(|n| {
+            let (a, b) = (n / 250, n % 250);
+            service("ns1", &format!("svc{n}"), &format!("10.96.{a}.{b}"), 80)
+                .remote_endpoint(&format!("10.244.{}.{b}", 2 + a), 8080)
+                .build()
+        })
+        .collect();
+    let no_change = BTreeSet::new();
+    let node_info = NodeInfo::default();
+    let stale_conntrack = StaleConntrack::default();
+    let request = SyncRequest {
+        family: IpFamily::V4,
+        full: true,
+        service_ports: &service_ports,
+        changed_services: &no_change,
+        node: &node_info,
+        stale_conntrack: &stale_conntrack,
+    };
+    let mut backend = IptablesBackend::system(
+        IpFamily::V4,
+        IptablesOptions::default(),
+        NodePortAddresses::All,
+        flavor,
+    )
+    .unwrap()
+    .with_sysctl(Box::new(MemorySysctl::new()));
+
+    let error = node.run(|| backend.sync(&request)).unwrap_err();
+
+    let BackendError::Apply { attempted, .. } = &error else {
+        panic!("expected a failed apply, got {error}");
+    };
+    assert!(
+        attempted.ends_with(&format!(": -X {stale})")),
+        "the rejected line is named: {attempted}"
+    );
+    let save = node.exec_ok(&flavor.program(IpFamily::V4, Tool::Save), &["-t", "nat"]);
+    assert!(
+        !save.contains("KUBE-SVC-"),
+        "nothing of the sync was applied"
+    );
+    assert!(save.contains(&format!("-A FOREIGN -j {stale}")));
 }

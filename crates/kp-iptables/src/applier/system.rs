@@ -1,12 +1,14 @@
 //! The real applier: runs the iptables programs of one flavor.
 
-use std::io::{self, Write};
+use std::io;
 use std::process::{Command, Output, Stdio};
 
 use kp_model::IpFamily;
 
+use super::sent_input::{LineMapping, SentInput};
 use super::{
-    lines_around, restore_error_line, Applier, ApplyError, IptablesFlavor, SavedTable, Tool,
+    lines_around, restore_error_line, Applier, ApplyError, IptablesFlavor, RestoreSink, SavedTable,
+    Tool,
 };
 use crate::jumps::{JumpRule, Table, JUMP_RULES};
 
@@ -14,6 +16,10 @@ use crate::jumps::{JumpRule, Table, JUMP_RULES};
 /// `-w 5 -W 100000` (iptables ≥ 1.6.2), so that kube-proxy and other users
 /// of the lock (kubelet, CNI plugins) take turns instead of failing.
 const WAIT_ARGS: [&str; 4] = ["-w", "5", "-W", "100000"];
+
+/// The buffer between the renderer's pieces and the restore program's
+/// pipe: lines added for iptables-nft go out in few writes.
+const PIPE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Lines shown on each side of a line `iptables-restore` rejected.
 const ERROR_CONTEXT_LINES: usize = 2;
@@ -95,21 +101,23 @@ impl SystemApplier {
     }
 }
 
-impl Applier for SystemApplier {
-    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+impl SystemApplier {
+    /// Runs the restore program with what `input` writes on its standard
+    /// input; `text` is the whole input when the caller has it, for naming
+    /// a rejected line.
+    fn run_restore(
+        &mut self,
+        family: IpFamily,
+        input: &mut dyn FnMut(&mut dyn RestoreSink) -> io::Result<()>,
+        text: Option<&str>,
+    ) -> Result<(), ApplyError> {
         let (mut command, line) = self.command(family, Tool::Restore);
         let command_line = format!("{line} --noflush --counters {}", WAIT_ARGS.join(" "));
         let spawn_error = |source| ApplyError::Spawn {
             command: command_line.clone(),
             source,
         };
-        // The unversioned programs may be either flavor; legacy accepts the
-        // listing too.
-        let listings = match self.flavor {
-            IptablesFlavor::Nft | IptablesFlavor::System => whole_table_listings(text),
-            IptablesFlavor::Legacy => Vec::new(),
-        };
-        // Standard output carries only the listings added above.
+        // Standard output carries only the listings `SentInput` adds.
         let mut child = command
             .args(["--noflush", "--counters"])
             .args(WAIT_ARGS)
@@ -118,17 +126,51 @@ impl Applier for SystemApplier {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_error)?;
-        let written = match child.stdin.take() {
-            Some(mut stdin) => write_with_listings(&mut stdin, text, &listings),
+        // The unversioned programs may be either flavor; legacy accepts the
+        // listing too.
+        let listings = matches!(self.flavor, IptablesFlavor::Nft | IptablesFlavor::System);
+        let stdin = child
+            .stdin
+            .take()
+            .map(|stdin| io::BufWriter::with_capacity(PIPE_BUFFER_BYTES, stdin));
+        let mut sent = stdin.map(|stdin| SentInput::new(stdin, listings));
+        let written = match sent.as_mut() {
+            Some(sent) => input(sent).and_then(|()| sent.finish()),
             None => Ok(()),
         };
+        if written.is_err() {
+            // The input stopped short (the program went away, or the
+            // producer failed): make sure no part of it is committed.
+            let _ = child.kill();
+        }
+        // Closes the pipe: the input ends.
+        let mapping = sent.map(SentInput::into_mapping);
         let output = child.wait_with_output().map_err(spawn_error)?;
         if output.status.success() {
             // A write error without a failed exit cannot happen: restore
             // reads all of stdin before it commits.
             return written.map_err(spawn_error);
         }
-        Err(restore_failed(command_line, &output, text, &listings))
+        Err(restore_failed(
+            command_line,
+            &output,
+            text,
+            mapping.as_ref(),
+        ))
+    }
+}
+
+impl Applier for SystemApplier {
+    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        self.run_restore(family, &mut |sink| sink.write_lines(text), Some(text))
+    }
+
+    fn restore_streamed(
+        &mut self,
+        family: IpFamily,
+        input: &mut dyn FnMut(&mut dyn RestoreSink) -> io::Result<()>,
+    ) -> Result<(), ApplyError> {
+        self.run_restore(family, input, None)
     }
 
     fn save_table(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, ApplyError> {
@@ -329,132 +371,18 @@ fn failed(command: String, output: &Output) -> ApplyError {
     }
 }
 
-/// A table section of restore input big enough for iptables-nft-restore
-/// to spend more time on its list of named chains than on a listing of the
-/// table; see [`whole_table_listings`].
-const WHOLE_TABLE_CACHE_MIN_CHAINS: usize = 1000;
-
-/// Lines added to the input: a `-S` line and the declarations of the
-/// built-in chains the section inserts into, where they go (byte offset in
-/// the original input) and the 1-based number of the original line they
-/// follow.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Listing {
-    offset: usize,
-    after_line: usize,
-    builtin_chains: Vec<String>,
-}
-
-/// The nat table's built-in chains. Their policy can only be ACCEPT
-/// (iptables inhibits DROP in nat), so declaring them `ACCEPT` changes
-/// nothing but their policy counters.
-const NAT_BUILTIN_CHAINS: [&str; 4] = ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"];
-
-impl Listing {
-    /// How many lines it adds.
-    fn len(&self) -> usize {
-        1 + self.builtin_chains.len()
-    }
-}
-
-/// Where to add a `-S` command to the restore input of iptables-nft: right
-/// after the `*table` line of each section declaring at least
-/// [`WHOLE_TABLE_CACHE_MIN_CHAINS`] chains.
-///
-/// iptables-nft-restore (1.8.x) notes every chain a command names in a
-/// sorted linked list, to fetch only those chains from the kernel later.
-/// Each insertion walks the list, so a restore declaring N chains costs
-/// O(N²) string comparisons: 42 s of CPU for the nat table of 10,000
-/// Services, almost all of upstream kube-proxy's full-sync time on this
-/// backend. One command that names no chain makes it fetch the whole table
-/// instead and stop keeping the list. `-S` (list the table's rules) is the
-/// only such command without side effects; its output is discarded. It
-/// costs one listing of the table (about 0.8 s at 10,000 Services), so
-/// small restores, e.g. partial syncs, go without it.
-///
-/// With the whole table fetched, iptables-nft no longer creates a missing
-/// built-in chain for a rule inserted into it ("RULE_INSERT failed (No such
-/// file or directory): rule in chain OUTPUT"), as on a fresh host whose nat
-/// table holds only the canary chain. So the nat built-in chains a section
-/// inserts jump rules into are declared right after the `-S`.
-fn whole_table_listings(text: &str) -> Vec<Listing> {
-    let mut listings = Vec::new();
-    let mut section: Option<(Listing, usize, bool)> = None;
-    let mut offset = 0;
-    for (index, line) in text.split_inclusive('\n').enumerate() {
-        offset += line.len();
-        let content = line.trim_end();
-        if let Some(table) = content.strip_prefix('*') {
-            let listing = Listing {
-                offset,
-                after_line: index + 1,
-                builtin_chains: Vec::new(),
-            };
-            section = Some((listing, 0, table == "nat"));
-        } else if content.starts_with(':') {
-            if let Some((_, chains, _)) = section.as_mut() {
-                *chains += 1;
-            }
-        } else if let Some(rule) = content.strip_prefix("-I ") {
-            if let Some((listing, _, true)) = section.as_mut() {
-                let chain = rule.split_whitespace().next().unwrap_or_default();
-                let builtin = NAT_BUILTIN_CHAINS.contains(&chain);
-                if builtin && !listing.builtin_chains.iter().any(|c| c == chain) {
-                    listing.builtin_chains.push(chain.to_owned());
-                }
-            }
-        } else if content == "COMMIT" {
-            if let Some((listing, chains, _)) = section.take() {
-                if chains >= WHOLE_TABLE_CACHE_MIN_CHAINS {
-                    listings.push(listing);
-                }
-            }
-        }
-    }
-    listings
-}
-
-/// Writes `text` with the lines of each of `listings` added.
-fn write_with_listings(out: &mut impl Write, text: &str, listings: &[Listing]) -> io::Result<()> {
-    let mut start = 0;
-    for listing in listings {
-        out.write_all(&text.as_bytes()[start..listing.offset])?;
-        out.write_all(b"-S\n")?;
-        for chain in &listing.builtin_chains {
-            writeln!(out, ":{chain} ACCEPT [0:0]")?;
-        }
-        start = listing.offset;
-    }
-    out.write_all(&text.as_bytes()[start..])
-}
-
-/// The line of the original input that line `sent` of the input as written
-/// (with `listings` added) came from; `None` for an added line.
-fn original_line(sent: usize, listings: &[Listing]) -> Option<usize> {
-    let mut added = 0;
-    for listing in listings {
-        let first_added = listing.after_line + added + 1;
-        if sent < first_added {
-            break;
-        }
-        if sent < first_added + listing.len() {
-            return None;
-        }
-        added += listing.len();
-    }
-    Some(sent - added)
-}
-
 /// The error of a failed restore, naming the rejected line when the
-/// program said which; the line and its neighbours are logged.
+/// program said which; with the whole input at hand, the line and its
+/// neighbours are logged (otherwise the caller names it).
 fn restore_failed(
     command: String,
     output: &Output,
-    input: &str,
-    listings: &[Listing],
+    input: Option<&str>,
+    sent: Option<&LineMapping>,
 ) -> ApplyError {
     let stderr = stderr(output);
-    let reported = restore_error_line(&stderr).and_then(|sent| original_line(sent, listings));
+    let reported = restore_error_line(&stderr)
+        .and_then(|line| sent.map_or(Some(line), |sent| sent.original_line(line)));
     let Some(line) = reported else {
         tracing::error!(%command, %stderr, "iptables-restore failed");
         return ApplyError::Failed {
@@ -463,15 +391,21 @@ fn restore_failed(
             stderr,
         };
     };
-    let text = input.lines().nth(line - 1).unwrap_or_default().to_owned();
-    tracing::error!(
-        %command,
-        line,
-        rule = %text,
-        context = %lines_around(input, line, ERROR_CONTEXT_LINES),
-        %stderr,
-        "iptables-restore rejected a line of its input"
-    );
+    let text = match input {
+        Some(input) => {
+            let text = input.lines().nth(line - 1).unwrap_or_default().to_owned();
+            tracing::error!(
+                %command,
+                line,
+                rule = %text,
+                context = %lines_around(input, line, ERROR_CONTEXT_LINES),
+                %stderr,
+                "iptables-restore rejected a line of its input"
+            );
+            text
+        }
+        None => String::new(),
+    };
     ApplyError::RestoreLine {
         command,
         line,
@@ -521,95 +455,5 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("iptables-legacy-restore --noflush --counters -w 5"));
         assert!(matches!(error, ApplyError::Spawn { .. }));
-    }
-
-    fn section(table: &str, chains: usize) -> String {
-        let mut text = format!("*{table}\n");
-        for n in 0..chains {
-            text.push_str(&format!(":KUBE-C{n} - [0:0]\n"));
-        }
-        text.push_str("-A KUBE-C0 -j RETURN\nCOMMIT\n");
-        text
-    }
-
-    #[test]
-    fn only_sections_with_many_chains_get_a_listing() {
-        let text = section("filter", 3) + &section("nat", WHOLE_TABLE_CACHE_MIN_CHAINS);
-        let listings = whole_table_listings(&text);
-        assert_eq!(listings.len(), 1);
-        let mut sent = Vec::new();
-        write_with_listings(&mut sent, &text, &listings).unwrap();
-        let sent = String::from_utf8(sent).unwrap();
-        assert!(sent.starts_with(&section("filter", 3)));
-        assert!(sent[section("filter", 3).len()..].starts_with("*nat\n-S\n:KUBE-C0 - [0:0]\n"));
-        assert_eq!(sent.len(), text.len() + 3);
-    }
-
-    #[test]
-    fn small_input_is_sent_as_it_is() {
-        let text = section("nat", 10);
-        assert!(whole_table_listings(&text).is_empty());
-    }
-
-    #[test]
-    fn error_lines_of_the_sent_input_map_back_to_the_original() {
-        // Original: 1 *filter, 2 COMMIT, 3 *nat, 4 :A, 5 COMMIT; a listing
-        // after lines 1 and 3.
-        let listings = [
-            Listing {
-                offset: 8,
-                after_line: 1,
-                builtin_chains: Vec::new(),
-            },
-            Listing {
-                offset: 20,
-                after_line: 3,
-                builtin_chains: vec!["OUTPUT".to_owned()],
-            },
-        ];
-        let mapped: Vec<_> = (1..=8).map(|sent| original_line(sent, &listings)).collect();
-        assert_eq!(
-            mapped,
-            [
-                Some(1),
-                None,
-                Some(2),
-                Some(3),
-                None,
-                None,
-                Some(4),
-                Some(5)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_large_nat_section_inserting_jumps_declares_their_builtin_chains() {
-        let mut nat = section("nat", WHOLE_TABLE_CACHE_MIN_CHAINS);
-        let jumps = "-I OUTPUT -j KUBE-C0\n-I PREROUTING -j KUBE-C0\n-I OUTPUT -j KUBE-C1\n";
-        nat.insert_str(nat.len() - "COMMIT\n".len(), jumps);
-        let filter = "*filter\n:KUBE-F - [0:0]\n-I INPUT -j KUBE-F\nCOMMIT\n";
-        let text = format!("{filter}{nat}");
-
-        let listings = whole_table_listings(&text);
-        let mut sent = Vec::new();
-        write_with_listings(&mut sent, &text, &listings).unwrap();
-        let sent = String::from_utf8(sent).unwrap();
-
-        assert!(sent.starts_with(filter), "filter's INPUT is left alone");
-        assert!(sent[filter.len()..].starts_with(
-            "*nat\n-S\n:OUTPUT ACCEPT [0:0]\n:PREROUTING ACCEPT [0:0]\n:KUBE-C0 - [0:0]\n"
-        ));
-        let jump_line = text
-            .lines()
-            .position(|l| l == "-I PREROUTING -j KUBE-C0")
-            .unwrap()
-            + 1;
-        let sent_line = sent
-            .lines()
-            .position(|l| l == "-I PREROUTING -j KUBE-C0")
-            .unwrap()
-            + 1;
-        assert_eq!(original_line(sent_line, &listings), Some(jump_line));
     }
 }

@@ -39,35 +39,23 @@ impl ChainDigests {
     }
 
     /// Records what a successful restore of `text` left in the kernel.
-    ///
-    /// Reads `text` as `parse` does, but folds the rules straight into
-    /// the digests: a full restore declares some 40,000 chains, and a map
-    /// of them by name (2.7 MB) would sit next to the restore text at the
-    /// sync's memory peak.
     pub fn record(&mut self, text: &str) {
-        let mut declared: HashSet<u64> = HashSet::new();
-        let mut deleted = Vec::new();
-        for (table, line, kind) in restore_lines(text) {
-            match kind {
-                LineKind::Declare(chain) => {
-                    let key = chain_key(table, chain);
-                    declared.insert(key);
-                    self.digests.insert(key, EMPTY_CHAIN);
-                }
-                LineKind::Rule(chain) => {
-                    let key = chain_key(table, chain);
-                    // As in `parse`: rules of an undeclared chain get no digest.
-                    if declared.contains(&key) {
-                        let digest = self.digests.entry(key).or_insert(EMPTY_CHAIN);
-                        *digest = fold(*digest, line);
-                    }
-                }
-                LineKind::Delete(chain) => deleted.push(chain_key(table, chain)),
-                LineKind::Other => {}
-            }
-        }
-        for key in deleted {
-            self.digests.remove(&key);
+        let mut recording = self.recording();
+        recording.lines(text);
+        recording.finish();
+    }
+
+    /// Records a restore input given piece by piece, as it is streamed.
+    ///
+    /// The lines are folded straight into the digests: a full restore
+    /// declares some 40,000 chains, and a map of them by name (2.7 MB)
+    /// would sit next to the restore input at the sync's memory peak.
+    pub fn recording(&mut self) -> Recording<'_> {
+        Recording {
+            digests: self,
+            table: String::new(),
+            declared: HashSet::new(),
+            deleted: Vec::new(),
         }
     }
 
@@ -103,6 +91,53 @@ impl ChainDigests {
     }
 }
 
+/// A restore input being recorded into [`ChainDigests`], one piece of
+/// whole lines after the other ([`ChainDigests::recording`]).
+pub(crate) struct Recording<'d> {
+    digests: &'d mut ChainDigests,
+    /// The table of the section the last piece ended in.
+    table: String,
+    declared: HashSet<u64>,
+    deleted: Vec<u64>,
+}
+
+impl Recording<'_> {
+    /// Records the next piece of the input.
+    pub fn lines(&mut self, text: &str) {
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                self.table.clear();
+                self.table.push_str(name);
+                continue;
+            }
+            match line_kind(line) {
+                LineKind::Declare(chain) => {
+                    let key = chain_key(&self.table, chain);
+                    self.declared.insert(key);
+                    self.digests.digests.insert(key, EMPTY_CHAIN);
+                }
+                LineKind::Rule(chain) => {
+                    let key = chain_key(&self.table, chain);
+                    // As in `parse`: rules of an undeclared chain get no digest.
+                    if self.declared.contains(&key) {
+                        let digest = self.digests.digests.entry(key).or_insert(EMPTY_CHAIN);
+                        *digest = fold(*digest, line);
+                    }
+                }
+                LineKind::Delete(chain) => self.deleted.push(chain_key(&self.table, chain)),
+                LineKind::Other => {}
+            }
+        }
+    }
+
+    /// Ends the input: the chains it deleted lose their digests.
+    pub fn finish(self) {
+        for key in self.deleted {
+            self.digests.digests.remove(&key);
+        }
+    }
+}
+
 /// What a line of restore input does to a chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LineKind<'a> {
@@ -124,20 +159,24 @@ fn first_word(text: &str) -> &str {
 fn restore_lines(text: &str) -> impl Iterator<Item = (&str, &str, LineKind<'_>)> {
     let mut table = "";
     text.lines().map(move |line| {
-        let kind = if let Some(name) = line.strip_prefix('*') {
+        if let Some(name) = line.strip_prefix('*') {
             table = name;
-            LineKind::Other
-        } else if let Some(rest) = line.strip_prefix(':') {
-            LineKind::Declare(first_word(rest))
-        } else if let Some(rest) = line.strip_prefix("-A ") {
-            LineKind::Rule(first_word(rest))
-        } else if let Some(rest) = line.strip_prefix("-X ") {
-            LineKind::Delete(rest.trim())
-        } else {
-            LineKind::Other
-        };
-        (table, line, kind)
+        }
+        (table, line, line_kind(line))
     })
+}
+
+/// What `line` does, when it is not a `*table` line.
+fn line_kind(line: &str) -> LineKind<'_> {
+    if let Some(rest) = line.strip_prefix(':') {
+        LineKind::Declare(first_word(rest))
+    } else if let Some(rest) = line.strip_prefix("-A ") {
+        LineKind::Rule(first_word(rest))
+    } else if let Some(rest) = line.strip_prefix("-X ") {
+        LineKind::Delete(rest.trim())
+    } else {
+        LineKind::Other
+    }
 }
 
 fn parse(text: &str) -> Parsed<'_> {

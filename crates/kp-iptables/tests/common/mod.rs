@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kp_iptables::tracer::{Packet, Ruleset, Trace};
-use kp_iptables::{IptablesOptions, LocalDetector, NatChains, RenderInput, Rendered, Renderer};
+use kp_iptables::{
+    IptablesOptions, LocalDetector, NatChains, RenderInput, Rendered, Renderer, RestoreSink,
+};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use kp_sync::ServicePortState;
 use kp_testkit::plan;
@@ -87,7 +89,7 @@ impl World {
         changed: &BTreeSet<NamespacedName>,
         existing: Option<&[String]>,
     ) -> Rendered {
-        renderer.render(&RenderInput {
+        let input = RenderInput {
             family: self.family,
             full,
             service_ports: &self.services,
@@ -96,7 +98,8 @@ impl World {
             node_port_addresses: self.node_port_addresses.as_deref(),
             existing_nat_chains: existing.map_or(NatChains::Unknown, NatChains::Listed),
             jumps: &[],
-        })
+        };
+        render_both_ways(renderer, &input)
     }
 
     /// The node's addresses, as the tracer's local addresses.
@@ -109,6 +112,48 @@ impl World {
     pub fn trace(&self, packet: &Packet) -> Trace {
         let ruleset = ruleset(&self.render());
         ruleset.trace(packet, &self.local_ips())
+    }
+}
+
+/// Renders `input` streamed (first, so that it meets the renderer's caches
+/// as they were) and whole, and checks that both give the same text and
+/// the same result otherwise: every test that renders checks the streamed
+/// render that full syncs use against the whole one.
+pub fn render_both_ways(renderer: &mut Renderer, input: &RenderInput<'_>) -> Rendered {
+    let mut pieces = Pieces::default();
+    let streamed = renderer
+        .render_streamed(input, &mut pieces)
+        .expect("collecting pieces cannot fail");
+    let whole = renderer.render(input);
+    pretty_assertions::assert_str_eq!(whole.restore, pieces.text, "streamed text");
+    assert!(streamed.restore.is_empty());
+    assert_eq!(
+        Rendered {
+            restore: whole.restore.clone(),
+            ..streamed
+        },
+        whole,
+        "streamed render's result"
+    );
+    whole
+}
+
+/// The pieces of a streamed render, joined; each must be whole lines.
+#[derive(Default)]
+pub struct Pieces {
+    pub text: String,
+    pub count: usize,
+}
+
+impl RestoreSink for Pieces {
+    fn write_lines(&mut self, lines: &str) -> std::io::Result<()> {
+        assert!(
+            lines.is_empty() || lines.ends_with('\n'),
+            "a piece of whole lines"
+        );
+        self.text.push_str(lines);
+        self.count += 1;
+        Ok(())
     }
 }
 
