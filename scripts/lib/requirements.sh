@@ -85,3 +85,15 @@ require_programs() {
   echo "error: missing ${KP_MISSING_PROGRAMS[*]}; install with: sudo apt-get install -y ${KP_MISSING_PACKAGES[*]}" >&2
   exit 1
 }
+
+# Warns when the file system holding DIR (created if missing) has less free
+# space than a full build and test run takes (about 5 GB), so that a full
+# disk is named before a linker dies of it.
+kp_report_disk_space() {
+  mkdir -p "$1"
+  local free_kib
+  free_kib=$(df -Pk "$1" | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((6 * 1024 * 1024)) ]; then
+    echo "warning: only $((free_kib / 1024)) MiB free for $1; building and testing everything takes about 5 GB" >&2
+  fi
+}
