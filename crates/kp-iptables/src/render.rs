@@ -230,7 +230,6 @@ impl Renderer {
         self.names.begin();
         let (total_endpoints, max_endpoints) = endpoint_counts(input.service_ports);
         self.precompute_probabilities(max_endpoints);
-        let mark = self.options.masquerade_mark();
         let ctx = context(&self.options, &self.probabilities, input, total_endpoints);
         // The first render of each kind guesses from the input (about 450
         // bytes per service port and 200 per endpoint, plus a quarter so
@@ -247,28 +246,9 @@ impl Renderer {
             last => last,
         };
         let mut buffers = Buffers::with_capacity(hint);
-        write_head(&ctx, &mut buffers, &mark, self.options.random_fully);
-
-        let mut stats = RenderStats::default();
-        let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
-        let rendered: Result<(), std::convert::Infallible> =
-            render_service_ports(&mut self.names, input, &mut buffers, |service| {
-                service::render_service(
-                    &ctx,
-                    service.buffers,
-                    &service.view,
-                    &mut active,
-                    &mut stats,
-                );
-                Ok(())
-            });
-        let Ok(()) = rendered;
+        let (mut stats, active, deleted) =
+            render_lines(&ctx, &mut self.names, input, &mut buffers, &self.options);
         self.names.prune();
-        active.sort_unstable();
-        active.dedup();
-
-        let deleted = delete_stale_chains(&mut buffers, input.existing_nat_chains, &active);
-        write_tail(&ctx, &mut buffers, input, &mark, &self.options);
         buffers.count_into(&mut stats, deleted.len());
         let restore = buffers.join();
         self.capacity_hints[kind] = restore.len() + restore.len() / 8;
@@ -314,25 +294,8 @@ impl Renderer {
 
         // First pass: everything but the nat rules.
         let mut head = Buffers::for_head(input.service_ports.len(), total_endpoints);
-        write_head(&ctx, &mut head, &mark, self.options.random_fully);
-        let mut stats = RenderStats::default();
-        let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
-        let walked: Result<(), std::convert::Infallible> =
-            render_service_ports(&mut self.names, input, &mut head, |service| {
-                service::render_service(
-                    &ctx,
-                    service.buffers,
-                    &service.view,
-                    &mut active,
-                    &mut stats,
-                );
-                Ok(())
-            });
-        let Ok(()) = walked;
-        active.sort_unstable();
-        active.dedup();
-        let deleted = delete_stale_chains(&mut head, input.existing_nat_chains, &active);
-        write_tail(&ctx, &mut head, input, &mark, &self.options);
+        let (mut stats, active, deleted) =
+            render_lines(&ctx, &mut self.names, input, &mut head, &self.options);
         sink.write_lines("*filter\n")?;
         sink.write_lines(&head.filter_chains.text)?;
         sink.write_lines(&head.filter_rules.text)?;
@@ -517,6 +480,36 @@ fn render_service_ports<E>(
         each(&mut step)?;
     }
     Ok(())
+}
+
+/// Every line of a render, into those of `buffers` that are not muted:
+/// the head, each service port, the deletions of stale chains and the
+/// tail. Returns the counts of the service ports, the active chains
+/// (sorted) and the stale chains deleted.
+fn render_lines(
+    ctx: &Context<'_>,
+    names: &mut ChainNameCache,
+    input: &RenderInput<'_>,
+    buffers: &mut Buffers,
+    options: &IptablesOptions,
+) -> (RenderStats, Vec<ChainName>, Vec<String>) {
+    let mark = options.masquerade_mark();
+    write_head(ctx, buffers, &mark, options.random_fully);
+    let mut stats = RenderStats::default();
+    let total_endpoints = input.service_ports.values().map(|s| s.all_endpoints.len());
+    let mut active =
+        Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints.sum::<usize>());
+    let walked: Result<(), std::convert::Infallible> =
+        render_service_ports(names, input, buffers, |service| {
+            service::render_service(ctx, service.buffers, &service.view, &mut active, &mut stats);
+            Ok(())
+        });
+    let Ok(()) = walked;
+    active.sort_unstable();
+    active.dedup();
+    let deleted = delete_stale_chains(buffers, input.existing_nat_chains, &active);
+    write_tail(ctx, buffers, input, &mark, options);
+    (stats, active, deleted)
 }
 
 /// What every service port's rendering needs to know about this render.
