@@ -40,7 +40,7 @@ use crate::host::{FromFn, LocalAddresses, MemorySysctl, ProcSysctl, Sysctl};
 use crate::jumps::{JumpRule, Table, JUMP_RULES};
 use crate::names::{ChainName, KUBE_FIREWALL, KUBE_PROXY_CANARY};
 use crate::options::IptablesOptions;
-use crate::render::{NatChains, RenderInput, Rendered, Renderer};
+use crate::render::{ListedChains, NatChains, RenderInput, Rendered, Renderer};
 use crate::IptablesError;
 
 use self::unchanged::{ChainDigests, Recording};
@@ -394,7 +394,7 @@ impl Backend for IptablesBackend {
         // churn its stale chains wait for that listing).
         let listed = saved
             .as_mut()
-            .map(|[_, nat]| std::mem::take(&mut nat.kube_chains));
+            .map(|[_, nat]| ListedChains::from_listing(std::mem::take(&mut nat.kube_chains)));
         // Until this sync succeeds, nothing is known of the chains.
         let recorded = self.recorded_chains.take();
         let existing = match (&listed, &recorded) {

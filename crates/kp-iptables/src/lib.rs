@@ -40,9 +40,9 @@ pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};
 pub use options::{IptablesOptions, LocalDetector, ResolvedDetector};
 pub use render::{
-    is_large_cluster, stale_chains, NatChains, RenderInput, RenderStats, Rendered, Renderer,
-    LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
-    STREAM_CHUNK_BYTES,
+    is_large_cluster, stale_chains, ListedChains, NatChains, RenderInput, RenderStats, Rendered,
+    Renderer, LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED,
+    NFACCT_LOCALHOST_NODE_PORTS, STREAM_CHUNK_BYTES,
 };
 pub use support::{check_family, check_family_with, FamilyUnsupported};
 

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use common::{ip, namespaced, render_both_ways, ruleset, service, Pieces, World};
 use kp_iptables::{
-    JumpRule, LocalDetector, NatChains, RenderInput, Renderer, JUMP_RULES, STREAM_CHUNK_BYTES,
+    JumpRule, ListedChains, LocalDetector, NatChains, RenderInput, Renderer, JUMP_RULES,
+    STREAM_CHUNK_BYTES,
 };
 use kp_model::Protocol;
 
@@ -319,6 +320,7 @@ fn a_streamed_render_of_a_large_cluster_is_the_whole_render_in_pieces() {
         "KUBE-SEP-STALESTALESTALE2".to_owned(),
         "KUBE-SVC-NOTANAMEATALL".to_owned(),
     ];
+    let listed = ListedChains::from_listing(stale.to_vec());
     let jumps: Vec<JumpRule> = JUMP_RULES.to_vec();
     for full in [true, false] {
         let input = RenderInput {
@@ -328,7 +330,7 @@ fn a_streamed_render_of_a_large_cluster_is_the_whole_render_in_pieces() {
             changed_services: &BTreeSet::from([namespaced("ns1", "svc7")]),
             node: &world.node,
             node_port_addresses: None,
-            existing_nat_chains: NatChains::Listed(&stale),
+            existing_nat_chains: NatChains::Listed(&listed),
             jumps: &jumps,
         };
         let mut pieces = Pieces::default();

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 
 use kp_iptables::tracer::{Packet, Ruleset, Trace};
 use kp_iptables::{
-    IptablesOptions, LocalDetector, NatChains, RenderInput, Rendered, Renderer, RestoreSink,
+    IptablesOptions, ListedChains, LocalDetector, NatChains, RenderInput, Rendered, Renderer,
+    RestoreSink,
 };
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use kp_sync::ServicePortState;
@@ -89,6 +90,7 @@ impl World {
         changed: &BTreeSet<NamespacedName>,
         existing: Option<&[String]>,
     ) -> Rendered {
+        let listed = existing.map(|names| ListedChains::from_listing(names.to_vec()));
         let input = RenderInput {
             family: self.family,
             full,
@@ -96,7 +98,9 @@ impl World {
             changed_services: changed,
             node: &self.node,
             node_port_addresses: self.node_port_addresses.as_deref(),
-            existing_nat_chains: existing.map_or(NatChains::Unknown, NatChains::Listed),
+            existing_nat_chains: listed
+                .as_ref()
+                .map_or(NatChains::Unknown, NatChains::Listed),
             jumps: &[],
         };
         render_both_ways(renderer, &input)
