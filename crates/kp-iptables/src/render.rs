@@ -291,8 +291,14 @@ impl Renderer {
             last => last,
         };
         let mut buffers = Buffers::with_capacity(hint);
-        let (mut stats, active, deleted) =
-            render_lines(&ctx, &mut self.names, input, &mut buffers, &self.options);
+        let (mut stats, active, deleted) = render_lines(
+            &ctx,
+            &mut self.names,
+            input,
+            &mut buffers,
+            &self.options,
+            total_endpoints,
+        );
         self.names.prune();
         buffers.count_into(&mut stats, deleted.len());
         let restore = buffers.join();
@@ -339,8 +345,14 @@ impl Renderer {
 
         // First pass: everything but the nat rules.
         let mut head = Buffers::for_head(input.service_ports.len(), total_endpoints);
-        let (mut stats, active, deleted) =
-            render_lines(&ctx, &mut self.names, input, &mut head, &self.options);
+        let (mut stats, active, deleted) = render_lines(
+            &ctx,
+            &mut self.names,
+            input,
+            &mut head,
+            &self.options,
+            total_endpoints,
+        );
         sink.write_lines("*filter\n")?;
         sink.write_lines(&head.filter_chains.text)?;
         sink.write_lines(&head.filter_rules.text)?;
@@ -359,16 +371,10 @@ impl Renderer {
         write_head(&ctx, &mut rules, &mark, self.options.random_fully);
         let mut scratch_active = Vec::new();
         let mut scratch_stats = RenderStats::default();
-        render_service_ports::<io::Error>(&mut self.names, input, &mut rules, |service| {
-            service::render_service(
-                &ctx,
-                service.buffers,
-                &service.view,
-                &mut scratch_active,
-                &mut scratch_stats,
-            );
+        render_service_ports::<io::Error>(&mut self.names, input, &mut rules, |buffers, view| {
+            service::render_service(&ctx, buffers, view, &mut scratch_active, &mut scratch_stats);
             scratch_active.clear();
-            let text = &mut service.buffers.nat_rules.text;
+            let text = &mut buffers.nat_rules.text;
             if text.len() >= STREAM_CHUNK_BYTES {
                 sink.write_lines(text)?;
                 text.clear();
@@ -488,20 +494,13 @@ impl Buffers {
 /// moves a lot, small enough to be nothing beside the rest of the state.
 pub const STREAM_CHUNK_BYTES: usize = 64 * 1024;
 
-/// What the service-port walk hands to each step: the buffers and the
-/// service port's view.
-struct ServiceStep<'s, 'a> {
-    buffers: &'s mut Buffers,
-    view: service::ServiceView<'a>,
-}
-
 /// Calls `each` for every service port of `input` in order, with its names
 /// looked up (and computed on first use) in `names`.
 fn render_service_ports<E>(
     names: &mut ChainNameCache,
     input: &RenderInput<'_>,
     buffers: &mut Buffers,
-    mut each: impl FnMut(&mut ServiceStep<'_, '_>) -> Result<(), E>,
+    mut each: impl FnMut(&mut Buffers, &service::ServiceView<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
     let mut name_text = String::new();
     for (name, state) in input.service_ports {
@@ -513,17 +512,14 @@ fn render_service_ports<E>(
         name_text.clear();
         // Names reach the restore input only through this text.
         kp_model::rule_text::write_service_port_comment(&mut name_text, name);
-        let mut step = ServiceStep {
-            buffers: &mut *buffers,
-            view: service::ServiceView {
-                state,
-                name: &name_text,
-                names: cached,
-                protocol: protocol_name(name.protocol),
-                rewrite: input.full || input.changed_services.contains(&name.service),
-            },
+        let view = service::ServiceView {
+            state,
+            name: &name_text,
+            names: cached,
+            protocol: protocol_name(name.protocol),
+            rewrite: input.full || input.changed_services.contains(&name.service),
         };
-        each(&mut step)?;
+        each(buffers, &view)?;
     }
     Ok(())
 }
@@ -538,16 +534,15 @@ fn render_lines(
     input: &RenderInput<'_>,
     buffers: &mut Buffers,
     options: &IptablesOptions,
+    total_endpoints: usize,
 ) -> (RenderStats, Vec<ChainName>, Vec<String>) {
     let mark = options.masquerade_mark();
     write_head(ctx, buffers, &mark, options.random_fully);
     let mut stats = RenderStats::default();
-    let total_endpoints = input.service_ports.values().map(|s| s.all_endpoints.len());
-    let mut active =
-        Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints.sum::<usize>());
+    let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
     let walked: Result<(), std::convert::Infallible> =
-        render_service_ports(names, input, buffers, |service| {
-            service::render_service(ctx, service.buffers, &service.view, &mut active, &mut stats);
+        render_service_ports(names, input, buffers, |buffers, view| {
+            service::render_service(ctx, buffers, view, &mut active, &mut stats);
             Ok(())
         });
     let Ok(()) = walked;

@@ -99,9 +99,7 @@ impl SystemApplier {
             Err(failed(command, &output))
         }
     }
-}
 
-impl SystemApplier {
     /// Runs the restore program with what `input` writes on its standard
     /// input; `text` is the whole input when the caller has it, for naming
     /// a rejected line.
