@@ -62,6 +62,7 @@ struct Sync {
     restore_failures: Family<Labels, Counter>,
     partial_restore_failures: Family<Labels, Counter>,
     nftables_sync_failures: Family<Labels, Counter>,
+    nftables_cleanup_failures: Family<Labels, Counter>,
     no_local_endpoints: Family<Labels, Gauge>,
 }
 
@@ -116,6 +117,7 @@ impl ProxyMetrics {
             restore_failures: Family::default(),
             partial_restore_failures: Family::default(),
             nftables_sync_failures: Family::default(),
+            nftables_cleanup_failures: Family::default(),
             no_local_endpoints: Family::default(),
         };
         let changes = Changes::default();
@@ -165,6 +167,7 @@ impl ProxyMetrics {
                 &sync.restore_failures,
                 &sync.partial_restore_failures,
                 &sync.nftables_sync_failures,
+                &sync.nftables_cleanup_failures,
             ] {
                 drop(counters.get_or_create(&labels));
             }
@@ -320,6 +323,10 @@ impl SyncObserver for ProxyMetrics {
                 }
                 let now = unix_seconds(stats.finished_at_wall);
                 sync.last_timestamp.get_or_create(&labels).set(now);
+                let cleanup_failures = u64::try_from(outcome.cleanup_failures).unwrap_or(u64::MAX);
+                sync.nftables_cleanup_failures
+                    .get_or_create(&labels)
+                    .inc_by(cleanup_failures);
                 set_per_table(&sync.iptables_total, &labels, &outcome.rules_per_table);
                 set_per_table(
                     &sync.iptables_last,
@@ -327,13 +334,17 @@ impl SyncObserver for ProxyMetrics {
                     &outcome.rules_written_per_table,
                 );
             }
-            Err(_) => {
+            // Upstream counts only rule sets the kernel refused: a failed
+            // listing or IPVS request fails our sync but is not a restore
+            // failure.
+            Err(_) if stats.rejected => {
                 sync.restore_failures.get_or_create(&labels).inc();
                 sync.nftables_sync_failures.get_or_create(&labels).inc();
                 if !stats.full {
                     sync.partial_restore_failures.get_or_create(&labels).inc();
                 }
             }
+            Err(_) => {}
         }
     }
 }
@@ -456,6 +467,11 @@ fn register_mode(registry: &mut Registry, sync: &Sync, mode: &str) {
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
             "Cumulative proxy nftables sync failures",
             sync.nftables_sync_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Cumulative proxy nftables cleanup failures",
+            sync.nftables_cleanup_failures.clone(),
         );
     }
 }

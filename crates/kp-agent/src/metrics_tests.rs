@@ -50,7 +50,9 @@ fn iptables_sync(full: bool) -> SyncStats {
                 ("nat".into(), if full { 12 } else { 3 }),
             ],
             objects_written: 16,
+            cleanup_failures: 0,
         }),
+        rejected: false,
         network_programming: vec![Duration::from_millis(700), Duration::from_secs(2)],
     }
 }
@@ -81,20 +83,95 @@ fn every_upstream_iptables_metric_is_declared_once_the_proxy_ran() {
     ));
 }
 
-#[test]
-fn nftables_mode_has_its_failure_counter_and_no_iptables_ones() {
-    let metrics = ProxyMetrics::new("nftables");
-    proxier(&metrics);
+/// The metrics a mode declares once the proxy ran, against upstream's:
+/// every one of `wanted`, none of `unwanted`.
+fn check_mode_metrics(mode: &'static str, wanted: &[&[&str]], unwanted: &[&[&str]]) {
+    let metrics = ProxyMetrics::new(mode);
+    let (proxier, _) = proxier(&metrics);
+    proxier.sync_once().unwrap();
+    metrics.healthz_answered(200);
+    metrics.livez_answered(200);
     let text = metrics.render();
 
-    assert!(declared(
-        &text,
-        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
-    ));
-    assert!(!declared(
-        &text,
-        "kubeproxy_sync_proxy_rules_iptables_total"
-    ));
+    let missing: Vec<_> = wanted
+        .iter()
+        .flat_map(|names| names.iter())
+        .filter(|name| !declared(&text, name))
+        .collect();
+    let extra: Vec<_> = unwanted
+        .iter()
+        .flat_map(|names| names.iter())
+        .filter(|name| declared(&text, name))
+        .collect();
+    assert!(missing.is_empty(), "{mode}: missing {missing:?}\n{text}");
+    assert!(extra.is_empty(), "{mode}: not upstream's {extra:?}\n{text}");
+}
+
+#[test]
+fn nftables_mode_has_upstreams_metrics_and_no_iptables_ones() {
+    check_mode_metrics(
+        "nftables",
+        &[upstream::COMMON_METRICS, upstream::NFTABLES_METRICS],
+        &[upstream::IPTABLES_ONLY_METRICS, upstream::IPVS_METRICS],
+    );
+}
+
+#[test]
+fn ipvs_mode_has_upstreams_metrics_and_no_others() {
+    check_mode_metrics(
+        "ipvs",
+        &[upstream::COMMON_METRICS, upstream::IPVS_METRICS],
+        &[upstream::IPTABLES_ONLY_METRICS, upstream::NFTABLES_METRICS],
+    );
+}
+
+/// A failed sync as the sync loop reports it.
+fn failed_sync(full: bool, rejected: bool) -> SyncStats {
+    SyncStats {
+        result: Err("ipvs backend: adding virtual server failed".to_owned()),
+        rejected,
+        network_programming: Vec::new(),
+        ..iptables_sync(full)
+    }
+}
+
+#[test]
+fn only_a_refused_rule_set_counts_as_a_restore_failure() {
+    let metrics = ProxyMetrics::new("ipvs");
+    let series = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}";
+
+    metrics.on_sync_finished(IpFamily::V4, &failed_sync(true, false));
+    assert_eq!(sample(&metrics.render(), series), None);
+
+    metrics.on_sync_finished(IpFamily::V4, &failed_sync(true, true));
+    assert_eq!(sample(&metrics.render(), series), Some(1.0));
+}
+
+#[test]
+fn nftables_cleanup_failures_are_counted_from_successful_syncs() {
+    let metrics = ProxyMetrics::new("nftables");
+    let mut stats = iptables_sync(true);
+    if let Ok(outcome) = &mut stats.result {
+        outcome.cleanup_failures = 2;
+    }
+    metrics.on_sync_finished(IpFamily::V4, &stats);
+    metrics.on_sync_finished(IpFamily::V4, &iptables_sync(false));
+
+    let text = metrics.render();
+    assert_eq!(
+        sample(
+            &text,
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv4\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}"
+        ),
+        None
+    );
 }
 
 #[test]

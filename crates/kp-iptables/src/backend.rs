@@ -477,7 +477,7 @@ impl IptablesBackend {
                 }
                 other => other,
             };
-            return Err(apply_error("applying the rules", error));
+            return Err(apply_error("applying the rules", error).rejected());
         }
         let rendered = rendered.ok_or_else(|| BackendError::Render {
             mode: MODE,
@@ -497,7 +497,7 @@ impl IptablesBackend {
         tracing::trace!(family = family_name(self.family), rules = %text, "applying iptables rules");
         self.applier
             .restore(self.family, &text)
-            .map_err(|e| apply_error("applying the rules", e))?;
+            .map_err(|e| apply_error("applying the rules", e).rejected())?;
         self.written.record(&text);
         let rules = rules_per_table_in(&text);
         Ok((rendered, rules))
@@ -563,6 +563,7 @@ fn outcome(rendered: &Rendered, rules_written: Vec<(String, usize)>) -> SyncOutc
             + stats.nat_chains
             + stats.nat_rules
             + stats.deleted_chains,
+        cleanup_failures: 0,
     }
 }
 

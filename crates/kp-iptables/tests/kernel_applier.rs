@@ -229,7 +229,7 @@ fn a_line_rejected_in_a_streamed_full_sync_is_named_and_nothing_is_applied(flavo
 
     let error = node.run(|| backend.sync(&request)).unwrap_err();
 
-    let BackendError::Apply { attempted, .. } = &error else {
+    let BackendError::Rejected { attempted, .. } = &error else {
         panic!("expected a failed apply, got {error}");
     };
     assert!(

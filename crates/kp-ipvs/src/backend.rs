@@ -350,7 +350,7 @@ impl IpvsBackend {
             self.iptables_written = None;
             applier
                 .restore(family, &text)
-                .map_err(|source| BackendError::Apply {
+                .map_err(|source| BackendError::Rejected {
                     mode: MODE,
                     attempted: format!("restoring the {family} iptables rules"),
                     source: Box::new(source),
@@ -438,6 +438,7 @@ fn outcome(full: bool, iptables: &str, objects_written: usize) -> SyncOutcome {
         rules_per_table,
         chains_per_table,
         objects_written,
+        cleanup_failures: 0,
     }
 }
 

@@ -244,7 +244,7 @@ impl Backend for NftablesBackend {
             // Affinity state is lost then, as after a restart.
             self.needs_full_sync = true;
             self.needs_reset = true;
-            return Err(apply_error("committing the transaction", error));
+            return Err(apply_error("committing the transaction", error).rejected());
         }
         if reset {
             self.programmed.clear();
@@ -364,6 +364,7 @@ fn outcome(rendered: &Rendered, programmed: &Programmed) -> SyncOutcome {
         chains_per_table: vec![(table.clone(), after_chains)],
         rules_written_per_table: vec![(table, written)],
         objects_written: rendered.stats.commands,
+        cleanup_failures: 0,
     }
 }
 

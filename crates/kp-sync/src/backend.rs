@@ -95,6 +95,11 @@ pub struct SyncOutcome {
     pub rules_written_per_table: Vec<(String, usize)>,
     /// Rules, chains, set elements or listeners written by this sync.
     pub objects_written: usize,
+    /// Cleanup steps of their own that failed in this otherwise successful
+    /// sync: the nftables mode deletes stale chains in a transaction apart
+    /// from the rules, as upstream does, and a failure there leaves them for
+    /// a later sync (`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`).
+    pub cleanup_failures: usize,
 }
 
 /// A backend could not sync.
@@ -123,8 +128,24 @@ pub enum BackendError {
         /// (apt-get install iptables)`.
         remedy: String,
     },
-    /// Applying the rendered rules to the kernel (or starting listeners)
-    /// failed.
+    /// The kernel refused the rule set as a whole (an `iptables-restore`
+    /// input, an nftables transaction), so none of it was applied. Upstream
+    /// counts exactly these in its failure counters
+    /// (`kubeproxy_sync_proxy_rules_iptables_restore_failures_total`,
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`).
+    #[error("{mode} backend: {attempted} failed")]
+    Rejected {
+        /// The backend's [`Backend::mode`].
+        mode: &'static str,
+        /// What was attempted, naming the rejected line where known, e.g.
+        /// `applying the rules with iptables-restore (line 12: -A …)`.
+        attempted: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
+    /// Another step of applying the rendered state to the kernel failed (a
+    /// sysctl, a listing, an IPVS or ipset request, a listener).
     #[error("{mode} backend: {attempted} failed")]
     Apply {
         /// The backend's [`Backend::mode`].
@@ -160,10 +181,29 @@ impl StaleConntrack {
 }
 
 impl BackendError {
+    /// The same failure as a refused rule set: an [`Apply`](Self::Apply)
+    /// of the step that hands the whole rule set to the kernel becomes
+    /// [`Rejected`](Self::Rejected); other kinds stay as they are.
+    pub fn rejected(self) -> Self {
+        match self {
+            Self::Apply {
+                mode,
+                attempted,
+                source,
+            } => Self::Rejected {
+                mode,
+                attempted,
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// The mode of the backend that failed.
     pub fn mode(&self) -> &'static str {
         match self {
             Self::Render { mode, .. }
+            | Self::Rejected { mode, .. }
             | Self::Apply { mode, .. }
             | Self::Unavailable { mode, .. } => mode,
         }

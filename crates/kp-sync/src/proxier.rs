@@ -324,7 +324,7 @@ impl Proxier {
             stale_conntrack: &drained.stale,
         };
         let result = backend.sync(&request);
-        let stats = |result: Result<SyncOutcome, String>| {
+        let stats = |result: Result<SyncOutcome, String>, rejected: bool| {
             let finished_at_wall = SystemTime::now();
             let network_programming = if result.is_ok() {
                 self.programming_latencies(&drained.trigger_times, finished_at_wall)
@@ -339,12 +339,13 @@ impl Proxier {
                 service_ports: service_ports.len(),
                 endpoints: service_ports.values().map(|s| s.all_endpoints.len()).sum(),
                 result,
+                rejected,
                 network_programming,
             }
         };
         match result {
             Ok(outcome) => {
-                let stats = stats(Ok(outcome.clone()));
+                let stats = stats(Ok(outcome.clone()), false);
                 self.log_success(&stats, &drained.changed);
                 for observer in &self.observers {
                     observer.on_synced(&request, &outcome);
@@ -354,7 +355,8 @@ impl Proxier {
                 Ok(outcome)
             }
             Err(source) => {
-                let stats = stats(Err(error_chain(&source)));
+                let rejected = matches!(source, BackendError::Rejected { .. });
+                let stats = stats(Err(error_chain(&source)), rejected);
                 for observer in &self.observers {
                     observer.on_sync_finished(self.family, &stats);
                 }

@@ -39,6 +39,9 @@ pub struct SyncStats {
     pub endpoints: usize,
     /// The backend's outcome, or the error (with its causes) when it failed.
     pub result: Result<SyncOutcome, String>,
+    /// Whether the sync failed because the kernel refused the rule set
+    /// ([`BackendError::Rejected`](crate::BackendError::Rejected)).
+    pub rejected: bool,
     /// On success, for each EndpointSlice update this sync applied that
     /// carried a trigger time later than the proxy's start, the time from
     /// that trigger to the end of the sync

@@ -170,7 +170,7 @@ impl Backend for FakeBackend {
             });
         }
         if failed {
-            return Err(BackendError::Apply {
+            return Err(BackendError::Rejected {
                 mode: self.mode,
                 attempted: "applying the fake ruleset".to_owned(),
                 source: Box::new(InjectedFailure),
@@ -191,6 +191,7 @@ impl Backend for FakeBackend {
             chains_per_table: vec![("fake".to_owned(), 1)],
             rules_written_per_table: vec![("fake".to_owned(), objects_written)],
             objects_written,
+            cleanup_failures: 0,
         })
     }
 }

@@ -228,6 +228,7 @@ impl Backend for UserspaceBackend {
             chains_per_table: vec![("nat".to_owned(), PORTAL_CHAINS.len())],
             rules_written_per_table: vec![("nat".to_owned(), rules)],
             objects_written: rules + services.len(),
+            cleanup_failures: 0,
         })
     }
 }
