@@ -21,6 +21,8 @@ use kp_sync::Backend;
 use kp_testkit::netns::Netns;
 
 const RUNS: usize = 5;
+/// One Service in this many moves before the last full sync.
+const CHURN_DIVISOR: usize = 100;
 
 /// iptables is not part of this measurement (its restore is measured by
 /// kp-iptables' benchmarks).
@@ -53,18 +55,24 @@ impl Applier for NoIptables {
 }
 
 /// `services` Services with two remote endpoints each; with `extra`, the
-/// first gets a third.
-fn parts(services: usize, extra: bool) -> RequestParts {
+/// first gets a third; the last `moved` have another ClusterIP and other
+/// endpoints (as if deleted and created again).
+fn parts(services: usize, extra: bool, moved: usize) -> RequestParts {
     let mut ports = Ports::new();
     for index in 0..services {
         let (hi, lo) = (index / 250, index % 250 + 1);
+        let (net, ep) = if index >= services - moved {
+            (97, 248)
+        } else {
+            (96, 245)
+        };
         let mut svc = service(
             "bench",
             &format!("svc{index}"),
-            &format!("10.96.{hi}.{lo}"),
+            &format!("10.{net}.{hi}.{lo}"),
             80,
         )
-        .endpoint(&format!("10.245.{hi}.{lo}"), 8080, false)
+        .endpoint(&format!("10.{ep}.{hi}.{lo}"), 8080, false)
         .endpoint(&format!("10.246.{hi}.{lo}"), 8080, false);
         if extra && index == 0 {
             svc = svc.endpoint("10.247.0.1", 8080, false);
@@ -79,12 +87,15 @@ struct Sample {
     first_full_messages: u64,
     resync_full: Duration,
     resync_full_messages: u64,
+    churn_full: Duration,
+    churn_full_messages: u64,
     one_endpoint: Duration,
     one_endpoint_messages: u64,
 }
 
 fn measure(size: usize, real: bool) -> Sample {
-    let (base, changed) = (parts(size, false), parts(size, true));
+    let (base, changed) = (parts(size, false, 0), parts(size, true, 0));
+    let churned = parts(size, true, size / CHURN_DIVISOR);
     let kernel: Box<dyn IpvsKernel> = if real {
         Box::new(NetlinkKernel::new())
     } else {
@@ -107,11 +118,14 @@ fn measure(size: usize, real: bool) -> Sample {
     let (first_full, first_full_messages) = step(&base, true);
     let (resync_full, resync_full_messages) = step(&base, true);
     let (one_endpoint, one_endpoint_messages) = step(&changed, false);
+    let (churn_full, churn_full_messages) = step(&churned, true);
     Sample {
         first_full,
         first_full_messages,
         resync_full,
         resync_full_messages,
+        churn_full,
+        churn_full_messages,
         one_endpoint,
         one_endpoint_messages,
     }
@@ -121,7 +135,7 @@ fn measure(size: usize, real: bool) -> Sample {
 /// (IPVS, then ipset, then addresses), to show where the time goes.
 fn phases(size: usize) {
     use kp_ipvs::diff::Op;
-    let base = parts(size, false);
+    let base = parts(size, false, 0);
     let node = ["192.168.99.2".parse().unwrap()];
     let rules = kp_ipvs::rules::RuleOptions {
         masquerade_mark: "0x00004000".into(),
@@ -196,8 +210,8 @@ fn main() {
         },
         RUNS
     );
-    println!("| services × 2 endpoints | first full sync | messages | full resync, nothing changed | messages | one-endpoint change | messages |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| services × 2 endpoints | first full sync | messages | full resync, nothing changed | messages | one-endpoint change | messages | full sync, 1 % of Services moved | messages |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &size in &sizes {
         let samples: Vec<Sample> = (0..RUNS)
             .map(|_| {
@@ -212,13 +226,15 @@ fn main() {
         let pick = |f: fn(&Sample) -> Duration| median(samples.iter().map(f).collect());
         let last = &samples[samples.len() - 1];
         println!(
-            "| {size} | {:.3} s | {} | {:.3} s | {} | {:.2} ms | {} |",
+            "| {size} | {:.3} s | {} | {:.3} s | {} | {:.2} ms | {} | {:.3} s | {} |",
             pick(|s| s.first_full).as_secs_f64(),
             last.first_full_messages,
             pick(|s| s.resync_full).as_secs_f64(),
             last.resync_full_messages,
             pick(|s| s.one_endpoint).as_secs_f64() * 1e3,
             last.one_endpoint_messages,
+            pick(|s| s.churn_full).as_secs_f64(),
+            last.churn_full_messages,
         );
     }
     if let (true, Some(&size)) = (real, sizes.iter().max()) {
