@@ -97,9 +97,11 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
     .unwrap();
 
     let (node, pod, client) = (cluster.node(), cluster.pod("ep1"), cluster.client());
-    // What upstream's nftables mode would have left, and a table of others.
+    // What upstream's nftables mode would have left, and a table of others;
+    // what a userspace proxy would have left.
     nft_leftovers(node);
     node.exec_ok("nft", &["add", "table", "inet", "other"]);
+    portal_leftovers(node);
     let mut proxy = node.spawn(
         env!("CARGO_BIN_EXE_kube-proxy"),
         &[
@@ -121,6 +123,11 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
         !tables.iter().any(|t| t.ends_with(" kube-proxy"))
             && tables.contains(&"table inet other".to_owned()),
         "the nftables mode's tables are gone at start, others stay: {tables:?}"
+    );
+    assert_eq!(
+        node.iptables_chains("nat", "KUBE-PORTALS-"),
+        0,
+        "the userspace mode's portals are gone at start"
     );
     let all: BTreeSet<String> = ["ep1", "ep2", "ep3"].map(String::from).into();
     assert_eq!(
@@ -189,6 +196,42 @@ fn the_binary_follows_manifest_edits_and_leaves_rules_on_sigterm() {
             && tables.contains(&"table inet other".to_owned()),
         "--cleanup removes the nftables mode's tables only: {tables:?}"
     );
+}
+
+/// A portal chain of the userspace mode, with its jump, capturing the web
+/// Service's ClusterIP for a listener that is gone.
+fn portal_leftovers(node: &Netns) {
+    // The jump exactly as the mode writes it: the removal looks for it.
+    let iptables = |args: &[&str]| node.exec_ok("iptables", args);
+    iptables(&["-t", "nat", "-N", "KUBE-PORTALS-CONTAINER"]);
+    iptables(&[
+        "-t",
+        "nat",
+        "-A",
+        "KUBE-PORTALS-CONTAINER",
+        "-d",
+        "10.96.0.41/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "1",
+    ]);
+    iptables(&[
+        "-t",
+        "nat",
+        "-I",
+        "PREROUTING",
+        "-m",
+        "comment",
+        "--comment",
+        "handle ClusterIPs; NOTE: this must be before the NodePort rules",
+        "-j",
+        "KUBE-PORTALS-CONTAINER",
+    ]);
 }
 
 /// The tables upstream's nftables mode programs, with a chain each.
@@ -314,10 +357,7 @@ fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
     let web = WebCluster::new(true);
     let node = web.cluster.node();
     // What the iptables mode would have left.
-    node.exec_ok(
-        "iptables-legacy",
-        &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"],
-    );
+    node.exec_ok("iptables", &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
 
     let proxy = web.spawn("nftables");
     web.serves_and_follows_edits();
@@ -342,16 +382,24 @@ fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
 #[test]
 fn the_binary_in_userspace_mode_relays_follows_edits_and_cleans_up() {
     require_root();
+    require_tool("nft");
     let web = WebCluster::new(false);
     let node = web.cluster.node();
+    // What the iptables and nftables modes would have left.
+    node.exec_ok("iptables", &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
+    nft_leftovers(node);
 
     let proxy = web.spawn("userspace");
     web.serves_and_follows_edits();
     assert!(node.iptables_chains("nat", "KUBE-PORTALS-") > 0);
+    assert!(
+        !nft_tables(node).iter().any(|t| t.ends_with(" kube-proxy")),
+        "the nftables mode's tables are gone at start"
+    );
     assert_eq!(
         node.iptables_chains("nat", "KUBE-SVC-"),
         0,
-        "no per-Service NAT chains in this mode"
+        "no per-Service NAT chains in this mode; the iptables mode's leftover is gone"
     );
 
     web.stop_and_clean_up(proxy);

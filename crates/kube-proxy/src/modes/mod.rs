@@ -112,20 +112,24 @@ pub fn cleanup(mode: ProxyMode) -> anyhow::Result<()> {
 }
 
 /// Removes, at start, what the other modes left behind that would act on
-/// the same traffic, as upstream does: the nftables mode's tables in the
-/// iptables and IPVS modes; the iptables chains in the nftables mode; the
-/// IPVS mode's link, sets and virtual servers in the iptables and nftables
-/// modes. A failure is logged; it does not stop the proxy.
+/// the same traffic, as upstream does: every other mode's tables, chains,
+/// portals, link, sets and virtual servers, except the iptables mode's
+/// chains in the IPVS mode (which programs the same chains). The portal
+/// chains go before the iptables mode's chains, as in `--cleanup`. A failure
+/// is logged; it does not stop the proxy.
 pub fn remove_leftovers(mode: ProxyMode) {
-    if matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs) {
+    if mode != ProxyMode::Nftables {
         nftables::remove_leftovers();
     }
-    if mode == ProxyMode::Nftables {
+    if mode != ProxyMode::Userspace {
+        userspace::remove_leftovers();
+    }
+    if matches!(mode, ProxyMode::Nftables | ProxyMode::Userspace) {
         if let Err(error) = iptables::cleanup() {
             tracing::warn!(error = %format!("{error:#}"), "Cannot remove the iptables mode's rules");
         }
     }
-    if matches!(mode, ProxyMode::Iptables | ProxyMode::Nftables) {
+    if mode != ProxyMode::Ipvs {
         ipvs::remove_leftovers();
     }
 }

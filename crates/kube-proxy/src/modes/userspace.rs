@@ -3,7 +3,7 @@
 //! the removal of those rules.
 
 use kp_config::KubeProxyConfiguration;
-use kp_iptables::{IptablesFlavor, SystemApplier};
+use kp_iptables::{Applier, IptablesFlavor, SystemApplier};
 use kp_model::IpFamily;
 use kp_sync::Backend;
 
@@ -40,4 +40,35 @@ pub fn cleanup() -> anyhow::Result<()> {
     }
     tracing::info!(removed, "Removed the userspace mode's portal rules");
     Ok(())
+}
+
+/// At the start of another mode: the portal rules a userspace proxy left
+/// would send Service traffic to listeners that are gone. The mode creates
+/// its chains together, so one lookup per family (one iptables run) tells
+/// whether there is anything to remove.
+pub fn remove_leftovers() {
+    let mut applier = SystemApplier::new(IptablesFlavor::detect());
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let chain = kp_userspace::portal::KUBE_PORTALS_CONTAINER;
+        match applier.chain_exists(family, kp_iptables::Table::Nat, chain) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // No iptables for this family: no portals either.
+            Err(error) => {
+                tracing::debug!(family = ?family, error = %error, "No userspace portal chains looked for");
+                continue;
+            }
+        }
+        match kp_userspace::cleanup(&mut applier, family) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(family = ?family, removed, "Removed the userspace mode's portal rules");
+            }
+            Err(error) => tracing::warn!(
+                family = ?family,
+                error = %kp_sync::error_chain(&error),
+                "Cannot remove the userspace mode's portal rules"
+            ),
+        }
+    }
 }
