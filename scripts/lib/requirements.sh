@@ -21,6 +21,7 @@ KP_REQUIRED_PROGRAMS=(
   "conntrack conntrack"
   "ip iproute2"
   "sysctl procps"
+  "mmdebstrap mmdebstrap"
   "cc gcc"
   "/usr/include/stdio.h libc6-dev"
 )
