@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 mod process;
+mod rest_client;
 
 /// Label pairs of one series.
 type Labels = Vec<(&'static str, String)>;
@@ -48,6 +49,7 @@ struct Inner {
     livez: Family<Labels, Counter>,
     watch_failures: Family<Labels, Counter>,
     process: process::ProcessMetrics,
+    rest_client: rest_client::RestClientMetrics,
 }
 
 /// Metrics moved by syncs.
@@ -129,6 +131,7 @@ impl ProxyMetrics {
         register_own(&mut registry, &watch_failures);
         register_mode(&mut registry, &sync, mode);
         let process = process::ProcessMetrics::register(&mut registry);
+        let rest_client = rest_client::RestClientMetrics::register(&mut registry);
         Self {
             inner: Arc::new(Inner {
                 registry: Mutex::new(registry),
@@ -139,8 +142,15 @@ impl ProxyMetrics {
                 livez,
                 watch_failures,
                 process,
+                rest_client,
             }),
         }
+    }
+
+    /// What the API client tells of each request it makes (client-go's
+    /// `rest_client_*` metrics).
+    pub fn api_requests(&self) -> Arc<dyn kp_source::api::RequestObserver> {
+        Arc::new(self.inner.rest_client.clone())
     }
 
     /// The registry, to add the metrics of other parts (conntrack).

@@ -423,3 +423,38 @@ fn api_watch_failures_show_per_resource_under_our_own_prefix() {
         );
     }
 }
+
+#[test]
+fn api_requests_are_counted_and_timed_with_client_gos_labels_and_buckets() {
+    let metrics = ProxyMetrics::new("iptables");
+    let observer = metrics.api_requests();
+    let request = |code, millis| kp_source::api::RequestOutcome {
+        method: "GET",
+        host: "10.0.0.1:6443",
+        code,
+        duration: Duration::from_millis(millis),
+    };
+    observer.observe(&request(Some(200), 3));
+    observer.observe(&request(Some(200), 40));
+    observer.observe(&request(None, 1_000));
+
+    let text = metrics.render();
+    let series = |labels: &str| sample(&text, &format!("rest_client_{labels}"));
+    assert_eq!(
+        series("requests_total{code=\"200\",method=\"GET\",host=\"10.0.0.1:6443\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        series("requests_total{code=\"<error>\",method=\"GET\",host=\"10.0.0.1:6443\"}"),
+        Some(1.0)
+    );
+    let bucket = |le: &str| {
+        series(&format!(
+            "request_duration_seconds_bucket{{le=\"{le}\",verb=\"GET\",host=\"10.0.0.1:6443\"}}"
+        ))
+    };
+    assert_eq!(bucket("0.005"), Some(1.0), "{text}");
+    assert_eq!(bucket("0.1"), Some(2.0));
+    assert_eq!(bucket("1.0"), Some(3.0));
+    assert_eq!(bucket("60.0"), Some(3.0));
+}

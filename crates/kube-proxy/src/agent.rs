@@ -50,6 +50,11 @@ impl Agent {
         })
     }
 
+    /// Where the API client reports its requests (`rest_client_*`).
+    pub fn api_requests(&self) -> Arc<dyn kp_source::api::RequestObserver> {
+        self.metrics.api_requests()
+    }
+
     /// `proxier` with the agent's observers attached.
     pub fn observe(&self, proxier: Proxier) -> Proxier {
         let family = proxier.family();

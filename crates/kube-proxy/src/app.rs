@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::ArgMatches;
 use kp_config::{ConfigError, Flags, KubeProxyConfiguration, LocalMode, ProxyMode, Resolved};
 use kp_model::{NodeInfo, ProxyEventHandler};
-use kp_source::api::{client_from, post_starting_event, ApiSource};
+use kp_source::api::{observed_client_from, post_starting_event, ApiSource, RequestObserver};
 use kp_source::ManifestSource;
 use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
 use tokio::sync::watch;
@@ -160,7 +160,7 @@ async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyho
             "Loaded manifests"
         );
     } else {
-        let client = api_client(resolved).await?;
+        let client = api_client(resolved, None).await?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let source = ApiSource::new(client, node_name);
         let listing = tokio::spawn(source.run(handler, stopped(stop_rx)));
@@ -181,7 +181,10 @@ async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyho
 }
 
 /// The API client from `clientConnection` and `--master`.
-async fn api_client(resolved: &Resolved) -> anyhow::Result<kube::Client> {
+async fn api_client(
+    resolved: &Resolved,
+    observer: Option<Arc<dyn RequestObserver>>,
+) -> anyhow::Result<kube::Client> {
     let connection = &resolved.config.client_connection;
     let kubeconfig = Some(connection.kubeconfig.as_str())
         .filter(|path| !path.is_empty())
@@ -196,7 +199,8 @@ async fn api_client(resolved: &Resolved) -> anyhow::Result<kube::Client> {
         .ok()
         .filter(|b| *b > 0)
         .unwrap_or(10);
-    let client = client_from(kubeconfig, resolved.master.as_deref(), qps, burst).await?;
+    let client =
+        observed_client_from(kubeconfig, resolved.master.as_deref(), qps, burst, observer).await?;
     Ok(client)
 }
 
@@ -249,7 +253,7 @@ async fn serve(
                 Box::pin(async move { run.await.context("manifest source stopped") })
             }
             None => {
-                let client = api_client(resolved).await?;
+                let client = api_client(resolved, Some(agent.api_requests())).await?;
                 // Upstream posts this event and carries on when it cannot.
                 let _ = post_starting_event(&client, node_name).await;
                 let run = ApiSource::new(client, node_name).run(handler, stopped(stop_rx.clone()));

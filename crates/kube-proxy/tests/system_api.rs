@@ -90,6 +90,12 @@ fn list_requests(server: &TestApiServer) -> usize {
         .count()
 }
 
+/// The value of the metric sample `series` (name and labels, exactly).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    let line = metrics.lines().find(|l| l.starts_with(series))?;
+    line[series.len()..].trim().parse().ok()
+}
+
 fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| (*n).to_owned()).collect()
 }
@@ -197,6 +203,39 @@ async fn story(pod: &Netns) {
         caught_up,
         "the change made during the outage arrives after it"
     );
+
+    // client-go's request metrics saw the lists and watches, the Starting
+    // event, and the requests the outage refused.
+    let metrics = kp_testkit::http::get(("127.0.0.1", 10249), "/metrics")
+        .unwrap()
+        .body;
+    let host = server.addr().to_string();
+    let requests = |code: &str, method: &str| {
+        sample(
+            &metrics,
+            &format!(
+                "rest_client_requests_total{{code=\"{code}\",method=\"{method}\",host=\"{host}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        requests("200", "GET") >= 3.0,
+        "lists and watches:\n{metrics}"
+    );
+    assert!(
+        requests("201", "POST") >= 1.0,
+        "the Starting event:\n{metrics}"
+    );
+    assert!(
+        requests("<error>", "GET") >= 1.0,
+        "refused during the outage:\n{metrics}"
+    );
+    let timed = sample(
+        &metrics,
+        &format!("rest_client_request_duration_seconds_count{{verb=\"GET\",host=\"{host}\"}}"),
+    );
+    assert!(timed.is_some_and(|n| n >= 3.0), "{metrics}");
 
     // Its last endpoint goes: the Service refuses connections.
     server.update(web(&[]));

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -60,6 +61,43 @@ pub struct RateLimited<S> {
     wait: Option<Pin<Box<Sleep>>>,
 }
 
+/// One finished API request, as client-go's request metrics see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestOutcome<'a> {
+    /// The HTTP method, e.g. `GET`.
+    pub method: &'a str,
+    /// The API server's `host:port`.
+    pub host: &'a str,
+    /// The response's status code; `None` when no response came (a
+    /// connection error, a timeout).
+    pub code: Option<u16>,
+    /// From sending the request to the response's headers (a watch counts
+    /// until its stream starts, as client-go's round tripper measures it).
+    pub duration: Duration,
+}
+
+/// Told of every API request the client makes
+/// (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
+pub trait RequestObserver: Send + Sync {
+    /// Records one finished request.
+    fn observe(&self, outcome: &RequestOutcome<'_>);
+}
+
+/// A [`Layer`] that tells a [`RequestObserver`] of each request.
+#[derive(Clone)]
+pub struct ObserveLayer {
+    host: Arc<str>,
+    observer: Arc<dyn RequestObserver>,
+}
+
+/// The service of [`ObserveLayer`].
+#[derive(Clone)]
+pub struct Observed<S> {
+    inner: S,
+    host: Arc<str>,
+    observer: Arc<dyn RequestObserver>,
+}
+
 /// Chooses where the client's settings come from: an explicit kubeconfig
 /// first, then `KUBECONFIG` (`kubeconfig_env`), then a bare `--master`,
 /// else the in-cluster service account.
@@ -92,6 +130,17 @@ pub async fn client_from(
     qps: f32,
     burst: u32,
 ) -> Result<Client, ApiError> {
+    observed_client_from(kubeconfig, master, qps, burst, None).await
+}
+
+/// [`client_from`], with every request told to `observer` when given.
+pub async fn observed_client_from(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+    qps: f32,
+    burst: u32,
+    observer: Option<Arc<dyn RequestObserver>>,
+) -> Result<Client, ApiError> {
     let env = std::env::var("KUBECONFIG").ok();
     let origin = config_origin(kubeconfig, env.as_deref(), master);
     tracing::info!(origin = ?origin, master = master.unwrap_or(""), "building the API client");
@@ -110,15 +159,22 @@ pub async fn client_from(
         // connection is ever made here, so an empty store will do.
         config.root_cert.get_or_insert_with(Vec::new);
     }
+    let host = config
+        .cluster_url
+        .authority()
+        .map_or_else(String::new, |authority| authority.to_string());
     let builder = ClientBuilder::try_from(config).map_err(|source| match source {
         kube::Error::RustlsTls(_) if no_ca_configured => ApiError::NoTrustStore { source },
         source => ApiError::BuildClient { source },
     })?;
-    let client = if qps > 0.0 {
-        builder.with_layer(&RateLimitLayer::new(qps, burst)).build()
-    } else {
-        builder.build()
-    };
+    // The observer sits outside the rate limit: a request's duration is
+    // the server's answer, not the time it waited for a token.
+    let limit = (qps > 0.0).then(|| RateLimitLayer::new(qps, burst));
+    let observe = observer.map(|observer| ObserveLayer::new(&host, observer));
+    let client = builder
+        .with_layer(&tower::util::option_layer(limit))
+        .with_layer(&tower::util::option_layer(observe))
+        .build();
     Ok(client)
 }
 
@@ -234,6 +290,60 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         self.reserved = false;
         self.inner.call(request)
+    }
+}
+
+impl ObserveLayer {
+    /// Requests to `host` (`host:port`), told to `observer`.
+    pub fn new(host: &str, observer: Arc<dyn RequestObserver>) -> Self {
+        Self {
+            host: host.into(),
+            observer,
+        }
+    }
+}
+
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observed<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Observed {
+            inner,
+            host: Arc::clone(&self.host),
+            observer: Arc::clone(&self.observer),
+        }
+    }
+}
+
+impl<S, B, R> Service<http::Request<B>> for Observed<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = request.method().clone();
+        let host = Arc::clone(&self.host);
+        let observer = Arc::clone(&self.observer);
+        let started = Instant::now();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let result = response.await;
+            observer.observe(&RequestOutcome {
+                method: method.as_str(),
+                host: &host,
+                code: result.as_ref().ok().map(|r| r.status().as_u16()),
+                duration: started.elapsed(),
+            });
+            result
+        })
     }
 }
 

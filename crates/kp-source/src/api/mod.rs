@@ -32,7 +32,10 @@ mod source;
 
 use std::path::PathBuf;
 
-pub use client::{client_from, config_origin, ConfigOrigin, RateLimitLayer, RateLimited};
+pub use client::{
+    client_from, config_origin, observed_client_from, ConfigOrigin, ObserveLayer, Observed,
+    RateLimitLayer, RateLimited, RequestObserver, RequestOutcome,
+};
 pub use event::{post_starting_event, starting_event};
 pub use retry::{
     is_retry_noise, watch_failures, WatchFailures, FIRST_RETRY, MAX_RETRY, QUIET_IS_HEALTHY,
