@@ -28,7 +28,7 @@ pub mod udp;
 
 use std::time::Duration;
 
-pub use backend::{cleanup, UserspaceBackend, UserspaceError, MODE};
+pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
