@@ -17,6 +17,7 @@
 
 pub mod backend;
 pub mod balancer;
+pub mod conntrack;
 pub mod copy;
 pub mod portal;
 pub mod relay;
