@@ -12,6 +12,8 @@
 //!   userspace proxier named them) as iptables-restore input.
 //! - [`backend`]: [`UserspaceBackend`], the `--proxy-mode userspace`
 //!   implementation of [`kp_sync::Backend`], and [`cleanup`].
+//! - [`metrics`]: [`UserspaceMetrics`], connection counts per service
+//!   port for `/metrics`.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod backend;
 pub mod balancer;
 pub mod conntrack;
 pub mod copy;
+pub mod metrics;
 pub mod portal;
 pub mod relay;
 pub mod route;
@@ -31,6 +34,7 @@ use std::time::Duration;
 
 pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
+pub use metrics::UserspaceMetrics;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
 pub use route::{Route, TrafficKind};
