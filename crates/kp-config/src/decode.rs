@@ -15,6 +15,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::Deserializer;
 use serde_json::{Map, Value};
 
+use crate::duration::GoDuration;
 use crate::error::ConfigError;
 use crate::types::{KubeProxyConfiguration, VModuleItem, API_VERSION, KIND};
 
@@ -230,6 +231,8 @@ fn schema_tree() -> Value {
     let mut cfg = KubeProxyConfiguration::defaulted();
     cfg.feature_gates.insert("Any".to_owned(), true);
     cfg.windows_run_as_service = true;
+    // Written only when not the default.
+    cfg.udp_idle_timeout = GoDuration::from_secs(1);
     cfg.iptables.snat_node_internal_ip = Some(true);
     cfg.ipvs.exclude_cidrs = Some(Vec::new());
     cfg.node_port_addresses = Some(Vec::new());

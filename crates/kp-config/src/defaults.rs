@@ -39,6 +39,9 @@ pub const DEFAULT_CONNTRACK_TCP_ESTABLISHED_TIMEOUT: GoDuration = GoDuration::fr
 /// Default CLOSE_WAIT conntrack timeout. One hour matches typical server
 /// timeouts; shorter values break half-closed SNATed flows (kubernetes#32551).
 pub const DEFAULT_CONNTRACK_TCP_CLOSE_WAIT_TIMEOUT: GoDuration = GoDuration::from_hours(1);
+/// Default idle timeout of the userspace mode's UDP sessions (upstream's
+/// `--udp-timeout` default until v1.25).
+pub const DEFAULT_UDP_IDLE_TIMEOUT: GoDuration = GoDuration::from_millis(250);
 /// Default API content type.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// Default API queries per second.
@@ -92,6 +95,7 @@ impl KubeProxyConfiguration {
             .get_or_insert(DEFAULT_CONNTRACK_TCP_CLOSE_WAIT_TIMEOUT);
 
         set_duration_if_zero(&mut self.config_sync_period, DEFAULT_CONFIG_SYNC_PERIOD);
+        set_duration_if_zero(&mut self.udp_idle_timeout, DEFAULT_UDP_IDLE_TIMEOUT);
 
         let client = &mut self.client_connection;
         set_if_empty(&mut client.content_type, DEFAULT_CONTENT_TYPE);
@@ -147,6 +151,12 @@ fn default_output_routing(options: &mut OutputRoutingOptions) {
     if options.info_buffer_size.0.is_empty() {
         options.info_buffer_size = Quantity("0".to_owned());
     }
+}
+
+/// Whether `udpIdleTimeout` may be left out of written configuration:
+/// unset, or the default that loading fills in again.
+pub(crate) fn is_default_udp_idle_timeout(timeout: &GoDuration) -> bool {
+    timeout.is_zero() || *timeout == DEFAULT_UDP_IDLE_TIMEOUT
 }
 
 fn set_if_empty(field: &mut String, value: &str) {

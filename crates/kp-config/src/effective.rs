@@ -219,6 +219,11 @@ impl KubeProxyConfiguration {
     pub fn config_sync_period_std(&self) -> Duration {
         self.config_sync_period.to_std().unwrap_or_default()
     }
+
+    /// udpIdleTimeout as a `Duration` (zero if negative; validation rejects that).
+    pub fn udp_idle_timeout_std(&self) -> Duration {
+        self.udp_idle_timeout.to_std().unwrap_or_default()
+    }
 }
 
 fn parse_socket_addr(field: &'static str, value: &str) -> Result<Option<SocketAddr>, InvalidValue> {

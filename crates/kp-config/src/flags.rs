@@ -193,6 +193,9 @@ pub struct Flags {
     /// How often configuration from the apiserver is refreshed. Must be greater than 0.
     #[arg(long, value_name = "DURATION", default_value = "15m0s", value_parser = GoDuration::parse)]
     pub config_sync_period: GoDuration,
+    /// How long an idle UDP connection will be kept open (e.g. '250ms', '2s').  Must be greater than 0. Only applicable for proxy-mode=userspace
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = GoDuration::parse)]
+    pub udp_timeout: GoDuration,
     /// DEPRECATED (use --healthz-bind-address): the port to bind the health check server. Use 0 to disable.
     #[arg(
         long,

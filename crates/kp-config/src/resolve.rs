@@ -335,6 +335,11 @@ fn apply_config_flags(
         &flags.config_sync_period,
     );
     set(
+        explicit("udp_timeout"),
+        &mut config.udp_idle_timeout,
+        &flags.udp_timeout,
+    );
+    set(
         explicit("oom_score_adj"),
         &mut config.oom_score_adj,
         &Some(flags.oom_score_adj),

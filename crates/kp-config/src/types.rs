@@ -100,6 +100,15 @@ pub struct KubeProxyConfiguration {
     /// Formerly the userspace proxy's port range; validated, otherwise unused.
     #[serde(rename = "portRange")]
     pub port_range: String,
+    /// How long the userspace mode keeps an idle UDP session open (zero is
+    /// unset: defaulting makes it 250ms). Upstream dropped the field with
+    /// its userspace mode (v1.26); it is written only when it differs from
+    /// the default, so a default configuration reads the same in upstream.
+    #[serde(
+        rename = "udpIdleTimeout",
+        skip_serializing_if = "crate::defaults::is_default_udp_idle_timeout"
+    )]
+    pub udp_idle_timeout: GoDuration,
     /// Windows service-manager integration (Windows only).
     #[serde(rename = "windowsRunAsService", skip_serializing_if = "is_false")]
     pub windows_run_as_service: bool,

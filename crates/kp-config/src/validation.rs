@@ -307,6 +307,12 @@ impl Validator {
             let value = quoted(&cfg.config_sync_period.to_string());
             self.invalid("configSyncPeriod", value, "must be greater than 0");
         }
+        // Upstream checked this in every mode, though only its userspace
+        // mode used it.
+        if cfg.udp_idle_timeout <= GoDuration::ZERO {
+            let value = quoted(&cfg.udp_idle_timeout.to_string());
+            self.invalid("udpIdleTimeout", value, "must be greater than 0");
+        }
         if let Err(reason) = parse_port_range(&cfg.port_range) {
             self.invalid(
                 "portRange",

@@ -30,6 +30,7 @@ fn type_meta_and_top_level_fields() {
     assert_eq!(c.oom_score_adj, Some(-999));
     assert_eq!(c.config_sync_period, d("15m"));
     assert_eq!(c.port_range, "");
+    assert_eq!(c.udp_idle_timeout, d("250ms"));
     assert!(!c.windows_run_as_service);
 }
 

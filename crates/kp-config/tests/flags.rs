@@ -58,6 +58,46 @@ fn durations_in_go_syntax() {
 }
 
 #[test]
+fn udp_timeout_sets_the_userspace_udp_idle_timeout() {
+    assert_eq!(
+        resolve_args(&[]).config.udp_idle_timeout,
+        GoDuration::from_millis(250)
+    );
+    let r = resolve_args(&["--udp-timeout=2s"]);
+    assert_eq!(r.config.udp_idle_timeout, GoDuration::from_secs(2));
+    assert_eq!(r.config.udp_idle_timeout_std().as_millis(), 2000);
+    let r = resolve_args(&["--udp-timeout", "100ms"]);
+    assert_eq!(r.config.udp_idle_timeout, GoDuration::from_millis(100));
+
+    let err = parse_error(&["--udp-timeout=5"]);
+    assert!(
+        err.contains("invalid duration \"5\": missing unit"),
+        "{err}"
+    );
+    let (flags, matches) = parse_args(["kube-proxy", "--udp-timeout=-1s"]).unwrap();
+    let err = resolve(&flags, &matches).unwrap_err().to_string();
+    assert!(
+        err.contains("udpIdleTimeout: Invalid value: \"-1s\": must be greater than 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn udp_timeout_beside_a_config_file_is_ignored_with_a_warning() {
+    let file = config_file("udpIdleTimeout: 750ms\n");
+    let r = resolve_args(&[
+        "--config",
+        file.path().to_str().unwrap(),
+        "--udp-timeout=2s",
+    ]);
+    assert_eq!(r.config.udp_idle_timeout, GoDuration::from_millis(750));
+    assert_eq!(
+        r.warnings,
+        vec!["flag --udp-timeout is ignored because --config is set; set the matching field in the configuration file instead"]
+    );
+}
+
+#[test]
 fn bad_durations_are_rejected_clearly() {
     let err = parse_error(&["--iptables-sync-period=30"]);
     assert!(

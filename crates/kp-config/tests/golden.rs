@@ -53,6 +53,7 @@ fn a_customised_configuration_round_trips() {
     original.hostname_override = "true".into();
     original.healthz_bind_address = "[::]:10256".into();
     original.conntrack.udp_timeout = kp_config::GoDuration::from_millis(1500);
+    original.udp_idle_timeout = kp_config::GoDuration::from_secs(2);
 
     let yaml = to_yaml(&original).unwrap();
     let (loaded, warnings) = load_str(&yaml, "roundtrip").unwrap();
@@ -69,4 +70,25 @@ fn a_customised_configuration_round_trips() {
         "{yaml}"
     );
     assert!(yaml.contains("  qps: 7.5\n"), "{yaml}");
+    assert!(yaml.contains("\nudpIdleTimeout: 2s\n"), "{yaml}");
+}
+
+#[test]
+fn the_default_udp_idle_timeout_is_left_out_and_loads_back() {
+    // Upstream's v1alpha1 lost udpIdleTimeout with its userspace mode, so a
+    // default configuration is written without it (the golden file above),
+    // and upstream up to v1.25, which wrote it, is read without a warning.
+    let yaml = to_yaml(&KubeProxyConfiguration::defaulted()).unwrap();
+    assert!(!yaml.contains("udpIdleTimeout"), "{yaml}");
+    let (loaded, warnings) = load_str(&yaml, "defaults").unwrap();
+    assert_eq!(
+        loaded.udp_idle_timeout,
+        kp_config::GoDuration::from_millis(250)
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    let old = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nudpIdleTimeout: 250ms\n";
+    let (loaded, warnings) = load_str(old, "v1.25").unwrap();
+    assert_eq!(loaded, KubeProxyConfiguration::defaulted());
+    assert!(warnings.is_empty(), "{warnings:?}");
 }

@@ -157,6 +157,25 @@ fn config_sync_period_must_be_positive() {
 }
 
 #[test]
+fn udp_idle_timeout_must_be_positive_in_every_mode() {
+    let mut c = valid();
+    c.udp_idle_timeout = d("-1s");
+    assert_only_error(
+        c,
+        "udpIdleTimeout: Invalid value: \"-1s\": must be greater than 0",
+    );
+    // Defaulting fills zero; zero set after defaulting is still rejected,
+    // and not only in the userspace mode (upstream checked every mode).
+    let mut c = valid();
+    c.mode = "iptables".into();
+    c.udp_idle_timeout = GoDuration::ZERO;
+    assert_only_error(
+        c,
+        "udpIdleTimeout: Invalid value: \"0s\": must be greater than 0",
+    );
+}
+
+#[test]
 fn bind_address_must_be_an_ip() {
     let mut c = valid();
     c.bind_address = "node-1".into();

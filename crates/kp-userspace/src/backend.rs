@@ -100,10 +100,7 @@ impl UserspaceBackend {
         dry_run: bool,
         handle: Handle,
     ) -> Result<Self, UserspaceError> {
-        let options = RelayOptions {
-            port_range: parse_port_range(&config.port_range)?,
-            ..RelayOptions::default()
-        };
+        let options = relay_options(config)?;
         let applier: Box<dyn Applier> = if dry_run {
             Box::new(DryRunApplier::new(Box::new(std::io::stdout())))
         } else {
@@ -308,6 +305,21 @@ fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
 /// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
 /// `utilnet.ParsePortRange`; kp-config has validated it already, this
 /// only reads it).
+/// The relay's options from the configuration: listener ports from
+/// `portRange`, the UDP session idle timeout from `udpIdleTimeout` (unset,
+/// as in a configuration that was never defaulted: upstream's 250ms).
+pub fn relay_options(config: &KubeProxyConfiguration) -> Result<RelayOptions, UserspaceError> {
+    let udp_idle_timeout = match config.udp_idle_timeout_std() {
+        timeout if timeout.is_zero() => crate::DEFAULT_UDP_IDLE_TIMEOUT,
+        timeout => timeout,
+    };
+    Ok(RelayOptions {
+        port_range: parse_port_range(&config.port_range)?,
+        udp_idle_timeout,
+        ..RelayOptions::default()
+    })
+}
+
 fn parse_port_range(text: &str) -> Result<Option<(u16, u16)>, UserspaceError> {
     let text = text.trim();
     if text.is_empty() {

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kp_iptables::{JumpRule, SavedTable, Table};
 use kp_model::{categorize_endpoints, Endpoint, NamespacedName, NodeInfo, ServicePort};
@@ -388,4 +389,25 @@ fn port_range_is_read_as_upstream_writes_it() {
     assert!(error.to_string().contains("portRange"), "{error}");
     assert!(parse_port_range("65530+10").is_err());
     assert!(parse_port_range("x-y").is_err());
+}
+
+#[test]
+fn relay_options_take_port_range_and_udp_idle_timeout_from_the_configuration() {
+    let mut config = KubeProxyConfiguration::defaulted();
+    assert_eq!(
+        relay_options(&config).unwrap().udp_idle_timeout,
+        Duration::from_millis(250)
+    );
+    config.port_range = "30000-30010".into();
+    config.udp_idle_timeout = kp_config::GoDuration::from_secs(3);
+    let options = relay_options(&config).unwrap();
+    assert_eq!(options.port_range, Some((30000, 30010)));
+    assert_eq!(options.udp_idle_timeout, Duration::from_secs(3));
+    assert_eq!(
+        relay_options(&KubeProxyConfiguration::default())
+            .unwrap()
+            .udp_idle_timeout,
+        Duration::from_millis(250),
+        "unset means upstream's default"
+    );
 }

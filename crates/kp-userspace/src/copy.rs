@@ -180,7 +180,26 @@ impl Direction {
         copying: Copying,
     ) -> io::Result<usize> {
         let mut small = [0u8; SMALL_READ];
-        let read = from.try_read(&mut small)?;
+        let mut read = 0;
+        // A read that returns less than asked has emptied the socket's
+        // receive queue, so its readiness is cleared with it (tokio's own
+        // `poll_read` does the same; epoll is edge triggered, and data that
+        // arrives later sets the readiness again): the task then sleeps
+        // without a further read that could only say `WouldBlock`, one
+        // system call less per message.
+        let result = from.try_io(Interest::READABLE, || {
+            read = nix::unistd::read(from, &mut small).map_err(io::Error::from)?;
+            if read > 0 && read < SMALL_READ {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(read)
+            }
+        });
+        match result {
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock && read > 0 => {}
+            Err(error) => return Err(error),
+        }
         if read == 0 {
             return Ok(0);
         }

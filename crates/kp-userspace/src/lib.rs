@@ -12,12 +12,16 @@
 //!   userspace proxier named them) as iptables-restore input.
 //! - [`backend`]: [`UserspaceBackend`], the `--proxy-mode userspace`
 //!   implementation of [`kp_sync::Backend`], and [`cleanup`].
+//! - [`metrics`]: [`UserspaceMetrics`], connection counts per service
+//!   port for `/metrics`.
 
 #![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod balancer;
+pub mod conntrack;
 pub mod copy;
+pub mod metrics;
 pub mod portal;
 pub mod relay;
 pub mod route;
@@ -28,8 +32,9 @@ pub mod udp;
 
 use std::time::Duration;
 
-pub use backend::{cleanup, UserspaceBackend, UserspaceError, MODE};
+pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
+pub use metrics::UserspaceMetrics;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
 pub use route::{Route, TrafficKind};

@@ -9,6 +9,13 @@
 //! and reverses the portal rule's address rewrite. A session with no
 //! datagram in either direction for the idle timeout is closed (upstream's
 //! `--udp-timeout`, 250 ms by default).
+//!
+//! Like a TCP connection, a session is classified by the address its first
+//! datagram was sent to (asked of conntrack, see [`crate::conntrack`], only
+//! when the route needs it): internal or external endpoints, and
+//! `loadBalancerSourceRanges`. A datagram from a client outside the ranges
+//! opens no session and is dropped, as the iptables mode's firewall chain
+//! drops it.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -27,7 +34,7 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
 use crate::balancer::Balancer;
-use crate::route::TrafficKind;
+use crate::conntrack::OriginalDestinations;
 use crate::stats::ConnectionStats;
 use crate::RelayOptions;
 
@@ -88,6 +95,8 @@ pub async fn serve(
 ) {
     let sessions: Sessions = Arc::default();
     let mut buffer = vec![0u8; MAX_DATAGRAM];
+    let listen_port = socket.local_addr().map_or(0, |addr| addr.port());
+    let mut destinations = OriginalDestinations::new();
     loop {
         let received = match receive(&socket, &mut buffer).await {
             Ok(received) => received,
@@ -100,8 +109,14 @@ pub async fn serve(
         let session = match existing {
             Some(session) => session,
             None => {
-                let started =
-                    open_session(&socket, &balancer, &stats, &options, &sessions, &received);
+                let listener = Listener {
+                    socket: &socket,
+                    port: listen_port,
+                    balancer: &balancer,
+                    stats: &stats,
+                    options: &options,
+                };
+                let started = listener.open_session(&sessions, &received, &mut destinations);
                 match started {
                     Some(session) => session,
                     None => continue,
@@ -116,52 +131,71 @@ pub async fn serve(
     }
 }
 
-/// Starts a session for the sender of `received`, or `None` when no
-/// endpoint can take it.
-fn open_session(
-    listener: &Arc<UdpSocket>,
-    balancer: &Balancer,
-    stats: &Arc<ConnectionStats>,
-    options: &RelayOptions,
-    sessions: &Sessions,
-    received: &Received,
-) -> Option<Arc<Session>> {
-    let client = received.client;
-    // The destination before the portal rule's rewrite is not visible for
-    // UDP, so a session uses the internal endpoints, or the external ones
-    // when only those exist.
-    let endpoint = balancer
-        .pick(client.ip(), TrafficKind::Internal, Instant::now(), &[])
-        .or_else(|| balancer.pick(client.ip(), TrafficKind::External, Instant::now(), &[]));
-    let Some(endpoint) = endpoint else {
-        stats.refused();
-        return None;
-    };
-    let upstream = match connect_upstream(endpoint) {
-        Ok(socket) => socket,
-        Err(error) => {
-            tracing::debug!(%client, %endpoint, %error, "opening a UDP session failed");
-            stats.dial_failed();
+/// What opening a session needs of its listener.
+struct Listener<'a> {
+    socket: &'a Arc<UdpSocket>,
+    port: u16,
+    balancer: &'a Balancer,
+    stats: &'a Arc<ConnectionStats>,
+    options: &'a RelayOptions,
+}
+
+impl Listener<'_> {
+    /// Starts a session for the sender of `received`, or `None` when the
+    /// client is not allowed or no endpoint can take it.
+    fn open_session(
+        &self,
+        sessions: &Sessions,
+        received: &Received,
+        destinations: &mut OriginalDestinations,
+    ) -> Option<Arc<Session>> {
+        let client = received.client;
+        let route = self.balancer.route();
+        let original = match received.destination {
+            Some(local) if route.needs_classification() => {
+                destinations.udp(client, SocketAddr::new(local.ip, self.port))
+            }
+            _ => None,
+        };
+        let kind = match route.classify(original, client.ip()) {
+            Ok(kind) => kind,
+            Err(denied) => {
+                tracing::debug!(%client, ?original, ?denied, "datagram not allowed; dropped");
+                self.stats.refused();
+                return None;
+            }
+        };
+        drop(route);
+        let Some(endpoint) = self.balancer.pick(client.ip(), kind, Instant::now(), &[]) else {
+            self.stats.refused();
             return None;
-        }
-    };
-    stats.accepted();
-    let session = Arc::new(Session {
-        upstream,
-        reply_from: received.destination,
-        last_active_ms: AtomicU64::new(0),
-        epoch: Instant::now(),
-    });
-    lock(sessions).insert(client, Arc::clone(&session));
-    tokio::spawn(reply_loop(
-        Arc::clone(listener),
-        Arc::clone(&session),
-        client,
-        Arc::clone(sessions),
-        Arc::clone(stats),
-        options.udp_idle_timeout,
-    ));
-    Some(session)
+        };
+        let upstream = match connect_upstream(endpoint) {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::debug!(%client, %endpoint, %error, "opening a UDP session failed");
+                self.stats.dial_failed();
+                return None;
+            }
+        };
+        self.stats.accepted();
+        let session = Arc::new(Session {
+            upstream,
+            reply_from: received.destination,
+            last_active_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        lock(sessions).insert(client, Arc::clone(&session));
+        tokio::spawn(reply_loop(
+            Arc::clone(self.socket),
+            Arc::clone(&session),
+            client,
+            Arc::clone(sessions),
+            Arc::clone(self.stats),
+            self.options.udp_idle_timeout,
+        ));
+        Some(session)
+    }
 }
 
 fn connect_upstream(endpoint: SocketAddr) -> io::Result<UdpSocket> {

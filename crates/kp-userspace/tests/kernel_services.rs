@@ -10,8 +10,10 @@
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.13, ClientIP affinity, endpoints ep1, ep2, ep3 |
 //! | ns1/empty, http 80/TCP | ClusterIP 10.96.0.14, no endpoints |
 //! | ns1/dns, dns 53/UDP | ClusterIP 10.96.0.12, endpoints ep2; NodePort 30053 |
+//! | ns1/dnslb, dns 53/UDP | LoadBalancer 203.0.113.10 from 192.168.99.10/32 only, ClusterIP 10.96.0.16, NodePort 30054, endpoints ep2 |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
 //! | ns1/dns6, dns 53/UDP | ClusterIP fd00:10:96::12, endpoints ep2 |
+//! | ns1/dnslb6, dns 53/UDP | LoadBalancer 2001:db8:203:113::10 from fd00:192:168:99::10/128 only, ClusterIP fd00:10:96::16, NodePort 30055, endpoints ep2 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
@@ -30,9 +32,11 @@ on_both_flavors!(
     session_affinity_keeps_a_client_on_one_endpoint,
     service_without_endpoints_refuses_connections,
     udp_service_round_trip,
+    udp_load_balancer_source_ranges_drop_datagrams_from_outside,
     removing_an_endpoint_keeps_its_established_connection,
     ipv6_cluster_ip_spreads_connections,
     ipv6_udp_round_trip,
+    ipv6_udp_load_balancer_source_ranges_drop_datagrams_from_outside,
 );
 
 fn cluster_ip_spreads_connections_over_every_ready_endpoint(flavor: IptablesFlavor) {
@@ -237,6 +241,52 @@ fn udp_service_round_trip(flavor: IptablesFlavor) {
     assert_eq!(from_node.backend, "ep2");
 }
 
+fn udp_load_balancer_source_ranges_drop_datagrams_from_outside(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    proxy.apply(
+        &[service("ns1", "dnslb", |s| {
+            s.service_type("LoadBalancer")
+                .cluster_ip("10.96.0.16")
+                .port("dns", 53, "UDP")
+                .node_port(30054)
+                .lb_ingress_ip("203.0.113.10")
+                .lb_source_range("192.168.99.10/32")
+        })],
+        &[slice("dnslb", &[pod_ip(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+
+    let inside = topology.client();
+    let outside = topology.client_named("client2");
+    assert_eq!(
+        udp_roundtrip(inside, at("203.0.113.10", 53))
+            .unwrap()
+            .backend,
+        "ep2"
+    );
+    // client2 (192.168.99.11) is outside loadBalancerSourceRanges: its
+    // datagrams to the load balancer IP get no answer.
+    match udp_roundtrip(outside, at("203.0.113.10", 53)) {
+        Err(error) if error.is_timeout() => {}
+        other => panic!("expected no answer to client2, got {other:?}"),
+    }
+    // The ranges limit the load balancer IP only, as in the iptables mode:
+    // the same client reaches the NodePort, and the allowed one still
+    // reaches the load balancer IP.
+    assert_eq!(
+        udp_roundtrip(outside, node_at(30054)).unwrap().backend,
+        "ep2"
+    );
+    assert_eq!(
+        udp_roundtrip(inside, at("203.0.113.10", 53))
+            .unwrap()
+            .backend,
+        "ep2"
+    );
+}
+
 fn removing_an_endpoint_keeps_its_established_connection(flavor: IptablesFlavor) {
     require(flavor);
     let topology = three_pods();
@@ -320,4 +370,34 @@ fn ipv6_udp_round_trip(flavor: IptablesFlavor) {
     assert_eq!(reply.backend, "ep2");
     let from_node = udp_roundtrip(topology.node(), at("fd00:10:96::12", 53)).unwrap();
     assert_eq!(from_node.backend, "ep2");
+}
+
+fn ipv6_udp_load_balancer_source_ranges_drop_datagrams_from_outside(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V6);
+    proxy.apply(
+        &[service("ns1", "dnslb6", |s| {
+            s.service_type("LoadBalancer")
+                .ip_families(&["IPv6"])
+                .cluster_ip("fd00:10:96::16")
+                .port("dns", 53, "UDP")
+                .node_port(30055)
+                .lb_ingress_ip("2001:db8:203:113::10")
+                .lb_source_range("fd00:192:168:99::10/128")
+        })],
+        &[slice("dnslb6", &[pod_ip_v6(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+
+    let lb = at("2001:db8:203:113::10", 53);
+    let inside = topology.client();
+    let outside = topology.client_named("client2");
+    assert_eq!(udp_roundtrip(inside, lb).unwrap().backend, "ep2");
+    match udp_roundtrip(outside, lb) {
+        Err(error) if error.is_timeout() => {}
+        other => panic!("expected no answer to client2, got {other:?}"),
+    }
+    let node_port = std::net::SocketAddr::new(kp_testkit::plan::NODE_IP_V6.into(), 30055);
+    assert_eq!(udp_roundtrip(outside, node_port).unwrap().backend, "ep2");
 }

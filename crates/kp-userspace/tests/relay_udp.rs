@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{port_name, quick_options, serve_udp, udp_ask, udp_endpoint, DEADLINE};
 use kp_model::{IpFamily, Protocol};
-use kp_userspace::{Relay, Route};
+use kp_userspace::{Relay, RelayOptions, Route};
 use tokio::net::UdpSocket;
 use tokio::runtime::Handle;
 
@@ -78,6 +78,52 @@ async fn an_idle_session_is_closed_and_the_next_datagram_starts_a_new_one() {
         "a new session, balanced afresh"
     );
     assert_eq!(relay.stats()[&name].accepted, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stays_open_for_the_configured_idle_time_then_closes() {
+    // Longer than upstream's 250ms default, so a relay that ignored the
+    // option would be caught closing early.
+    let idle = Duration::from_millis(700);
+    let options = RelayOptions {
+        udp_idle_timeout: idle,
+        ..quick_options()
+    };
+    let mut relay = Relay::new(Handle::current(), IpFamily::V4, options);
+    let addr = serve_udp(
+        &mut relay,
+        "dns",
+        Route::to_endpoints(&[udp_endpoint("ep1").await]),
+    );
+    let name = port_name("dns", Protocol::Udp);
+
+    let socket = client().await;
+    // The relay sees the datagram after this instant, so the session
+    // cannot end before `sent + idle`.
+    let sent = Instant::now();
+    assert_eq!(udp_ask(&socket, addr, "a").await, "ep1 a");
+    let open_until = sent + idle;
+    let closed_at = loop {
+        let active = relay.stats()[&name].active;
+        let now = Instant::now();
+        if now < open_until {
+            assert_eq!(active, 1, "open {:?} after the datagram", now - sent);
+        } else if active == 0 {
+            break now;
+        }
+        assert!(
+            now < open_until + DEADLINE,
+            "the session is still open {:?} after the datagram",
+            now - sent
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        relay.stats()[&name].accepted,
+        1,
+        "one session, closed {:?} after its datagram",
+        closed_at - sent
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

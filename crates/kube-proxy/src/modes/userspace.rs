@@ -8,8 +8,10 @@ use kp_model::IpFamily;
 use kp_sync::Backend;
 
 /// The userspace backend of `family`, its listeners on the current tokio
-/// runtime (the binary calls this inside it); with `dry_run` the portal
-/// rules go to stdout instead of the kernel.
+/// runtime (the binary calls this inside it), its connection counters in
+/// the process's userspace metrics (`kp_userspace::metrics::register`
+/// adds them to the metrics server); with `dry_run` the portal rules go to
+/// stdout instead of the kernel.
 pub fn backend(
     family: IpFamily,
     config: &KubeProxyConfiguration,
@@ -17,9 +19,9 @@ pub fn backend(
 ) -> anyhow::Result<Box<dyn Backend>> {
     let handle = tokio::runtime::Handle::try_current()
         .map_err(|_| anyhow::anyhow!("the userspace mode needs the proxy's runtime"))?;
-    Ok(Box::new(kp_userspace::UserspaceBackend::from_config(
-        config, family, dry_run, handle,
-    )?))
+    let backend = kp_userspace::UserspaceBackend::from_config(config, family, dry_run, handle)?;
+    kp_userspace::metrics::process_metrics().watch(family, backend.stats_registry());
+    Ok(Box::new(backend))
 }
 
 /// `--cleanup`: the portal chains and their jumps, in both families. Runs
