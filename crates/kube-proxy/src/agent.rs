@@ -39,6 +39,9 @@ impl Agent {
         }
         let conntrack = ConntrackMetrics::new();
         conntrack.register(&mut metrics.registry());
+        if mode == ProxyMode::Userspace {
+            kp_userspace::metrics::register(&mut metrics.registry());
+        }
         let health_checks = ServiceHealthServers::listening_on(
             tokio::runtime::Handle::current(),
             health_check_addresses(config)?,

@@ -392,6 +392,20 @@ fn the_binary_in_userspace_mode_relays_follows_edits_and_cleans_up() {
     let proxy = web.spawn("userspace");
     web.serves_and_follows_edits();
     assert!(node.iptables_chains("nat", "KUBE-PORTALS-") > 0);
+    // The relay's connections per service port are on /metrics.
+    let metrics = node
+        .run(|| kp_testkit::http::get(("127.0.0.1", 10249), "/metrics"))
+        .unwrap()
+        .body;
+    let accepted = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("kubeproxy_userspace_accepted_connections_total{")
+                && l.contains("service=\"web\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(accepted.is_some_and(|n| n >= 1.0), "{metrics}");
     assert!(
         !nft_tables(node).iter().any(|t| t.ends_with(" kube-proxy")),
         "the nftables mode's tables are gone at start"
