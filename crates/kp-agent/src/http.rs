@@ -57,8 +57,19 @@ impl Response {
     }
 }
 
-/// Maps a request (method, path) to its answer.
-pub type Handler = Arc<dyn Fn(&str, &str) -> Response + Send + Sync>;
+/// What a handler sees of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHead<'a> {
+    /// The method, e.g. `GET`.
+    pub method: &'a str,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The `Accept` header, empty when absent.
+    pub accept: &'a str,
+}
+
+/// Maps a request to its answer.
+pub type Handler = Arc<dyn Fn(&RequestHead<'_>) -> Response + Send + Sync>;
 
 /// Serves `handler` on `listener` until `stop` says so.
 pub async fn serve(listener: TcpListener, handler: Handler, mut stop: watch::Receiver<bool>) {
@@ -124,7 +135,16 @@ async fn answer(
     handler: Handler,
     request: Request<Incoming>,
 ) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let response = handler(request.method().as_str(), request.uri().path());
+    let accept = request
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let response = handler(&RequestHead {
+        method: request.method().as_str(),
+        path: request.uri().path(),
+        accept,
+    });
     let mut builder = hyper::Response::builder()
         .status(StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
     for (name, value) in &response.headers {

@@ -24,8 +24,11 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+mod exposition;
 mod process;
 mod rest_client;
+
+pub use exposition::{to_prometheus_text, ExpositionFormat};
 
 /// Label pairs of one series.
 type Labels = Vec<(&'static str, String)>;
@@ -232,7 +235,7 @@ impl ProxyMetrics {
             .inc();
     }
 
-    /// The metrics in Prometheus' text format, with the values read at
+    /// The metrics in the OpenMetrics text format, with the values read at
     /// scrape time brought up to date.
     pub fn render(&self) -> String {
         self.refresh_changes();
@@ -242,6 +245,15 @@ impl ProxyMetrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &self.registry());
         text
+    }
+
+    /// The metrics in `format`.
+    pub fn render_as(&self, format: ExpositionFormat) -> String {
+        let text = self.render();
+        match format {
+            ExpositionFormat::OpenMetrics => text,
+            ExpositionFormat::Prometheus => to_prometheus_text(&text),
+        }
     }
 
     fn refresh_changes(&self) {

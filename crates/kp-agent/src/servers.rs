@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::health::ProxyHealth;
 use crate::http::{serve, serve_retrying, Handler, Response};
-use crate::metrics::ProxyMetrics;
+use crate::metrics::{ExpositionFormat, ProxyMetrics};
 
 /// What the metrics server shows besides the metrics.
 #[derive(Clone)]
@@ -39,7 +39,7 @@ pub fn configz_json(config: &kp_config::KubeProxyConfiguration) -> String {
 
 /// `/healthz` and `/livez`.
 pub fn healthz_handler(health: ProxyHealth, metrics: ProxyMetrics) -> Handler {
-    Arc::new(move |_method, path| match path {
+    Arc::new(move |request| match request.path {
         "/healthz" => {
             let now = health.check();
             let code = if now.healthz_ok() { 200 } else { 503 };
@@ -58,13 +58,12 @@ pub fn healthz_handler(health: ProxyHealth, metrics: ProxyMetrics) -> Handler {
 
 /// `/metrics`, `/healthz`, `/proxyMode`, `/configz` and `/debug/pprof/`.
 pub fn metrics_handler(endpoints: MetricsEndpoints) -> Handler {
-    Arc::new(move |_method, path| {
-        match path {
-        "/metrics" => Response::new(
-            200,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            endpoints.metrics.render(),
-        ),
+    Arc::new(move |request| {
+        match request.path {
+        "/metrics" => {
+            let format = ExpositionFormat::accepted(request.accept);
+            Response::new(200, format.content_type(), endpoints.metrics.render_as(format))
+        }
         "/healthz" => Response::text(200, "ok"),
         "/proxyMode" => Response::text(200, endpoints.mode),
         "/configz" => Response::new(200, "application/json", endpoints.configz.clone()),
@@ -201,7 +200,7 @@ mod tests {
     use super::*;
 
     fn hello() -> Handler {
-        Arc::new(|_method, _path| Response::text(200, "hello"))
+        Arc::new(|_request| Response::text(200, "hello"))
     }
 
     #[tokio::test]

@@ -180,7 +180,7 @@ impl ServiceHealthServers {
         let _entered = self.inner.runtime.enter();
         let (stop, stopped) = watch::channel(false);
         let servers = self.clone();
-        let handler: Handler = Arc::new(move |_method, _path| servers.answer(port));
+        let handler: Handler = Arc::new(move |_request| servers.answer(port));
         for listener in listeners {
             listener.set_nonblocking(true)?;
             let listener = tokio::net::TcpListener::from_std(listener)?;

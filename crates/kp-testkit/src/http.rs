@@ -20,11 +20,21 @@ pub struct HttpReply {
 /// `GET path` from `addr` with `Connection: close`, reading the whole reply
 /// (5 s read timeout).
 pub fn get(addr: impl ToSocketAddrs, path: &str) -> io::Result<HttpReply> {
+    get_accepting(addr, path, None)
+}
+
+/// [`get`] with an `Accept` header when `accept` is given.
+pub fn get_accepting(
+    addr: impl ToSocketAddrs,
+    path: &str,
+    accept: Option<&str>,
+) -> io::Result<HttpReply> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let accept = accept.map_or_else(String::new, |a| format!("Accept: {a}\r\n"));
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: test\r\n{accept}Connection: close\r\n\r\n"
     )?;
     let mut reply = String::new();
     stream.read_to_string(&mut reply)?;

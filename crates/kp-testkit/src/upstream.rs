@@ -64,3 +64,19 @@ pub const IPTABLES_ONLY_METRICS: &[&str] = &[
     "kubeproxy_sync_proxy_rules_iptables_last",
     "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
 ];
+
+/// The series the kubernetes-mixin "Proxy" dashboard queries
+/// (`dashboards/proxy.libsonnet`), less the Go runtime's `go_goroutines`
+/// and Prometheus' own `up`, with their type. A histogram is queried through
+/// its `_bucket` and `_count` series.
+pub const MIXIN_PROXY_SERIES: &[(&str, &str)] = &[
+    ("kubeproxy_sync_proxy_rules_duration_seconds", "histogram"),
+    (
+        "kubeproxy_network_programming_duration_seconds",
+        "histogram",
+    ),
+    ("rest_client_requests_total", "counter"),
+    ("rest_client_request_duration_seconds", "histogram"),
+    ("process_resident_memory_bytes", "gauge"),
+    ("process_cpu_seconds_total", "counter"),
+];

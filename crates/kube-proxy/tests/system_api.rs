@@ -90,6 +90,89 @@ fn list_requests(server: &TestApiServer) -> usize {
         .count()
 }
 
+/// `/metrics` as a Prometheus server reads it: the 0.0.4 text by default,
+/// parsed by a Prometheus text-format parser, holds every series the
+/// kubernetes-mixin's Proxy dashboard queries, with its type; OpenMetrics
+/// only when asked for.
+fn scraped_as_the_mixin_dashboard_reads_it(host: &str, metrics: &str) {
+    use prometheus_parse::{Scrape, Value};
+
+    let reply = kp_testkit::http::get(("127.0.0.1", 10249), "/metrics").unwrap();
+    assert!(
+        reply.head.contains("text/plain; version=0.0.4"),
+        "{}",
+        reply.head
+    );
+    let scrape = Scrape::parse(reply.body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let has = |name: &str, label: Option<(&str, &str)>, kind: &str| {
+        scrape.samples.iter().any(|s| {
+            let typed = matches!(
+                (&s.value, kind),
+                (Value::Histogram(_), "histogram")
+                    | (Value::Counter(_), "counter")
+                    | (Value::Gauge(_), "gauge")
+                    | (Value::Untyped(_), "untyped")
+            );
+            s.metric == name
+                && typed
+                && label.is_none_or(|(key, value)| s.labels.get(key) == Some(value))
+        })
+    };
+    for (name, kind) in kp_testkit::upstream::MIXIN_PROXY_SERIES {
+        assert!(has(name, None, kind), "{name} as a {kind}:\n{}", reply.body);
+        if *kind == "histogram" {
+            // The rates and "by (le)" of the dashboard read these two.
+            assert!(
+                has(&format!("{name}_count"), None, "untyped"),
+                "{name}_count"
+            );
+        }
+    }
+    for verb in ["GET", "POST"] {
+        assert!(
+            has(
+                "rest_client_request_duration_seconds",
+                Some(("verb", verb)),
+                "histogram"
+            ),
+            "{verb} requests to {host} are timed"
+        );
+    }
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "rest_client_requests_total"
+            && s.labels
+                .get("code")
+                .is_some_and(|code| code.starts_with('2'))));
+    // Every counter's samples are typed as counters: the 0.0.4 names carry
+    // `_total` in TYPE as in the samples.
+    for line in reply.body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        if line.ends_with(" counter") {
+            assert!(
+                line.split(' ')
+                    .nth(2)
+                    .is_some_and(|n| n.ends_with("_total")),
+                "{line}"
+            );
+        }
+    }
+
+    let open = kp_testkit::http::get_accepting(
+        ("127.0.0.1", 10249),
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+    )
+    .unwrap();
+    assert!(
+        open.head.contains("application/openmetrics-text"),
+        "{}",
+        open.head
+    );
+    assert!(open.body.trim_end().ends_with("# EOF"));
+    assert!(metrics.contains("rest_client_requests_total{"));
+}
+
 /// The value of the metric sample `series` (name and labels, exactly).
 fn sample(metrics: &str, series: &str) -> Option<f64> {
     let line = metrics.lines().find(|l| l.starts_with(series))?;
@@ -231,6 +314,7 @@ async fn story(pod: &Netns) {
         requests("<error>", "GET") >= 1.0,
         "refused during the outage:\n{metrics}"
     );
+    scraped_as_the_mixin_dashboard_reads_it(&host, &metrics);
     let timed = sample(
         &metrics,
         &format!("rest_client_request_duration_seconds_count{{verb=\"GET\",host=\"{host}\"}}"),
