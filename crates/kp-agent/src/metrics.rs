@@ -356,9 +356,9 @@ impl SyncObserver for ProxyMetrics {
                     &outcome.rules_written_per_table,
                 );
             }
-            // Upstream counts only rule sets the kernel refused: a failed
-            // listing or IPVS request fails our sync but is not a restore
-            // failure.
+            // Upstream counts only rule sets that could not be applied: a
+            // failed listing or IPVS request fails our sync but is not a
+            // restore failure.
             Err(_) if stats.rejected => {
                 sync.restore_failures.get_or_create(&labels).inc();
                 sync.nftables_sync_failures.get_or_create(&labels).inc();

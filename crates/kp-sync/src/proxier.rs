@@ -355,7 +355,12 @@ impl Proxier {
                 Ok(outcome)
             }
             Err(source) => {
-                let rejected = matches!(source, BackendError::Rejected { .. });
+                // A missing restore program fails the restore too (upstream
+                // counts any error of its restore call).
+                let rejected = matches!(
+                    source,
+                    BackendError::Rejected { .. } | BackendError::Unavailable { .. }
+                );
                 let stats = stats(Err(error_chain(&source)), rejected);
                 for observer in &self.observers {
                     observer.on_sync_finished(self.family, &stats);
@@ -433,16 +438,18 @@ impl Proxier {
         self.status.requeue(drained.queued_since);
     }
 
+    /// Upstream's message and `elapsed` (Go's duration text), with what
+    /// the sync covered.
     fn log_success(&self, stats: &SyncStats, changed: &BTreeSet<NamespacedName>) {
         tracing::debug!(
-            family = family_name(self.family),
+            elapsed = %go_duration(stats.duration),
+            ipFamily = family_name(self.family),
             mode = self.mode,
             full = stats.full,
             service_ports = stats.service_ports,
             endpoints = stats.endpoints,
             changed_services = changed.len(),
-            duration_ms = stats.duration.as_millis(),
-            "synced proxy rules"
+            "SyncProxyRules complete"
         );
     }
 
@@ -701,4 +708,61 @@ fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // backend left half-applied is repaired by the full sync that follows
     // the failed run.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A duration as Go's `time.Duration.String` writes it (`31.25ms`,
+/// `1.5s`, `812µs`), which upstream's `elapsed` shows.
+pub fn go_duration(duration: Duration) -> String {
+    let nanos = duration.as_nanos();
+    if nanos >= 60_000_000_000 {
+        let minutes = duration.as_secs() / 60;
+        let rest = duration - Duration::from_secs(minutes * 60);
+        let seconds = go_duration(rest);
+        let seconds = if rest.is_zero() {
+            "0s".to_owned()
+        } else if rest < Duration::from_secs(1) {
+            // Go writes the seconds of a minute-long duration in seconds.
+            format!(
+                "{}s",
+                format!("{:.9}", rest.as_secs_f64())
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+            )
+        } else {
+            seconds
+        };
+        return format!("{minutes}m{seconds}");
+    }
+    let (value, unit) = if nanos < 1_000 {
+        return format!("{nanos}ns");
+    } else if nanos < 1_000_000 {
+        (nanos as f64 / 1e3, "µs")
+    } else if nanos < 1_000_000_000 {
+        (nanos as f64 / 1e6, "ms")
+    } else {
+        (nanos as f64 / 1e9, "s")
+    };
+    let text = format!("{value:.9}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}{unit}")
+}
+
+#[cfg(test)]
+mod go_duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_gos() {
+        for (duration, text) in [
+            (Duration::from_nanos(500), "500ns"),
+            (Duration::from_micros(812), "812µs"),
+            (Duration::from_micros(31_250), "31.25ms"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (Duration::from_secs(2), "2s"),
+            (Duration::from_millis(90_500), "1m30.5s"),
+            (Duration::from_secs(120), "2m0s"),
+        ] {
+            assert_eq!(go_duration(duration), text);
+        }
+    }
 }

@@ -39,8 +39,10 @@ pub struct SyncStats {
     pub endpoints: usize,
     /// The backend's outcome, or the error (with its causes) when it failed.
     pub result: Result<SyncOutcome, String>,
-    /// Whether the sync failed because the kernel refused the rule set
-    /// ([`BackendError::Rejected`](crate::BackendError::Rejected)).
+    /// Whether the sync failed because the rule set could not be applied:
+    /// the kernel refused it ([`BackendError::Rejected`](crate::BackendError::Rejected))
+    /// or the program that applies it is missing
+    /// ([`BackendError::Unavailable`](crate::BackendError::Unavailable)).
     pub rejected: bool,
     /// On success, for each EndpointSlice update this sync applied that
     /// carried a trigger time later than the proxy's start, the time from

@@ -2,11 +2,12 @@
 //! streams, and klog's `--logtostderr`/`--log-file`, on `tracing`.
 
 use std::fs::{File, OpenOptions};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use kp_config::{KlogOptions, LoggingConfiguration, Severity, VModuleItem};
+
+use crate::klog::{KlogJson, KlogText};
 use tracing::{Level, Metadata, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, FilterExt, FilterFn, LevelFilter};
 use tracing_subscriber::fmt::writer::{MakeWriter, MakeWriterExt};
@@ -193,13 +194,9 @@ fn output_layer(
             let writer = std::io::stderr
                 .with_max_level(Level::ERROR)
                 .or_else(std::io::stdout);
-            return Ok(fmt_layer(writer, json, false));
+            return Ok(fmt_layer(writer, json));
         }
-        return Ok(fmt_layer(
-            std::io::stderr,
-            json,
-            std::io::stderr().is_terminal(),
-        ));
+        return Ok(fmt_layer(std::io::stderr, json));
     };
     let file = OpenOptions::new()
         .create(true)
@@ -211,11 +208,11 @@ fn output_layer(
         })?;
     let file = Arc::new(file);
     if settings.klog.alsologtostderr {
-        return Ok(fmt_layer(file.and(std::io::stderr), json, false));
+        return Ok(fmt_layer(file.and(std::io::stderr), json));
     }
     Ok(match stderr_level(settings.klog.stderr_threshold) {
-        Some(level) => fmt_layer(file.and(std::io::stderr.with_max_level(level)), json, false),
-        None => fmt_layer::<Arc<File>>(file, json, false),
+        Some(level) => fmt_layer(file.and(std::io::stderr.with_max_level(level)), json),
+        None => fmt_layer::<Arc<File>>(file, json),
     })
 }
 
@@ -230,18 +227,16 @@ fn stderr_level(threshold: Severity) -> Option<Level> {
     }
 }
 
-fn fmt_layer<W>(writer: W, json: bool, ansi: bool) -> Box<dyn Layer<Registry> + Send + Sync>
+/// klog's text format, or component-base's JSON with `json`.
+fn fmt_layer<W>(writer: W, json: bool) -> Box<dyn Layer<Registry> + Send + Sync>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let layer = tracing_subscriber::fmt::layer()
-        .with_writer(writer)
-        .with_ansi(ansi)
-        .with_target(false);
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer);
     if json {
-        layer.json().boxed()
+        layer.event_format(KlogJson).boxed()
     } else {
-        layer.boxed()
+        layer.event_format(KlogText).boxed()
     }
 }
 

@@ -116,7 +116,9 @@ fn the_log_file_is_appended_to_in_json_when_asked() {
     let written = log_through(&settings, &path);
     assert!(written.starts_with("earlier line\n"), "{written}");
     let entry: serde_json::Value = serde_json::from_str(written.lines().nth(1).unwrap()).unwrap();
-    assert_eq!(entry["fields"]["entry"], "routine", "{written}");
+    assert_eq!(entry["msg"], "Routine entry", "{written}");
+    assert_eq!(entry["entry"], "routine", "{written}");
+    assert_eq!(entry["v"], 0, "{written}");
 }
 
 #[test]

@@ -6,6 +6,7 @@
 mod agent;
 mod app;
 mod config_watch;
+mod klog;
 mod logging;
 mod malloc_tuning;
 mod modes;

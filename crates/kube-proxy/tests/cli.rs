@@ -359,7 +359,8 @@ fn a_feature_gate_without_effect_here_is_a_one_line_warning() {
         1,
         "{log}"
     );
-    assert_eq!(log.matches("feature gate \"KubeProxyDrainingTerminatingNodes\" is not a kube-proxy feature gate of Kubernetes v1.34").count(), 1, "{log}");
+    // The message is quoted as klog quotes it.
+    assert_eq!(log.matches("feature gate \\\"KubeProxyDrainingTerminatingNodes\\\" is not a kube-proxy feature gate of Kubernetes v1.34").count(), 1, "{log}");
 }
 
 #[test]
