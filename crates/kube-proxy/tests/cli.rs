@@ -572,3 +572,143 @@ fn the_binary_runs_with_its_malloc_tunables_unless_the_operator_set_them() {
     );
     assert!(!log.contains("glibc malloc tunables set"), "{log}");
 }
+
+/// Whether `line` is a klog text entry: `Lmmdd hh:mm:ss.uuuuuu`, the thread
+/// id right-aligned in seven columns, `file:line]`, a Go-quoted message,
+/// then `key=value` pairs whose values are Go-quoted or bare words.
+fn is_klog_line(line: &str) -> Result<(), String> {
+    let fail = |what: &str| Err(format!("{what}: {line:?}"));
+    let b = line.as_bytes();
+    if !matches!(b.first(), Some(b'I' | b'W' | b'E' | b'F')) {
+        return fail("severity");
+    }
+    let digits = |range: std::ops::Range<usize>| {
+        b.get(range)
+            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+    };
+    let header_ok = digits(1..5)
+        && b.get(5) == Some(&b' ')
+        && digits(6..8)
+        && b.get(8) == Some(&b':')
+        && digits(9..11)
+        && b.get(11) == Some(&b':')
+        && digits(12..14)
+        && b.get(14) == Some(&b'.')
+        && digits(15..21)
+        && b.get(21) == Some(&b' ');
+    if !header_ok {
+        return fail("time");
+    }
+    let Some(thread) = line.get(22..29) else {
+        return fail("thread id");
+    };
+    if !thread.trim_start().chars().all(|c| c.is_ascii_digit()) || thread.trim().is_empty() {
+        return fail("thread id");
+    }
+    let Some((caller, rest)) = line[30..].split_once("] ") else {
+        return fail("caller");
+    };
+    let Some((file, number)) = caller.rsplit_once(':') else {
+        return fail("caller");
+    };
+    if file.is_empty() || file.contains(' ') || number.parse::<u32>().is_err() {
+        return fail("caller");
+    }
+    // A Go-quoted string at the start of `text`; what follows it.
+    fn quoted(text: &str) -> Option<&str> {
+        let mut chars = text.strip_prefix('"')?.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next()?;
+                }
+                '"' => return Some(&text[i + 2..]),
+                c if c.is_control() => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+    let Some(mut rest) = quoted(rest) else {
+        return fail("message");
+    };
+    while !rest.is_empty() {
+        let Some(pair) = rest.strip_prefix(' ') else {
+            return fail("pair separator");
+        };
+        let Some((key, value)) = pair.split_once('=') else {
+            return fail("key");
+        };
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return fail("key");
+        }
+        rest = if value.starts_with('"') {
+            let Some(after) = quoted(value) else {
+                return fail("quoted value");
+            };
+            after
+        } else {
+            let end = value.find(' ').unwrap_or(value.len());
+            if end == 0 {
+                return fail("bare value");
+            }
+            &value[end..]
+        };
+    }
+    Ok(())
+}
+
+#[test]
+fn every_log_line_is_in_klogs_text_format() {
+    let out = dry_run_of_examples("iptables");
+    let log = stderr(&out);
+    assert!(log.lines().count() >= 3, "{log}");
+    for line in log.lines() {
+        if let Err(error) = is_klog_line(line) {
+            panic!("not klog's format at {error}\n{log}");
+        }
+    }
+    assert!(
+        log.contains("] \"Starting kube-proxy\" node=\"node-1\" mode=\"iptables\""),
+        "{log}"
+    );
+    // The checker refuses what klog would not write.
+    for wrong in [
+        "2026-11-24T23:45:17.960775Z  INFO Starting kube-proxy node=node-1",
+        "I1124 23:45:17.960775    1234 app.rs:60] Starting kube-proxy",
+        "I1124 23:45:17.960775    1234 app.rs:60] \"Starting\" node=node 1",
+    ] {
+        assert!(is_klog_line(wrong).is_err(), "{wrong}");
+    }
+}
+
+#[test]
+fn json_logs_have_component_bases_keys() {
+    let examples = examples();
+    let out = kube_proxy(&[
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--logging-format",
+        "json",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    for line in log.lines() {
+        let entry: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["ts"].as_f64().is_some_and(|ts| ts > 1.7e9), "{line}");
+        assert!(
+            entry["caller"].as_str().is_some_and(|c| c.contains(".rs:")),
+            "{line}"
+        );
+        assert!(entry["msg"].is_string(), "{line}");
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"msg\":\"Starting kube-proxy\",\"v\":0,\"node\":\"node-1\"")),
+        "{log}"
+    );
+}
