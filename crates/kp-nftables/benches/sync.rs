@@ -152,6 +152,7 @@ fn render_times(
         family: IpFamily::V4,
         full: true,
         reset: false,
+        split: true,
         service_ports: current,
         changed_services: &none,
         node,
