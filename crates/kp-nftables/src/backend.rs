@@ -330,7 +330,8 @@ impl Backend for NftablesBackend {
         self.needs_reset = false;
         self.repairing = false;
         self.programmed.commit(rendered.delta);
-        let outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
+        let mut outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
+        outcome.cleanup_failures = cleanup_failures;
         tracing::debug!(
             family = %self.family,
             full,

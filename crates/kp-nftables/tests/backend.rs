@@ -81,6 +81,7 @@ fn a_failed_stale_chain_cleanup_is_counted_and_tried_again_while_the_syncs_succe
     let before = world.applier.transactions().len();
     let outcome = world.try_sync(false, &changed("ns1", "web")).unwrap();
     assert!(!outcome.full, "a failed cleanup forces no full sync");
+    assert_eq!(outcome.cleanup_failures, 1, "reported with the sync");
     let sent = world.applier.transactions();
     assert_eq!(sent.len() - before, 2, "the cleanup, then the sync");
     assert!(sent[before]
@@ -99,7 +100,9 @@ fn a_failed_stale_chain_cleanup_is_counted_and_tried_again_while_the_syncs_succe
     );
 
     // The next sync tries again, and succeeds.
-    let text = world.sync(false, &[]);
+    let retried = world.try_sync(false, &BTreeSet::new()).unwrap();
+    assert_eq!(retried.cleanup_failures, 0);
+    let text = world.applier.last().unwrap().text;
     assert!(!text.contains("delete chain"), "{text}");
     let cleanup = world.cleanup_of_last_sync().expect("the cleanup again");
     assert!(
