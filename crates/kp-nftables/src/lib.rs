@@ -36,7 +36,7 @@ pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;
 pub use render::{
     stale_chain_cleanup, Piece, RenderInput, RenderStats, Rendered, Renderer, StaleChainCleanup,
-    STALE_CHAIN_DELAY, TRANSACTION_TEXT_MAX,
+    SPLIT_PIECES, STALE_CHAIN_DELAY, TRANSACTION_TEXT_MAX,
 };
 pub use state::{Element, Programmed, ServiceRecord, StateDelta};
 

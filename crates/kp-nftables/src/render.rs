@@ -52,8 +52,15 @@ pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 
 /// Service chain text after which a full render that may be split starts
 /// another transaction (at a Service boundary): 1 MiB of text is about
-/// 1,100 Service ports with two endpoints and a 3 MiB netlink batch.
+/// 1,100 Service ports with two endpoints and a 3 MiB netlink batch. A
+/// larger table gets larger transactions, at most [`SPLIT_PIECES`] or so.
 pub const TRANSACTION_TEXT_MAX: usize = 1 << 20;
+
+/// About how many transactions a split full render is cut into at most:
+/// each one that adds rules makes the kernel validate the whole table
+/// (a quarter of a second at 5,000 Service ports × 50 endpoints), so the
+/// number of pieces, not only their size, must stay bounded.
+pub const SPLIT_PIECES: usize = 8;
 
 /// Text handed on at once while a transaction's Service chains are written.
 const PIECE_BYTES: usize = 64 << 10;
@@ -190,8 +197,8 @@ impl Renderer {
     }
 
     /// Splits full renders (that may be split) into transactions of about
-    /// `bytes` of Service chain text each, instead of
-    /// [`TRANSACTION_TEXT_MAX`].
+    /// `bytes` of Service chain text each (more for a table larger than
+    /// [`SPLIT_PIECES`] times that), instead of [`TRANSACTION_TEXT_MAX`].
     #[must_use]
     pub fn with_transaction_text_max(mut self, bytes: usize) -> Self {
         self.transaction_text_max = bytes.max(1);
@@ -256,7 +263,9 @@ impl Renderer {
         let mut out = Sections::default();
         let mut stats = RenderStats::default();
         let may_split = full && input.split;
-        let limit = self.transaction_text_max;
+        let limit = self
+            .transaction_text_max
+            .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
         let mut split = false;
         let mut transactions = 0;
         let mut emitted = Emitted::default();
@@ -544,6 +553,16 @@ fn write_delete(ctx: &Context, element: &Element, out: &mut Sections) {
         "delete element {} {} {{ {} }}",
         ctx.table, element.map, element.key
     );
+}
+
+/// About how much Service chain text a full render of `ports` writes
+/// (about 500 bytes a service port and 400 an endpoint, as the golden
+/// texts show).
+fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> usize {
+    ports
+        .values()
+        .map(|state| 500 + 400 * state.endpoints.all_reachable.len())
+        .sum()
 }
 
 /// `text` in pieces of about [`PIECE_BYTES`], cut after a newline.
