@@ -1,6 +1,10 @@
 //! [`NftablesBackend`]: the nftables mode as a [`kp_sync::Backend`].
 //!
-//! One sync is one transaction. The sync loop asks for a full sync once per
+//! One sync is one transaction, except a large full sync, which is split
+//! into bounded transactions of complete Services with the elements last
+//! ([`Renderer::render_streamed`]), each leaving a consistent table; a
+//! failed piece makes the next sync full and one transaction. The sync
+//! loop asks for a full sync once per
 //! `syncPeriod` and after any failure; the backend also syncs in full until
 //! its first success and after a failed transaction. A full transaction
 //! declares and flushes every fixed object and rewrites every Service, so
@@ -10,10 +14,11 @@
 //! meets a deleted table fails on its first chain and makes the next sync
 //! full at once.
 //!
-//! The first transaction of a process, and the one after a failed one,
-//! deletes the table first (in the same transaction), which removes
-//! stale chains an earlier process left without listing the table and
-//! lets base chains change priority. Other stale chains are flushed at
+//! The first transaction of a process (unless its sync is split: then it
+//! rewrites the table in place), and the one after a failed one, deletes
+//! the table first (in the same transaction), which removes stale chains an
+//! earlier process left without listing the table and lets base chains
+//! change priority. Other stale chains are flushed at
 //! once and deleted at least a second later by a transaction of their own
 //! at the start of a later sync, as upstream does: its failure is counted
 //! (`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`), does not
