@@ -12,8 +12,9 @@
 //! and read its echo, close; timed from before `connect` to the echo.
 //!
 //! Rounds alternate between the small and the large table (each round
-//! syncs the table it needs, then takes its samples), so a change of the
-//! machine's load during the run lands on both. Printed: median, p90 and
+//! syncs the table it needs, waits 3 s for the kernel's deferred work after
+//! the commit, warms up with 200 connections, then takes its samples), so a
+//! change of the machine's load during the run lands on both. Printed: median, p90 and
 //! p99 per table size over all its samples, and the ratio of the medians.
 //!
 //! Needs root. `cargo bench -p kp-nftables --bench latency`; environment:
@@ -40,6 +41,8 @@ use kp_testkit::plan;
 
 const POD_PORT: u16 = 8080;
 const SERVICE_PORT: u16 = 80;
+/// Pause after each sync before the samples.
+const SETTLE: Duration = Duration::from_secs(3);
 
 fn endpoint(ip: Ipv4Addr, port: u16, local: bool) -> Arc<Endpoint> {
     Arc::new(Endpoint {
@@ -188,10 +191,13 @@ fn main() {
             stale_conntrack: &stale,
         };
         topology.node().run(|| backend.sync(&request)).unwrap();
+        // The kernel frees the replaced rules and may resize its set hash
+        // tables after a commit, in deferred work; let that end before the
+        // samples, then warm up, so neither size pays for it.
+        std::thread::sleep(SETTLE);
         let client = topology.client();
-        // A few connections first, so neither size pays for cold caches.
         client.run(|| {
-            for _ in 0..50 {
+            for _ in 0..200 {
                 sample(addr);
             }
         });
