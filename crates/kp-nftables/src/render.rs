@@ -153,7 +153,7 @@ pub enum Piece<'a> {
     Commit,
 }
 
-/// Renders transactions, keeping name hashes across syncs. One per family.
+/// Renders transactions; one per family.
 #[derive(Debug)]
 pub struct Renderer {
     options: NftablesOptions,
@@ -267,7 +267,6 @@ impl Renderer {
             .transaction_text_max
             .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
         let mut split = false;
-        let mut transactions = 0;
         let mut emitted = Emitted::default();
         if full {
             let estimate = input.service_ports.len() * 900;
@@ -320,13 +319,8 @@ impl Renderer {
                 (record, _) => delta.services.push((service.clone(), record)),
             }
             if may_split && out.chains.len() >= limit {
-                // A transaction of complete Services' chains, ahead of the
-                // fixed objects and elements, which go last.
                 split = true;
-                emitted.emit(&mut emit, &head::prelude(&ctx))?;
-                emitted.emit(&mut emit, &out.chains)?;
-                emit(Piece::Commit)?;
-                transactions += 1;
+                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
                 out.chains.clear();
             }
         }
@@ -338,10 +332,7 @@ impl Renderer {
         }
         if split {
             if !out.chains.is_empty() {
-                emitted.emit(&mut emit, &head::prelude(&ctx))?;
-                emitted.emit(&mut emit, &out.chains)?;
-                emit(Piece::Commit)?;
-                transactions += 1;
+                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
             }
             // In place: the table is not deleted (that would leave the
             // Services of the transactions above without their elements).
@@ -358,8 +349,7 @@ impl Renderer {
         // Every render commits at least one transaction (an empty one for a
         // partial sync with nothing to change), so each sync reaches the
         // applier.
-        emit(Piece::Commit)?;
-        transactions += 1;
+        emitted.commit(&mut emit)?;
         self.capacity_hint = self.capacity_hint.max(emitted.bytes);
         stats.commands = emitted.lines;
         stats.rules_written = emitted.rules;
@@ -367,7 +357,7 @@ impl Renderer {
             family: input.family,
             full,
             text: String::new(),
-            transactions,
+            transactions: emitted.transactions,
             delta,
             stats,
         })
@@ -588,6 +578,7 @@ struct Emitted {
     bytes: usize,
     lines: usize,
     rules: usize,
+    transactions: usize,
 }
 
 impl Emitted {
@@ -606,5 +597,24 @@ impl Emitted {
             self.rules += usize::from(line.starts_with("add rule"));
         }
         emit(Piece::Lines(lines))
+    }
+
+    /// Ends the current transaction.
+    fn commit<E>(&mut self, emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>) -> Result<(), E> {
+        self.transactions += 1;
+        emit(Piece::Commit)
+    }
+
+    /// A transaction of a split render ahead of the last: what Service
+    /// chains need, and the chains of complete Services.
+    fn chain_transaction<E>(
+        &mut self,
+        emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>,
+        ctx: &Context,
+        chains: &str,
+    ) -> Result<(), E> {
+        self.emit(emit, &head::prelude(ctx))?;
+        self.emit(emit, chains)?;
+        self.commit(emit)
     }
 }
