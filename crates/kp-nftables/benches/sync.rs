@@ -14,6 +14,8 @@
 //! or `KP_BENCH_SIZES=1000,10000 KP_BENCH_APPLIERS=netlink cargo bench -p
 //! kp-nftables --bench sync`. The peak RSS printed is the process's over
 //! every measurement (run one size and applier alone for its own figure).
+//! `KP_BENCH_TRANSACTION_TEXT_MAX=BYTES` sets the bound at which a full
+//! sync is split into several transactions.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,6 +93,18 @@ fn endpoints_per_service() -> u32 {
         .unwrap_or(2)
 }
 
+/// `KP_BENCH_TRANSACTION_TEXT_MAX`: the bound of Service chain text per
+/// transaction of a split full sync (default: the backend's, 1 MiB; a
+/// large value keeps every sync one transaction, to compare).
+fn transaction_text_max() -> Option<usize> {
+    std::env::var("KP_BENCH_TRANSACTION_TEXT_MAX")
+        .ok()
+        .map(|text| {
+            text.parse()
+                .expect("KP_BENCH_TRANSACTION_TEXT_MAX: a number of bytes")
+        })
+}
+
 fn services(count: u32) -> BTreeMap<ServicePortName, ServicePortState> {
     let per = endpoints_per_service();
     let endpoints = |i: u32| (0..per).map(|k| endpoint(per * i + k)).collect();
@@ -152,6 +166,7 @@ fn render_times(
         family: IpFamily::V4,
         full: true,
         reset: false,
+        split: true,
         service_ports: current,
         changed_services: &none,
         node,
@@ -175,10 +190,14 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     let (render_full_ms, render_change_ms) = render_times(&current, &node);
     let stale = StaleConntrack::default();
     let no_changes = BTreeSet::new();
-    let mut backend = if netlink {
+    let backend = if netlink {
         NftablesBackend::system(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
     } else {
         NftablesBackend::with_nft(IpFamily::V4, options(), NodePortAddresses::All).unwrap()
+    };
+    let mut backend = match transaction_text_max() {
+        Some(bytes) => backend.with_transaction_text_max(bytes),
+        None => backend,
     };
     let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
         let request = SyncRequest {

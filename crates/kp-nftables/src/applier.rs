@@ -19,6 +19,34 @@ use kp_model::IpFamily;
 pub trait Applier: Send {
     /// Commits `text` (`nft -f` input) as one transaction.
     fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
+
+    /// Transactions of `family` whose text arrives in pieces of whole
+    /// lines, each committed by [`TransactionStream::commit`]: a full sync
+    /// streams its text so it is never held whole. By default the pieces
+    /// are collected and committed with [`Applier::apply`].
+    fn stream(&mut self, family: IpFamily) -> Box<dyn TransactionStream + '_> {
+        Box::new(Collected {
+            applier: self,
+            family,
+            text: String::new(),
+        })
+    }
+}
+
+/// Transactions written in pieces; see [`Applier::stream`].
+pub trait TransactionStream {
+    /// Adds whole lines to the current transaction.
+    fn write(&mut self, lines: &str) -> Result<(), ApplyError>;
+    /// Commits the current transaction, even an empty one; the next write
+    /// starts another.
+    fn commit(&mut self) -> Result<(), ApplyError>;
+}
+
+/// The default [`TransactionStream`]: collects each transaction's text.
+struct Collected<'a, A: ?Sized> {
+    applier: &'a mut A,
+    family: IpFamily,
+    text: String,
 }
 
 /// Why a transaction was not committed.
@@ -83,12 +111,25 @@ pub struct FakeApplier {
 #[derive(Debug, Default)]
 struct FakeInner {
     transactions: Vec<FakeTransaction>,
+    successes_first: usize,
     failures: usize,
 }
 
 /// Writes each transaction to a writer, touching nothing.
 pub struct DryRunApplier {
     out: Box<dyn Write + Send>,
+}
+
+impl<A: Applier + ?Sized> TransactionStream for Collected<'_, A> {
+    fn write(&mut self, lines: &str) -> Result<(), ApplyError> {
+        self.text.push_str(lines);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), ApplyError> {
+        let text = std::mem::take(&mut self.text);
+        self.applier.apply(self.family, &text)
+    }
 }
 
 impl ApplyError {
@@ -199,7 +240,14 @@ impl FakeApplier {
 
     /// Makes the next `count` transactions fail (they are still recorded).
     pub fn fail_next(&self, count: usize) {
-        self.lock().failures = count;
+        self.fail_after(0, count);
+    }
+
+    /// Lets `successes` transactions through, then makes `count` fail.
+    pub fn fail_after(&self, successes: usize, count: usize) {
+        let mut inner = self.lock();
+        inner.successes_first = successes;
+        inner.failures = count;
     }
 
     fn lock(&self) -> MutexGuard<'_, FakeInner> {
@@ -214,6 +262,10 @@ impl Applier for FakeApplier {
             family,
             text: text.to_owned(),
         });
+        if inner.successes_first > 0 {
+            inner.successes_first -= 1;
+            return Ok(());
+        }
         if inner.failures > 0 {
             inner.failures -= 1;
             return Err(ApplyError::Write(io::Error::other("fake failure")));

@@ -1,6 +1,10 @@
 //! [`NftablesBackend`]: the nftables mode as a [`kp_sync::Backend`].
 //!
-//! One sync is one transaction. The sync loop asks for a full sync once per
+//! One sync is one transaction, except a large full sync, which is split
+//! into bounded transactions of complete Services with the elements last
+//! ([`Renderer::render_streamed`]), each leaving a consistent table; a
+//! failed piece makes the next sync full and one transaction. The sync
+//! loop asks for a full sync once per
 //! `syncPeriod` and after any failure; the backend also syncs in full until
 //! its first success and after a failed transaction. A full transaction
 //! declares and flushes every fixed object and rewrites every Service, so
@@ -10,11 +14,15 @@
 //! meets a deleted table fails on its first chain and makes the next sync
 //! full at once.
 //!
-//! The first transaction of a process, and the one after a failed one,
-//! deletes the table first (in the same transaction), which removes
-//! stale chains an earlier process left without listing the table and
-//! lets base chains change priority. Other stale chains are flushed at
-//! once and deleted by a transaction at least a second later.
+//! The first transaction of a process (unless its sync is split: then it
+//! rewrites the table in place), and the one after a failed one, deletes
+//! the table first (in the same transaction), which removes stale chains an
+//! earlier process left without listing the table and lets base chains
+//! change priority. Other stale chains are flushed at
+//! once and deleted at least a second later by a transaction of their own
+//! at the start of a later sync, as upstream does: its failure is counted
+//! (`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`), does not
+//! fail the sync, and the chains are tried again at the next one.
 
 use std::io;
 use std::net::IpAddr;
@@ -29,7 +37,7 @@ use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
-use crate::render::{RenderInput, Rendered, Renderer};
+use crate::render::{stale_chain_cleanup, Piece, RenderInput, RenderStats, Renderer};
 use crate::state::Programmed;
 use crate::NftablesError;
 
@@ -51,6 +59,9 @@ pub struct NftablesBackend {
     programmed: Programmed,
     needs_full_sync: bool,
     needs_reset: bool,
+    /// The last transaction failed: the next sync is one transaction.
+    repairing: bool,
+    cleanup_failures: usize,
 }
 
 /// The nftables backend of `family` as the binary configures it:
@@ -122,6 +133,8 @@ impl NftablesBackend {
             programmed: Programmed::default(),
             needs_full_sync: true,
             needs_reset: true,
+            repairing: false,
+            cleanup_failures: 0,
         })
     }
 
@@ -170,6 +183,14 @@ impl NftablesBackend {
         self
     }
 
+    /// Splits full syncs into transactions of about `bytes` of Service
+    /// chain text each ([`Renderer::with_transaction_text_max`]).
+    #[must_use]
+    pub fn with_transaction_text_max(mut self, bytes: usize) -> Self {
+        self.renderer = self.renderer.with_transaction_text_max(bytes);
+        self
+    }
+
     /// Reads the time from `clock` (stale chains wait a second).
     pub fn with_clock(mut self, clock: impl FnMut() -> Instant + Send + 'static) -> Self {
         self.clock = Box::new(clock);
@@ -179,6 +200,42 @@ impl NftablesBackend {
     /// What the table holds after the last successful transaction.
     pub fn programmed(&self) -> &Programmed {
         &self.programmed
+    }
+
+    /// Stale-chain cleanup transactions that failed since this backend was
+    /// made (upstream's `nftables_cleanup_failures_total`).
+    pub fn cleanup_failures(&self) -> usize {
+        self.cleanup_failures
+    }
+
+    /// Deletes the stale chains that are due, in a transaction of their
+    /// own (`nft delete chain`); returns how many such transactions failed
+    /// (0 or 1). A failure leaves the chains in the record's stale list, so
+    /// the next sync tries again, and does not fail the sync: an
+    /// unreferenced empty chain does no harm meanwhile.
+    fn delete_stale_chains(&mut self, now: Instant) -> usize {
+        let Some(cleanup) = stale_chain_cleanup(self.family, now, &self.programmed) else {
+            return 0;
+        };
+        match self.applier.apply(self.family, &cleanup.text) {
+            Ok(()) => {
+                for chain in &cleanup.chains {
+                    self.programmed.stale_chains.remove(chain);
+                }
+                tracing::debug!(family = %self.family, chains = cleanup.chains.len(), "deleted stale nftables chains");
+                0
+            }
+            Err(error) => {
+                self.cleanup_failures += 1;
+                tracing::warn!(
+                    family = %self.family,
+                    chains = cleanup.chains.len(),
+                    error = %error,
+                    "could not delete stale nftables chains; trying again at the next sync"
+                );
+                1
+            }
+        }
     }
 
     /// The addresses NodePorts answer on; `None` means every local address.
@@ -222,45 +279,73 @@ impl Backend for NftablesBackend {
         let full = request.full || self.needs_full_sync;
         let reset = full && self.needs_reset;
         let node_ports = self.resolve_node_ports(request.node, full)?;
-        let rendered = self.renderer.render(
-            &RenderInput {
-                family: self.family,
-                full,
-                reset,
-                service_ports: request.service_ports,
-                changed_services: request.changed_services,
-                node: request.node,
-                node_port_addresses: node_ports.as_deref(),
-                now: (self.clock)(),
-            },
-            &self.programmed,
-        );
-        tracing::trace!(family = %self.family, transaction = %rendered.text, "committing nftables transaction");
-        if let Err(error) = self.applier.apply(self.family, &rendered.text) {
-            // The kernel kept the table as the last transaction left it,
-            // but someone else may have changed it behind the record (a
-            // deleted table fails a partial transaction): the next sync
-            // deletes the table and writes it afresh, which needs no record.
-            // Affinity state is lost then, as after a restart.
-            self.needs_full_sync = true;
-            self.needs_reset = true;
-            return Err(apply_error("committing the transaction", error).rejected());
-        }
+        let now = (self.clock)();
+        // A reset deletes the table, stale chains with it.
+        let cleanup_failures = if reset {
+            0
+        } else {
+            self.delete_stale_chains(now)
+        };
+        let input = RenderInput {
+            family: self.family,
+            full,
+            reset,
+            // After a failure, one transaction that deletes the table
+            // repairs whatever a split one could not (a base chain whose
+            // priority changed, a table someone else edited).
+            split: !self.repairing,
+            service_ports: request.service_ports,
+            changed_services: request.changed_services,
+            node: request.node,
+            node_port_addresses: node_ports.as_deref(),
+            now,
+        };
+        let family = self.family;
+        let mut stream = self.applier.stream(family);
+        let committed =
+            self.renderer
+                .render_streamed(&input, &self.programmed, |piece| match piece {
+                    Piece::Lines(lines) => {
+                        tracing::trace!(family = %family, lines, "nftables transaction text");
+                        stream.write(lines)
+                    }
+                    Piece::Commit => stream.commit(),
+                });
+        drop(stream);
+        let rendered = match committed {
+            Ok(rendered) => rendered,
+            Err(error) => {
+                // The kernel kept the table as the last transaction left
+                // it (with a split sync: some Services rewritten, each
+                // whole), but someone else may have changed it behind the
+                // record (a deleted table fails a partial transaction): the
+                // next sync deletes the table and writes it afresh in one
+                // transaction, which needs no record. Affinity state is
+                // lost then, as after a restart.
+                self.needs_full_sync = true;
+                self.needs_reset = true;
+                self.repairing = true;
+                return Err(apply_error("committing the transaction", error).rejected());
+            }
+        };
         if reset {
             self.programmed.clear();
         }
         self.needs_full_sync = false;
         self.needs_reset = false;
-        let outcome = outcome(&rendered, &self.programmed);
+        self.repairing = false;
         self.programmed.commit(rendered.delta);
+        let mut outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
+        outcome.cleanup_failures = cleanup_failures;
         tracing::debug!(
             family = %self.family,
             full,
             reset,
+            transactions = rendered.transactions,
             commands = rendered.stats.commands,
             elements_added = rendered.stats.elements_added,
             elements_deleted = rendered.stats.elements_deleted,
-            chains_deleted = rendered.stats.chains_deleted,
+            cleanup_failures,
             "committed nftables transaction"
         );
         Ok(outcome)
@@ -329,41 +414,17 @@ fn from_iptables_error(error: IptablesError) -> NftablesError {
     }
 }
 
-/// Counts after the transaction, for logs and metrics. `programmed` is the
-/// record before `rendered` is committed; the counts are estimated from
-/// it and the render.
-fn outcome(rendered: &Rendered, programmed: &Programmed) -> SyncOutcome {
+/// Counts after the transaction, for logs and metrics, from the record
+/// it left (`programmed`).
+fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutcome {
     let (chains, rules, _) = programmed.totals();
-    let mut after_chains = chains;
-    let mut after_rules = rules;
-    for (service, record) in &rendered.delta.services {
-        if !rendered.delta.replace_all {
-            if let Some(old) = programmed.services.get(service) {
-                after_chains -= old.chains.len();
-                after_rules -= old.rules;
-            }
-        }
-        if let Some(new) = record {
-            after_chains += new.chains.len();
-            after_rules += new.rules;
-        }
-    }
-    if rendered.delta.replace_all {
-        after_chains -= chains;
-        after_rules -= rules;
-    }
     let table = TABLE.to_owned();
-    let written = rendered
-        .text
-        .lines()
-        .filter(|l| l.starts_with("add rule"))
-        .count();
     SyncOutcome {
-        full: rendered.full,
-        rules_per_table: vec![(table.clone(), after_rules)],
-        chains_per_table: vec![(table.clone(), after_chains)],
-        rules_written_per_table: vec![(table, written)],
-        objects_written: rendered.stats.commands,
+        full,
+        rules_per_table: vec![(table.clone(), rules)],
+        chains_per_table: vec![(table.clone(), chains)],
+        rules_written_per_table: vec![(table, stats.rules_written)],
+        objects_written: stats.commands,
         cleanup_failures: 0,
     }
 }

@@ -30,11 +30,14 @@ pub mod render;
 pub mod state;
 pub mod tracer;
 
-pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier};
+pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier, TransactionStream};
 pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
 pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;
-pub use render::{RenderInput, RenderStats, Rendered, Renderer, STALE_CHAIN_DELAY};
+pub use render::{
+    stale_chain_cleanup, Piece, RenderInput, RenderStats, Rendered, Renderer, StaleChainCleanup,
+    SPLIT_PIECES, STALE_CHAIN_DELAY, TRANSACTION_TEXT_MAX,
+};
 pub use state::{Element, Programmed, ServiceRecord, StateDelta};
 
 /// Why the nftables backend could not be set up.

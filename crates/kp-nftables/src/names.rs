@@ -12,7 +12,6 @@
 //! unique when a long one is cut and tells apart names that differ in one
 //! digit.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -100,49 +99,6 @@ pub struct EndpointNames {
     pub affinity_set: Arc<str>,
 }
 
-/// Remembers names across syncs: hashing is most of a name's cost, and a
-/// full sync of 10,000 service ports asks for 30,000 of them.
-#[derive(Debug, Default)]
-pub struct NameCache {
-    services: HashMap<ServicePortName, Arc<ServiceChains>>,
-    endpoints: HashMap<(ServicePortName, SocketAddr), Arc<EndpointNames>>,
-}
-
-impl NameCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The chain names of `port`.
-    pub fn service(&mut self, port: &ServicePortName) -> Arc<ServiceChains> {
-        if let Some(names) = self.services.get(port) {
-            return Arc::clone(names);
-        }
-        let names = Arc::new(service_chains(port));
-        self.services.insert(port.clone(), Arc::clone(&names));
-        names
-    }
-
-    /// The chain and affinity set names of `endpoint` of `port`.
-    pub fn endpoint(&mut self, port: &ServicePortName, endpoint: SocketAddr) -> Arc<EndpointNames> {
-        let key = (port.clone(), endpoint);
-        if let Some(names) = self.endpoints.get(&key) {
-            return Arc::clone(names);
-        }
-        let names = Arc::new(endpoint_names(port, endpoint));
-        self.endpoints.insert(key, Arc::clone(&names));
-        names
-    }
-
-    /// Forgets the names of service ports for which `keep` is false (a full
-    /// sync drops those of deleted Services).
-    pub fn retain(&mut self, mut keep: impl FnMut(&ServicePortName) -> bool) {
-        self.services.retain(|port, _| keep(port));
-        self.endpoints.retain(|(port, _), _| keep(port));
-    }
-}
-
 /// `HASH-ns/svc/proto/port` of a service port (upstream
 /// `servicePortChainNameBase`).
 pub fn service_port_base(port: &ServicePortName) -> String {
@@ -171,7 +127,8 @@ pub fn is_service_chain_name(name: &str) -> bool {
     name.contains('/')
 }
 
-fn service_chains(port: &ServicePortName) -> ServiceChains {
+/// The chain names of service port `port`.
+pub fn service_chains(port: &ServicePortName) -> ServiceChains {
     let base = service_port_base(port);
     ServiceChains {
         cluster: Arc::from(format!("service-{base}")),
@@ -181,7 +138,8 @@ fn service_chains(port: &ServicePortName) -> ServiceChains {
     }
 }
 
-fn endpoint_names(port: &ServicePortName, endpoint: SocketAddr) -> EndpointNames {
+/// The chain and affinity set names of `endpoint` of `port`.
+pub fn endpoint_names(port: &ServicePortName, endpoint: SocketAddr) -> EndpointNames {
     let base = endpoint_base(port, endpoint);
     EndpointNames {
         chain: Arc::from(format!("endpoint-{base}")),

@@ -21,10 +21,14 @@
 //!
 //! Text order inside one transaction: fixed objects, Service sets and
 //! chains (so elements can name them), element deletions, element
-//! additions, then stale chains (flushed now, deleted at least
-//! [`STALE_CHAIN_DELAY`] later: with kernels before 6.2, a chain whose last
-//! map element was just deleted still counts as referenced for a moment,
-//! which upstream works around the same way).
+//! additions, then the chains no Service uses any more, flushed.
+//!
+//! **Stale chain cleanup** ([`stale_chain_cleanup`]): a flushed chain is
+//! deleted at least [`STALE_CHAIN_DELAY`] later, in a transaction of its
+//! own that runs before a later sync's, as upstream does: with kernels
+//! before 6.2, a chain whose last map element was just deleted still counts
+//! as referenced for a moment, and a failed deletion must not fail the
+//! sync.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -36,7 +40,6 @@ use std::time::{Duration, Instant};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, Protocol, ServicePortName};
 use kp_sync::ServicePortState;
 
-use crate::names::NameCache;
 use crate::options::{family_keyword, NftDetector, NftablesOptions};
 use crate::state::{Element, Programmed, ServiceRecord, StateDelta};
 use crate::NftablesError;
@@ -47,6 +50,21 @@ mod service;
 /// How long a flushed chain waits before it is deleted.
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 
+/// Service chain text after which a full render that may be split starts
+/// another transaction (at a Service boundary): 1 MiB of text is about
+/// 1,100 Service ports with two endpoints and a 3 MiB netlink batch. A
+/// larger table gets larger transactions, at most [`SPLIT_PIECES`] or so.
+pub const TRANSACTION_TEXT_MAX: usize = 1 << 20;
+
+/// About how many transactions a split full render is cut into at most:
+/// each one that adds rules makes the kernel validate the whole table
+/// (a quarter of a second at 5,000 Service ports × 50 endpoints), so the
+/// number of pieces, not only their size, must stay bounded.
+pub const SPLIT_PIECES: usize = 8;
+
+/// Text handed on at once while a transaction's Service chains are written.
+const PIECE_BYTES: usize = 64 << 10;
+
 /// Everything one render looks at, for one IP family.
 #[derive(Debug, Clone, Copy)]
 pub struct RenderInput<'a> {
@@ -55,8 +73,15 @@ pub struct RenderInput<'a> {
     /// Rewrite everything, not only the changed Services.
     pub full: bool,
     /// Delete the table first (only with `full`): the first sync of a
-    /// process, or after a full sync failed.
+    /// process, or after a full sync failed. A render that is split (see
+    /// `split`) does not delete it: it rewrites it in place, without the
+    /// record.
     pub reset: bool,
+    /// Whether a full render may be split into several transactions when
+    /// its Service chains pass the renderer's bound
+    /// ([`Renderer::with_transaction_text_max`]); a partial render is
+    /// always one transaction.
+    pub split: bool,
     /// Every service port of this family, with its endpoints.
     pub service_ports: &'a BTreeMap<ServicePortName, ServicePortState>,
     /// Services that changed since the last successful transaction (used by
@@ -67,8 +92,7 @@ pub struct RenderInput<'a> {
     /// `nodePortAddresses` resolved to this host's addresses: `None` accepts
     /// NodePorts on every local address (`fib daddr type local`).
     pub node_port_addresses: Option<&'a [IpAddr]>,
-    /// The time of the sync; stale chains older than
-    /// [`STALE_CHAIN_DELAY`] are deleted.
+    /// The time of the sync: chains it flushes are stale from then.
     pub now: Instant,
 }
 
@@ -77,16 +101,16 @@ pub struct RenderInput<'a> {
 pub struct RenderStats {
     /// Service ports whose chains and elements were written.
     pub service_ports_written: usize,
-    /// Lines (commands) of the transaction.
+    /// Lines (commands) of the transactions.
     pub commands: usize,
+    /// `add rule` lines of the transactions.
+    pub rules_written: usize,
     /// Elements added.
     pub elements_added: usize,
     /// Elements deleted.
     pub elements_deleted: usize,
     /// Chains flushed because they became stale.
     pub chains_flushed: usize,
-    /// Stale chains deleted.
-    pub chains_deleted: usize,
     /// Service ports with `internalTrafficPolicy: Local` and no local endpoint.
     pub no_local_endpoints_internal: usize,
     /// Service ports with `externalTrafficPolicy: Local` and no local endpoint.
@@ -100,20 +124,41 @@ pub struct Rendered {
     pub family: IpFamily,
     /// Whether everything was written.
     pub full: bool,
-    /// `nft -f` input: one transaction.
+    /// `nft -f` input: the transactions in order ([`Renderer::render`]);
+    /// empty from [`Renderer::render_streamed`].
     pub text: String,
+    /// Transactions written (more than one for a split full render).
+    pub transactions: usize,
     /// What the transaction changes in [`Programmed`], once it succeeded.
     pub delta: StateDelta,
     /// Counts.
     pub stats: RenderStats,
 }
 
-/// Renders transactions, keeping name hashes across syncs. One per family.
+/// A transaction deleting stale chains ([`stale_chain_cleanup`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StaleChainCleanup {
+    /// `nft -f` input.
+    pub text: String,
+    /// The chains it deletes.
+    pub chains: Vec<Arc<str>>,
+}
+
+/// A piece of a streamed render ([`Renderer::render_streamed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// Whole lines of the current transaction.
+    Lines(&'a str),
+    /// The current transaction ends here; commit it before going on.
+    Commit,
+}
+
+/// Renders transactions; one per family.
 #[derive(Debug)]
 pub struct Renderer {
     options: NftablesOptions,
-    names: NameCache,
     capacity_hint: usize,
+    transaction_text_max: usize,
 }
 
 /// What every service port's rendering needs to know.
@@ -146,9 +191,18 @@ impl Renderer {
         options.validate()?;
         Ok(Self {
             options,
-            names: NameCache::new(),
             capacity_hint: 0,
+            transaction_text_max: TRANSACTION_TEXT_MAX,
         })
+    }
+
+    /// Splits full renders (that may be split) into transactions of about
+    /// `bytes` of Service chain text each (more for a table larger than
+    /// [`SPLIT_PIECES`] times that), instead of [`TRANSACTION_TEXT_MAX`].
+    #[must_use]
+    pub fn with_transaction_text_max(mut self, bytes: usize) -> Self {
+        self.transaction_text_max = bytes.max(1);
+        self
     }
 
     /// The options this renderer was built with.
@@ -156,9 +210,46 @@ impl Renderer {
         &self.options
     }
 
-    /// Renders `input` against what the table holds (`programmed`). Pure
-    /// apart from the name cache: the same input gives the same text.
+    /// Renders `input` against what the table holds (`programmed`), every
+    /// transaction's text in [`Rendered::text`]. Pure: the same input gives
+    /// the same text.
     pub fn render(&mut self, input: &RenderInput<'_>, programmed: &Programmed) -> Rendered {
+        let mut text = String::new();
+        let result = self.render_streamed(input, programmed, |piece| {
+            if let Piece::Lines(lines) = piece {
+                text.push_str(lines);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+        let Ok(mut rendered) = result;
+        rendered.text = text;
+        rendered
+    }
+
+    /// Renders `input` like [`Renderer::render`], handing the text to
+    /// `emit` in pieces of whole lines, each transaction closed by
+    /// [`Piece::Commit`], so the text is never held whole. An error of
+    /// `emit` stops the render.
+    ///
+    /// A full render is one transaction (fixed objects first, then every
+    /// Service's chains, element deletions, element additions, stale
+    /// chains), unless `input.split` allows a split and the Service chains
+    /// pass the bound: then each transaction but the last holds the table,
+    /// the `mark-for-masquerade` chain and the complete chains and sets of
+    /// some Services (never part of one), and the last one holds the fixed
+    /// objects with their maps and sets flushed, every element, and the
+    /// stale chains. Each leaves a consistent table: until the last,
+    /// elements still lead where the previous sync sent them, and chains are
+    /// rewritten whole, every chain they name written in the same
+    /// transaction (a Service whose chains were rewritten but whose element
+    /// changes wait serves its new endpoints through the old dispatch; one
+    /// whose dispatch changes serves as before until the last transaction).
+    pub fn render_streamed<E>(
+        &mut self,
+        input: &RenderInput<'_>,
+        programmed: &Programmed,
+        mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
+    ) -> Result<Rendered, E> {
         let full = input.full || input.reset;
         let ctx = Context {
             ipx: family_keyword(input.family),
@@ -170,13 +261,24 @@ impl Renderer {
             node_ip: input.node.addresses_of(input.family).next(),
         };
         let mut out = Sections::default();
+        let mut stats = RenderStats::default();
+        let may_split = full && input.split;
+        let limit = self
+            .transaction_text_max
+            .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
+        let mut split = false;
+        let mut emitted = Emitted::default();
         if full {
             let estimate = input.service_ports.len() * 900;
-            out.chains.reserve(self.capacity_hint.max(estimate));
+            let wanted = self.capacity_hint.max(estimate);
+            out.chains.reserve(if may_split {
+                wanted.min(limit + PIECE_BYTES)
+            } else {
+                wanted
+            });
             out.additions.reserve(input.service_ports.len() * 160);
             head::write_head(&ctx, &self.options, input, &mut out.head);
         }
-        let mut stats = RenderStats::default();
         let mut delta = StateDelta {
             replace_all: full,
             now: Some(input.now),
@@ -209,32 +311,56 @@ impl Renderer {
                 &mut stats,
                 &mut delta,
             );
-            if record.is_some() || old.is_some() {
-                delta.services.push((service.clone(), record));
+            match (record, old) {
+                // Kept as it is, so a full sync does not hold a second
+                // copy of every record until it commits.
+                (Some(new), Some(old)) if new == *old => delta.unchanged.push(service.clone()),
+                (None, None) => {}
+                (record, _) => delta.services.push((service.clone(), record)),
+            }
+            if may_split && out.chains.len() >= limit {
+                split = true;
+                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
+                out.chains.clear();
             }
         }
         if full && !input.reset {
             flush_vanished_services(&ctx, input, programmed, &mut out, &mut stats, &mut delta);
         }
         if !input.reset {
-            delete_stale_chains(
-                &ctx, input.now, programmed, &mut out, &mut stats, &mut delta,
-            );
+            revive_stale_chains(programmed, &mut delta);
         }
-        if full {
-            self.names
-                .retain(|port| input.service_ports.contains_key(port));
+        if split {
+            if !out.chains.is_empty() {
+                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
+            }
+            // In place: the table is not deleted (that would leave the
+            // Services of the transactions above without their elements).
+            emitted.emit(&mut emit, head::without_reset(&ctx, &out.head))?;
+        } else {
+            emitted.emit(&mut emit, &out.head)?;
+            for piece in pieces(&out.chains) {
+                emitted.emit(&mut emit, piece)?;
+            }
         }
-        let text = join(out);
-        self.capacity_hint = self.capacity_hint.max(text.len());
-        stats.commands = text.lines().count();
-        Rendered {
+        for section in [&out.deletions, &out.additions, &out.tail] {
+            emitted.emit(&mut emit, section)?;
+        }
+        // Every render commits at least one transaction (an empty one for a
+        // partial sync with nothing to change), so each sync reaches the
+        // applier.
+        emitted.commit(&mut emit)?;
+        self.capacity_hint = self.capacity_hint.max(emitted.bytes);
+        stats.commands = emitted.lines;
+        stats.rules_written = emitted.rules;
+        Ok(Rendered {
             family: input.family,
             full,
-            text,
+            text: String::new(),
+            transactions: emitted.transactions,
             delta,
             stats,
-        }
+        })
     }
 
     /// Renders every port of `service` (none: the Service is gone).
@@ -251,7 +377,7 @@ impl Renderer {
         for (name, state) in ports_of(input.service_ports, service) {
             any = true;
             stats.service_ports_written += 1;
-            service::render_port(ctx, &mut self.names, name, state, &mut record, out, stats);
+            service::render_port(ctx, name, state, &mut record, out, stats);
         }
         if !any {
             return None;
@@ -351,35 +477,49 @@ fn flush_vanished_services(
     }
 }
 
-/// Deletes the stale chains flushed at least [`STALE_CHAIN_DELAY`] ago,
-/// unless a Service uses them again. `add` first makes the deletion succeed
-/// even if someone else removed the chain.
-fn delete_stale_chains(
-    ctx: &Context,
-    now: Instant,
-    programmed: &Programmed,
-    out: &mut Sections,
-    stats: &mut RenderStats,
-    delta: &mut StateDelta,
-) {
+/// Stale chains that a Service of this render uses again are no longer
+/// stale: the render declared them afresh.
+fn revive_stale_chains(programmed: &Programmed, delta: &mut StateDelta) {
     let in_use: BTreeSet<&Arc<str>> = delta
         .services
         .iter()
         .filter_map(|(_, record)| record.as_ref())
         .flat_map(|record| record.chains.iter())
         .collect();
+    let revived: Vec<Arc<str>> = programmed
+        .stale_chains
+        .keys()
+        .filter(|chain| in_use.contains(chain))
+        .cloned()
+        .collect();
+    delta.no_longer_stale.extend(revived);
+}
+
+/// The transaction that deletes the stale chains flushed at least
+/// [`STALE_CHAIN_DELAY`] before `now`, and those chains; `None` when no
+/// chain is due.
+///
+/// It runs before the sync's own transaction (upstream's order): a chain in
+/// the record's stale list was flushed and is referenced by nothing, and a
+/// render that uses it again declares it afresh, so deleting it first is
+/// safe. `add` before each `delete` makes the deletion succeed even if
+/// someone else removed the chain; it fails when the kernel still counts
+/// the chain as referenced, or the table is gone.
+pub fn stale_chain_cleanup(
+    family: IpFamily,
+    now: Instant,
+    programmed: &Programmed,
+) -> Option<StaleChainCleanup> {
+    let table = format!("{} {}", family_keyword(family), crate::names::TABLE);
+    let mut cleanup = StaleChainCleanup::default();
     for (chain, since) in &programmed.stale_chains {
-        if in_use.contains(chain) {
-            delta.no_longer_stale.push(Arc::clone(chain));
-        } else if now.saturating_duration_since(*since) >= STALE_CHAIN_DELAY
-            && !delta.newly_stale.contains(chain)
-        {
-            let _ = writeln!(out.tail, "add chain {} {chain}", ctx.table);
-            let _ = writeln!(out.tail, "delete chain {} {chain}", ctx.table);
-            stats.chains_deleted += 1;
-            delta.no_longer_stale.push(Arc::clone(chain));
+        if now.saturating_duration_since(*since) >= STALE_CHAIN_DELAY {
+            let _ = writeln!(cleanup.text, "add chain {table} {chain}");
+            let _ = writeln!(cleanup.text, "delete chain {table} {chain}");
+            cleanup.chains.push(Arc::clone(chain));
         }
     }
+    (!cleanup.chains.is_empty()).then_some(cleanup)
 }
 
 fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
@@ -405,14 +545,76 @@ fn write_delete(ctx: &Context, element: &Element, out: &mut Sections) {
     );
 }
 
-/// The sections in transaction order; the chains, the largest, become the
-/// text, so the biggest part is not copied.
-fn join(mut out: Sections) -> String {
-    let mut text = std::mem::take(&mut out.chains);
-    text.insert_str(0, &out.head);
-    text.reserve(out.deletions.len() + out.additions.len() + out.tail.len());
-    text.push_str(&out.deletions);
-    text.push_str(&out.additions);
-    text.push_str(&out.tail);
-    text
+/// About how much Service chain text a full render of `ports` writes
+/// (about 500 bytes a service port and 400 an endpoint, as the golden
+/// texts show).
+fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> usize {
+    ports
+        .values()
+        .map(|state| 500 + 400 * state.endpoints.all_reachable.len())
+        .sum()
+}
+
+/// `text` in pieces of about [`PIECE_BYTES`], cut after a newline.
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let cut = match rest.get(PIECE_BYTES..).and_then(|tail| tail.find('\n')) {
+            Some(newline) => PIECE_BYTES + newline + 1,
+            None => rest.len(),
+        };
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// Counts of what a streamed render handed on.
+#[derive(Debug, Default)]
+struct Emitted {
+    bytes: usize,
+    lines: usize,
+    rules: usize,
+    transactions: usize,
+}
+
+impl Emitted {
+    /// Hands `lines` on (nothing when empty), counting them.
+    fn emit<E>(
+        &mut self,
+        emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>,
+        lines: &str,
+    ) -> Result<(), E> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.bytes += lines.len();
+        for line in lines.lines() {
+            self.lines += 1;
+            self.rules += usize::from(line.starts_with("add rule"));
+        }
+        emit(Piece::Lines(lines))
+    }
+
+    /// Ends the current transaction.
+    fn commit<E>(&mut self, emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>) -> Result<(), E> {
+        self.transactions += 1;
+        emit(Piece::Commit)
+    }
+
+    /// A transaction of a split render ahead of the last: what Service
+    /// chains need, and the chains of complete Services.
+    fn chain_transaction<E>(
+        &mut self,
+        emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>,
+        ctx: &Context,
+        chains: &str,
+    ) -> Result<(), E> {
+        self.emit(emit, &head::prelude(ctx))?;
+        self.emit(emit, chains)?;
+        self.commit(emit)
+    }
 }

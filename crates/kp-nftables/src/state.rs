@@ -60,6 +60,9 @@ pub struct StateDelta {
     pub replace_all: bool,
     /// New records of Services; `None` removes the Service.
     pub services: Vec<(NamespacedName, Option<ServiceRecord>)>,
+    /// Services whose record stays as it is (with `replace_all`, every
+    /// other Service not in `services` is forgotten).
+    pub unchanged: Vec<NamespacedName>,
     /// Chains flushed by this transaction, to delete later.
     pub newly_stale: Vec<Arc<str>>,
     /// Stale chains this transaction deleted or that are in use again.
@@ -112,23 +115,30 @@ impl fmt::Display for Element {
 impl ServiceRecord {
     /// Sorts the elements and drops later duplicates of a key (two ports of
     /// one Service share their ClusterIP in `cluster-ips`).
+    /// The vectors are cut to their length: a record lives until the
+    /// Service changes, and 10,000 of them held 1.6 MB of unused capacity.
     pub fn normalize(&mut self) {
         self.elements
             .sort_by(|a, b| (a.map, &a.key).cmp(&(b.map, &b.key)));
         self.elements
             .dedup_by(|later, earlier| later.same_key(earlier));
+        self.elements.shrink_to_fit();
         self.chains.sort_unstable();
         self.chains.dedup();
+        self.chains.shrink_to_fit();
         self.affinity_sets.sort_unstable();
         self.affinity_sets.dedup();
+        self.affinity_sets.shrink_to_fit();
     }
 }
 
 impl Programmed {
     /// Applies `delta` (the kernel accepted its transaction).
-    pub fn commit(&mut self, delta: StateDelta) {
+    pub fn commit(&mut self, mut delta: StateDelta) {
         if delta.replace_all {
-            self.services.clear();
+            delta.unchanged.sort_unstable();
+            self.services
+                .retain(|service, _| delta.unchanged.binary_search(service).is_ok());
         }
         for (service, record) in delta.services {
             match record {

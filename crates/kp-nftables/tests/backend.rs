@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{service, World};
 use kp_iptables::NodePortAddresses;
@@ -54,6 +55,62 @@ fn a_failed_sync_is_followed_by_a_full_one_that_starts_afresh() {
     assert!(retry.full);
     let text = world.applier.last().unwrap().text;
     assert!(text.contains("delete table ip kube-proxy"), "{text}");
+}
+
+#[test]
+fn a_failed_stale_chain_cleanup_is_counted_and_tried_again_while_the_syncs_succeed() {
+    let mut world = World::v4();
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .remote_endpoint("10.244.2.2", 80)
+            .remote_endpoint("10.244.2.3", 80),
+    );
+    world.sync(true, &[]);
+    // ep 10.244.2.3 goes: its chain is flushed and waits a second.
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.sync(false, &[("ns1", "web")]);
+    assert_eq!(world.backend.programmed().stale_chains.len(), 1);
+
+    // Too early: no cleanup transaction at all.
+    world.sync(false, &[]);
+    assert_eq!(world.cleanup_of_last_sync(), None);
+
+    // Due: the cleanup transaction fails, the sync's own succeeds.
+    world.advance(Duration::from_secs(2));
+    world.applier.fail_next(1);
+    let before = world.applier.transactions().len();
+    let outcome = world.try_sync(false, &changed("ns1", "web")).unwrap();
+    assert!(!outcome.full, "a failed cleanup forces no full sync");
+    assert_eq!(outcome.cleanup_failures, 1, "reported with the sync");
+    let sent = world.applier.transactions();
+    assert_eq!(sent.len() - before, 2, "the cleanup, then the sync");
+    assert!(sent[before]
+        .text
+        .contains("delete chain ip kube-proxy endpoint-"));
+    assert!(
+        !sent[before + 1].text.contains("delete"),
+        "{}",
+        sent[before + 1].text
+    );
+    assert_eq!(world.backend.cleanup_failures(), 1);
+    assert_eq!(
+        world.backend.programmed().stale_chains.len(),
+        1,
+        "kept to try again"
+    );
+
+    // The next sync tries again, and succeeds.
+    let retried = world.try_sync(false, &BTreeSet::new()).unwrap();
+    assert_eq!(retried.cleanup_failures, 0);
+    let text = world.applier.last().unwrap().text;
+    assert!(!text.contains("delete chain"), "{text}");
+    let cleanup = world.cleanup_of_last_sync().expect("the cleanup again");
+    assert!(
+        cleanup.contains("delete chain ip kube-proxy endpoint-"),
+        "{cleanup}"
+    );
+    assert_eq!(world.backend.programmed().stale_chains.len(), 0);
+    assert_eq!(world.backend.cleanup_failures(), 1);
 }
 
 #[test]

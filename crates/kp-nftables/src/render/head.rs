@@ -57,6 +57,23 @@ const JUMPS: [(&str, &str, &str); 11] = [
     (NAT_PREROUTING, "", SERVICES),
 ];
 
+/// The first lines of each transaction of a split render but the last:
+/// what Service chains need (the table, and the chain their rules jump
+/// to), declared without flushing anything.
+pub(super) fn prelude(ctx: &Context) -> String {
+    let table = &ctx.table;
+    format!(
+        "add table {table} {{ comment \"rules for kube-proxy\" ; }}\nadd chain {table} {MARK_FOR_MASQUERADE}\n"
+    )
+}
+
+/// `head` without the deletion of the table a reset starts with.
+pub(super) fn without_reset<'h>(ctx: &Context, head: &'h str) -> &'h str {
+    let table = &ctx.table;
+    head.strip_prefix(&format!("add table {table}\ndelete table {table}\n"))
+        .unwrap_or(head)
+}
+
 /// Writes the fixed part of a full transaction into `out`.
 pub(super) fn write_head(
     ctx: &Context,

@@ -40,6 +40,8 @@ pub struct World {
     pub applier: FakeApplier,
     pub table: Table,
     pub clock: Arc<Mutex<Instant>>,
+    /// Transactions the applier had received when the last sync started.
+    pub last_sync_start: usize,
 }
 
 impl World {
@@ -78,7 +80,15 @@ impl World {
             applier,
             table: Table::new(),
             clock,
+            last_sync_start: 0,
         }
+    }
+
+    /// Splits full syncs into transactions of about `bytes` of Service
+    /// chain text each.
+    pub fn split_at(mut self, bytes: usize) -> Self {
+        self.backend = self.backend.with_transaction_text_max(bytes);
+        self
     }
 
     /// Adds or replaces a service port.
@@ -100,8 +110,9 @@ impl World {
         *self.clock.lock().unwrap() += by;
     }
 
-    /// Syncs (full or partial, with `changed` Services) and replays the
-    /// transaction on the tracer table. Returns the transaction text.
+    /// Syncs (full or partial, with `changed` Services) and replays its
+    /// transactions (a stale-chain cleanup may come first) on the tracer
+    /// table. Returns the text of the sync's own, the last.
     pub fn sync(&mut self, full: bool, changed: &[(&str, &str)]) -> String {
         let changed: BTreeSet<NamespacedName> = changed
             .iter()
@@ -109,9 +120,22 @@ impl World {
             .collect();
         let outcome = self.try_sync(full, &changed).unwrap();
         assert_eq!(outcome.full, full || outcome.full);
-        let text = self.applier.last().unwrap().text;
-        self.table.apply(&text).unwrap();
-        text
+        let transactions = self.applier.transactions();
+        for transaction in &transactions[self.last_sync_start..] {
+            self.table.apply(&transaction.text).unwrap();
+        }
+        transactions.last().unwrap().text.clone()
+    }
+
+    /// The stale-chain cleanup transaction of the last sync, if it sent
+    /// one (it comes first, before the sync's own).
+    pub fn cleanup_of_last_sync(&self) -> Option<String> {
+        let transactions = self.applier.transactions();
+        let first = &transactions[self.last_sync_start..];
+        match first {
+            [cleanup, _, ..] if cleanup.text.contains("delete chain") => Some(cleanup.text.clone()),
+            _ => None,
+        }
     }
 
     /// One sync through the backend.
@@ -120,6 +144,7 @@ impl World {
         full: bool,
         changed: &BTreeSet<NamespacedName>,
     ) -> Result<SyncOutcome, kp_sync::BackendError> {
+        self.last_sync_start = self.applier.transactions().len();
         let stale = StaleConntrack::default();
         let request = SyncRequest {
             family: self.family,
