@@ -196,7 +196,11 @@ fn hostile_names_are_rejected_and_inject_no_rule() {
     }
     let rejected = |i: usize, field: &str, value: &str| {
         let shown: String = value.chars().take(100).collect();
-        let needle = format!("{field}: Invalid value: {shown:?}");
+        // The error text names the value as `{:?}` writes it; the log line
+        // quotes the whole error as klog (Go's `%q`) does.
+        let needle = format!("{field}: Invalid value: {shown:?}")
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"");
         let file = format!("hostile-{i}.json:");
         proxy
             .output()
