@@ -715,23 +715,10 @@ fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn go_duration(duration: Duration) -> String {
     let nanos = duration.as_nanos();
     if nanos >= 60_000_000_000 {
+        // Go writes the rest of a minute-long duration in seconds: `1m0.5s`.
         let minutes = duration.as_secs() / 60;
         let rest = duration - Duration::from_secs(minutes * 60);
-        let seconds = go_duration(rest);
-        let seconds = if rest.is_zero() {
-            "0s".to_owned()
-        } else if rest < Duration::from_secs(1) {
-            // Go writes the seconds of a minute-long duration in seconds.
-            format!(
-                "{}s",
-                format!("{:.9}", rest.as_secs_f64())
-                    .trim_end_matches('0')
-                    .trim_end_matches('.')
-            )
-        } else {
-            seconds
-        };
-        return format!("{minutes}m{seconds}");
+        return format!("{minutes}m{}s", decimal(rest.as_secs_f64()));
     }
     let (value, unit) = if nanos < 1_000 {
         return format!("{nanos}ns");
@@ -742,9 +729,13 @@ pub fn go_duration(duration: Duration) -> String {
     } else {
         (nanos as f64 / 1e9, "s")
     };
+    format!("{}{unit}", decimal(value))
+}
+
+/// `value` with up to nine decimals and no trailing zeros (`0.5`, `2`).
+fn decimal(value: f64) -> String {
     let text = format!("{value:.9}");
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    format!("{text}{unit}")
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 #[cfg(test)]
@@ -761,6 +752,7 @@ mod go_duration_tests {
             (Duration::from_secs(2), "2s"),
             (Duration::from_millis(90_500), "1m30.5s"),
             (Duration::from_secs(120), "2m0s"),
+            (Duration::from_millis(60_500), "1m0.5s"),
         ] {
             assert_eq!(go_duration(duration), text);
         }

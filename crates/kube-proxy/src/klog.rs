@@ -113,18 +113,12 @@ where
     fn format_event(
         &self,
         _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
+        writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
-        let line = text_line(
-            SystemTime::now(),
-            *meta.level(),
-            std::process::id(),
-            &caller(meta.file(), meta.line()),
-            &Fields::of(event),
-        );
-        writer.write_str(&line)
+        write_event(writer, event, |at, level, caller, fields| {
+            text_line(at, level, std::process::id(), caller, fields)
+        })
     }
 }
 
@@ -136,18 +130,27 @@ where
     fn format_event(
         &self,
         _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
+        writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
-        let line = json_line(
-            SystemTime::now(),
-            *meta.level(),
-            &caller(meta.file(), meta.line()),
-            &Fields::of(event),
-        );
-        writer.write_str(&line)
+        write_event(writer, event, json_line)
     }
+}
+
+/// `event` as the line `format` makes of its time, level, caller and fields.
+fn write_event(
+    mut writer: Writer<'_>,
+    event: &Event<'_>,
+    format: impl FnOnce(SystemTime, Level, &str, &Fields) -> String,
+) -> fmt::Result {
+    let meta = event.metadata();
+    let caller = caller(meta.file(), meta.line());
+    writer.write_str(&format(
+        SystemTime::now(),
+        *meta.level(),
+        &caller,
+        &Fields::of(event),
+    ))
 }
 
 /// `file:line` with the file's base name, as klog writes the caller.
