@@ -595,3 +595,98 @@ fn vm_ipv6_rules_restore_with_ip6tables_and_traffic_still_flows() {
     );
     assert!(saved.contains("--match-set KUBE-6-CLUSTER-IP"), "{saved}");
 }
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
+    use kp_ipvs::netlink::ipvs::IpvsNetlink;
+    use kp_ipvs::netlink::table;
+    require_ipvs();
+    let node = kp_testkit::netns::Netns::create("ipvs-table").unwrap();
+    // Enough services that the kernel prints the table in many pieces.
+    let mut ops = Vec::new();
+    for n in 0..400u16 {
+        let v6 = n % 4 == 3;
+        let address: IpAddr = if v6 {
+            format!("fd00:10:96::{n:x}").parse().unwrap()
+        } else {
+            format!("10.96.{}.{}", n / 200, n % 200 + 1)
+                .parse()
+                .unwrap()
+        };
+        let key = ServiceKey {
+            address,
+            protocol: if n % 5 == 0 {
+                kp_model::Protocol::Udp
+            } else {
+                kp_model::Protocol::Tcp
+            },
+            port: 80 + n % 3,
+        };
+        let persistent = n % 7 == 0;
+        ops.push(Op::AddService(
+            key,
+            VirtualServer {
+                scheduler: if n % 2 == 0 { "rr" } else { "sh" }.into(),
+                flags: u32::from(persistent),
+                timeout_secs: if persistent { 10800 } else { 0 },
+            },
+        ));
+        for endpoint in 0..(n % 4) {
+            let real: IpAddr = if v6 {
+                format!("fd00:10:244:1::{:x}", endpoint + 2)
+                    .parse()
+                    .unwrap()
+            } else {
+                format!("10.244.1.{}", endpoint + 2).parse().unwrap()
+            };
+            ops.push(Op::AddReal(
+                key,
+                SocketAddr::new(real, 8080 + n),
+                u32::from(endpoint != 1),
+            ));
+        }
+    }
+    let (from_table, from_netlink, listed) = node.run(|| {
+        let mut kernel = NetlinkKernel::new();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let ours: Vec<Op> = ops
+                .iter()
+                .filter(|op| match op {
+                    Op::AddService(key, _) | Op::AddReal(key, ..) => family.matches(&key.address),
+                    _ => false,
+                })
+                .cloned()
+                .collect();
+            kernel.apply(family, &ours).unwrap();
+        }
+        let from_table = table::read().unwrap();
+        let mut ipvs = IpvsNetlink::new();
+        let mut from_netlink = std::collections::HashMap::new();
+        for (key, _) in ipvs.list_services(None).unwrap() {
+            from_netlink.insert(key, ipvs.list_dests(&key).unwrap());
+        }
+        let listed = kernel.list(IpFamily::V4).unwrap();
+        (from_table, from_netlink, listed)
+    });
+    assert_eq!(from_netlink.len(), 400);
+    assert_eq!(from_table, from_netlink);
+    assert_eq!(listed.services.len(), 300);
+    let sample = ServiceKey {
+        address: "10.96.0.3".parse().unwrap(),
+        protocol: kp_model::Protocol::Tcp,
+        port: 82,
+    };
+    let weights: Vec<(String, u32)> = listed.services[&sample]
+        .reals
+        .iter()
+        .map(|(address, weight)| (address.to_string(), *weight))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("10.244.1.2:8082".to_owned(), 1),
+            ("10.244.1.3:8082".to_owned(), 0)
+        ]
+    );
+}

@@ -1,7 +1,8 @@
 //! The real kernel: IPVS over generic netlink ([`ipvs`]), ipset over
 //! nfnetlink ([`ipset`]), kube-ipvs0 over rtnetlink ([`link`]), all built
 //! on one small message layer ([`wire`], [`channel`]) over `netlink-sys`
-//! sockets. No `ipvsadm`, `ipset` or `ip` program runs.
+//! sockets; real servers are read from the kernel's IPVS table ([`table`]).
+//! No `ipvsadm`, `ipset` or `ip` program runs.
 //!
 //! Each socket belongs to the network namespace of the thread that opens
 //! it (on first use).
@@ -10,9 +11,10 @@ pub mod channel;
 pub mod ipset;
 pub mod ipvs;
 pub mod link;
+pub mod table;
 pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -35,14 +37,7 @@ pub struct NetlinkKernel {
     ipset: IpsetNetlink,
     link: DummyLink,
     link_index: Option<u32>,
-    /// Requests the listing threads sent.
-    worker_messages: u64,
 }
-
-/// Services from which on real servers are listed in parallel.
-const PARALLEL_LIST_MIN: usize = 512;
-/// Most listing threads.
-const MAX_LIST_WORKERS: usize = 4;
 
 /// Which socket an operation goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,49 +74,40 @@ impl NetlinkKernel {
         self.ipvs.execute(vec![message]).map_err(|e| e.error)
     }
 
-    /// The real servers of every service. A destination listing is one
-    /// dump per service, so with many services the dumps are spread over
-    /// several sockets and threads (each thread opens its socket, in the
-    /// network namespace it inherits from this one).
+    /// The real servers of every service: all at once from the kernel's
+    /// table ([`table`]); a service the table does not show yet (created
+    /// between the two listings) is asked for over netlink. Without the
+    /// table, every service is asked for over netlink.
     fn list_real_servers(
         &mut self,
         services: Vec<(ServiceKey, VirtualServer)>,
     ) -> Result<BTreeMap<ServiceKey, ServiceState>, KernelError> {
-        let workers = std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .clamp(1, MAX_LIST_WORKERS);
-        if services.len() < PARALLEL_LIST_MIN || workers == 1 {
-            return list_chunk(&mut self.ipvs, services);
-        }
-        let chunk = services.len().div_ceil(workers);
-        let mut chunks: Vec<Vec<(ServiceKey, VirtualServer)>> = Vec::new();
-        let mut rest = services.into_iter().peekable();
-        while rest.peek().is_some() {
-            chunks.push(rest.by_ref().take(chunk).collect());
-        }
-        let results: Vec<_> = std::thread::scope(|scope| {
-            let handles: Vec<_> = chunks
-                .into_iter()
-                .map(|part| {
-                    scope.spawn(move || {
-                        let mut ipvs = IpvsNetlink::new();
-                        let listed = list_chunk(&mut ipvs, part);
-                        (listed, ipvs.messages())
-                    })
+        let mut table = match table::read() {
+            Ok(table) => table,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => HashMap::new(),
+            Err(source) => {
+                return Err(KernelError {
+                    attempted: format!("reading {}", table::TABLE_PATH),
+                    source,
                 })
+            }
+        };
+        let mut listed = BTreeMap::new();
+        for (key, server) in services {
+            let dests = match table.remove(&key) {
+                Some(dests) => dests,
+                None => self.ipvs.list_dests(&key).map_err(|source| KernelError {
+                    attempted: format!("ipvsadm -Ln {key}"),
+                    source,
+                })?,
+            };
+            let reals = dests
+                .into_iter()
+                .map(|dest| (dest.address, dest.weight))
                 .collect();
-            handles.into_iter().map(|h| h.join()).collect()
-        });
-        let mut all = BTreeMap::new();
-        for result in results {
-            let (listed, messages) = result.map_err(|_| KernelError {
-                attempted: "listing real servers".to_owned(),
-                source: io::Error::other("a listing thread panicked"),
-            })?;
-            self.worker_messages += messages;
-            all.extend(listed?);
+            listed.insert(key, ServiceState { server, reals });
         }
-        Ok(all)
+        Ok(listed)
     }
 
     fn index(&mut self) -> io::Result<u32> {
@@ -294,29 +280,8 @@ impl IpvsKernel for NetlinkKernel {
     }
 
     fn messages_sent(&self) -> u64 {
-        self.ipvs.messages() + self.ipset.messages() + self.link.messages() + self.worker_messages
+        self.ipvs.messages() + self.ipset.messages() + self.link.messages()
     }
-}
-
-/// Lists the real servers of `services` through `ipvs`.
-fn list_chunk(
-    ipvs: &mut IpvsNetlink,
-    services: Vec<(ServiceKey, VirtualServer)>,
-) -> Result<BTreeMap<ServiceKey, ServiceState>, KernelError> {
-    let mut listed = BTreeMap::new();
-    for (key, server) in services {
-        let reals = ipvs
-            .list_dests(&key)
-            .map_err(|source| KernelError {
-                attempted: format!("ipvsadm -Ln {key}"),
-                source,
-            })?
-            .into_iter()
-            .map(|dest| (dest.address, dest.weight))
-            .collect();
-        listed.insert(key, ServiceState { server, reals });
-    }
-    Ok(listed)
 }
 
 fn route(op: &Op) -> Route {
