@@ -81,6 +81,13 @@ pub enum ApplyError {
         /// The line of the transaction it refused, with its number.
         line: Option<(usize, String)>,
     },
+    /// The kernel refused the batch as a whole, before reading any of it:
+    /// it has no nf_tables (the module is neither built in nor loadable).
+    #[error("the kernel has no nf_tables: it refused the whole batch ({message})")]
+    NoNftables {
+        /// The error the kernel answered.
+        message: String,
+    },
     /// Writing the transaction failed (dry run) or a fake was told to fail.
     #[error("writing the transaction")]
     Write(#[source] io::Error),

@@ -96,9 +96,11 @@ pub fn cleanup_with(applier: &mut dyn Applier) -> Result<(), BackendError> {
     for family in [IpFamily::V4, IpFamily::V6] {
         let table = format!("{} {TABLE}", crate::options::family_keyword(family));
         let text = format!("add table {table}\ndelete table {table}\n");
-        applier
-            .apply(family, &text)
-            .map_err(|e| apply_error("deleting the kube-proxy table", e))?;
+        match applier.apply(family, &text) {
+            // Without nf_tables there can be no table of ours.
+            Ok(()) | Err(ApplyError::NoNftables { .. }) => {}
+            Err(error) => return Err(apply_error("deleting the kube-proxy table", error)),
+        }
     }
     Ok(())
 }
@@ -441,6 +443,13 @@ fn apply_error(step: &str, error: ApplyError) -> BackendError {
             mode: MODE,
             missing: format!("program {program} not found"),
             remedy: INSTALL_NFT.to_owned(),
+        };
+    }
+    if let ApplyError::NoNftables { message } = &error {
+        return BackendError::Unavailable {
+            mode: MODE,
+            missing: format!("nf_tables in the kernel ({message})"),
+            remedy: "load the nf_tables module (modprobe nf_tables) or run a kernel built with CONFIG_NF_TABLES".to_owned(),
         };
     }
     BackendError::Apply {

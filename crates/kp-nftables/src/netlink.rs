@@ -14,6 +14,7 @@
 use std::io;
 
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::applier::{Applier, ApplyError};
 use kp_model::IpFamily;
@@ -23,6 +24,11 @@ mod objects;
 mod rules;
 
 use msg::Batch;
+
+/// How long a transaction's answer may take to arrive after it was sent.
+/// The kernel answers while the batch is sent, so this only bounds a
+/// kernel that never answers.
+const ANSWER_TIMEOUT_SECS: i64 = 30;
 
 /// Commits transactions over a netlink socket of the namespace of the
 /// thread that opens it (on first use).
@@ -154,6 +160,12 @@ impl NetlinkApplier {
             let mut socket = Socket::new(NETLINK_NETFILTER)?;
             socket.bind_auto()?;
             socket.connect(&SocketAddr::new(0, 0))?;
+            nix::sys::socket::setsockopt(
+                &socket,
+                nix::sys::socket::sockopt::ReceiveTimeout,
+                &TimeVal::seconds(ANSWER_TIMEOUT_SECS),
+            )
+            .map_err(io::Error::from)?;
             self.socket = Some(socket);
         }
         self.socket
@@ -161,7 +173,18 @@ impl NetlinkApplier {
             .ok_or_else(|| io::Error::other("no socket"))
     }
 
-    fn send(&mut self, batch: &Batch, last_seq: u32) -> io::Result<Vec<(u32, i32)>> {
+    /// Sends `batch` and collects the kernel's answers until the one to
+    /// `last_seq`, or to `begin_seq` when the kernel refuses the batch as a
+    /// whole (it then reads no further message). The kernel processes a
+    /// batch while `send` runs, so every answer is queued when it returns;
+    /// the receive timeout only keeps a kernel that never answers from
+    /// stopping the proxy for good.
+    fn send(
+        &mut self,
+        batch: &Batch,
+        begin_seq: u32,
+        last_seq: u32,
+    ) -> io::Result<Vec<(u32, i32)>> {
         let socket = self.socket()?;
         let size = batch.bytes.len() + 4096;
         if size > 200_000 {
@@ -174,10 +197,24 @@ impl NetlinkApplier {
         let mut replies = Vec::new();
         let mut buffer = vec![0u8; 65536];
         loop {
-            let n = socket.recv(&mut &mut buffer[..], 0)?;
+            let n = socket.recv(&mut &mut buffer[..], 0).map_err(|error| {
+                if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the kernel did not answer the transaction within {ANSWER_TIMEOUT_SECS} s"
+                        ),
+                    )
+                } else {
+                    error
+                }
+            })?;
             let before = replies.len();
             msg::parse_replies(&buffer[..n], &mut replies);
-            if replies[before..].iter().any(|(seq, _)| *seq == last_seq) {
+            if replies[before..]
+                .iter()
+                .any(|(seq, _)| *seq == last_seq || *seq == begin_seq)
+            {
                 return Ok(replies);
             }
         }
@@ -198,13 +235,19 @@ impl Applier for NetlinkApplier {
             })?;
         // Only the last message asks for an acknowledgement: errors come
         // back for any message, and the last one's answer ends the batch.
+        let begin_seq = self.next_seq;
         let last_seq = batch.next_seq.wrapping_sub(1);
         batch.ask_ack_last();
         batch.finish();
         self.next_seq = batch.next_seq.wrapping_add(1);
-        let replies = self.send(&batch, last_seq).map_err(ApplyError::Write)?;
+        let replies = self
+            .send(&batch, begin_seq, last_seq)
+            .map_err(ApplyError::Write)?;
         match replies.iter().find(|(_, code)| *code != 0) {
             None => Ok(()),
+            Some((seq, code)) if *seq == begin_seq => Err(ApplyError::NoNftables {
+                message: io::Error::from_raw_os_error(-code).to_string(),
+            }),
             Some((seq, code)) => {
                 let line = encoder
                     .line_of(*seq)
