@@ -33,9 +33,14 @@ pub fn cleanup() -> anyhow::Result<()> {
     for family in [IpFamily::V4, IpFamily::V6] {
         match kp_userspace::cleanup(&mut applier, family) {
             Ok(count) => removed += count,
-            // A host without ip6tables has no IPv6 portals to remove.
-            Err(error) if family == IpFamily::V6 => {
-                tracing::debug!(error = %kp_sync::error_chain(&error), "No IPv6 portal rules removed");
+            // A host without iptables for a family has no portals in it,
+            // and the other modes' cleanups still run.
+            Err(error) if missing_program(&error).is_some() => {
+                tracing::warn!(
+                    family = %family,
+                    program = missing_program(&error).unwrap_or_default(),
+                    "Skipping the userspace mode's portal rules of a family without its iptables program"
+                );
             }
             Err(error) => return Err(error.into()),
         }
@@ -72,5 +77,13 @@ pub fn remove_leftovers() {
                 "Cannot remove the userspace mode's portal rules"
             ),
         }
+    }
+}
+
+/// The iptables program whose absence made `error`, if that was the cause.
+fn missing_program(error: &kp_userspace::UserspaceError) -> Option<&str> {
+    match error {
+        kp_userspace::UserspaceError::Cleanup { source, .. } => source.missing_program(),
+        _ => None,
     }
 }
