@@ -41,6 +41,7 @@ const IFA_F_NODAD: u8 = 0x02;
 /// `NLM_F_REPLACE`: adding a present address is not an error.
 const NLM_F_REPLACE: u16 = 0x100;
 const ENODEV: i32 = 19;
+const EEXIST: i32 = 17;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
@@ -88,7 +89,9 @@ impl DummyLink {
         }
     }
 
-    /// `ip link add kube-ipvs0 type dummy`.
+    /// `ip link add kube-ipvs0 type dummy`. A link that exists already is
+    /// success: the proxier of the other IP family shares it, and may have
+    /// created it since this one listed the kernel.
     pub fn create(&mut self) -> Result<(), BatchError> {
         let request = Message::new(RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
             .raw(&[0u8; 16])
@@ -96,7 +99,10 @@ impl DummyLink {
             .begin(IFLA_LINKINFO)
             .string(IFLA_INFO_KIND, "dummy")
             .end();
-        self.channel.execute(vec![request])
+        match self.channel.execute(vec![request]) {
+            Err(BatchError { error, .. }) if error.raw_os_error() == Some(EEXIST) => Ok(()),
+            other => other,
+        }
     }
 
     /// `ip link del kube-ipvs0`; false when it did not exist.
