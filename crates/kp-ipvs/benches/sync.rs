@@ -183,6 +183,38 @@ fn phases(size: usize) {
             start.elapsed().as_secs_f64()
         );
     }
+    list_phases(size);
+}
+
+/// What a full sync's listing of a full kernel costs, part by part.
+fn list_phases(size: usize) {
+    use kp_ipvs::netlink::{ipset::IpsetNetlink, ipvs::IpvsNetlink, link::DummyLink, table};
+    use kp_ipvs::SetKind;
+    let timed = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        f();
+        start.elapsed().as_secs_f64()
+    };
+    let mut ipvs = IpvsNetlink::new();
+    let mut link = DummyLink::default();
+    let mut ipset = IpsetNetlink::default();
+    let services = timed(&mut || drop(ipvs.list_services(Some(IpFamily::V4)).unwrap()));
+    let reals = timed(&mut || drop(table::read().unwrap()));
+    let addresses = timed(&mut || {
+        let index = link.index().unwrap().unwrap();
+        drop(link.addresses(index, IpFamily::V4).unwrap());
+    });
+    let sets = timed(&mut || {
+        for kind in SetKind::ALL {
+            drop(ipset.list(kind.name(IpFamily::V4), IpFamily::V4).unwrap());
+        }
+    });
+    let whole = timed(&mut || drop(NetlinkKernel::new().list(IpFamily::V4).unwrap()));
+    println!(
+        "listing the full kernel of {size} Services: {whole:.3} s (virtual servers {services:.3} s, \
+         real servers from the IPVS table {reals:.3} s, kube-ipvs0 addresses {addresses:.3} s, \
+         sets {sets:.3} s)"
+    );
 }
 
 fn median(mut values: Vec<Duration>) -> Duration {

@@ -690,3 +690,199 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
         ]
     );
 }
+
+/// The `kube-proxy` binary scripts/ipvs-vm/run puts in the guest.
+const BINARY_VARIABLE: &str = "KP_IPVS_VM_KUBE_PROXY";
+
+const WEB_MANIFESTS: &str = "apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.41
+  clusterIPs: [10.96.0.41]
+  ports:
+    - {name: http, port: 80, targetPort: 80, nodePort: 30080, protocol: TCP}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status:
+  addresses:
+    - {type: InternalIP, address: 192.168.99.2}
+";
+
+fn web_slice(addresses: &[String]) -> String {
+    let mut text = String::from(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+  - {name: http, port: 80, protocol: TCP}
+endpoints:
+",
+    );
+    for address in addresses {
+        text.push_str(&format!(
+            "  - addresses: [{address}]\n    conditions: {{ready: true}}\n    nodeName: node-1\n"
+        ));
+    }
+    text
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_the_binary_serves_manifests_in_ipvs_mode_and_its_cleanup_keeps_a_foreign_server() {
+    use kp_testkit::netns::wait_until;
+    use std::time::Duration;
+    require_ipvs();
+    let binary = std::env::var(BINARY_VARIABLE).unwrap_or_else(|_| {
+        panic!("{BINARY_VARIABLE} does not name the kube-proxy binary: {NEEDS_IPVS}")
+    });
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), WEB_MANIFESTS).unwrap();
+    let slice_file = dir.path().join("slice.yaml");
+    let both = [ip_of(&topology, "ep1"), ip_of(&topology, "ep2")];
+    std::fs::write(&slice_file, web_slice(&both)).unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let mut command = topology.node().command(&binary);
+    command
+        .args([
+            "--proxy-mode",
+            "ipvs",
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let mut proxy = kp_testkit::netns::NsChild::spawn(&mut command).unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let cluster_ip = at("10.96.0.41", 80);
+    let up = wait_until(Duration::from_secs(30), || {
+        connect(topology.pod("src"), cluster_ip).is_ok()
+    });
+    assert!(
+        up,
+        "the binary serves the ClusterIP within 30 s\n{}\n{}",
+        log(),
+        processes()
+    );
+    let counts = hits_until_all(topology.pod("src"), cluster_ip, &["ep1", "ep2"], 60);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
+    let counts = hits_until_all(
+        topology.client(),
+        at("192.168.99.2", 30080),
+        &["ep1", "ep2"],
+        60,
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1", "ep2"],
+        "the NodePort answers the client"
+    );
+    // An edit of the manifests reaches the kernel: only ep2 is left.
+    let tmp = dir.path().join(".slice.tmp");
+    std::fs::write(&tmp, web_slice(&both[1..])).unwrap();
+    std::fs::rename(&tmp, &slice_file).unwrap();
+    let moved = wait_until(Duration::from_secs(15), || {
+        let counts = hits(topology.pod("src"), cluster_ip, 10);
+        counts.keys().map(String::as_str).eq(["ep2"])
+    });
+    assert!(moved, "after the edit only ep2 answers\n{}", log());
+    let log_text = log();
+    assert!(
+        !log_text.contains("syncing proxy rules failed"),
+        "no sync failed:\n{log_text}"
+    );
+    assert!(proxy.try_wait().unwrap().is_none(), "the proxy still runs");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy
+            .try_wait()
+            .is_ok_and(|s| s.is_some())),
+        "SIGTERM ends the proxy"
+    );
+    let foreign = ServiceKey {
+        address: "192.168.99.2".parse().unwrap(),
+        protocol: kp_model::Protocol::Tcp,
+        port: 8443,
+    };
+    let server = VirtualServer {
+        scheduler: "rr".into(),
+        flags: 0,
+        timeout_secs: 0,
+    };
+    topology.node().run(|| {
+        NetlinkKernel::new()
+            .apply(IpFamily::V4, &[Op::AddService(foreign, server)])
+            .unwrap()
+    });
+    let out = topology.node().exec(&binary, &["--cleanup"]);
+    assert!(
+        out.status.success(),
+        "--cleanup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = topology.node().run(|| {
+        let mut kernel = NetlinkKernel::new();
+        (kernel.list(IpFamily::V4).unwrap(), kp_ipvs::has_leftovers())
+    });
+    let (v4, leftovers) = state;
+    assert!(!v4.link, "kube-ipvs0 is gone");
+    assert!(
+        v4.sets.is_empty(),
+        "no set of ours is left: {:?}",
+        v4.sets.keys()
+    );
+    assert_eq!(
+        v4.services.keys().copied().collect::<Vec<_>>(),
+        [foreign],
+        "only the foreign virtual server stays"
+    );
+    assert!(!leftovers, "nothing of the IPVS mode is left to find");
+    let nat = topology
+        .node()
+        .exec_ok("iptables-legacy-save", &["-t", "nat"]);
+    assert!(!nat.contains("KUBE-"), "no chain of ours is left:\n{nat}");
+}
+
+/// Every process with what its threads wait in, for a failure message.
+fn processes() -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let mut waits = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(entry.path().join("task")) {
+            for task in tasks.flatten() {
+                let wchan = std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                waits.push(format!("{}:{wchan}", comm.trim()));
+            }
+        }
+        text.push_str(&format!("{pid} {cmdline} [{}]\n", waits.join(" ")));
+    }
+    text
+}
