@@ -9,6 +9,11 @@
 //! next sync; it never stops the proxy. Servers listen where NodePorts
 //! answer (`nodePortAddresses`), as upstream: on every address unless the
 //! configuration narrows them ([`ServiceHealthServers::listening_on`]).
+//! While the selection matches no address yet, the port is not opened but
+//! tried again after the next sync: with `primary` (nftables mode's
+//! default) the node's address is only known once its Node object arrived,
+//! which may be after the first sync, whereas upstream reads the Node
+//! before its proxier starts. The Node's arrival forces a full sync.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener as StdListener};
@@ -145,6 +150,14 @@ impl ServiceHealthServers {
                 continue;
             }
             let addresses = listen_addresses(&state, port);
+            if addresses.as_ref().is_some_and(BTreeSet::is_empty) {
+                tracing::warn!(
+                    port,
+                    service = %service,
+                    "No node address matches nodePortAddresses yet; opening the health-check node port after the next sync"
+                );
+                continue;
+            }
             match self.start(port, addresses.as_ref()) {
                 Ok(stop) => {
                     tracing::info!(port, service = %service, "Serving health-check node port");
@@ -174,9 +187,6 @@ impl ServiceHealthServers {
                 .map(|ip| StdListener::bind(SocketAddr::new(*ip, port)))
                 .collect::<Result<Vec<_>, _>>()?,
         };
-        if listeners.is_empty() {
-            tracing::warn!(port, "No node address matches nodePortAddresses; the health-check node port listens nowhere");
-        }
         let _entered = self.inner.runtime.enter();
         let (stop, stopped) = watch::channel(false);
         let servers = self.clone();

@@ -174,3 +174,45 @@ fn with_node_port_addresses_the_server_listens_only_on_them() {
         assert!(other.is_err(), "127.0.0.2 is not selected: {other:?}");
     });
 }
+
+#[test]
+fn with_primary_the_port_opens_once_the_node_address_is_known() {
+    require_root();
+    let node = Netns::create("hcprimary").unwrap();
+    node.run(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        // `nodePortAddresses: [primary]`: the Node's first address of the
+        // family, unknown until the Node object arrives.
+        let listen: ListenAddresses = Arc::new(|family, node: &NodeInfo| {
+            Some(
+                node.addresses
+                    .iter()
+                    .copied()
+                    .filter(|ip| IpFamily::of(ip) == family)
+                    .take(1)
+                    .collect(),
+            )
+        });
+        let servers = ServiceHealthServers::listening_on(runtime.handle().clone(), listen);
+        let proxier = Arc::new(proxier().with_observer(Arc::new(servers.clone())));
+        proxier.on_synced(ResourceKind::Service);
+        proxier.on_synced(ResourceKind::EndpointSlice);
+        let port = free_port();
+
+        // The first sync comes before the Node: nothing to listen on yet.
+        proxier.on_service(ObjectEvent::Apply(balancer(port)));
+        proxier.on_endpoint_slice(ObjectEvent::Apply(slice(&[("10.244.1.2", "node-1")])));
+        proxier.sync_once().unwrap();
+        assert!(servers.serving().is_empty(), "no address to listen on yet");
+
+        // The Node arrives with its address: the next sync opens the port
+        // there.
+        proxier.on_node(ObjectEvent::Apply(kp_testkit::builders::node(
+            "node-1",
+            |n| n.internal_ip("127.0.0.1"),
+        )));
+        proxier.sync_once().unwrap();
+        assert_eq!(servers.serving(), [port]);
+        assert_eq!(get(port).unwrap().0, 200);
+    });
+}

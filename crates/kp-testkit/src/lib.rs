@@ -4,7 +4,8 @@
 //!   consumes (`service("ns1", "svc1", |s| s.cluster_ip("10.96.0.41"))`).
 //! - [`plan`]: the fixed address plan every test uses.
 //! - [`netns`]: the network-namespace harness of kernel and system tests:
-//!   a node, pods with echo servers and outside clients, and probes.
+//!   a node, pods with echo servers and outside clients, several nodes on
+//!   a fabric, and probes.
 //! - [`files`]: manifest files for `--manifests`; [`http`]: a plain `GET`.
 //! - [`upstream`]: names upstream kube-proxy shows operators (metrics).
 //!

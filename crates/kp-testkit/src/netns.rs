@@ -35,12 +35,30 @@
 //! deletes leftovers of crashed runs: namespaces with that prefix whose pid
 //! is no longer alive.
 //!
+//! A [`Cluster`] is several such nodes joined by a *fabric*, for tests
+//! that run one proxy per node:
+//!
+//! ```text
+//!   fabric: br0 192.168.99.1 (the test API server listens here)
+//!     ├─ n0 ── node-a eth0 192.168.99.2  pods 10.244.1.0/24 (routed veths)
+//!     ├─ n1 ── node-b eth0 192.168.99.3  pods 10.244.2.0/24
+//!     ├─ n2 ── node-c eth0 192.168.99.4  pods 10.244.3.0/24
+//!     └─ c0 ── client eth0 192.168.99.10
+//! ```
+//!
+//! Each node routes every other node's pod range via that node's address
+//! (host-gw) and has a default route via the fabric, which forwards
+//! nothing. Pods are wired to their node as in a [`Topology`]; clients
+//! reach every node on-link and the external range via one node
+//! ([`Cluster::route_external_via`]).
+//!
 //! Probes ([`connect`], [`hits`], [`hits_until_all`], [`udp_roundtrip`], [`expect_refused`],
 //! [`expect_timeout`], [`TcpSession`]) run from any namespace on a thread
 //! that entered it, with deadlines of about one second.
 //!
 //! [`plan::OTHER_NODE_POD_CIDR`]: crate::plan::OTHER_NODE_POD_CIDR
 
+mod cluster;
 mod echo;
 mod env;
 mod namespace;
@@ -50,6 +68,7 @@ mod topology;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
+pub use cluster::{Cluster, ClusterBuilder, ClusterNode, ClusterNodeBuilder};
 pub use env::{require_root, require_tool, wait_until};
 pub use namespace::{remove_leftovers, Netns, NsChild};
 pub use probe::{

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | pod IPs | 10.244.0.0/16 (this node's pods 10.244.1.0/24) |
 //! | service ClusterIPs | 10.96.0.0/16 |
-//! | node and client network | 192.168.99.0/24 (node .2, clients .10, .11, …) |
+//! | node and client network | 192.168.99.0/24 (fabric .1, node .2, further nodes .3, .4, …, clients .10, .11, …) |
 //! | external / LoadBalancer IPs | 203.0.113.0/24 (TEST-NET-3) |
 //! | IPv6 | fd00:10:244::/48 pods, fd00:10:96::/112 services, fd00:192:168:99::/64 nodes |
 //!
@@ -41,6 +41,12 @@ pub const OTHER_NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 3);
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 10);
 /// A second client outside the cluster (source-range tests).
 pub const SECOND_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 11);
+/// The fabric's own address on the node network in a multi-node
+/// [`Cluster`](crate::netns::Cluster): where the test API server listens,
+/// reached by every node over the fabric.
+pub const FABRIC_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 1);
+/// The fabric's IPv6 address.
+pub const FABRIC_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 1);
 /// An address of the node network that no host owns: packets to it go
 /// unanswered (ARP never resolves), which is how tests provoke a timeout.
 pub const UNUSED_NODE_NETWORK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 250);
@@ -112,6 +118,46 @@ pub fn client_ip_v6(index: u8) -> Ipv6Addr {
     Ipv6Addr::from(segments)
 }
 
+/// The address of the `index`-th node of a multi-node cluster: index 0 is
+/// [`NODE_IP`] (.2), index 1 [`OTHER_NODE_IP`] (.3), and so on (.2 + index).
+pub fn cluster_node_ip(index: u8) -> Ipv4Addr {
+    let [a, b, c, d] = NODE_IP.octets();
+    Ipv4Addr::new(a, b, c, d.wrapping_add(index))
+}
+
+/// The IPv6 address of the `index`-th node: index 0 is [`NODE_IP_V6`].
+pub fn cluster_node_ip_v6(index: u8) -> Ipv6Addr {
+    let mut segments = NODE_IP_V6.segments();
+    segments[7] += u16::from(index);
+    Ipv6Addr::from(segments)
+}
+
+/// The pod range of the `index`-th node of a multi-node cluster,
+/// 10.244.(1 + index).0/24: index 0 is [`NODE_POD_CIDR`], index 1
+/// [`OTHER_NODE_POD_CIDR`].
+pub fn cluster_pod_cidr(index: u8) -> Ipv4Net {
+    Ipv4Net::new_assert(Ipv4Addr::new(10, 244, index.wrapping_add(1), 0), 24)
+}
+
+/// The IPv6 pod range of the `index`-th node, fd00:10:244:(1 + index)::/64.
+pub fn cluster_pod_cidr_v6(index: u8) -> Ipv6Net {
+    let mut segments = NODE_POD_CIDR_V6.network().segments();
+    segments[3] += u16::from(index);
+    Ipv6Net::new_assert(Ipv6Addr::from(segments), 64)
+}
+
+/// The `pod`-th address of the `node`-th node's pod range, counting from
+/// `.2` as [`node_pod_ip`] does: `(0, 0)` is 10.244.1.2, `(2, 1)` is
+/// 10.244.3.3.
+pub fn cluster_pod_ip(node: u8, pod: u8) -> Ipv4Addr {
+    nth_host_v4(cluster_pod_cidr(node), pod)
+}
+
+/// The IPv6 address of the `pod`-th pod of the `node`-th node.
+pub fn cluster_pod_ip_v6(node: u8, pod: u8) -> Ipv6Addr {
+    nth_host_v6(cluster_pod_cidr_v6(node), pod)
+}
+
 fn nth_host_v4(net: Ipv4Net, index: u8) -> Ipv4Addr {
     let mut octets = net.network().octets();
     octets[3] = index % 253 + 2;
@@ -157,5 +203,21 @@ mod tests {
         assert_eq!(client_ip_v6(1), SECOND_CLIENT_IP_V6);
         assert_eq!(node_pod_ip(252).to_string(), "10.244.1.254");
         assert_eq!(node_pod_ip(253), node_pod_ip(0));
+    }
+
+    #[test]
+    fn cluster_nodes_extend_the_single_node_plan() {
+        assert_eq!(cluster_node_ip(0), NODE_IP);
+        assert_eq!(cluster_node_ip(1), OTHER_NODE_IP);
+        assert_eq!(cluster_node_ip(2).to_string(), "192.168.99.4");
+        assert_eq!(cluster_node_ip_v6(0), NODE_IP_V6);
+        assert_eq!(cluster_pod_cidr(0), NODE_POD_CIDR);
+        assert_eq!(cluster_pod_cidr(1), OTHER_NODE_POD_CIDR);
+        assert_eq!(cluster_pod_cidr_v6(1), OTHER_NODE_POD_CIDR_V6);
+        assert_eq!(cluster_pod_ip(0, 0), node_pod_ip(0));
+        assert_eq!(cluster_pod_ip(2, 1).to_string(), "10.244.3.3");
+        assert_eq!(cluster_pod_ip_v6(2, 0).to_string(), "fd00:10:244:3::2");
+        assert!(NODE_NETWORK.contains(&FABRIC_IP));
+        assert!(NODE_NETWORK_V6.contains(&FABRIC_IP_V6));
     }
 }

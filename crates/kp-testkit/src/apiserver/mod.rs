@@ -103,7 +103,15 @@ pub(crate) struct Settings {
 impl TestApiServer {
     /// Starts a server on `127.0.0.1` with a port chosen by the system.
     pub async fn start() -> io::Result<Self> {
-        let listener = bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await
+    }
+
+    /// Starts a server on `addr` (port 0: chosen by the system), for
+    /// proxies in other namespaces that reach it over a network, such as
+    /// the nodes of a [`Cluster`](crate::netns::Cluster) reaching
+    /// [`FABRIC_IP`](crate::plan::FABRIC_IP). IPv4 only.
+    pub async fn start_on(addr: SocketAddr) -> io::Result<Self> {
+        let listener = bind(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
@@ -128,7 +136,8 @@ impl TestApiServer {
         self.addr
     }
 
-    /// The server's URL, `http://127.0.0.1:PORT`.
+    /// The server's URL, `http://ADDRESS:PORT` (`http://127.0.0.1:PORT`
+    /// unless started with [`start_on`](Self::start_on)).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

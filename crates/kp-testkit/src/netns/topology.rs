@@ -116,7 +116,12 @@ impl TopologyBuilder {
         for pod in &pods {
             pod.netns.ip_batch(&pod_commands(pod))?;
         }
-        wait_for_links(&node, clients.iter().chain(&pods))?;
+        let links: Vec<&str> = clients
+            .iter()
+            .chain(&pods)
+            .map(Host::node_interface)
+            .collect();
+        wait_for_links(&node, &links)?;
         let mut servers = EchoServers::default();
         for (spec, pod) in self.pods.iter().zip(&pods) {
             servers.start(
@@ -233,6 +238,14 @@ impl PodBuilder {
         self.udp_ports.push(port);
         self
     }
+
+    pub(super) fn tcp_ports(&self) -> &[u16] {
+        &self.tcp_ports
+    }
+
+    pub(super) fn udp_ports(&self) -> &[u16] {
+        &self.udp_ports
+    }
 }
 
 impl Topology {
@@ -324,6 +337,25 @@ impl Drop for Topology {
 }
 
 impl Host {
+    /// A host of `netns` with these addresses, whose end on its node (or
+    /// fabric) is the link `node_interface`.
+    pub(super) fn new(
+        name: &str,
+        netns: Netns,
+        (ip, ip_v6): (Ipv4Addr, Ipv6Addr),
+        node_interface: String,
+        remote: bool,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            netns,
+            ip,
+            ip_v6,
+            node_interface,
+            remote,
+        }
+    }
+
     /// The name the test gave (`"ep1"`, `"client"`); pods answer with it.
     pub fn name(&self) -> &str {
         &self.name
@@ -393,7 +425,7 @@ fn find<'a>(hosts: &'a [Host], name: &str, kind: &str) -> &'a Host {
 /// connection hairpins back to itself) spends the per-peer ICMP rate
 /// limit that the "port unreachable" of a REJECT needs, so a Service
 /// without endpoints would seem to time out instead of refusing.
-fn configure_sysctls(netns: &Netns, node: bool) -> Result<(), NetnsError> {
+pub(super) fn configure_sysctls(netns: &Netns, node: bool) -> Result<(), NetnsError> {
     let mut settings = vec![
         ("net/ipv4/conf/all/rp_filter", "0"),
         ("net/ipv4/conf/default/rp_filter", "0"),
@@ -492,7 +524,7 @@ fn client_commands(client: &Host) -> Vec<String> {
 }
 
 /// A pod: its addresses and a default route via the node's gateway.
-fn pod_commands(pod: &Host) -> Vec<String> {
+pub(super) fn pod_commands(pod: &Host) -> Vec<String> {
     vec![
         "link set eth0 up".to_owned(),
         format!("address add {}/32 dev eth0", pod.ip),
@@ -503,24 +535,20 @@ fn pod_commands(pod: &Host) -> Vec<String> {
     ]
 }
 
-/// Waits until every link of the node reports `UP` (carrier from the
-/// other end), so the first probe does not race the link state.
-fn wait_for_links<'a>(
-    node: &Netns,
-    hosts: impl Iterator<Item = &'a Host>,
-) -> Result<(), NetnsError> {
-    let expected: Vec<&str> = hosts.map(|h| h.node_interface.as_str()).collect();
+/// Waits until every link of `links` in `netns` reports `UP` (carrier
+/// from the other end), so the first probe does not race the link state.
+pub(super) fn wait_for_links(netns: &Netns, links: &[&str]) -> Result<(), NetnsError> {
     let mut last = Ok(String::new());
     let all_up = wait_until(LINK_UP_TIMEOUT, || {
-        last = node.ip(&["-brief", "link", "show"]);
+        last = netns.ip(&["-brief", "link", "show"]);
         last.as_ref()
-            .is_ok_and(|listing| expected.iter().all(|link| link_is_up(listing, link)))
+            .is_ok_and(|listing| links.iter().all(|link| link_is_up(listing, link)))
     });
     match last {
         Err(error) => Err(error),
         Ok(_) if all_up => Ok(()),
         Ok(listing) => Err(NetnsError::Command {
-            command: format!("ip -n {} -brief link show", node.name()),
+            command: format!("ip -n {} -brief link show", netns.name()),
             status: std::process::ExitStatus::default(),
             stderr: format!("links not UP within {LINK_UP_TIMEOUT:?}:\n{listing}"),
         }),
