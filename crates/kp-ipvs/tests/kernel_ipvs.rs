@@ -694,44 +694,34 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
 /// The `kube-proxy` binary scripts/ipvs-vm/run puts in the guest.
 const BINARY_VARIABLE: &str = "KP_IPVS_VM_KUBE_PROXY";
 
-const WEB_MANIFESTS: &str = "apiVersion: v1
-kind: Service
-metadata: {namespace: demo, name: web}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.41
-  clusterIPs: [10.96.0.41]
-  ports:
-    - {name: http, port: 80, targetPort: 80, nodePort: 30080, protocol: TCP}
----
-apiVersion: v1
-kind: Node
-metadata: {name: node-1}
-status:
-  addresses:
-    - {type: InternalIP, address: 192.168.99.2}
-";
+/// The web Service (NodePort 30080) and node-1, as manifest files in `dir`;
+/// returns the EndpointSlice's file, which [`write_web_slice`] rewrites.
+fn write_web_manifests(dir: &Path) -> std::path::PathBuf {
+    use kp_testkit::builders::{node, service};
+    use kp_testkit::files::{manifest, write_atomically};
+    let web = service("demo", "web", |s| {
+        s.service_type("NodePort")
+            .cluster_ip("10.96.0.41")
+            .port("http", 80, "TCP")
+            .target_port(80)
+            .node_port(30080)
+    });
+    let node = node("node-1", |n| n.internal_ip("192.168.99.2"));
+    write_atomically(&dir.join("web.json"), &manifest(&web));
+    write_atomically(&dir.join("node.json"), &manifest(&node));
+    dir.join("slice.json")
+}
 
-fn web_slice(addresses: &[String]) -> String {
-    let mut text = String::from(
-        "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  namespace: demo
-  name: web-1
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports:
-  - {name: http, port: 80, protocol: TCP}
-endpoints:
-",
-    );
-    for address in addresses {
-        text.push_str(&format!(
-            "  - addresses: [{address}]\n    conditions: {{ready: true}}\n    nodeName: node-1\n"
-        ));
-    }
-    text
+/// The web Service's EndpointSlice with `addresses`, ready, on node-1.
+fn write_web_slice(file: &Path, addresses: &[String]) {
+    let slice = kp_testkit::builders::endpoint_slice("demo", "web-1", "web", |mut e| {
+        e = e.address_type("IPv4").port("http", 80, "TCP");
+        for address in addresses {
+            e = e.endpoint(address, |ep| ep.ready(true).node("node-1"));
+        }
+        e
+    });
+    kp_testkit::files::write_atomically(file, &kp_testkit::files::manifest(&slice));
 }
 
 #[test]
@@ -750,10 +740,9 @@ fn vm_the_binary_serves_manifests_in_ipvs_mode_and_its_cleanup_keeps_a_foreign_s
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("web.yaml"), WEB_MANIFESTS).unwrap();
-    let slice_file = dir.path().join("slice.yaml");
+    let slice_file = write_web_manifests(dir.path());
     let both = [ip_of(&topology, "ep1"), ip_of(&topology, "ep2")];
-    std::fs::write(&slice_file, web_slice(&both)).unwrap();
+    write_web_slice(&slice_file, &both);
     let log_path = dir.path().join("proxy.log");
     let mut command = topology.node().command(&binary);
     command
@@ -795,9 +784,7 @@ fn vm_the_binary_serves_manifests_in_ipvs_mode_and_its_cleanup_keeps_a_foreign_s
         "the NodePort answers the client"
     );
     // An edit of the manifests reaches the kernel: only ep2 is left.
-    let tmp = dir.path().join(".slice.tmp");
-    std::fs::write(&tmp, web_slice(&both[1..])).unwrap();
-    std::fs::rename(&tmp, &slice_file).unwrap();
+    write_web_slice(&slice_file, &both[1..]);
     let moved = wait_until(Duration::from_secs(15), || {
         let counts = hits(topology.pod("src"), cluster_ip, 10);
         counts.keys().map(String::as_str).eq(["ep2"])
