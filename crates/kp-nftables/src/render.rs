@@ -15,8 +15,9 @@
 //! flushed and left for a later transaction to delete.
 //!
 //! **Partial render**: only the Services in `changed_services`: their
-//! chains are rewritten (add, flush, rules) and their elements are added or
-//! deleted by comparing with what the last transaction left
+//! chains are rewritten (add, flush, rules) unless their text is what the
+//! last transaction left (the record keeps a fingerprint of it), and their
+//! elements are added or deleted by comparing with that record
 //! ([`Programmed`]). Nothing needs to be listed from the kernel.
 //!
 //! Text order inside one transaction: fixed objects, Service sets and
@@ -296,12 +297,21 @@ impl Renderer {
             input.changed_services.iter().collect()
         };
         for service in services {
-            let record = self.render_service(&ctx, input, service, &mut out, &mut stats);
+            let chains_before = out.chains.len();
+            let mut record = self.render_service(&ctx, input, service, &mut out, &mut stats);
+            if let Some(record) = &mut record {
+                record.chain_text_hash = fingerprint(&out.chains[chains_before..]);
+            }
             let old = if input.reset {
                 None
             } else {
                 programmed.services.get(service)
             };
+            if !full && old.is_some() && record.as_ref() == old {
+                // The kernel holds exactly these chains already (the record
+                // is what the last transaction left): nothing to rewrite.
+                out.chains.truncate(chains_before);
+            }
             diff_service(
                 &ctx,
                 full,
@@ -385,6 +395,14 @@ impl Renderer {
         record.normalize();
         Some(record)
     }
+}
+
+/// A fingerprint of a Service's chain text.
+fn fingerprint(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The ports of `service`: the map is sorted by service first.

@@ -40,6 +40,10 @@ pub struct ServiceRecord {
     pub affinity_sets: Vec<Arc<str>>,
     /// Rules in its chains.
     pub rules: usize,
+    /// A fingerprint of its chains' text (declarations and rules, as
+    /// rendered): equal records mean equal chains, so a partial sync need
+    /// not rewrite them.
+    pub chain_text_hash: u64,
 }
 
 /// The table as the last successful transaction left it.

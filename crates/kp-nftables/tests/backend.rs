@@ -191,3 +191,38 @@ fn the_configuration_maps_onto_the_options() {
     config.node_port_addresses = None;
     assert!(kp_nftables::from_config(&config, IpFamily::V4, true).is_ok());
 }
+
+#[test]
+fn a_partial_sync_rewrites_only_the_chains_whose_text_changed() {
+    let mut world = World::v4();
+    let web = || {
+        service("ns1", "web", "10.96.0.10", 80)
+            .remote_endpoint("10.244.2.2", 80)
+            .affinity_secs(600)
+    };
+    world.put(web());
+    world.put(service("ns1", "db", "10.96.0.11", 5432).remote_endpoint("10.244.2.3", 5432));
+    world.sync(true, &[]);
+
+    // Both reported changed, neither's rules differ: nothing is rewritten.
+    let text = world.sync(false, &[("ns1", "web"), ("ns1", "db")]);
+    assert!(!text.contains("add rule"), "{text}");
+    assert!(!text.contains("flush chain"), "{text}");
+
+    // Only the affinity timeout changes: same chain names and elements,
+    // other rule text, so the Service's chains are rewritten.
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .remote_endpoint("10.244.2.2", 80)
+            .affinity_secs(60),
+    );
+    let text = world.sync(false, &[("ns1", "web"), ("ns1", "db")]);
+    assert!(text.contains("timeout 60s"), "{text}");
+    assert!(
+        text.contains("flush chain ip kube-proxy service-LV5ZVUGQ-ns1/web/tcp/p80"),
+        "{text}"
+    );
+    assert!(!text.contains("ns1/db"), "db stays as it is:\n{text}");
+    let verdict = world.trace("10.244.1.2", common::at("10.96.0.10", 80));
+    common::assert_goes_to(&verdict, &[common::at("10.244.2.2", 80)]);
+}
