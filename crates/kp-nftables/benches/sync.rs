@@ -5,7 +5,9 @@
 //! one TCP port each), in a
 //! network namespace this program creates, enters and removes: the cold
 //! start (the first sync, which deletes and writes the table), full render
-//! and full sync time, and the render and sync time of a partial sync after
+//! and full sync time (of a table nobody else touched, which sends only
+//! differences, and after another program's commit, which rewrites every
+//! rule), and the render and sync time of a partial sync after
 //! one endpoint changed; plus the time `nft -f` needs for a one-line
 //! transaction on the same table (the floor any `nft`-based sync pays:
 //! process start and nft's cache of the table). Medians of 5 runs.
@@ -30,7 +32,9 @@ use kp_model::{
     categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
     ServicePortName,
 };
-use kp_nftables::{NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer};
+use kp_nftables::{
+    Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer,
+};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
 
@@ -146,6 +150,7 @@ struct Row {
     cold_ms: f64,
     render_full_ms: f64,
     full_ms: f64,
+    full_foreign_ms: f64,
     render_change_ms: f64,
     change_ms: f64,
     nft_floor_ms: f64,
@@ -237,6 +242,20 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     };
     let full = (0..RUNS).map(|_| sync(&current, true, &no_changes));
     let full_ms = median(full.collect());
+    // Another program's commit before each: the table may have changed
+    // behind the proxy's record, so every rule is written again.
+    let mut other = NetlinkApplier::new();
+    let mut full_foreign = Vec::new();
+    for _ in 0..RUNS {
+        other
+            .apply(
+                IpFamily::V4,
+                "add table ip kp-bench-elsewhere\ndelete table ip kp-bench-elsewhere\n",
+            )
+            .unwrap();
+        full_foreign.push(sync(&current, true, &no_changes));
+    }
+    let full_foreign_ms = median(full_foreign);
     let changed = BTreeSet::from([name(7).service]);
     let mut change = Vec::new();
     for run in 0..RUNS as u32 {
@@ -253,6 +272,7 @@ fn measure_here(size: u32, netlink: bool) -> Row {
         cold_ms,
         render_full_ms,
         full_ms,
+        full_foreign_ms,
         render_change_ms,
         change_ms: median(change),
         nft_floor_ms: median(floor.collect()),
@@ -302,16 +322,17 @@ fn main() {
         }
     }
     println!("endpoints per Service port: {}", endpoints_per_service());
-    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync, table untouched (ms) | full sync after another commit (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
             row.applier,
             row.size,
             row.cold_ms,
             row.render_full_ms,
             row.full_ms,
+            row.full_foreign_ms,
             row.render_change_ms,
             row.change_ms,
             row.nft_floor_ms

@@ -20,6 +20,27 @@ pub trait Applier: Send {
     /// Commits `text` (`nft -f` input) as one transaction.
     fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
 
+    /// The network namespace's ruleset generation (`NFT_MSG_GETGEN`): every
+    /// commit that changes anything, in any table, by anyone, increments
+    /// it. `None` where this applier cannot tell.
+    fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
+        None
+    }
+
+    /// Commits `text` only if the ruleset generation still is `generation`
+    /// when the kernel takes the transaction (`NFNL_BATCH_GENID`), refused
+    /// with [`ApplyError::GenerationMoved`] otherwise. Appliers that cannot
+    /// tell refuse.
+    fn apply_at(
+        &mut self,
+        family: IpFamily,
+        text: &str,
+        generation: u32,
+    ) -> Result<(), ApplyError> {
+        let _ = (family, text, generation);
+        Err(ApplyError::GenerationMoved)
+    }
+
     /// Transactions of `family` whose text arrives in pieces of whole
     /// lines, each committed by [`TransactionStream::commit`]: a full sync
     /// streams its text so it is never held whole. By default the pieces
@@ -88,6 +109,10 @@ pub enum ApplyError {
         /// The error the kernel answered.
         message: String,
     },
+    /// A transaction bound to a ruleset generation ([`Applier::apply_at`])
+    /// was refused: something else was committed since.
+    #[error("the ruleset changed since the generation the transaction was bound to")]
+    GenerationMoved,
     /// Writing the transaction failed (dry run) or a fake was told to fail.
     #[error("writing the transaction")]
     Write(#[source] io::Error),
@@ -120,6 +145,8 @@ struct FakeInner {
     transactions: Vec<FakeTransaction>,
     successes_first: usize,
     failures: usize,
+    /// The simulated ruleset generation, once enabled.
+    generation: Option<u32>,
 }
 
 /// Writes each transaction to a writer, touching nothing.
@@ -245,6 +272,20 @@ impl FakeApplier {
         self.lock().transactions.last().cloned()
     }
 
+    /// Simulates the kernel's ruleset generation from now on: every
+    /// accepted transaction with a line other than `add table` increments
+    /// it, as a commit that changes something does.
+    pub fn with_generations(self) -> Self {
+        self.lock().generation = Some(1);
+        self
+    }
+
+    /// Someone else commits a change to the ruleset.
+    pub fn foreign_commit(&self) {
+        let mut inner = self.lock();
+        inner.generation = inner.generation.map(next_generation);
+    }
+
     /// Makes the next `count` transactions fail (they are still recorded).
     pub fn fail_next(&self, count: usize) {
         self.fail_after(0, count);
@@ -277,7 +318,35 @@ impl Applier for FakeApplier {
             inner.failures -= 1;
             return Err(ApplyError::Write(io::Error::other("fake failure")));
         }
+        if text.lines().any(|line| !line.starts_with("add table ")) {
+            inner.generation = inner.generation.map(next_generation);
+        }
         Ok(())
+    }
+
+    fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
+        self.lock().generation.map(Ok)
+    }
+
+    fn apply_at(
+        &mut self,
+        family: IpFamily,
+        text: &str,
+        generation: u32,
+    ) -> Result<(), ApplyError> {
+        if self.lock().generation != Some(generation) {
+            return Err(ApplyError::GenerationMoved);
+        }
+        self.apply(family, text)
+    }
+}
+
+/// The generation after `generation`: the kernel's counter skips 0, which
+/// means "unbound" in a batch.
+pub fn next_generation(generation: u32) -> u32 {
+    match generation.wrapping_add(1) {
+        0 => 1,
+        next => next,
     }
 }
 

@@ -24,20 +24,23 @@
 //! (`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`), does not
 //! fail the sync, and the chains are tried again at the next one.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kp_config::{KubeProxyConfiguration, LocalMode};
 use kp_iptables::{IptablesError, LocalDetector, NodePortAddresses};
-use kp_model::{IpFamily, NodeInfo};
+use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
-use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
+use crate::applier::{next_generation, Applier, ApplyError, DryRunApplier, NftApplier};
+use crate::generation::{self, Ruleset, SharedRuleset};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
-use crate::render::{stale_chain_cleanup, Piece, RenderInput, RenderStats, Renderer};
+use crate::render::{stale_chain_cleanup, Commits, Piece, RenderInput, RenderStats, Renderer};
 use crate::state::Programmed;
 use crate::NftablesError;
 
@@ -62,6 +65,16 @@ pub struct NftablesBackend {
     /// The last transaction failed: the next sync is one transaction.
     repairing: bool,
     cleanup_failures: usize,
+    /// The ruleset generation the proxy's own last commit left, when it is
+    /// known that nothing else was committed in between: the table then is
+    /// exactly [`Programmed`] (see [`NftablesBackend::untouched_full_sync`]).
+    generation: Option<u32>,
+    /// The fixed part of the last full render that was committed
+    /// ([`Renderer::head_fingerprint`]).
+    head_hash: Option<u64>,
+    /// The commits of this process to the ruleset (shared with the other
+    /// family's backend in the binary).
+    ruleset: SharedRuleset,
 }
 
 /// The nftables backend of `family` as the binary configures it:
@@ -80,7 +93,9 @@ pub fn from_config(
     if dry_run {
         NftablesBackend::dry_run(family, options, addresses, Box::new(io::stdout()))
     } else {
+        // Both families' backends of the process share one ruleset.
         NftablesBackend::system(family, options, addresses)
+            .map(|backend| backend.with_shared_ruleset(generation::process_ruleset()))
     }
 }
 
@@ -137,6 +152,9 @@ impl NftablesBackend {
             needs_reset: true,
             repairing: false,
             cleanup_failures: 0,
+            generation: None,
+            head_hash: None,
+            ruleset: SharedRuleset::default(),
         })
     }
 
@@ -193,6 +211,16 @@ impl NftablesBackend {
         self
     }
 
+    /// Shares the bookkeeping of ruleset generations with the backend of
+    /// the other family in the same network namespace
+    /// ([`crate::generation`]), so neither takes the other's commits for
+    /// someone else's.
+    #[must_use]
+    pub fn with_shared_ruleset(mut self, ruleset: SharedRuleset) -> Self {
+        self.ruleset = ruleset;
+        self
+    }
+
     /// Reads the time from `clock` (stale chains wait a second).
     pub fn with_clock(mut self, clock: impl FnMut() -> Instant + Send + 'static) -> Self {
         self.clock = Box::new(clock);
@@ -215,12 +243,15 @@ impl NftablesBackend {
     /// (0 or 1). A failure leaves the chains in the record's stale list, so
     /// the next sync tries again, and does not fail the sync: an
     /// unreferenced empty chain does no harm meanwhile.
-    fn delete_stale_chains(&mut self, now: Instant) -> usize {
+    fn delete_stale_chains(&mut self, now: Instant, own: &mut Ruleset) -> usize {
         let Some(cleanup) = stale_chain_cleanup(self.family, now, &self.programmed) else {
             return 0;
         };
+        let before = self.current_generation();
         match self.applier.apply(self.family, &cleanup.text) {
             Ok(()) => {
+                // Each `delete chain` is a change: one generation.
+                self.settle(own, before, Commits::Changes(1), false);
                 for chain in &cleanup.chains {
                     self.programmed.stale_chains.remove(chain);
                 }
@@ -238,6 +269,137 @@ impl NftablesBackend {
                 1
             }
         }
+    }
+
+    /// After a failed commit: the kernel may hold anything the record does
+    /// not know (someone else may have changed the table), so the next sync
+    /// deletes the table and writes it afresh in one transaction, which
+    /// needs no record. Affinity state is lost then, as after a restart.
+    fn forget_kernel(&mut self) {
+        self.needs_full_sync = true;
+        self.needs_reset = true;
+        self.repairing = true;
+        self.generation = None;
+        self.head_hash = None;
+    }
+
+    /// The ruleset generation now, where the applier can tell.
+    fn current_generation(&mut self) -> Option<u32> {
+        match self.applier.generation()? {
+            Ok(generation) => Some(generation),
+            Err(error) => {
+                tracing::debug!(family = %self.family, error = %error, "cannot read the nftables ruleset generation");
+                None
+            }
+        }
+    }
+
+    /// Settles what the proxy knows of the ruleset after its commits
+    /// (made since `before`, the generation read just before them): when
+    /// they alone explain the generation now, it records them as its own
+    /// and trusts the table at the new generation if it trusted it before
+    /// (no one else's commit since) or `rewrote` it whole; otherwise it
+    /// trusts nothing until a full rewrite.
+    fn settle(&mut self, own: &mut Ruleset, before: Option<u32>, commits: Commits, rewrote: bool) {
+        let after = self.current_generation();
+        let explained = match (before, after, commits) {
+            (Some(before), Some(after), Commits::Changes(n)) => {
+                after == (0..n).fold(before, |g, _| next_generation(g))
+            }
+            (Some(before), Some(after), Commits::MaybeNone) => after == before,
+            _ => false,
+        };
+        let (Some(before), Some(after), true) = (before, after, explained) else {
+            self.generation = None;
+            return;
+        };
+        own.record(before, after);
+        let trusted_before = self
+            .generation
+            .is_some_and(|trusted| own.only_own_between(trusted, before));
+        self.generation = (rewrote || trusted_before).then_some(after);
+    }
+
+    /// A full sync of a table nobody else touched since the proxy's last
+    /// commit: the ruleset generation is still the one that commit left,
+    /// so the table is exactly [`Programmed`], and only what differs from
+    /// it is sent, in a transaction the kernel takes only at that same
+    /// generation (checked and committed in one step). Rewriting every
+    /// rule of a large table costs the kernel seconds (it parses and
+    /// validates each one); a table someone else changed, or a changed
+    /// fixed part, gets the full rewrite (`None`).
+    fn untouched_full_sync(
+        &mut self,
+        own: &mut Ruleset,
+        request: &SyncRequest<'_>,
+        node_ports: Option<&[IpAddr]>,
+        now: Instant,
+        cleanup_failures: usize,
+    ) -> Result<Option<SyncOutcome>, BackendError> {
+        let Some(trusted) = self.generation else {
+            return Ok(None);
+        };
+        let Some(current) = self.current_generation() else {
+            return Ok(None);
+        };
+        if !own.only_own_between(trusted, current) {
+            tracing::debug!(family = %self.family, "the nftables ruleset changed since the last commit; rewriting the table");
+            return Ok(None);
+        }
+        let mut input = RenderInput {
+            family: self.family,
+            full: true,
+            reset: false,
+            split: false,
+            service_ports: request.service_ports,
+            changed_services: request.changed_services,
+            node: request.node,
+            node_port_addresses: node_ports,
+            now,
+        };
+        if Some(self.renderer.head_fingerprint(&input)) != self.head_hash {
+            return Ok(None);
+        }
+        let every_service: BTreeSet<NamespacedName> = request
+            .service_ports
+            .keys()
+            .map(|port| port.service.clone())
+            .chain(self.programmed.services.keys().cloned())
+            .collect();
+        input.full = false;
+        input.changed_services = &every_service;
+        let mut text = String::new();
+        let rendered = self
+            .renderer
+            .render_streamed(&input, &self.programmed, |piece| {
+                if let Piece::Lines(lines) = piece {
+                    text.push_str(lines);
+                }
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .unwrap_or_else(|never| match never {});
+        match self.applier.apply_at(self.family, &text, current) {
+            Ok(()) => {}
+            Err(ApplyError::GenerationMoved) => {
+                tracing::debug!(family = %self.family, "the nftables ruleset changed meanwhile; rewriting the table");
+                return Ok(None);
+            }
+            Err(error) => {
+                self.forget_kernel();
+                return Err(apply_error("committing the transaction", error).rejected());
+            }
+        }
+        self.generation = Some(current);
+        self.settle(own, Some(current), rendered.commits(), false);
+        self.programmed.commit(rendered.delta);
+        let mut outcome = outcome(true, &rendered.stats, &self.programmed);
+        outcome.cleanup_failures = cleanup_failures;
+        tracing::debug!(
+            family = %self.family,
+            commands = rendered.stats.commands,
+            "full sync of an untouched nftables table: only the differences were sent"
+        );
+        Ok(Some(outcome))
     }
 
     /// The addresses NodePorts answer on; `None` means every local address.
@@ -282,12 +444,28 @@ impl Backend for NftablesBackend {
         let reset = full && self.needs_reset;
         let node_ports = self.resolve_node_ports(request.node, full)?;
         let now = (self.clock)();
+        // The other family's commits wait until this sync's are done and
+        // settled ([`crate::generation`]).
+        let ruleset = Arc::clone(&self.ruleset);
+        let mut own = generation::lock(&ruleset);
         // A reset deletes the table, stale chains with it.
         let cleanup_failures = if reset {
             0
         } else {
-            self.delete_stale_chains(now)
+            self.delete_stale_chains(now, &mut own)
         };
+        if full && !reset && !self.needs_full_sync {
+            if let Some(outcome) = self.untouched_full_sync(
+                &mut own,
+                request,
+                node_ports.as_deref(),
+                now,
+                cleanup_failures,
+            )? {
+                return Ok(outcome);
+            }
+        }
+        let before = self.current_generation();
         let input = RenderInput {
             family: self.family,
             full,
@@ -324,14 +502,16 @@ impl Backend for NftablesBackend {
                 // next sync deletes the table and writes it afresh in one
                 // transaction, which needs no record. Affinity state is
                 // lost then, as after a restart.
-                self.needs_full_sync = true;
-                self.needs_reset = true;
-                self.repairing = true;
+                self.forget_kernel();
                 return Err(apply_error("committing the transaction", error).rejected());
             }
         };
         if reset {
             self.programmed.clear();
+        }
+        self.settle(&mut own, before, rendered.commits(), rendered.full);
+        if rendered.head_hash.is_some() {
+            self.head_hash = rendered.head_hash;
         }
         self.needs_full_sync = false;
         self.needs_reset = false;

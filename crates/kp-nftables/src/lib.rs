@@ -23,6 +23,7 @@
 
 pub mod applier;
 pub mod backend;
+pub mod generation;
 pub mod names;
 pub mod netlink;
 pub mod options;

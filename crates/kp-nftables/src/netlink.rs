@@ -29,6 +29,8 @@ use msg::Batch;
 /// The kernel answers while the batch is sent, so this only bounds a
 /// kernel that never answers.
 const ANSWER_TIMEOUT_SECS: i64 = 30;
+/// `ERESTART`: a batch bound to a generation that has moved on.
+const ERESTART: i32 = 85;
 
 /// Commits transactions over a netlink socket of the namespace of the
 /// thread that opens it (on first use).
@@ -221,12 +223,18 @@ impl NetlinkApplier {
     }
 }
 
-impl Applier for NetlinkApplier {
-    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+impl NetlinkApplier {
+    /// Commits `text`, bound to `generation` when given.
+    fn commit(
+        &mut self,
+        family: IpFamily,
+        text: &str,
+        generation: Option<u32>,
+    ) -> Result<(), ApplyError> {
         self.transactions += 1;
         let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
         let mut encoder = Encoder::new(family, prefix);
-        let mut batch = Batch::new(self.next_seq);
+        let mut batch = Batch::new(self.next_seq, generation);
         encoder
             .encode(&mut batch, text)
             .map_err(|(line, content)| ApplyError::Kernel {
@@ -245,6 +253,9 @@ impl Applier for NetlinkApplier {
             .map_err(ApplyError::Write)?;
         match replies.iter().find(|(_, code)| *code != 0) {
             None => Ok(()),
+            Some((seq, code)) if *seq == begin_seq && *code == -ERESTART => {
+                Err(ApplyError::GenerationMoved)
+            }
             Some((seq, code)) if *seq == begin_seq => Err(ApplyError::NoNftables {
                 message: io::Error::from_raw_os_error(-code).to_string(),
             }),
@@ -258,6 +269,42 @@ impl Applier for NetlinkApplier {
                 })
             }
         }
+    }
+
+    /// Asks the kernel for the ruleset generation.
+    fn ask_generation(&mut self) -> io::Result<u32> {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let socket = self.socket()?;
+        socket.send(&Batch::generation_request(seq), 0)?;
+        let mut buffer = vec![0u8; 8192];
+        loop {
+            let n = socket.recv(&mut &mut buffer[..], 0)?;
+            match msg::parse_generation(&buffer[..n], seq) {
+                Some(Ok(generation)) => return Ok(generation),
+                Some(Err(code)) => return Err(io::Error::from_raw_os_error(-code)),
+                None => {}
+            }
+        }
+    }
+}
+
+impl Applier for NetlinkApplier {
+    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+        self.commit(family, text, None)
+    }
+
+    fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
+        Some(self.ask_generation().map_err(ApplyError::Write))
+    }
+
+    fn apply_at(
+        &mut self,
+        family: IpFamily,
+        text: &str,
+        generation: u32,
+    ) -> Result<(), ApplyError> {
+        self.commit(family, text, Some(generation))
     }
 }
 
@@ -276,18 +323,20 @@ mod tests {
     #[test]
     fn an_unknown_line_is_named_and_nothing_is_sent() {
         let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-        let mut batch = Batch::new(1);
+        let mut batch = Batch::new(1, None);
         let text = "add table ip kube-proxy\nadd rule ip kube-proxy c tcp flags syn drop\n";
         let error = encoder.encode(&mut batch, text).unwrap_err();
         assert_eq!(error.0, 2);
         let other_table = "add chain ip filter c\n";
-        assert!(encoder.encode(&mut Batch::new(1), other_table).is_err());
+        assert!(encoder
+            .encode(&mut Batch::new(1, None), other_table)
+            .is_err());
     }
 
     #[test]
     fn each_message_is_framed_with_its_length() {
         let mut encoder = Encoder::new(IpFamily::V6, "p".to_owned());
-        let mut batch = Batch::new(7);
+        let mut batch = Batch::new(7, None);
         encoder
             .encode(&mut batch, "add chain ip6 kube-proxy services\n")
             .unwrap();

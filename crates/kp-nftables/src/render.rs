@@ -130,10 +130,43 @@ pub struct Rendered {
     pub text: String,
     /// Transactions written (more than one for a split full render).
     pub transactions: usize,
+    /// Of those, the ones with at least one rule: the kernel always counts
+    /// such a commit as a change (a new ruleset generation), while one
+    /// without may change nothing.
+    pub transactions_with_rules: usize,
+    /// A fingerprint of the fixed part of a full render (see
+    /// [`Renderer::head_fingerprint`]); `None` for a partial one.
+    pub head_hash: Option<u64>,
     /// What the transaction changes in [`Programmed`], once it succeeded.
     pub delta: StateDelta,
     /// Counts.
     pub stats: RenderStats,
+}
+
+/// How a render's commits move the ruleset generation on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commits {
+    /// By exactly this many: each transaction has a rule, and the kernel
+    /// counts a commit that adds a rule as a change.
+    Changes(usize),
+    /// One transaction without a rule, which may change nothing.
+    MaybeNone,
+    /// Several transactions, some without a rule: unknown.
+    Unknown,
+}
+
+impl Rendered {
+    /// How this render's transactions, once committed, moved the ruleset
+    /// generation on.
+    pub fn commits(&self) -> Commits {
+        if self.transactions_with_rules == self.transactions {
+            Commits::Changes(self.transactions)
+        } else if self.transactions == 1 {
+            Commits::MaybeNone
+        } else {
+            Commits::Unknown
+        }
+    }
 }
 
 /// A transaction deleting stale chains ([`stale_chain_cleanup`]).
@@ -252,15 +285,7 @@ impl Renderer {
         mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
     ) -> Result<Rendered, E> {
         let full = input.full || input.reset;
-        let ctx = Context {
-            ipx: family_keyword(input.family),
-            table: format!("{} {}", family_keyword(input.family), crate::names::TABLE),
-            masquerade_all: self.options.masquerade_all,
-            detector: self
-                .options
-                .resolve_detector(input.family, &input.node.pod_cidrs),
-            node_ip: input.node.addresses_of(input.family).next(),
-        };
+        let ctx = self.context(input);
         let mut out = Sections::default();
         let mut stats = RenderStats::default();
         let may_split = full && input.split;
@@ -368,9 +393,34 @@ impl Renderer {
             full,
             text: String::new(),
             transactions: emitted.transactions,
+            transactions_with_rules: emitted.transactions_with_rules,
+            head_hash: full.then(|| fingerprint(head::without_reset(&ctx, &out.head))),
             delta,
             stats,
         })
+    }
+
+    /// A fingerprint of the fixed part a full render of `input` writes
+    /// (base chains, fixed sets and maps, their rules), without the table's
+    /// deletion: a full sync whose fixed part and Services' chains match
+    /// what the kernel holds has nothing to rewrite.
+    pub fn head_fingerprint(&self, input: &RenderInput<'_>) -> u64 {
+        let ctx = self.context(input);
+        let mut head = String::new();
+        head::write_head(&ctx, &self.options, input, &mut head);
+        fingerprint(head::without_reset(&ctx, &head))
+    }
+
+    fn context(&self, input: &RenderInput<'_>) -> Context {
+        Context {
+            ipx: family_keyword(input.family),
+            table: format!("{} {}", family_keyword(input.family), crate::names::TABLE),
+            masquerade_all: self.options.masquerade_all,
+            detector: self
+                .options
+                .resolve_detector(input.family, &input.node.pod_cidrs),
+            node_ip: input.node.addresses_of(input.family).next(),
+        }
     }
 
     /// Renders every port of `service` (none: the Service is gone).
@@ -597,6 +647,9 @@ struct Emitted {
     lines: usize,
     rules: usize,
     transactions: usize,
+    transactions_with_rules: usize,
+    /// Rules in the transaction being written.
+    current_rules: usize,
 }
 
 impl Emitted {
@@ -612,7 +665,9 @@ impl Emitted {
         self.bytes += lines.len();
         for line in lines.lines() {
             self.lines += 1;
-            self.rules += usize::from(line.starts_with("add rule"));
+            let rule = usize::from(line.starts_with("add rule"));
+            self.rules += rule;
+            self.current_rules += rule;
         }
         emit(Piece::Lines(lines))
     }
@@ -620,6 +675,8 @@ impl Emitted {
     /// Ends the current transaction.
     fn commit<E>(&mut self, emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>) -> Result<(), E> {
         self.transactions += 1;
+        self.transactions_with_rules += usize::from(self.current_rules > 0);
+        self.current_rules = 0;
         emit(Piece::Commit)
     }
 

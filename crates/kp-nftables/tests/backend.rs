@@ -226,3 +226,91 @@ fn a_partial_sync_rewrites_only_the_chains_whose_text_changed() {
     let verdict = world.trace("10.244.1.2", common::at("10.96.0.10", 80));
     common::assert_goes_to(&verdict, &[common::at("10.244.2.2", 80)]);
 }
+
+#[test]
+fn a_full_sync_of_an_untouched_table_sends_only_what_differs() {
+    let mut world = World::v4().with_generations();
+    let web = |endpoints: &[&str]| {
+        let mut svc = service("ns1", "web", "10.96.0.10", 80);
+        for endpoint in endpoints {
+            svc = svc.remote_endpoint(endpoint, 80);
+        }
+        svc
+    };
+    world.put(web(&["10.244.2.2", "10.244.2.3"]));
+    world.put(service("ns1", "db", "10.96.0.11", 5432).remote_endpoint("10.244.2.4", 5432));
+    let first = world.sync(true, &[]);
+    assert!(first.contains("delete table"), "{first}");
+
+    // Nobody committed since: the periodic full sync has nothing to send.
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+    assert!(!periodic.contains("flush"), "{periodic}");
+    common::assert_goes_to(
+        &world.trace("10.244.1.9", common::at("10.96.0.10", 80)),
+        &[common::at("10.244.2.2", 80), common::at("10.244.2.3", 80)],
+    );
+
+    // A change it was not told about is still found: every Service is
+    // compared with the record, and only web's chains are rewritten.
+    world.put(web(&["10.244.2.2"]));
+    let periodic = world.sync(true, &[]);
+    assert!(
+        periodic.contains("add rule ip kube-proxy service-"),
+        "{periodic}"
+    );
+    assert!(
+        !periodic.contains("ns1/db"),
+        "db is left as it is:\n{periodic}"
+    );
+    common::assert_goes_to(
+        &world.trace("10.244.1.9", common::at("10.96.0.10", 80)),
+        &[common::at("10.244.2.2", 80)],
+    );
+
+    // Someone else committed: the table may differ from the record, so
+    // everything is written again, without deleting the table.
+    world.applier.foreign_commit();
+    let rewrite = world.sync(true, &[]);
+    assert!(rewrite.contains("ns1/db"), "{rewrite}");
+    assert!(rewrite.contains("flush chain"), "{rewrite}");
+    assert!(!rewrite.contains("delete table"), "{rewrite}");
+    let periodic = world.sync(true, &[]);
+    assert!(
+        !periodic.contains("add rule"),
+        "untouched again:\n{periodic}"
+    );
+
+    // A partial sync keeps the generation known.
+    world.put(web(&["10.244.2.2", "10.244.2.3"]));
+    world.sync(false, &[("ns1", "web")]);
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+
+    // After a failed commit the record is not trusted: a fresh table.
+    world.applier.fail_next(1);
+    world.put(web(&["10.244.2.3"]));
+    assert!(world.try_sync(false, &changed("ns1", "web")).is_err());
+    let repair = world.sync(true, &[]);
+    assert!(repair.contains("delete table"), "{repair}");
+}
+
+#[test]
+fn a_changed_fixed_part_makes_a_full_sync_rewrite_the_table() {
+    let primary = NodePortAddresses::parse(&["primary".to_owned()]).unwrap();
+    let mut world = World::with(IpFamily::V4, primary).with_generations();
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .node_port(30080)
+            .remote_endpoint("10.244.2.2", 80),
+    );
+    world.sync(true, &[]);
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+
+    // The node's address moves: NodePorts answer on the new one.
+    world.node.addresses = vec![common::ip("192.168.99.7")];
+    let rewrite = world.sync(true, &[]);
+    assert!(rewrite.contains("192.168.99.7"), "{rewrite}");
+    assert!(rewrite.contains("flush chain"), "{rewrite}");
+}

@@ -71,7 +71,13 @@ fn a_split_full_sync_programs_the_kernel_and_the_next_rewrites_it_in_place() {
     sync(&services(pod_ip(&topology, "ep1")));
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
 
-    sync(&services(pod_ip(&topology, "ep2")));
+    // Someone else's commit: the next full sync cannot trust its record
+    // and rewrites the table (in pieces) instead of sending differences.
+    topology
+        .node()
+        .exec_ok("nft", &["add", "table", "ip", "elsewhere"]);
+    let rewrite = sync(&services(pod_ip(&topology, "ep2")));
+    assert!(rewrite.rules_written_per_table[0].1 > 41, "{rewrite:?}");
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
     let listing = topology
         .node()

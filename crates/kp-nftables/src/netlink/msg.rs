@@ -9,6 +9,15 @@ pub const BATCH_BEGIN: u16 = 0x10;
 /// `NFNL_MSG_BATCH_END`.
 pub const BATCH_END: u16 = 0x11;
 
+/// `NFT_MSG_NEWGEN`, the answer to `NFT_MSG_GETGEN`.
+pub const MSG_NEWGEN: u16 = 15;
+/// `NFT_MSG_GETGEN`.
+pub const MSG_GETGEN: u16 = 16;
+/// `NFTA_GEN_ID`.
+const GEN_ID: u16 = 1;
+/// `NFNL_BATCH_GENID`: a batch is refused unless the generation is this.
+const BATCH_GENID: u16 = 1;
+
 /// `NLM_F_REQUEST`.
 pub const F_REQUEST: u16 = 0x1;
 /// `NLM_F_ACK`.
@@ -50,15 +59,31 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// A batch whose first message has sequence number `seq`.
-    pub fn new(seq: u32) -> Self {
+    /// A batch whose first message has sequence number `seq`; with
+    /// `generation`, the kernel takes it only while the ruleset generation
+    /// is that one.
+    pub fn new(seq: u32, generation: Option<u32>) -> Self {
         let mut batch = Self {
             next_seq: seq,
             ..Self::default()
         };
         batch.begin_raw(BATCH_BEGIN, F_REQUEST, 0);
+        if let Some(generation) = generation {
+            batch.u32(BATCH_GENID, generation);
+        }
         batch.end();
         batch
+    }
+
+    /// `NFT_MSG_GETGEN` with sequence number `seq`, alone.
+    pub fn generation_request(seq: u32) -> Vec<u8> {
+        let mut batch = Self {
+            next_seq: seq,
+            ..Self::default()
+        };
+        batch.begin_raw((SUBSYS_NFTABLES << 8) | MSG_GETGEN, F_REQUEST, 0);
+        batch.end();
+        batch.bytes
     }
 
     /// Starts an nf_tables message of `kind` for `family`
@@ -160,6 +185,49 @@ impl Batch {
             self.bytes.push(0);
         }
     }
+}
+
+/// What the kernel answered to [`Batch::generation_request`] `seq`: the
+/// generation, an error code, or nothing yet in `buf`.
+pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
+    let mut offset = 0;
+    while offset + NLMSG_HDRLEN <= buf.len() {
+        let word = |at: usize| {
+            let mut bytes = [0u8; 4];
+            bytes.copy_from_slice(&buf[at..at + 4]);
+            u32::from_ne_bytes(bytes)
+        };
+        let len = word(offset) as usize;
+        if len < NLMSG_HDRLEN || offset + len > buf.len() {
+            break;
+        }
+        let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
+        if word(offset + 8) == seq {
+            if kind == 2 && len >= NLMSG_HDRLEN + 4 {
+                let code =
+                    i32::from_ne_bytes(buf[offset + 16..offset + 20].try_into().unwrap_or([0; 4]));
+                return Some(Err(code));
+            }
+            if kind == (SUBSYS_NFTABLES << 8) | MSG_NEWGEN {
+                // nfgenmsg, then attributes: (len, type, big-endian value).
+                let mut at = offset + NLMSG_HDRLEN + 4;
+                while at + 4 <= offset + len {
+                    let attr_len = usize::from(u16::from_ne_bytes([buf[at], buf[at + 1]]));
+                    let attr_kind = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & 0x3fff;
+                    if attr_len < 4 || at + attr_len > offset + len {
+                        break;
+                    }
+                    if attr_kind == GEN_ID && attr_len >= 8 {
+                        let value: [u8; 4] = buf[at + 4..at + 8].try_into().unwrap_or([0; 4]);
+                        return Some(Ok(u32::from_be_bytes(value)));
+                    }
+                    at += (attr_len + 3) & !3;
+                }
+            }
+        }
+        offset += (len + 3) & !3;
+    }
+    None
 }
 
 /// A reply from the kernel: `(seq, errno)` of an `NLMSG_ERROR` (errno 0 is

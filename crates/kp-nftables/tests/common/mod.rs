@@ -84,6 +84,12 @@ impl World {
         }
     }
 
+    /// Makes the fake applier keep a ruleset generation, as the kernel does.
+    pub fn with_generations(self) -> Self {
+        let _ = self.applier.clone().with_generations();
+        self
+    }
+
     /// Splits full syncs into transactions of about `bytes` of Service
     /// chain text each.
     pub fn split_at(mut self, bytes: usize) -> Self {

@@ -1,0 +1,204 @@
+//! Kernel test: a periodic full sync of a table nobody else touched sends
+//! only what differs from what the proxy committed (every rule keeps its
+//! handle), and one after someone else's commit rewrites the table, which
+//! also removes a rule someone added to a chain of ours.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/web, http 80/TCP | ClusterIP 10.96.0.10, endpoint ep1 (then ep2), port 8080 |
+//! | ns1/fill0 … fill19 | ClusterIPs 10.96.1.0 …, one endpoint each on node-2 (no host) |
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use kernel::{at, build, pod_ip, require, three_pods, POD_TCP_PORT};
+use kp_iptables::{LocalDetector, NodePortAddresses};
+use kp_model::{IpFamily, NodeInfo, ServicePortName};
+use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_sync::testing::service;
+use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest};
+use kp_testkit::netns::connect;
+use kp_testkit::plan;
+
+fn services(web_endpoint: IpAddr) -> BTreeMap<ServicePortName, ServicePortState> {
+    let mut all = BTreeMap::new();
+    let (name, state) = service("ns1", "web", "10.96.0.10", 80)
+        .local_endpoint(&web_endpoint.to_string(), POD_TCP_PORT)
+        .build();
+    all.insert(name, state);
+    for n in 0..20 {
+        let (name, state) = service("ns1", &format!("fill{n}"), &format!("10.96.1.{n}"), 80)
+            .remote_endpoint(&format!("10.244.2.{}", 100 + n), POD_TCP_PORT)
+            .build();
+        all.insert(name, state);
+    }
+    all
+}
+
+/// The rules of the table with their handles (`nft -a`), sorted.
+fn rules_with_handles(listing: &str) -> Vec<String> {
+    let mut rules: Vec<String> = listing
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            line.contains("# handle") && !line.starts_with("chain ") && !line.starts_with("table ")
+        })
+        .map(str::to_owned)
+        .collect();
+    rules.sort();
+    rules
+}
+
+#[test]
+fn a_full_sync_of_an_untouched_table_rewrites_nothing_and_one_after_a_foreign_commit_repairs() {
+    require();
+    let topology = build(three_pods());
+    let options = NftablesOptions {
+        local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
+        ..NftablesOptions::default()
+    };
+    let mut backend =
+        NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All).unwrap();
+    let node = NodeInfo {
+        name: plan::NODE_NAME.to_owned(),
+        addresses: vec![IpAddr::V4(plan::NODE_IP)],
+        ..NodeInfo::default()
+    };
+    let stale = StaleConntrack::default();
+    let none = BTreeSet::new();
+    let mut full_sync =
+        |service_ports: &BTreeMap<ServicePortName, ServicePortState>| -> SyncOutcome {
+            let request = SyncRequest {
+                family: IpFamily::V4,
+                full: true,
+                service_ports,
+                changed_services: &none,
+                node: &node,
+                stale_conntrack: &stale,
+            };
+            topology.node().run(|| backend.sync(&request)).unwrap()
+        };
+    let list = || {
+        topology
+            .node()
+            .exec_ok("nft", &["-a", "list", "table", "ip", "kube-proxy"])
+    };
+    let web = at("10.96.0.10", 80);
+    let ep1 = services(pod_ip(&topology, "ep1"));
+
+    full_sync(&ep1);
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
+    let before = rules_with_handles(&list());
+    assert!(before.len() > 40, "{before:?}");
+
+    // Nothing changed, nobody else committed: no rule is rewritten (a
+    // rewritten rule gets a new handle).
+    let untouched = full_sync(&ep1);
+    assert!(untouched.full);
+    assert_eq!(untouched.rules_written_per_table[0].1, 0, "{untouched:?}");
+    assert_eq!(rules_with_handles(&list()), before);
+
+    // web moves to ep2: only its chains are rewritten.
+    let ep2 = services(pod_ip(&topology, "ep2"));
+    let moved = full_sync(&ep2);
+    let written = moved.rules_written_per_table[0].1;
+    assert!(written > 0 && written < 10, "{moved:?}");
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
+
+    // Someone adds a rule to a chain of ours: the ruleset's generation
+    // moves on, so the next full sync rewrites the table, without it.
+    let listing = list();
+    let chain = listing
+        .lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix("chain service-"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|rest| format!("service-{rest}"))
+        .unwrap();
+    topology.node().exec_ok(
+        "nft",
+        &["insert", "rule", "ip", "kube-proxy", &chain, "drop"],
+    );
+    let foreign = |listing: &str| {
+        listing
+            .lines()
+            .any(|line| line.trim().starts_with("drop # handle"))
+    };
+    assert!(
+        foreign(&list()),
+        "the foreign rule is in place:\n{}",
+        list()
+    );
+    let repaired = full_sync(&ep2);
+    assert!(repaired.rules_written_per_table[0].1 > 40, "{repaired:?}");
+    assert!(!foreign(&list()), "the foreign rule is gone:\n{}", list());
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
+
+    // And the proxy trusts the table again.
+    let again = full_sync(&ep2);
+    assert_eq!(again.rules_written_per_table[0].1, 0, "{again:?}");
+}
+
+#[test]
+fn the_two_families_do_not_take_each_others_commits_for_someone_elses() {
+    require();
+    let topology = build(three_pods());
+    let ruleset = kp_nftables::generation::SharedRuleset::default();
+    let backend = |family| {
+        let options = NftablesOptions {
+            local_detector: LocalDetector::ClusterCidr(vec![
+                plan::POD_CIDR.into(),
+                plan::POD_CIDR_V6.into(),
+            ]),
+            ..NftablesOptions::default()
+        };
+        NftablesBackend::system(family, options, NodePortAddresses::All)
+            .unwrap()
+            .with_shared_ruleset(ruleset.clone())
+    };
+    let mut v4 = backend(IpFamily::V4);
+    let mut v6 = backend(IpFamily::V6);
+    let node = NodeInfo {
+        name: plan::NODE_NAME.to_owned(),
+        addresses: vec![IpAddr::V4(plan::NODE_IP), IpAddr::V6(plan::NODE_IP_V6)],
+        ..NodeInfo::default()
+    };
+    let one = |cluster_ip: &str, endpoint: &str| {
+        let (name, state) = service("ns1", "web", cluster_ip, 80)
+            .remote_endpoint(endpoint, POD_TCP_PORT)
+            .build();
+        BTreeMap::from([(name, state)])
+    };
+    let ports_v4 = one("10.96.0.10", "10.244.2.2");
+    let ports_v6 = one("fd00:10:96::10", "fd00:10:244:2::2");
+    let stale = StaleConntrack::default();
+    let none = BTreeSet::new();
+    let mut sync = |backend: &mut NftablesBackend,
+                    family: IpFamily,
+                    service_ports: &BTreeMap<ServicePortName, ServicePortState>,
+                    full: bool| {
+        let request = SyncRequest {
+            family,
+            full,
+            service_ports,
+            changed_services: &none,
+            node: &node,
+            stale_conntrack: &stale,
+        };
+        let outcome = topology.node().run(|| backend.sync(&request)).unwrap();
+        outcome.rules_written_per_table[0].1
+    };
+    assert!(sync(&mut v4, IpFamily::V4, &ports_v4, true) > 0);
+    assert!(sync(&mut v6, IpFamily::V6, &ports_v6, true) > 0);
+    // Each family's commits moved the generation on; the other knows them
+    // for the process's own.
+    assert_eq!(sync(&mut v4, IpFamily::V4, &ports_v4, true), 0);
+    assert_eq!(sync(&mut v6, IpFamily::V6, &ports_v6, true), 0);
+    let moved_v4 = one("10.96.0.10", "10.244.2.3");
+    assert!(sync(&mut v4, IpFamily::V4, &moved_v4, true) > 0);
+    assert_eq!(sync(&mut v6, IpFamily::V6, &ports_v6, true), 0);
+    assert_eq!(sync(&mut v4, IpFamily::V4, &moved_v4, true), 0);
+}
