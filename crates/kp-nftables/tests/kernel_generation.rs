@@ -176,10 +176,10 @@ fn the_two_families_do_not_take_each_others_commits_for_someone_elses() {
     let ports_v6 = one("fd00:10:96::10", "fd00:10:244:2::2");
     let stale = StaleConntrack::default();
     let none = BTreeSet::new();
-    let mut sync = |backend: &mut NftablesBackend,
-                    family: IpFamily,
-                    service_ports: &BTreeMap<ServicePortName, ServicePortState>,
-                    full: bool| {
+    let sync = |backend: &mut NftablesBackend,
+                family: IpFamily,
+                service_ports: &BTreeMap<ServicePortName, ServicePortState>,
+                full: bool| {
         let request = SyncRequest {
             family,
             full,
