@@ -11,32 +11,20 @@
 
 mod kernel;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kernel::{at, build, pod_ip, require, three_pods, POD_TCP_PORT};
+use kernel::{
+    at, build, netlink_backend_v4, node_v4, pod_ip, require, sync_backend, three_pods,
+    web_and_fillers, POD_TCP_PORT,
+};
 use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NodeInfo, ServicePortName};
 use kp_nftables::{NftablesBackend, NftablesOptions};
 use kp_sync::testing::service;
-use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest};
+use kp_sync::ServicePortState;
 use kp_testkit::netns::connect;
 use kp_testkit::plan;
-
-fn services(web_endpoint: IpAddr) -> BTreeMap<ServicePortName, ServicePortState> {
-    let mut all = BTreeMap::new();
-    let (name, state) = service("ns1", "web", "10.96.0.10", 80)
-        .local_endpoint(&web_endpoint.to_string(), POD_TCP_PORT)
-        .build();
-    all.insert(name, state);
-    for n in 0..20 {
-        let (name, state) = service("ns1", &format!("fill{n}"), &format!("10.96.1.{n}"), 80)
-            .remote_endpoint(&format!("10.244.2.{}", 100 + n), POD_TCP_PORT)
-            .build();
-        all.insert(name, state);
-    }
-    all
-}
 
 /// The rules of the table with their handles (`nft -a`), sorted.
 fn rules_with_handles(listing: &str) -> Vec<String> {
@@ -56,38 +44,25 @@ fn rules_with_handles(listing: &str) -> Vec<String> {
 fn a_full_sync_of_an_untouched_table_rewrites_nothing_and_one_after_a_foreign_commit_repairs() {
     require();
     let topology = build(three_pods());
-    let options = NftablesOptions {
-        local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
-        ..NftablesOptions::default()
+    let mut backend = netlink_backend_v4();
+    let node = node_v4();
+    let mut full_sync = |service_ports: &BTreeMap<ServicePortName, ServicePortState>| {
+        sync_backend(
+            &topology,
+            &mut backend,
+            IpFamily::V4,
+            &node,
+            service_ports,
+            true,
+        )
     };
-    let mut backend =
-        NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All).unwrap();
-    let node = NodeInfo {
-        name: plan::NODE_NAME.to_owned(),
-        addresses: vec![IpAddr::V4(plan::NODE_IP)],
-        ..NodeInfo::default()
-    };
-    let stale = StaleConntrack::default();
-    let none = BTreeSet::new();
-    let mut full_sync =
-        |service_ports: &BTreeMap<ServicePortName, ServicePortState>| -> SyncOutcome {
-            let request = SyncRequest {
-                family: IpFamily::V4,
-                full: true,
-                service_ports,
-                changed_services: &none,
-                node: &node,
-                stale_conntrack: &stale,
-            };
-            topology.node().run(|| backend.sync(&request)).unwrap()
-        };
     let list = || {
         topology
             .node()
             .exec_ok("nft", &["-a", "list", "table", "ip", "kube-proxy"])
     };
     let web = at("10.96.0.10", 80);
-    let ep1 = services(pod_ip(&topology, "ep1"));
+    let ep1 = web_and_fillers(pod_ip(&topology, "ep1"), 20);
 
     full_sync(&ep1);
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
@@ -102,7 +77,7 @@ fn a_full_sync_of_an_untouched_table_rewrites_nothing_and_one_after_a_foreign_co
     assert_eq!(rules_with_handles(&list()), before);
 
     // web moves to ep2: only its chains are rewritten.
-    let ep2 = services(pod_ip(&topology, "ep2"));
+    let ep2 = web_and_fillers(pod_ip(&topology, "ep2"), 20);
     let moved = full_sync(&ep2);
     let written = moved.rules_written_per_table[0].1;
     assert!(written > 0 && written < 10, "{moved:?}");
@@ -174,22 +149,13 @@ fn the_two_families_do_not_take_each_others_commits_for_someone_elses() {
     };
     let ports_v4 = one("10.96.0.10", "10.244.2.2");
     let ports_v6 = one("fd00:10:96::10", "fd00:10:244:2::2");
-    let stale = StaleConntrack::default();
-    let none = BTreeSet::new();
     let sync = |backend: &mut NftablesBackend,
                 family: IpFamily,
                 service_ports: &BTreeMap<ServicePortName, ServicePortState>,
                 full: bool| {
-        let request = SyncRequest {
-            family,
-            full,
-            service_ports,
-            changed_services: &none,
-            node: &node,
-            stale_conntrack: &stale,
-        };
-        let outcome = topology.node().run(|| backend.sync(&request)).unwrap();
-        outcome.rules_written_per_table[0].1
+        sync_backend(&topology, backend, family, &node, service_ports, full).rules_written_per_table
+            [0]
+        .1
     };
     assert!(sync(&mut v4, IpFamily::V4, &ports_v4, true) > 0);
     assert!(sync(&mut v6, IpFamily::V6, &ports_v6, true) > 0);

@@ -10,65 +10,35 @@
 
 mod kernel;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 
-use kernel::{at, build, pod_ip, require, three_pods, POD_TCP_PORT};
-use kp_iptables::{LocalDetector, NodePortAddresses};
-use kp_model::{IpFamily, NodeInfo, ServicePortName};
-use kp_nftables::{NftablesBackend, NftablesOptions};
-use kp_sync::testing::service;
-use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
+use kernel::{
+    at, build, netlink_backend_v4, node_v4, pod_ip, require, sync_backend, three_pods,
+    web_and_fillers,
+};
+use kp_model::{IpFamily, ServicePortName};
+use kp_sync::ServicePortState;
 use kp_testkit::netns::connect;
-use kp_testkit::plan;
-
-fn services(web_endpoint: IpAddr) -> BTreeMap<ServicePortName, ServicePortState> {
-    let mut all = BTreeMap::new();
-    let (name, state) = service("ns1", "web", "10.96.0.10", 80)
-        .local_endpoint(&web_endpoint.to_string(), POD_TCP_PORT)
-        .build();
-    all.insert(name, state);
-    for n in 0..40 {
-        let (name, state) = service("ns1", &format!("fill{n}"), &format!("10.96.1.{n}"), 80)
-            .remote_endpoint(&format!("10.244.2.{}", 100 + n), POD_TCP_PORT)
-            .build();
-        all.insert(name, state);
-    }
-    all
-}
 
 #[test]
 fn a_split_full_sync_programs_the_kernel_and_the_next_rewrites_it_in_place() {
     require();
     let topology = build(three_pods());
-    let options = NftablesOptions {
-        local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
-        ..NftablesOptions::default()
-    };
-    let mut backend = NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All)
-        .unwrap()
-        .with_transaction_text_max(2_000);
-    let node = NodeInfo {
-        name: plan::NODE_NAME.to_owned(),
-        addresses: vec![IpAddr::V4(plan::NODE_IP)],
-        ..NodeInfo::default()
-    };
-    let stale = StaleConntrack::default();
-    let none = BTreeSet::new();
+    let mut backend = netlink_backend_v4().with_transaction_text_max(2_000);
+    let node = node_v4();
     let mut sync = |service_ports: &BTreeMap<ServicePortName, ServicePortState>| {
-        let request = SyncRequest {
-            family: IpFamily::V4,
-            full: true,
+        sync_backend(
+            &topology,
+            &mut backend,
+            IpFamily::V4,
+            &node,
             service_ports,
-            changed_services: &none,
-            node: &node,
-            stale_conntrack: &stale,
-        };
-        topology.node().run(|| backend.sync(&request)).unwrap()
+            true,
+        )
     };
     let web = at("10.96.0.10", 80);
 
-    sync(&services(pod_ip(&topology, "ep1")));
+    sync(&web_and_fillers(pod_ip(&topology, "ep1"), 40));
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
 
     // Someone else's commit: the next full sync cannot trust its record
@@ -76,7 +46,7 @@ fn a_split_full_sync_programs_the_kernel_and_the_next_rewrites_it_in_place() {
     topology
         .node()
         .exec_ok("nft", &["add", "table", "ip", "elsewhere"]);
-    let rewrite = sync(&services(pod_ip(&topology, "ep2")));
+    let rewrite = sync(&web_and_fillers(pod_ip(&topology, "ep2"), 40));
     assert!(rewrite.rules_written_per_table[0].1 > 41, "{rewrite:?}");
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
     let listing = topology

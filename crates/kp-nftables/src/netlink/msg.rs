@@ -187,45 +187,64 @@ impl Batch {
     }
 }
 
+/// The messages in `buf` as `(kind, seq, payload after the header)`; a
+/// truncated message ends the walk.
+fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
+    let mut offset = 0;
+    std::iter::from_fn(move || {
+        let header = buf.get(offset..offset + NLMSG_HDRLEN)?;
+        let word = |at: usize| {
+            u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+        };
+        let len = word(0) as usize;
+        if len < NLMSG_HDRLEN {
+            return None;
+        }
+        let payload = buf.get(offset + NLMSG_HDRLEN..offset + len)?;
+        let kind = u16::from_ne_bytes([header[4], header[5]]);
+        let seq = word(8);
+        offset += (len + 3) & !3;
+        Some((kind, seq, payload))
+    })
+}
+
+/// The error code of an `NLMSG_ERROR` payload (0: an acknowledgement).
+fn error_code(kind: u16, payload: &[u8]) -> Option<i32> {
+    let code = payload.get(..4)?;
+    (kind == 2).then(|| i32::from_ne_bytes([code[0], code[1], code[2], code[3]]))
+}
+
 /// What the kernel answered to [`Batch::generation_request`] `seq`: the
 /// generation, an error code, or nothing yet in `buf`.
 pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
-    let mut offset = 0;
-    while offset + NLMSG_HDRLEN <= buf.len() {
-        let word = |at: usize| {
-            let mut bytes = [0u8; 4];
-            bytes.copy_from_slice(&buf[at..at + 4]);
-            u32::from_ne_bytes(bytes)
-        };
-        let len = word(offset) as usize;
-        if len < NLMSG_HDRLEN || offset + len > buf.len() {
-            break;
+    for (kind, message_seq, payload) in messages(buf) {
+        if message_seq != seq {
+            continue;
         }
-        let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
-        if word(offset + 8) == seq {
-            if kind == 2 && len >= NLMSG_HDRLEN + 4 {
-                let code =
-                    i32::from_ne_bytes(buf[offset + 16..offset + 20].try_into().unwrap_or([0; 4]));
-                return Some(Err(code));
+        if let Some(code) = error_code(kind, payload) {
+            return Some(Err(code));
+        }
+        if kind != (SUBSYS_NFTABLES << 8) | MSG_NEWGEN {
+            continue;
+        }
+        // nfgenmsg, then attributes: (length, type, big-endian value).
+        let mut at = 4;
+        while let Some(header) = payload.get(at..at + 4) {
+            let attr_len = usize::from(u16::from_ne_bytes([header[0], header[1]]));
+            let attr_kind = u16::from_ne_bytes([header[2], header[3]]) & 0x3fff;
+            let Some(value) = payload.get(at + 4..at + attr_len.max(4)) else {
+                break;
+            };
+            if attr_len < 4 {
+                break;
             }
-            if kind == (SUBSYS_NFTABLES << 8) | MSG_NEWGEN {
-                // nfgenmsg, then attributes: (len, type, big-endian value).
-                let mut at = offset + NLMSG_HDRLEN + 4;
-                while at + 4 <= offset + len {
-                    let attr_len = usize::from(u16::from_ne_bytes([buf[at], buf[at + 1]]));
-                    let attr_kind = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & 0x3fff;
-                    if attr_len < 4 || at + attr_len > offset + len {
-                        break;
-                    }
-                    if attr_kind == GEN_ID && attr_len >= 8 {
-                        let value: [u8; 4] = buf[at + 4..at + 8].try_into().unwrap_or([0; 4]);
-                        return Some(Ok(u32::from_be_bytes(value)));
-                    }
-                    at += (attr_len + 3) & !3;
+            if attr_kind == GEN_ID {
+                if let Ok(bytes) = <[u8; 4]>::try_from(value) {
+                    return Some(Ok(u32::from_be_bytes(bytes)));
                 }
             }
+            at += (attr_len + 3) & !3;
         }
-        offset += (len + 3) & !3;
     }
     None
 }
@@ -233,25 +252,56 @@ pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
 /// A reply from the kernel: `(seq, errno)` of an `NLMSG_ERROR` (errno 0 is
 /// an acknowledgement).
 pub fn parse_replies(buf: &[u8], out: &mut Vec<(u32, i32)>) {
-    let mut offset = 0;
-    while offset + NLMSG_HDRLEN <= buf.len() {
-        let word = |at: usize| {
-            let mut bytes = [0u8; 4];
-            bytes.copy_from_slice(&buf[at..at + 4]);
-            u32::from_ne_bytes(bytes)
-        };
-        let len = word(offset) as usize;
-        if len < NLMSG_HDRLEN || offset + len > buf.len() {
-            break;
-        }
-        let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
-        let seq = word(offset + 8);
-        // NLMSG_ERROR: an i32 error code follows the header.
-        if kind == 2 && len >= NLMSG_HDRLEN + 4 {
-            let code =
-                i32::from_ne_bytes(buf[offset + 16..offset + 20].try_into().unwrap_or([0; 4]));
+    for (kind, seq, payload) in messages(buf) {
+        if let Some(code) = error_code(kind, payload) {
             out.push((seq, code));
         }
-        offset += (len + 3) & !3;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A message of `kind` with sequence number `seq` and `payload`.
+    fn message(kind: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(NLMSG_HDRLEN + payload.len()).unwrap();
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&len.to_ne_bytes());
+        bytes.extend_from_slice(&kind.to_ne_bytes());
+        bytes.extend_from_slice(&0u16.to_ne_bytes());
+        bytes.extend_from_slice(&seq.to_ne_bytes());
+        bytes.extend_from_slice(&0u32.to_ne_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn the_generation_is_read_from_the_answer_to_its_request() {
+        // nfgenmsg, NFTA_GEN_ID = 0x01020304, NFTA_GEN_PROC_PID.
+        let mut payload = vec![0, 0, 0, 0];
+        payload.extend_from_slice(&8u16.to_ne_bytes());
+        payload.extend_from_slice(&GEN_ID.to_ne_bytes());
+        payload.extend_from_slice(&[1, 2, 3, 4]);
+        let newgen = (SUBSYS_NFTABLES << 8) | MSG_NEWGEN;
+        let mut buf = message(newgen, 6, &payload);
+        buf.extend(message(newgen, 7, &payload));
+        assert_eq!(parse_generation(&buf, 7), Some(Ok(0x0102_0304)));
+        assert_eq!(parse_generation(&buf, 8), None, "no answer to 8 yet");
+        let refused = message(2, 9, &(-22i32).to_ne_bytes());
+        assert_eq!(parse_generation(&refused, 9), Some(Err(-22)));
+        let mut truncated = message(newgen, 7, &payload);
+        truncated.truncate(truncated.len() - 2);
+        assert_eq!(parse_generation(&truncated, 7), None);
+    }
+
+    #[test]
+    fn errors_and_acknowledgements_are_collected_with_their_sequence_numbers() {
+        let mut buf = message(2, 3, &0i32.to_ne_bytes());
+        buf.extend(message(2, 4, &(-85i32).to_ne_bytes()));
+        let mut replies = Vec::new();
+        parse_replies(&buf, &mut replies);
+        assert_eq!(replies, [(3, 0), (4, -85)]);
     }
 }

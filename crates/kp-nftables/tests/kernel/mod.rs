@@ -223,3 +223,72 @@ impl Drop for Running {
         }
     }
 }
+
+/// `ns1/web` (ClusterIP 10.96.0.10:80 → `web_endpoint`:8080, on this node)
+/// and `ns1/fill0` … `fill<fillers-1>` (ClusterIPs 10.96.1.0 …, one endpoint
+/// each on node-2, 10.244.2.100 …, with no host behind it), as the sync
+/// loop hands them to a backend.
+pub fn web_and_fillers(
+    web_endpoint: IpAddr,
+    fillers: u32,
+) -> std::collections::BTreeMap<kp_model::ServicePortName, kp_sync::ServicePortState> {
+    use kp_sync::testing::service;
+    let mut all = std::collections::BTreeMap::new();
+    let (name, state) = service("ns1", "web", "10.96.0.10", 80)
+        .local_endpoint(&web_endpoint.to_string(), POD_TCP_PORT)
+        .build();
+    all.insert(name, state);
+    for n in 0..fillers {
+        let (name, state) = service("ns1", &format!("fill{n}"), &format!("10.96.1.{n}"), 80)
+            .remote_endpoint(&format!("10.244.2.{}", 100 + n), POD_TCP_PORT)
+            .build();
+        all.insert(name, state);
+    }
+    all
+}
+
+/// An IPv4 backend committing over netlink, ClusterCIDR 10.244.0.0/16,
+/// NodePorts on every address.
+pub fn netlink_backend_v4() -> NftablesBackend {
+    let options = NftablesOptions {
+        local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
+        ..NftablesOptions::default()
+    };
+    NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All).unwrap()
+}
+
+/// This node (192.168.99.2), IPv4 only.
+pub fn node_v4() -> NodeInfo {
+    NodeInfo {
+        name: NODE_NAME.to_owned(),
+        addresses: vec![IpAddr::V4(plan::NODE_IP)],
+        ..NodeInfo::default()
+    }
+}
+
+/// One sync of `backend` (of `family`) in the node namespace of
+/// `topology`, with no Service marked changed.
+pub fn sync_backend(
+    topology: &Topology,
+    backend: &mut NftablesBackend,
+    family: IpFamily,
+    node: &NodeInfo,
+    service_ports: &std::collections::BTreeMap<
+        kp_model::ServicePortName,
+        kp_sync::ServicePortState,
+    >,
+    full: bool,
+) -> SyncOutcome {
+    use kp_sync::Backend;
+    let stale = kp_sync::StaleConntrack::default();
+    let none = std::collections::BTreeSet::new();
+    let request = kp_sync::SyncRequest {
+        family,
+        full,
+        service_ports,
+        changed_services: &none,
+        node,
+        stale_conntrack: &stale,
+    };
+    topology.node().run(|| backend.sync(&request)).unwrap()
+}
