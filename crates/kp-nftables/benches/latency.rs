@@ -26,15 +26,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kp_iptables::{LocalDetector, NodePortAddresses};
-use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
-};
+use kp_model::{IpFamily, NodeInfo, ServicePortName};
 use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_sync::testing::service;
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::{require_root, Topology};
 use kp_testkit::plan;
@@ -44,76 +41,28 @@ const SERVICE_PORT: u16 = 80;
 /// Pause after each sync before the samples.
 const SETTLE: Duration = Duration::from_secs(3);
 
-fn endpoint(ip: Ipv4Addr, port: u16, local: bool) -> Arc<Endpoint> {
-    Arc::new(Endpoint {
-        ip: IpAddr::V4(ip),
-        port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local: local,
-        node_name: Some(
-            if local {
-                plan::NODE_NAME
-            } else {
-                plan::OTHER_NODE_NAME
-            }
-            .into(),
-        ),
-        zone: None,
-        zone_hints: None,
-        node_hints: None,
-    })
-}
-
-/// Service `i`: ClusterIP 10.96.0.10 + i, port 80/TCP.
-fn service_port(i: u32, mut endpoints: Vec<Arc<Endpoint>>) -> (ServicePortName, ServicePortState) {
-    let name = ServicePortName::new(
-        NamespacedName::new(format!("ns{}", i % 100), format!("svc{i}")),
-        "http",
-        Protocol::Tcp,
-    );
-    let port = ServicePort {
-        cluster_ip: IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i)),
-        port: SERVICE_PORT,
-        protocol: Protocol::Tcp,
-        node_port: None,
-        external_ips: Vec::new(),
-        load_balancer_ips: Vec::new(),
-        load_balancer_source_ranges: Vec::new(),
-        session_affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        traffic_distribution: None,
-        topology_mode: None,
-    };
-    endpoints.sort_by_key(|e| (e.ip, e.port));
-    let categorized = categorize_endpoints(&endpoints, &port, plan::NODE_NAME, &BTreeMap::new());
-    let state = ServicePortState {
-        port: Arc::new(port),
-        endpoints: categorized,
-        all_endpoints: endpoints,
-    };
-    (name, state)
-}
-
-/// The measured Service (to `pod`) and `count - 1` others.
+/// The measured Service `ns0/svc0` (ClusterIP 10.96.0.10:80 to `pod`, on
+/// this node) and `count - 1` others (10.96.0.10 + i, each with two
+/// endpoints on node-2).
 fn services(count: u32, pod: Ipv4Addr) -> BTreeMap<ServicePortName, ServicePortState> {
-    let filler = |i: u32| {
-        let base = u32::from(Ipv4Addr::new(10, 244, 2, 0)) + 2 * i;
-        vec![
-            endpoint(Ipv4Addr::from(base), POD_PORT, false),
-            endpoint(Ipv4Addr::from(base + 1), POD_PORT, false),
-        ]
-    };
     (0..count)
         .map(|i| {
+            let cluster_ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i);
+            let builder = service(
+                &format!("ns{}", i % 100),
+                &format!("svc{i}"),
+                &cluster_ip.to_string(),
+                SERVICE_PORT,
+            );
             if i == 0 {
-                service_port(0, vec![endpoint(pod, POD_PORT, true)])
+                builder.local_endpoint(&pod.to_string(), POD_PORT)
             } else {
-                service_port(i, filler(i))
+                let base = u32::from(Ipv4Addr::new(10, 244, 2, 0)) + 2 * i;
+                builder
+                    .remote_endpoint(&Ipv4Addr::from(base).to_string(), POD_PORT)
+                    .remote_endpoint(&Ipv4Addr::from(base + 1).to_string(), POD_PORT)
             }
+            .build()
         })
         .collect()
 }
