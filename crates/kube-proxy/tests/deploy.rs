@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::serde::de::DeserializeOwned;
@@ -94,15 +94,19 @@ fn deploy() -> Deploy {
     deploy
 }
 
-fn container(daemon_set: &DaemonSet) -> &Container {
-    let pod = daemon_set
+fn pod_spec(daemon_set: &DaemonSet) -> &PodSpec {
+    daemon_set
         .spec
         .as_ref()
         .unwrap()
         .template
         .spec
         .as_ref()
-        .unwrap();
+        .unwrap()
+}
+
+fn container(daemon_set: &DaemonSet) -> &Container {
+    let pod = pod_spec(daemon_set);
     assert_eq!(pod.containers.len(), 1, "one container");
     &pod.containers[0]
 }
@@ -147,14 +151,7 @@ fn every_manifest_parses_into_its_type_and_the_objects_fit_together() {
         "the binding names the ServiceAccount: {subjects:?}"
     );
 
-    let pod = daemon_set
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let pod = pod_spec(&daemon_set);
     assert_eq!(pod.service_account_name.as_deref(), Some("kube-proxy"));
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(
