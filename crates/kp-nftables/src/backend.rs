@@ -498,10 +498,7 @@ impl Backend for NftablesBackend {
                 // The kernel kept the table as the last transaction left
                 // it (with a split sync: some Services rewritten, each
                 // whole), but someone else may have changed it behind the
-                // record (a deleted table fails a partial transaction): the
-                // next sync deletes the table and writes it afresh in one
-                // transaction, which needs no record. Affinity state is
-                // lost then, as after a restart.
+                // record (a deleted table fails a partial transaction).
                 self.forget_kernel();
                 return Err(apply_error("committing the transaction", error).rejected());
             }
