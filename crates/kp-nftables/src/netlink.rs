@@ -113,18 +113,19 @@ impl Encoder {
 
     fn encode_line(&mut self, batch: &mut Batch, line: &str) -> Result<(), EncodeError> {
         let mut words = line.splitn(5, ' ');
-        let (verb, kind, _family, table) = (
+        let (verb, kind, family, table) = (
             words.next().ok_or(EncodeError::Unsupported)?,
             words.next().ok_or(EncodeError::Unsupported)?,
             words.next().ok_or(EncodeError::Unsupported)?,
             words.next().ok_or(EncodeError::Unsupported)?,
         );
         let rest = words.next().unwrap_or("");
+        let family_keyword = if self.family == 2 { "ip" } else { "ip6" };
+        if table != self.table || family != family_keyword {
+            return Err(EncodeError::Unsupported);
+        }
         if kind == "table" {
             return self.table(batch, verb == "delete", rest);
-        }
-        if table != self.table {
-            return Err(EncodeError::Unsupported);
         }
         match (verb, kind) {
             (_, "chain") => self.chain(batch, verb, rest),
@@ -327,10 +328,19 @@ mod tests {
         let text = "add table ip kube-proxy\nadd rule ip kube-proxy c tcp flags syn drop\n";
         let error = encoder.encode(&mut batch, text).unwrap_err();
         assert_eq!(error.0, 2);
-        let other_table = "add chain ip filter c\n";
-        assert!(encoder
-            .encode(&mut Batch::new(1, None), other_table)
-            .is_err());
+        for other_table in [
+            "add chain ip filter c\n",
+            "add table ip filter\n",
+            "delete table ip filter\n",
+            "delete table ip6 kube-proxy\n",
+        ] {
+            assert!(
+                encoder
+                    .encode(&mut Batch::new(1, None), other_table)
+                    .is_err(),
+                "{other_table}"
+            );
+        }
     }
 
     #[test]
