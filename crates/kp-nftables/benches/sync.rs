@@ -5,9 +5,11 @@
 //! one TCP port each), in a
 //! network namespace this program creates, enters and removes: the cold
 //! start (the first sync, which deletes and writes the table), full render
-//! and full sync time (of a table nobody else touched, which sends only
-//! differences, and after another program's commit, which rewrites every
-//! rule), and the render and sync time of a partial sync after
+//! and full sync time (of a table nobody else touched, and after another
+//! program committed to a table of its own, both of which send only
+//! differences; and after a commit that changed the proxy's table, which
+//! rewrites every rule), the kernel's own floor for a commit (see
+//! `kernel_floors`), and the render and sync time of a partial sync after
 //! one endpoint changed; plus the time `nft -f` needs for a one-line
 //! transaction on the same table (the floor any `nft`-based sync pays:
 //! process start and nft's cache of the table). Medians of 5 runs.
@@ -17,7 +19,8 @@
 //! kp-nftables --bench sync`. The peak RSS printed is the process's over
 //! every measurement (run one size and applier alone for its own figure).
 //! `KP_BENCH_TRANSACTION_TEXT_MAX=BYTES` sets the bound at which a full
-//! sync is split into several transactions.
+//! sync is split into several transactions; `KP_BENCH_CHANGE_RUNS=N` times
+//! N one-endpoint changes instead of 5.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,9 +153,12 @@ struct Row {
     cold_ms: f64,
     render_full_ms: f64,
     full_ms: f64,
+    full_elsewhere_ms: f64,
     full_foreign_ms: f64,
     render_change_ms: f64,
     change_ms: f64,
+    element_floor_ms: f64,
+    rule_floor_ms: f64,
     nft_floor_ms: f64,
 }
 
@@ -242,15 +248,23 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     };
     let full = (0..RUNS).map(|_| sync(&current, true, &no_changes));
     let full_ms = median(full.collect());
-    // Another program's commit before each: the table may have changed
-    // behind the proxy's record, so every rule is written again.
+    // Another program's commit to a table of its own before each: the
+    // proxy's watch sees it leave the proxy's table alone.
+    let mut after_elsewhere = Vec::new();
+    for _ in 0..RUNS {
+        nft("add table ip kp-bench-elsewhere\ndelete table ip kp-bench-elsewhere\n");
+        after_elsewhere.push(sync(&current, true, &no_changes));
+    }
+    let full_elsewhere_ms = median(after_elsewhere);
+    // A commit that changed the proxy's table before each: the table may
+    // differ from the record, so every rule is written again.
     let mut other = NetlinkApplier::new();
     let mut full_foreign = Vec::new();
     for _ in 0..RUNS {
         other
             .apply(
                 IpFamily::V4,
-                "add table ip kp-bench-elsewhere\ndelete table ip kp-bench-elsewhere\n",
+                "add chain ip kube-proxy kp-bench-foreign\ndelete chain ip kube-proxy kp-bench-foreign\n",
             )
             .unwrap();
         full_foreign.push(sync(&current, true, &no_changes));
@@ -258,13 +272,22 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     let full_foreign_ms = median(full_foreign);
     let changed = BTreeSet::from([name(7).service]);
     let mut change = Vec::new();
-    for run in 0..RUNS as u32 {
+    for run in 0..change_runs() {
         let per = endpoints_per_service();
         let mut moved: Vec<_> = (1..per).map(|k| endpoint(per * 7 + k)).collect();
         moved.push(endpoint(10_000_000 + run));
         current.insert(name(7), state(7, moved));
         change.push(sync(&current, false, &changed));
     }
+    let fastest = change.iter().min().copied().unwrap_or_default();
+    let slowest = change.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "{size} Service ports: one-endpoint changes {:.1}..{:.1} ms over {} runs",
+        fastest.as_secs_f64() * 1000.0,
+        slowest.as_secs_f64() * 1000.0,
+        change.len()
+    );
+    let (element_floor_ms, rule_floor_ms) = kernel_floors(&mut other);
     let floor = (0..RUNS).map(|_| time(nft_one_line));
     Row {
         applier: if netlink { "netlink" } else { "nft -f" },
@@ -272,21 +295,69 @@ fn measure_here(size: u32, netlink: bool) -> Row {
         cold_ms,
         render_full_ms,
         full_ms,
+        full_elsewhere_ms,
         full_foreign_ms,
         render_change_ms,
         change_ms: median(change),
+        element_floor_ms,
+        rule_floor_ms,
         nft_floor_ms: median(floor.collect()),
     }
 }
 
+/// How many one-endpoint changes are timed (`KP_BENCH_CHANGE_RUNS`,
+/// default 5): more of them give a profiler something to look at.
+fn change_runs() -> u32 {
+    std::env::var("KP_BENCH_CHANGE_RUNS")
+        .ok()
+        .map(|runs| runs.parse().expect("KP_BENCH_CHANGE_RUNS: a number"))
+        .unwrap_or(RUNS as u32)
+}
+
+/// What the kernel alone takes to commit into the table the syncs left,
+/// over netlink: one set element added (and removed in a second
+/// transaction), and one rule added to a chain nothing jumps to (and the
+/// chain removed again). Adding a rule whose expressions the kernel must
+/// check against their hooks (a verdict, NAT, a map lookup) makes the
+/// commit walk every chain reachable from the base chains; adding an
+/// element to a set without verdicts does not. Every partial sync that
+/// adds an endpoint chain pays the second figure.
+fn kernel_floors(applier: &mut NetlinkApplier) -> (f64, f64) {
+    let table = "ip kube-proxy";
+    let mut commit = |text: &str| {
+        let start = Instant::now();
+        applier.apply(IpFamily::V4, text).unwrap();
+        start.elapsed()
+    };
+    let mut element = Vec::new();
+    let mut rule = Vec::new();
+    for _ in 0..RUNS {
+        element.push(commit(&format!(
+            "add element {table} cluster-ips {{ 10.96.255.254 }}\n"
+        )));
+        commit(&format!(
+            "delete element {table} cluster-ips {{ 10.96.255.254 }}\n"
+        ));
+        rule.push(commit(&format!(
+            "add chain {table} kp-bench-floor\nadd rule {table} kp-bench-floor accept\n"
+        )));
+        commit(&format!("delete chain {table} kp-bench-floor\n"));
+    }
+    (median(element), median(rule))
+}
+
 /// `nft -f -` with one element change on the table the syncs left.
 fn nft_one_line() {
+    nft("add element ip kube-proxy cluster-ips { 10.96.255.254 }\ndelete element ip kube-proxy cluster-ips { 10.96.255.254 }\n");
+}
+
+/// Runs `nft -f -` with `text`.
+fn nft(text: &str) {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
-    let text = "add element ip kube-proxy cluster-ips { 10.96.255.254 }\ndelete element ip kube-proxy cluster-ips { 10.96.255.254 }\n";
     child
         .stdin
         .take()
@@ -322,19 +393,22 @@ fn main() {
         }
     }
     println!("endpoints per Service port: {}", endpoints_per_service());
-    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync, table untouched (ms) | full sync after another commit (ms) | change render (ms) | one-endpoint change sync (ms) | `nft -f` one-line floor (ms) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| applier | Service ports | cold start (ms) | full render (ms) | full sync, table untouched (ms) | full sync after a commit elsewhere (ms) | full sync after a change to its table (ms) | change render (ms) | one-endpoint change sync (ms) | kernel: one element (ms) | kernel: one checked rule (ms) | `nft -f` one-line floor (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} |",
             row.applier,
             row.size,
             row.cold_ms,
             row.render_full_ms,
             row.full_ms,
+            row.full_elsewhere_ms,
             row.full_foreign_ms,
             row.render_change_ms,
             row.change_ms,
+            row.element_floor_ms,
+            row.rule_floor_ms,
             row.nft_floor_ms
         );
     }

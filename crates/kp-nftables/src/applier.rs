@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_model::IpFamily;
 
+use crate::generation::{Observed, Touched, Watch};
+
 /// Commits nft transactions.
 pub trait Applier: Send {
     /// Commits `text` (`nft -f` input) as one transaction.
@@ -24,6 +26,13 @@ pub trait Applier: Send {
     /// commit that changes anything, in any table, by anyone, increments
     /// it. `None` where this applier cannot tell.
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
+        None
+    }
+
+    /// A receiver of the ruleset's commit notifications, in the network
+    /// namespace this applier commits to; `None` where there is none
+    /// ([`crate::generation`]).
+    fn watch(&mut self) -> Option<Box<dyn Watch>> {
         None
     }
 
@@ -147,6 +156,21 @@ struct FakeInner {
     failures: usize,
     /// The simulated ruleset generation, once enabled.
     generation: Option<u32>,
+    /// The simulated commit notifications, once enabled.
+    watch: Option<FakeWatchState>,
+}
+
+/// What a [`FakeApplier`]'s watch received and whether it listens.
+#[derive(Debug, Default)]
+struct FakeWatchState {
+    listening: bool,
+    received: Vec<Observed>,
+}
+
+/// The [`Watch`] of a [`FakeApplier`].
+#[derive(Debug)]
+struct FakeWatch {
+    inner: Arc<Mutex<FakeInner>>,
 }
 
 /// Writes each transaction to a writer, touching nothing.
@@ -280,10 +304,24 @@ impl FakeApplier {
         self
     }
 
-    /// Someone else commits a change to the ruleset.
+    /// Simulates the kernel's commit notifications too: a watch
+    /// ([`Applier::watch`]) receives every commit made while it listens.
+    pub fn with_watch(self) -> Self {
+        self.lock().watch = Some(FakeWatchState {
+            listening: true,
+            received: Vec::new(),
+        });
+        self
+    }
+
+    /// Someone else commits a change to both tables of the proxy.
     pub fn foreign_commit(&self) {
-        let mut inner = self.lock();
-        inner.generation = inner.generation.map(next_generation);
+        self.lock().commit(Touched::BOTH);
+    }
+
+    /// Someone else commits a change to a table not the proxy's.
+    pub fn foreign_commit_elsewhere(&self) {
+        self.lock().commit(Touched::default());
     }
 
     /// Makes the next `count` transactions fail (they are still recorded).
@@ -319,13 +357,22 @@ impl Applier for FakeApplier {
             return Err(ApplyError::Write(io::Error::other("fake failure")));
         }
         if text.lines().any(|line| !line.starts_with("add table ")) {
-            inner.generation = inner.generation.map(next_generation);
+            let mut touched = Touched::default();
+            touched.add(family);
+            inner.commit(touched);
         }
         Ok(())
     }
 
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
         self.lock().generation.map(Ok)
+    }
+
+    fn watch(&mut self) -> Option<Box<dyn Watch>> {
+        self.lock().watch.as_ref()?;
+        Some(Box::new(FakeWatch {
+            inner: Arc::clone(&self.inner),
+        }))
     }
 
     fn apply_at(
@@ -338,6 +385,48 @@ impl Applier for FakeApplier {
             return Err(ApplyError::GenerationMoved);
         }
         self.apply(family, text)
+    }
+}
+
+impl FakeInner {
+    /// A commit that changes `touched`: the generation moves on, and a
+    /// listening watch receives it.
+    fn commit(&mut self, touched: Touched) {
+        self.generation = self.generation.map(next_generation);
+        if let (Some(generation), Some(watch)) = (self.generation, self.watch.as_mut()) {
+            if watch.listening {
+                watch.received.push(Observed {
+                    generation,
+                    touched,
+                });
+            }
+        }
+    }
+}
+
+impl FakeWatch {
+    fn state(&self) -> MutexGuard<'_, FakeInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Watch for FakeWatch {
+    fn drain(&mut self, out: &mut Vec<Observed>) {
+        if let Some(watch) = self.state().watch.as_mut() {
+            out.append(&mut watch.received);
+        }
+    }
+
+    fn pause(&mut self) {
+        if let Some(watch) = self.state().watch.as_mut() {
+            watch.listening = false;
+        }
+    }
+
+    fn resume(&mut self) {
+        if let Some(watch) = self.state().watch.as_mut() {
+            watch.listening = true;
+        }
     }
 }
 

@@ -66,8 +66,8 @@ pub struct NftablesBackend {
     repairing: bool,
     cleanup_failures: usize,
     /// The ruleset generation the proxy's own last commit left, when it is
-    /// known that nothing else was committed in between: the table then is
-    /// exactly [`Programmed`] (see [`NftablesBackend::untouched_full_sync`]).
+    /// known that nothing else changed the table in between: the table then
+    /// is exactly [`Programmed`] (see [`NftablesBackend::untouched_full_sync`]).
     generation: Option<u32>,
     /// The fixed part of the last full render that was committed
     /// ([`Renderer::head_fingerprint`]).
@@ -316,15 +316,17 @@ impl NftablesBackend {
         own.record(before, after);
         let trusted_before = self
             .generation
-            .is_some_and(|trusted| own.only_own_between(trusted, before));
+            .is_some_and(|trusted| own.untouched_between(self.family, trusted, before));
         self.generation = (rewrote || trusted_before).then_some(after);
     }
 
     /// A full sync of a table nobody else touched since the proxy's last
-    /// commit: the ruleset generation is still the one that commit left,
-    /// so the table is exactly [`Programmed`], and only what differs from
-    /// it is sent, in a transaction the kernel takes only at that same
-    /// generation (checked and committed in one step). Rewriting every
+    /// commit: every commit since then (the ruleset generation counts
+    /// them) was this process's own or one its watch saw leave this table
+    /// alone ([`crate::generation`]), so the table is exactly
+    /// [`Programmed`], and only what differs from it is sent, in a
+    /// transaction the kernel takes only at the generation checked
+    /// (checked and committed in one step). Rewriting every
     /// rule of a large table costs the kernel seconds (it parses and
     /// validates each one); a table someone else changed, or a changed
     /// fixed part, gets the full rewrite (`None`).
@@ -342,8 +344,8 @@ impl NftablesBackend {
         let Some(current) = self.current_generation() else {
             return Ok(None);
         };
-        if !own.only_own_between(trusted, current) {
-            tracing::debug!(family = %self.family, "the nftables ruleset changed since the last commit; rewriting the table");
+        if !own.untouched_between(self.family, trusted, current) {
+            tracing::debug!(family = %self.family, "the nftables table may have been changed by someone else since the last commit; rewriting it");
             return Ok(None);
         }
         let mut input = RenderInput {
@@ -447,7 +449,8 @@ impl Backend for NftablesBackend {
         // The other family's commits wait until this sync's are done and
         // settled ([`crate::generation`]).
         let ruleset = Arc::clone(&self.ruleset);
-        let mut own = generation::lock(&ruleset);
+        let applier = &mut self.applier;
+        let mut own = generation::lock_for_commits(&ruleset, || applier.watch());
         // A reset deletes the table, stale chains with it.
         let cleanup_failures = if reset {
             0

@@ -17,11 +17,15 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::applier::{Applier, ApplyError};
+use crate::generation::Watch;
 use kp_model::IpFamily;
 
 mod msg;
 mod objects;
 mod rules;
+mod watch;
+
+pub use watch::NetlinkWatch;
 
 use msg::Batch;
 
@@ -297,6 +301,16 @@ impl Applier for NetlinkApplier {
 
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
         Some(self.ask_generation().map_err(ApplyError::Write))
+    }
+
+    fn watch(&mut self) -> Option<Box<dyn Watch>> {
+        match NetlinkWatch::open() {
+            Ok(watch) => Some(Box::new(watch)),
+            Err(error) => {
+                tracing::debug!(error = %error, "cannot receive nftables commit notifications; any other program's commit makes the next full sync rewrite the table");
+                None
+            }
+        }
     }
 
     fn apply_at(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{service, World};
 use kp_iptables::NodePortAddresses;
 use kp_model::{IpFamily, NamespacedName};
-use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_nftables::{Applier, NftablesBackend, NftablesOptions};
 
 fn changed(ns: &str, name: &str) -> BTreeSet<NamespacedName> {
     BTreeSet::from([NamespacedName::new(ns, name)])
@@ -293,6 +293,61 @@ fn a_full_sync_of_an_untouched_table_sends_only_what_differs() {
     assert!(world.try_sync(false, &changed("ns1", "web")).is_err());
     let repair = world.sync(true, &[]);
     assert!(repair.contains("delete table"), "{repair}");
+}
+
+#[test]
+fn a_commit_seen_to_leave_the_table_alone_keeps_it_trusted() {
+    let mut world = World::v4().with_watch();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.put(service("ns1", "db", "10.96.0.11", 5432).remote_endpoint("10.244.2.4", 5432));
+    world.sync(true, &[]);
+
+    // Another program commits to its own tables, twice: the watch saw
+    // both whole, so the periodic full sync has nothing to send.
+    world.applier.foreign_commit_elsewhere();
+    world.applier.foreign_commit_elsewhere();
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+    assert!(!periodic.contains("flush"), "{periodic}");
+
+    // A change it was not told about is still found and written alone.
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.3", 80));
+    world.applier.foreign_commit_elsewhere();
+    let periodic = world.sync(true, &[]);
+    assert!(periodic.contains("10.244.2.3"), "{periodic}");
+    assert!(!periodic.contains("ns1/db"), "{periodic}");
+    common::assert_goes_to(
+        &world.trace("10.244.1.9", common::at("10.96.0.10", 80)),
+        &[common::at("10.244.2.3", 80)],
+    );
+
+    // A commit that changed the proxy's table: everything is written again.
+    world.applier.foreign_commit_elsewhere();
+    world.applier.foreign_commit();
+    let rewrite = world.sync(true, &[]);
+    assert!(rewrite.contains("ns1/db"), "{rewrite}");
+    assert!(rewrite.contains("flush chain"), "{rewrite}");
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "trusted again:\n{periodic}");
+}
+
+#[test]
+fn only_the_other_familys_table_changed_keeps_this_one_trusted() {
+    let mut world = World::with(IpFamily::V6, NodePortAddresses::All).with_watch();
+    world.put(service("ns1", "web", "fd00:10:96::10", 80).remote_endpoint("fd00:10:244:2::2", 80));
+    world.sync(true, &[]);
+    // A commit of the fake with the IPv4 table changed: not this table.
+    let mut other = world.applier.clone();
+    other
+        .apply(IpFamily::V4, "add chain ip kube-proxy services\n")
+        .unwrap();
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+    other
+        .apply(IpFamily::V6, "add chain ip6 kube-proxy services\n")
+        .unwrap();
+    let rewrite = world.sync(true, &[]);
+    assert!(rewrite.contains("flush chain"), "{rewrite}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Kernel test: a periodic full sync of a table nobody else touched sends
 //! only what differs from what the proxy committed (every rule keeps its
-//! handle), and one after someone else's commit rewrites the table, which
-//! also removes a rule someone added to a chain of ours.
+//! handle), also after other programs committed to their own tables; one
+//! after someone else changed the table rewrites it, which also removes a
+//! rule someone added to a chain of ours.
 //!
 //! | object | addresses |
 //! |---|---|
@@ -83,8 +84,26 @@ fn a_full_sync_of_an_untouched_table_rewrites_nothing_and_one_after_a_foreign_co
     assert!(written > 0 && written < 10, "{moved:?}");
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
 
-    // Someone adds a rule to a chain of ours: the ruleset's generation
-    // moves on, so the next full sync rewrites the table, without it.
+    // Another program commits to tables of its own: the proxy's watch saw
+    // those commits leave its table alone, so nothing is rewritten.
+    topology
+        .node()
+        .exec_ok("nft", &["add", "table", "ip", "other"]);
+    topology
+        .node()
+        .exec_ok("nft", &["add", "chain", "ip", "other", "input"]);
+    topology
+        .node()
+        .exec_ok("nft", &["add", "rule", "ip", "other", "input", "accept"]);
+    topology
+        .node()
+        .exec_ok("nft", &["add", "table", "ip6", "kube-proxy"]);
+    let elsewhere = full_sync(&ep2);
+    assert_eq!(elsewhere.rules_written_per_table[0].1, 0, "{elsewhere:?}");
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
+
+    // Someone adds a rule to a chain of ours: the watch saw the change,
+    // so the next full sync rewrites the table, without it.
     let listing = list();
     let chain = listing
         .lines()

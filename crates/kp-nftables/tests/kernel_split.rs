@@ -41,11 +41,14 @@ fn a_split_full_sync_programs_the_kernel_and_the_next_rewrites_it_in_place() {
     sync(&web_and_fillers(pod_ip(&topology, "ep1"), 40));
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
 
-    // Someone else's commit: the next full sync cannot trust its record
-    // and rewrites the table (in pieces) instead of sending differences.
-    topology
-        .node()
-        .exec_ok("nft", &["add", "table", "ip", "elsewhere"]);
+    // Someone else's commits to the proxy's table: the next full sync
+    // cannot trust its record and rewrites the table (in pieces) instead
+    // of sending differences.
+    for verb in ["add", "delete"] {
+        topology
+            .node()
+            .exec_ok("nft", &[verb, "chain", "ip", "kube-proxy", "elsewhere"]);
+    }
     let rewrite = sync(&web_and_fillers(pod_ip(&topology, "ep2"), 40));
     assert!(rewrite.rules_written_per_table[0].1 > 41, "{rewrite:?}");
     assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");

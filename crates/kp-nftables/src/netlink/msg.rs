@@ -214,6 +214,31 @@ fn error_code(kind: u16, payload: &[u8]) -> Option<i32> {
     (kind == 2).then(|| i32::from_ne_bytes([code[0], code[1], code[2], code[3]]))
 }
 
+/// The attributes of an nf_tables message payload (after its nfgenmsg),
+/// as `(type, value)`; a malformed attribute ends the walk.
+fn attributes(payload: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut at = 4;
+    std::iter::from_fn(move || {
+        let header = payload.get(at..at + 4)?;
+        let len = usize::from(u16::from_ne_bytes([header[0], header[1]]));
+        let kind = u16::from_ne_bytes([header[2], header[3]]) & 0x3fff;
+        if len < 4 {
+            return None;
+        }
+        let value = payload.get(at + 4..at + len)?;
+        at += (len + 3) & !3;
+        Some((kind, value))
+    })
+}
+
+/// The generation in an `NFT_MSG_NEWGEN` payload.
+fn generation_of(payload: &[u8]) -> Option<u32> {
+    attributes(payload)
+        .find(|(kind, _)| *kind == GEN_ID)
+        .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
+        .map(u32::from_be_bytes)
+}
+
 /// What the kernel answered to [`Batch::generation_request`] `seq`: the
 /// generation, an error code, or nothing yet in `buf`.
 pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
@@ -224,29 +249,58 @@ pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
         if let Some(code) = error_code(kind, payload) {
             return Some(Err(code));
         }
-        if kind != (SUBSYS_NFTABLES << 8) | MSG_NEWGEN {
-            continue;
-        }
-        // nfgenmsg, then attributes: (length, type, big-endian value).
-        let mut at = 4;
-        while let Some(header) = payload.get(at..at + 4) {
-            let attr_len = usize::from(u16::from_ne_bytes([header[0], header[1]]));
-            let attr_kind = u16::from_ne_bytes([header[2], header[3]]) & 0x3fff;
-            let Some(value) = payload.get(at + 4..at + attr_len.max(4)) else {
-                break;
-            };
-            if attr_len < 4 {
-                break;
+        if kind == (SUBSYS_NFTABLES << 8) | MSG_NEWGEN {
+            if let Some(generation) = generation_of(payload) {
+                return Some(Ok(generation));
             }
-            if attr_kind == GEN_ID {
-                if let Ok(bytes) = <[u8; 4]>::try_from(value) {
-                    return Some(Ok(u32::from_be_bytes(bytes)));
-                }
-            }
-            at += (attr_len + 3) & !3;
         }
     }
     None
+}
+
+/// One message of the kernel's nf_tables notifications
+/// (`NFNLGRP_NFTABLES`): each commit sends one per object it changed,
+/// then its generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notification<'a> {
+    /// A table, chain, rule, set, element or other object of the table
+    /// `table` (`None` if the message names none) of `family` changed.
+    Change {
+        /// `NFPROTO_*` of the table.
+        family: u8,
+        /// The table's name, without its terminating NUL.
+        table: Option<&'a [u8]>,
+    },
+    /// The commit is complete and produced this generation.
+    Generation(u32),
+}
+
+/// The nf_tables notifications in `buf`, in order; other messages are
+/// skipped. A `NEWGEN` without a generation is reported as a change of
+/// no known table, so that it is never taken for a harmless commit.
+pub fn parse_notifications<'a>(buf: &'a [u8], out: &mut Vec<Notification<'a>>) {
+    for (kind, _, payload) in messages(buf) {
+        if kind >> 8 != SUBSYS_NFTABLES {
+            continue;
+        }
+        let family = payload.first().copied().unwrap_or(0);
+        if kind & 0xff == MSG_NEWGEN {
+            out.push(match generation_of(payload) {
+                Some(generation) => Notification::Generation(generation),
+                None => Notification::Change {
+                    family,
+                    table: None,
+                },
+            });
+            continue;
+        }
+        // Every object's message names its table in attribute 1
+        // (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, …).
+        let table = attributes(payload)
+            .find(|(kind, _)| *kind == 1)
+            .map(|(_, name)| name.split(|b| *b == 0).next().unwrap_or(name));
+        out.push(Notification::Change { family, table });
+    }
 }
 
 /// A reply from the kernel: `(seq, errno)` of an `NLMSG_ERROR` (errno 0 is
@@ -294,6 +348,64 @@ mod tests {
         let mut truncated = message(newgen, 7, &payload);
         truncated.truncate(truncated.len() - 2);
         assert_eq!(parse_generation(&truncated, 7), None);
+    }
+
+    /// An attribute: length, type, value, padding.
+    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+        let len = u16::try_from(4 + value.len()).unwrap();
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&len.to_ne_bytes());
+        bytes.extend_from_slice(&kind.to_ne_bytes());
+        bytes.extend_from_slice(value);
+        bytes.resize(bytes.len().next_multiple_of(4), 0);
+        bytes
+    }
+
+    #[test]
+    fn notifications_name_the_table_of_each_change_and_end_with_the_generation() {
+        let nftables = |msg: u16| (SUBSYS_NFTABLES << 8) | msg;
+        // A new rule in `ip kube-proxy` (table, chain, handle attributes),
+        // a deleted chain of `ip6 filter`, the generation, and a message of
+        // another subsystem.
+        let mut rule = vec![2, 0, 0, 0];
+        rule.extend(attribute(1, b"kube-proxy\0"));
+        rule.extend(attribute(2, b"services\0"));
+        let mut chain = vec![10, 0, 0, 0];
+        chain.extend(attribute(1, b"filter\0"));
+        let mut newgen = vec![0, 0, 0, 0];
+        newgen.extend(attribute(GEN_ID, &7u32.to_be_bytes()));
+        newgen.extend(attribute(2, &42u32.to_be_bytes()));
+        let mut buf = message(nftables(Kind::NewRule as u16), 1, &rule);
+        buf.extend(message(nftables(Kind::DelChain as u16), 1, &chain));
+        buf.extend(message(nftables(MSG_NEWGEN), 1, &newgen));
+        buf.extend(message((1 << 8) | 2, 1, &rule));
+        let mut out = Vec::new();
+        parse_notifications(&buf, &mut out);
+        assert_eq!(
+            out,
+            [
+                Notification::Change {
+                    family: 2,
+                    table: Some(b"kube-proxy".as_slice())
+                },
+                Notification::Change {
+                    family: 10,
+                    table: Some(b"filter".as_slice())
+                },
+                Notification::Generation(7),
+            ]
+        );
+        // A generation message without its number is not a generation.
+        let bare = message(nftables(MSG_NEWGEN), 1, &[0, 0, 0, 0]);
+        let mut out = Vec::new();
+        parse_notifications(&bare, &mut out);
+        assert_eq!(
+            out,
+            [Notification::Change {
+                family: 0,
+                table: None
+            }]
+        );
     }
 
     #[test]

@@ -90,6 +90,12 @@ impl World {
         self
     }
 
+    /// Makes the fake applier send commit notifications to a watch too.
+    pub fn with_watch(self) -> Self {
+        let _ = self.applier.clone().with_generations().with_watch();
+        self
+    }
+
     /// Splits full syncs into transactions of about `bytes` of Service
     /// chain text each.
     pub fn split_at(mut self, bytes: usize) -> Self {

@@ -1,0 +1,196 @@
+//! The ruleset's commit notifications over netlink: [`NetlinkWatch`].
+//!
+//! A `NETLINK_NETFILTER` socket in the `NFNLGRP_NFTABLES` group receives,
+//! for every commit in its network namespace, one message per object the
+//! commit changed, each naming its table, then an `NFT_MSG_NEWGEN` with
+//! the generation the commit produced. The kernel moves the generation on
+//! before it sends a commit's notifications, so a commit whose generation
+//! is later than one read after joining the group was received whole.
+
+use std::io;
+
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
+use nix::sys::socket::MsgFlags;
+
+use super::msg::{self, Notification};
+use super::NetlinkApplier;
+use crate::generation::{Observed, Touched, Watch};
+use crate::names::TABLE;
+use kp_model::IpFamily;
+
+/// `NFNLGRP_NFTABLES`.
+const GROUP_NFTABLES: u32 = 7;
+/// The receive buffer: room for the notifications of many ordinary
+/// commits between two syncs. A commit too large for it is lost and
+/// counts as unknown.
+const RECEIVE_BUFFER: usize = 4 << 20;
+/// `ENOBUFS`: notifications were dropped because the buffer was full.
+const ENOBUFS: i32 = 105;
+
+/// Commits up to which the watch may have missed notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blind {
+    /// Commits up to this generation may have been received in part.
+    UpTo(u32),
+    /// The generation could not be read: nothing counts until it can.
+    Everything,
+}
+
+/// Receives the notifications of every commit in the network namespace
+/// of the thread that opens it.
+#[derive(Debug)]
+pub struct NetlinkWatch {
+    socket: Socket,
+    /// Asks the generation on a socket of its own.
+    asker: NetlinkApplier,
+    blind: Blind,
+    /// What the commit being received changed so far.
+    pending: Touched,
+    buffer: Vec<u8>,
+}
+
+/// Whether generation `a` came after `b` (the counter wraps).
+fn later(a: u32, b: u32) -> bool {
+    a != b && a.wrapping_sub(b) < u32::MAX / 2
+}
+
+impl NetlinkWatch {
+    /// Joins the group in the calling thread's network namespace.
+    pub fn open() -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        socket.set_non_blocking(true)?;
+        // Past net.core.rmem_max only with CAP_NET_ADMIN, which the proxy
+        // has; without it the default buffer still works, losing more.
+        let _ = nix::sys::socket::setsockopt(
+            &socket,
+            nix::sys::socket::sockopt::RcvBufForce,
+            &RECEIVE_BUFFER,
+        );
+        let mut watch = Self {
+            socket,
+            asker: NetlinkApplier::new(),
+            blind: Blind::Everything,
+            pending: Touched::default(),
+            buffer: vec![0; 64 << 10],
+        };
+        watch.join()?;
+        Ok(watch)
+    }
+
+    /// Joins the group, then reads the generation: commits up to it may
+    /// have been received in part.
+    fn join(&mut self) -> io::Result<()> {
+        self.socket.add_membership(GROUP_NFTABLES)?;
+        self.mark_blind();
+        Ok(())
+    }
+
+    /// Nothing up to the generation now counts as seen whole. A commit
+    /// after it sends all its notifications after this, so what is
+    /// pending now belongs to commits up to it, and their generation
+    /// messages, still to come, drop it.
+    fn mark_blind(&mut self) {
+        self.pending = Touched::default();
+        self.blind = match self.asker.ask_generation() {
+            Ok(generation) => Blind::UpTo(generation),
+            Err(error) => {
+                tracing::debug!(error = %error, "cannot read the nftables ruleset generation; commit notifications count as unknown");
+                Blind::Everything
+            }
+        };
+    }
+
+    /// Takes in one notification.
+    fn take(&mut self, notification: &Notification<'_>, out: &mut Vec<Observed>) {
+        match *notification {
+            Notification::Change { family, table } => {
+                let family = match family {
+                    2 => Some(IpFamily::V4),
+                    10 => Some(IpFamily::V6),
+                    _ => None,
+                };
+                match (family, table) {
+                    (Some(family), Some(table)) if table == TABLE.as_bytes() => {
+                        self.pending.add(family);
+                    }
+                    // A table of another name or family: not the proxy's.
+                    (_, Some(_)) => {}
+                    (_, None) => self.pending = Touched::BOTH,
+                }
+            }
+            Notification::Generation(generation) => {
+                let whole = match self.blind {
+                    Blind::UpTo(blind) => later(generation, blind),
+                    Blind::Everything => false,
+                };
+                if whole {
+                    out.push(Observed {
+                        generation,
+                        touched: self.pending,
+                    });
+                }
+                self.pending = Touched::default();
+            }
+        }
+    }
+}
+
+impl Watch for NetlinkWatch {
+    fn drain(&mut self, out: &mut Vec<Observed>) {
+        loop {
+            let received = self
+                .socket
+                .recv(&mut &mut self.buffer[..], MsgFlags::MSG_DONTWAIT.bits());
+            match received {
+                Ok(n) => {
+                    let buffer = std::mem::take(&mut self.buffer);
+                    let mut notifications = Vec::new();
+                    msg::parse_notifications(&buffer[..n], &mut notifications);
+                    for notification in &notifications {
+                        self.take(notification, out);
+                    }
+                    drop(notifications);
+                    self.buffer = buffer;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.raw_os_error() == Some(ENOBUFS) => {
+                    tracing::debug!("nftables commit notifications were lost; the commits until now count as unknown");
+                    self.mark_blind();
+                }
+                Err(error) => {
+                    tracing::debug!(error = %error, "reading nftables commit notifications");
+                    self.mark_blind();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn pause(&mut self) {
+        if let Err(error) = self.socket.drop_membership(GROUP_NFTABLES) {
+            tracing::debug!(error = %error, "leaving the nftables notification group");
+        }
+    }
+
+    fn resume(&mut self) {
+        if let Err(error) = self.join() {
+            tracing::debug!(error = %error, "joining the nftables notification group");
+            self.blind = Blind::Everything;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_compare_across_the_wrap() {
+        assert!(later(8, 7));
+        assert!(!later(7, 7));
+        assert!(!later(6, 7));
+        assert!(later(1, u32::MAX));
+        assert!(!later(u32::MAX, 1));
+    }
+}
