@@ -468,6 +468,9 @@ impl Backend for NftablesBackend {
                 return Ok(outcome);
             }
         }
+        if full {
+            own.quiet();
+        }
         let before = self.current_generation();
         let input = RenderInput {
             family: self.family,

@@ -16,12 +16,15 @@
 //! [`Watch`] receives the kernel's notification of every commit (the
 //! objects it changed, then its generation), so a commit someone else
 //! made in other tables is known for one that left the proxy's table
-//! alone. The watch is paused while this process commits: the kernel
-//! builds a notification for every object of a commit only while someone
+//! alone. The watch is paused while this process commits a full rewrite:
+//! the kernel builds a notification for every object of a commit while someone
 //! listens, and a full rewrite has hundreds of thousands. A commit the
 //! watch did not see whole (made while it was paused or before it
 //! joined, or whose notifications were lost) counts as one that touched
-//! every table.
+//! every table. Small commits (partial syncs, the differences a full sync
+//! of an untouched table sends) run with the watch listening: it then
+//! also receives them, which changes nothing, since they are recorded as
+//! this process's own.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -111,15 +114,15 @@ pub fn process_ruleset() -> SharedRuleset {
     Arc::clone(PROCESS.get_or_init(SharedRuleset::default))
 }
 
-/// A locked [`Ruleset`] whose watch is paused: this process's commits run
-/// while it is held, and the watch resumes when it is dropped.
+/// A locked [`Ruleset`]: this process's commits run while it is held.
 #[derive(Debug)]
 pub struct Committing<'a> {
     ruleset: MutexGuard<'a, Ruleset>,
+    quiet: bool,
 }
 
-/// Locks `ruleset` for this process's commits: takes in what its watch
-/// received (opened with `open` on first use) and pauses it.
+/// Locks `ruleset` for this process's commits and takes in what its watch
+/// received (the watch is opened with `open` on first use).
 pub fn lock_for_commits(
     ruleset: &SharedRuleset,
     open: impl FnOnce() -> Option<Box<dyn Watch>>,
@@ -130,10 +133,27 @@ pub fn lock_for_commits(
         ruleset.watch = open();
     }
     ruleset.observe();
-    if let Some(watch) = ruleset.watch.as_mut() {
-        watch.pause();
+    Committing {
+        ruleset,
+        quiet: false,
     }
-    Committing { ruleset }
+}
+
+impl Committing<'_> {
+    /// Pauses the watch until this lock is released, for a commit of many
+    /// objects: the kernel builds a notification for each object of a
+    /// commit while anyone listens. Small commits run with the watch
+    /// listening, so that others' commits meanwhile are seen.
+    pub fn quiet(&mut self) {
+        if self.quiet {
+            return;
+        }
+        self.ruleset.observe();
+        if let Some(watch) = self.ruleset.watch.as_mut() {
+            watch.pause();
+            self.quiet = true;
+        }
+    }
 }
 
 impl Deref for Committing<'_> {
@@ -152,6 +172,9 @@ impl DerefMut for Committing<'_> {
 
 impl Drop for Committing<'_> {
     fn drop(&mut self) {
+        if !self.quiet {
+            return;
+        }
         if let Some(watch) = self.ruleset.watch.as_mut() {
             watch.resume();
         }
@@ -292,26 +315,36 @@ mod tests {
     }
 
     #[test]
-    fn commits_run_with_the_watch_paused_and_it_is_opened_once() {
+    fn large_commits_run_with_the_watch_paused_and_it_is_opened_once() {
         let shared = SharedRuleset::default();
         let watch = Recorded::default();
         watch.0.lock().unwrap().0.push(seen(5, false, false));
         let mut opened = 0;
         {
-            let committing = lock_for_commits(&shared, || {
+            let mut committing = lock_for_commits(&shared, || {
                 opened += 1;
                 Some(Box::new(watch.clone()))
             });
             assert!(committing.untouched_between(IpFamily::V4, 4, 5));
-            assert_eq!(watch.0.lock().unwrap().1, ["drain", "pause"]);
+            assert_eq!(watch.0.lock().unwrap().1, ["drain"]);
+            committing.quiet();
+            committing.quiet();
+            assert_eq!(watch.0.lock().unwrap().1, ["drain", "drain", "pause"]);
         }
-        assert_eq!(watch.0.lock().unwrap().1, ["drain", "pause", "resume"]);
+        assert_eq!(
+            watch.0.lock().unwrap().1,
+            ["drain", "drain", "pause", "resume"]
+        );
         drop(lock_for_commits(&shared, || {
             opened += 1;
             None
         }));
         assert_eq!(opened, 1);
-        assert_eq!(watch.0.lock().unwrap().1.len(), 6);
+        assert_eq!(
+            watch.0.lock().unwrap().1,
+            ["drain", "drain", "pause", "resume", "drain"],
+            "a lock without a large commit leaves the watch listening"
+        );
     }
 
     #[test]
