@@ -218,8 +218,10 @@ impl Ruleset {
     /// Whether the table of `family` is as this process left it at
     /// generation `from` when the generation now is `to`: every commit in
     /// between was this process's own, or someone else's that the watch
-    /// saw whole and that left that table alone.
-    pub fn untouched_between(&self, family: IpFamily, from: u32, to: u32) -> bool {
+    /// saw whole and that left that table alone. Takes in what the watch
+    /// received first.
+    pub fn untouched_between(&mut self, family: IpFamily, from: u32, to: u32) -> bool {
+        self.observe();
         let mut generation = from;
         for _ in 0..=2 * REMEMBERED {
             if generation == to {
@@ -325,15 +327,18 @@ mod tests {
                 opened += 1;
                 Some(Box::new(watch.clone()))
             });
-            assert!(committing.untouched_between(IpFamily::V4, 4, 5));
             assert_eq!(watch.0.lock().unwrap().1, ["drain"]);
+            assert!(committing.untouched_between(IpFamily::V4, 4, 5));
             committing.quiet();
             committing.quiet();
-            assert_eq!(watch.0.lock().unwrap().1, ["drain", "drain", "pause"]);
+            assert_eq!(
+                watch.0.lock().unwrap().1,
+                ["drain", "drain", "drain", "pause"]
+            );
         }
         assert_eq!(
             watch.0.lock().unwrap().1,
-            ["drain", "drain", "pause", "resume"]
+            ["drain", "drain", "drain", "pause", "resume"]
         );
         drop(lock_for_commits(&shared, || {
             opened += 1;
@@ -342,7 +347,7 @@ mod tests {
         assert_eq!(opened, 1);
         assert_eq!(
             watch.0.lock().unwrap().1,
-            ["drain", "drain", "pause", "resume", "drain"],
+            ["drain", "drain", "drain", "pause", "resume", "drain"],
             "a lock without a large commit leaves the watch listening"
         );
     }
