@@ -120,6 +120,8 @@ impl Connection {
             reset(&client);
             reset(&endpoint);
         }
+        // Both sockets close here, which passes on the end of stream that
+        // `relay` leaves to its caller.
     }
 
     /// Connects to an endpoint for `peer`, skipping endpoints that refuse
