@@ -16,7 +16,8 @@
 //! Figures, medians of `KP_US_BENCH_RUNS` runs (5 by default):
 //! - bulk throughput with 1 and 64 connections (client → sink, 2 s), and
 //!   the proxy's CPU time per GiB in the 64-connection run;
-//! - connections per second (16 loops of connect, read 1 byte, close);
+//! - connections per second (16 loops of connect, read 1 byte, close),
+//!   and the proxy's CPU time per connection in that run;
 //! - request/response latency p50/p99 (64 bytes over 8 connections at
 //!   2,000 requests/s in all, 3 s), from each request's send, and the p99
 //!   from its scheduled time (which adds the client's 1 ms timer lag);
@@ -87,6 +88,9 @@ struct Figures {
     /// bulk run (user + system).
     bulk_64_cpu_ms_per_gib: f64,
     connections_per_s: f64,
+    /// CPU time of the proxy process per connection in the
+    /// connection-rate run (user + system).
+    connection_cpu_us: f64,
     p50_us: f64,
     p99_us: f64,
     p99_scheduled_us: f64,
@@ -382,8 +386,12 @@ fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize, parts
         }
         for target in targets.iter_mut().filter(|_| parts.rate) {
             let greet = at(target.ports[1]);
-            target.figures.connections_per_s =
-                load::connection_rate(greet, 16, Duration::from_secs(2)).await;
+            let cpu_before = cpu_seconds(target.process.id());
+            let rate = load::connection_rate(greet, 16, Duration::from_secs(2)).await;
+            let cpu = cpu_seconds(target.process.id()) - cpu_before;
+            target.figures.connections_per_s = rate;
+            // The run lasts 2 s (a little more while the last ones close).
+            target.figures.connection_cpu_us = cpu * 1e6 / (rate * 2.0);
         }
         // Let the connection-rate runs' sockets go before measuring latency.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -456,16 +464,17 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 
 fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize) {
     println!("medians of {runs} runs; idle memory over {idle} connections");
-    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | CPU µs per connection | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, figures) in results {
         let m = |f: fn(&Figures) -> f64| median(figures.iter().map(f));
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
             m(|f| f.bulk_1_mbps),
             m(|f| f.bulk_64_mbps),
             m(|f| f.bulk_64_cpu_ms_per_gib),
             m(|f| f.connections_per_s),
+            m(|f| f.connection_cpu_us),
             m(|f| f.p50_us),
             m(|f| f.p99_us),
             m(|f| f.p99_scheduled_us),
