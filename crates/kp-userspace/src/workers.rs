@@ -44,16 +44,31 @@ impl Workers {
     pub(crate) fn start(count: usize, family: &str) -> io::Result<Self> {
         let mut workers = Vec::with_capacity(count.max(1));
         for index in 0..count.max(1) {
-            let runtime = Builder::new_current_thread().enable_all().build()?;
-            let handle = runtime.handle().clone();
+            // Each runtime is built, run and dropped on its own thread:
+            // dropping a runtime panics in an async context, which the
+            // caller may be in, and a thread that fails to start would
+            // drop it there.
+            let (started, handle) = std::sync::mpsc::sync_channel(1);
             let (stop, stopped) = oneshot::channel::<()>();
             std::thread::Builder::new()
                 .name(format!("kp-relay-{family}-{index}"))
                 .spawn(move || {
-                    // Ends when the sender is dropped; the runtime is then
-                    // dropped on this thread, outside any async context.
+                    let runtime = match Builder::new_current_thread().enable_all().build() {
+                        Ok(runtime) => runtime,
+                        Err(error) => {
+                            let _ = started.send(Err(error));
+                            return;
+                        }
+                    };
+                    if started.send(Ok(runtime.handle().clone())).is_err() {
+                        return;
+                    }
+                    // Ends when the sender is dropped.
                     let _ = runtime.block_on(stopped);
                 })?;
+            let handle = handle
+                .recv()
+                .map_err(|_| io::Error::other("a relay worker thread ended while starting"))??;
             workers.push(Worker {
                 handle,
                 _stop: stop,
