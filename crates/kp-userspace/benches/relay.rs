@@ -7,8 +7,8 @@
 //! started fresh for every run: our relay as a child process of this
 //! binary (`relay-child`, so its RSS and CPU time are its own), the same
 //! without splice (copying through buffers), and HAProxy 2.x with two
-//! threads (our relay's runtime has two workers), all with their default
-//! buffer sizes. The client connects to the proxy's port directly: no
+//! threads (our relay has a worker thread per CPU: two here), all with
+//! their default buffer sizes. The client connects to the proxy's port directly: no
 //! portal rules, the data path alone is compared. Each run widens the
 //! namespaces' local port range and allows TIME_WAIT reuse, so tens of
 //! thousands of connections per run do not run out of ports.
@@ -16,12 +16,25 @@
 //! Figures, medians of `KP_US_BENCH_RUNS` runs (5 by default):
 //! - bulk throughput with 1 and 64 connections (client → sink, 2 s), and
 //!   the proxy's CPU time per GiB in the 64-connection run;
-//! - connections per second (16 loops of connect, read 1 byte, close);
+//! - connections per second (16 loops of connect, read 1 byte, close),
+//!   and the proxy's CPU time per connection in that run;
 //! - request/response latency p50/p99 (64 bytes over 8 connections at
 //!   2,000 requests/s in all, 3 s), from each request's send, and the p99
 //!   from its scheduled time (which adds the client's 1 ms timer lag);
 //! - the proxy's RSS growth with 10,000 idle relayed connections (9,000
 //!   where the descriptor hard limit is 20,000), per connection.
+//!
+//! The table ends with the median of the per-run ratios (relay ÷ HAProxy)
+//! of the connection rate and the p99, steadier on a noisy machine than
+//! the ratio of the medians.
+//!
+//! Selecting parts, to keep a run short: `KP_US_BENCH_PARTS`, a comma
+//! list of `idle`, `bulk`, `rate`, `latency` (all by default), and
+//! `KP_US_BENCH_PROXIES`, a comma list of `relay`, `no-splice`, `haproxy`
+//! (all three by default) and `shared` (the relay with TCP on the
+//! process's shared tokio runtime, `RelayOptions::workers` 0, as it was
+//! before it had worker threads of its own). Figures of parts not run are
+//! 0.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "relay_load.rs"]
@@ -47,6 +60,12 @@ const RELAY_PORTS: [u16; 3] = [15000, 15001, 15002];
 const RELAY_COPY_PORTS: [u16; 3] = [17000, 17001, 17002];
 /// HAProxy's ports on the node: sink, greeter, echo.
 const HAPROXY_PORTS: [u16; 3] = [16000, 16001, 16002];
+/// The relay on the shared runtime (no worker threads): sink, greeter, echo.
+const RELAY_SHARED_PORTS: [u16; 3] = [18000, 18001, 18002];
+/// The relay's row name, the one the paired ratios are of.
+const RELAY: &str = "kp-userspace";
+/// HAProxy's row name.
+const HAPROXY: &str = "haproxy";
 /// File descriptors the benchmark's processes may open.
 const NOFILE: u64 = 100_000;
 /// Descriptors kept free for everything but the idle connections.
@@ -69,6 +88,9 @@ struct Figures {
     /// bulk run (user + system).
     bulk_64_cpu_ms_per_gib: f64,
     connections_per_s: f64,
+    /// CPU time of the proxy process per connection in the
+    /// connection-rate run (user + system).
+    connection_cpu_us: f64,
     p50_us: f64,
     p99_us: f64,
     p99_scheduled_us: f64,
@@ -102,36 +124,51 @@ fn main() {
         netns.sysctl("net/ipv4/tcp_tw_reuse", "1").unwrap();
     }
     let server = start_servers(&topology, pod_ip);
+    let parts = Parts::from_env();
+    let proxies = selected("KP_US_BENCH_PROXIES", &["relay", "no-splice", "haproxy"]);
     let mut results: BTreeMap<&str, Vec<Figures>> = BTreeMap::new();
     for run in 0..runs {
         // Fresh proxies per run, so the idle-memory figure starts from a
-        // heap that no earlier bulk run has grown; the two proxies take
-        // turns scenario by scenario, so a noisy moment of the machine
-        // hits both alike.
-        let mut targets = [
-            Target {
-                name: "kp-userspace",
-                process: start_relay(&topology, pod_ip, RELAY_PORTS, true),
-                ports: RELAY_PORTS,
+        // heap that no earlier bulk run has grown; the proxies take turns
+        // scenario by scenario, so a noisy moment of the machine hits them
+        // alike.
+        let mut targets = Vec::new();
+        for proxy in &proxies {
+            let (name, process, ports) = match proxy.as_str() {
+                "relay" => (
+                    RELAY,
+                    start_relay(&topology, pod_ip, RELAY_PORTS, &[]),
+                    RELAY_PORTS,
+                ),
+                "no-splice" => (
+                    "kp-userspace (no splice)",
+                    start_relay(&topology, pod_ip, RELAY_COPY_PORTS, &["no-splice"]),
+                    RELAY_COPY_PORTS,
+                ),
+                "shared" => (
+                    "kp-userspace (shared runtime)",
+                    start_relay(&topology, pod_ip, RELAY_SHARED_PORTS, &["workers=0"]),
+                    RELAY_SHARED_PORTS,
+                ),
+                "haproxy" => (
+                    HAPROXY,
+                    start_haproxy(&topology, pod_ip, idle + 200),
+                    HAPROXY_PORTS,
+                ),
+                other => panic!("KP_US_BENCH_PROXIES: unknown proxy {other:?}"),
+            };
+            targets.push(Target {
+                name,
+                process,
+                ports,
                 figures: Figures::default(),
-            },
-            Target {
-                name: "kp-userspace (no splice)",
-                process: start_relay(&topology, pod_ip, RELAY_COPY_PORTS, false),
-                ports: RELAY_COPY_PORTS,
-                figures: Figures::default(),
-            },
-            Target {
-                name: "haproxy",
-                process: start_haproxy(&topology, pod_ip, idle + 200),
-                ports: HAPROXY_PORTS,
-                figures: Figures::default(),
-            },
-        ];
+            });
+        }
         // The order rotates from run to run, so a drift of the machine's
         // load during a run favours none.
-        targets.rotate_left(run % 3);
-        measure(&topology, &mut targets, idle);
+        let turn = run % targets.len();
+        targets.rotate_left(turn);
+        measure(&topology, &mut targets, idle, parts);
         for target in targets {
             eprintln!("run {run} {}: {:?}", target.name, target.figures);
             results.entry(target.name).or_default().push(target.figures);
@@ -141,12 +178,64 @@ fn main() {
     print_table(&results, runs, idle);
 }
 
+/// The scenarios to run.
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    idle: bool,
+    bulk: bool,
+    rate: bool,
+    latency: bool,
+}
+
+impl Parts {
+    fn from_env() -> Self {
+        let parts = selected("KP_US_BENCH_PARTS", &["idle", "bulk", "rate", "latency"]);
+        for part in &parts {
+            assert!(
+                ["idle", "bulk", "rate", "latency"].contains(&part.as_str()),
+                "KP_US_BENCH_PARTS: unknown part {part:?}"
+            );
+        }
+        let has = |name: &str| parts.iter().any(|part| part == name);
+        Self {
+            idle: has("idle"),
+            bulk: has("bulk"),
+            rate: has("rate"),
+            latency: has("latency"),
+        }
+    }
+}
+
+/// The comma-separated entries of the environment variable `name`, or
+/// `default` when it is unset or empty.
+fn selected(name: &str, default: &[&str]) -> Vec<String> {
+    let value = std::env::var(name).unwrap_or_default();
+    let entries: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if entries.is_empty() {
+        default.iter().map(|entry| (*entry).to_owned()).collect()
+    } else {
+        entries
+    }
+}
+
 /// The relay as a process of its own (so its RSS is its own): serves
 /// `port=endpoint` pairs until killed; `no-splice` among them turns
-/// splicing off.
+/// splicing off, `workers=N` sets the number of worker threads.
 fn relay_child(args: &[String]) {
     let splice = !args.iter().any(|arg| arg == "no-splice");
-    let pairs: Vec<&String> = args.iter().filter(|arg| *arg != "no-splice").collect();
+    let workers = args
+        .iter()
+        .find_map(|arg| arg.strip_prefix("workers="))
+        .map(|count| count.parse::<usize>().unwrap());
+    let pairs: Vec<&String> = args
+        .iter()
+        .filter(|arg| *arg != "no-splice" && !arg.starts_with("workers="))
+        .collect();
     raise_nofile();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -158,10 +247,12 @@ fn relay_child(args: &[String]) {
         let (port, endpoint) = pair.split_once('=').unwrap();
         let port: u16 = port.parse().unwrap();
         let endpoint: SocketAddr = endpoint.parse().unwrap();
+        let defaults = RelayOptions::default();
         let options = RelayOptions {
             port_range: Some((port, port)),
             splice,
-            ..RelayOptions::default()
+            workers: workers.unwrap_or(defaults.workers),
+            ..defaults
         };
         let mut relay = Relay::new(runtime.handle().clone(), IpFamily::V4, options);
         let name = ServicePortName::new(
@@ -198,7 +289,7 @@ fn start_servers(topology: &Topology, pod_ip: IpAddr) -> std::thread::JoinHandle
     handle
 }
 
-fn start_relay(topology: &Topology, pod_ip: IpAddr, ports: [u16; 3], splice: bool) -> NsChild {
+fn start_relay(topology: &Topology, pod_ip: IpAddr, ports: [u16; 3], flags: &[&str]) -> NsChild {
     let exe = std::env::current_exe().unwrap();
     let pairs: Vec<String> = ports
         .iter()
@@ -207,9 +298,7 @@ fn start_relay(topology: &Topology, pod_ip: IpAddr, ports: [u16; 3], splice: boo
         .collect();
     let mut args = vec!["relay-child"];
     args.extend(pairs.iter().map(String::as_str));
-    if !splice {
-        args.push("no-splice");
-    }
+    args.extend(flags);
     let mut child = topology.node().spawn(exe.to_str().unwrap(), &args);
     wait_listening(
         topology,
@@ -263,10 +352,10 @@ fn wait_listening(topology: &Topology, addr: SocketAddr, process: Option<&mut Ns
     }
 }
 
-fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize) {
+fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize, parts: Parts) {
     let at = |port| SocketAddr::new(IpAddr::V4(NODE_IP), port);
     topology.client().netns().block_on(|| async move {
-        for target in targets.iter_mut() {
+        for target in targets.iter_mut().filter(|_| parts.idle) {
             // Idle memory first, on the fresh process, after a few
             // connections have warmed up what the first ones initialise.
             let echo = at(target.ports[2]);
@@ -282,11 +371,11 @@ fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize) {
                 after.saturating_sub(before) as f64 / idle_count as f64;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        for target in targets.iter_mut() {
+        for target in targets.iter_mut().filter(|_| parts.bulk) {
             let bulk = load::bulk(at(target.ports[0]), 1, Duration::from_secs(2)).await;
             target.figures.bulk_1_mbps = bulk * 8.0 / 1e6;
         }
-        for target in targets.iter_mut() {
+        for target in targets.iter_mut().filter(|_| parts.bulk) {
             let cpu_before = cpu_seconds(target.process.id());
             let bulk = load::bulk(at(target.ports[0]), 64, Duration::from_secs(2)).await;
             let cpu = cpu_seconds(target.process.id()) - cpu_before;
@@ -295,14 +384,18 @@ fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize) {
             let gib = bulk * 2.0 / f64::from(1u32 << 30);
             target.figures.bulk_64_cpu_ms_per_gib = cpu * 1e3 / gib;
         }
-        for target in targets.iter_mut() {
+        for target in targets.iter_mut().filter(|_| parts.rate) {
             let greet = at(target.ports[1]);
-            target.figures.connections_per_s =
-                load::connection_rate(greet, 16, Duration::from_secs(2)).await;
+            let cpu_before = cpu_seconds(target.process.id());
+            let rate = load::connection_rate(greet, 16, Duration::from_secs(2)).await;
+            let cpu = cpu_seconds(target.process.id()) - cpu_before;
+            target.figures.connections_per_s = rate;
+            // The run lasts 2 s (a little more while the last ones close).
+            target.figures.connection_cpu_us = cpu * 1e6 / (rate * 2.0);
         }
         // Let the connection-rate runs' sockets go before measuring latency.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        for target in targets.iter_mut() {
+        for target in targets.iter_mut().filter(|_| parts.latency) {
             let echo = at(target.ports[2]);
             let (from_send, from_schedule) =
                 load::latency(echo, 8, 2000, Duration::from_secs(3)).await;
@@ -371,20 +464,36 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 
 fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize) {
     println!("medians of {runs} runs; idle memory over {idle} connections");
-    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | CPU µs per connection | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, figures) in results {
         let m = |f: fn(&Figures) -> f64| median(figures.iter().map(f));
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
             m(|f| f.bulk_1_mbps),
             m(|f| f.bulk_64_mbps),
             m(|f| f.bulk_64_cpu_ms_per_gib),
             m(|f| f.connections_per_s),
+            m(|f| f.connection_cpu_us),
             m(|f| f.p50_us),
             m(|f| f.p99_us),
             m(|f| f.p99_scheduled_us),
             m(|f| f.idle_bytes_per_connection),
         );
     }
+    let (Some(relay), Some(haproxy)) = (results.get(RELAY), results.get(HAPROXY)) else {
+        return;
+    };
+    let paired = |f: fn(&Figures) -> f64| {
+        let ratios: Vec<f64> = relay
+            .iter()
+            .zip(haproxy)
+            .map(|(ours, theirs)| f(ours) / f(theirs))
+            .collect();
+        let text: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        (median(ratios.iter().copied()), text.join(" "))
+    };
+    let (rate, rates) = paired(|f| f.connections_per_s);
+    let (p99, p99s) = paired(|f| f.p99_us);
+    println!("paired ratios {RELAY} ÷ {HAPROXY}, median (per run): connections/s {rate:.2} ({rates}); p99 {p99:.2} ({p99s})");
 }

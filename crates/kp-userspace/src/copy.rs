@@ -67,9 +67,15 @@ struct Direction {
 }
 
 /// Relays between `client` and `endpoint` until both directions have seen
-/// an end of stream (each passed on as a half-close), or either fails.
-/// At most one buffer of `buffer_size` bytes (or, with `splice`, one
-/// pipe) per direction exists, and only while data is flowing.
+/// an end of stream, or either fails. At most one buffer of `buffer_size`
+/// bytes (or, with `splice`, one pipe) per direction exists, and only
+/// while data is flowing.
+///
+/// The first end of stream is passed on as a half-close
+/// (`shutdown(SHUT_WR)`); the second is left to the caller, who closes
+/// both sockets once this returns: a close sends the same FIN (nothing
+/// is left unread on a socket that has ended), and one system call per
+/// connection is saved.
 pub async fn relay(
     client: &TcpStream,
     endpoint: &TcpStream,
@@ -83,8 +89,8 @@ pub async fn relay(
     let mut to_endpoint = Direction::default();
     let mut to_client = Direction::default();
     poll_fn(|cx| {
-        let forward = to_endpoint.poll(cx, client, endpoint, copying)?;
-        let backward = to_client.poll(cx, endpoint, client, copying)?;
+        let forward = to_endpoint.poll(cx, client, endpoint, copying, to_client.done)?;
+        let backward = to_client.poll(cx, endpoint, client, copying, to_endpoint.done)?;
         match (forward, backward) {
             (Poll::Ready(to_endpoint), Poll::Ready(to_client)) => Poll::Ready(Ok(Copied {
                 to_endpoint,
@@ -113,13 +119,16 @@ struct Pipe {
 
 impl Direction {
     /// Moves what `from` has to `to`; ready with the byte count once
-    /// `from` has ended, pending while waiting for either socket.
+    /// `from` has ended, pending while waiting for either socket. The end
+    /// is passed on with a half-close unless `last` (the other direction
+    /// has ended already, and the close that follows passes it on).
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
         from: &TcpStream,
         to: &TcpStream,
         copying: Copying,
+        last: bool,
     ) -> Poll<io::Result<u64>> {
         loop {
             if self.done {
@@ -142,7 +151,7 @@ impl Direction {
             }
             if self.pipe.is_some() {
                 self.buffer = None;
-                ready!(self.poll_splice(cx, from, to))?;
+                ready!(self.poll_splice(cx, from, to, last))?;
                 continue;
             }
             ready!(from.poll_read_ready(cx))?;
@@ -157,8 +166,7 @@ impl Direction {
             match read {
                 Ok(0) => {
                     self.buffer = None;
-                    shutdown_write(to)?;
-                    self.done = true;
+                    self.end(to, last)?;
                 }
                 Ok(_) => {}
                 // Nothing more to read for now: the buffer goes back.
@@ -166,6 +174,17 @@ impl Direction {
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
+    }
+
+    /// `from` has ended: passes the end on to `to` with a half-close, or,
+    /// when this is the `last` direction to end, leaves it to the close
+    /// that follows.
+    fn end(&mut self, to: &TcpStream, last: bool) -> io::Result<()> {
+        if !last {
+            shutdown_write(to)?;
+        }
+        self.done = true;
+        Ok(())
     }
 
     /// Reads into a buffer on the stack and writes it on at once: a
@@ -231,6 +250,7 @@ impl Direction {
         cx: &mut Context<'_>,
         from: &TcpStream,
         to: &TcpStream,
+        last: bool,
     ) -> Poll<io::Result<()>> {
         let Some(pipe) = self.pipe.as_mut() else {
             return Poll::Ready(Ok(()));
@@ -259,8 +279,7 @@ impl Direction {
         match moved {
             Ok(0) => {
                 self.pipe = None;
-                shutdown_write(to)?;
-                self.done = true;
+                self.end(to, last)?;
             }
             Ok(n) => pipe.held = n,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.pipe = None,

@@ -2,7 +2,9 @@
 //! nat "portal" rules to listeners inside the proxy, which relay it to the
 //! endpoints.
 //!
-//! - [`relay`]: the listeners, one per service port, on tokio.
+//! - [`relay`]: the listeners, one per service port, on tokio; TCP
+//!   connections are served by worker threads ([`workers`]), each with
+//!   a listening socket of its own on every TCP service port.
 //!   [`balancer`] picks endpoints (round robin, ClientIP affinity);
 //!   [`tcp`] and [`udp`] move the bytes ([`copy`] keeps idle TCP
 //!   connections free of buffers).
@@ -29,6 +31,7 @@ pub mod sockets;
 pub mod stats;
 pub mod tcp;
 pub mod udp;
+mod workers;
 
 use std::time::Duration;
 
@@ -74,6 +77,12 @@ pub struct RelayOptions {
     /// `portRange`: the ports listeners may use (inclusive); any free port
     /// when `None`.
     pub port_range: Option<(u16, u16)>,
+    /// Threads serving TCP, each with its own listening socket on every
+    /// TCP service port (`SO_REUSEPORT`) and serving the connections it
+    /// accepted to their end; 0 serves TCP on the runtime the relay was
+    /// given, with one listening socket per service port. By default one
+    /// per CPU the process may use.
+    pub workers: usize,
 }
 
 impl Default for RelayOptions {
@@ -84,6 +93,7 @@ impl Default for RelayOptions {
             dial_timeouts: DEFAULT_DIAL_TIMEOUTS.to_vec(),
             udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
             port_range: None,
+            workers: workers::default_count(),
         }
     }
 }

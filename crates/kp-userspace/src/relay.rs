@@ -1,4 +1,5 @@
-//! The set of listeners: one per service port, opened, updated and closed
+//! The set of listeners: one per service port (for TCP, one socket per
+//! worker thread, see [`crate::workers`]), opened, updated and closed
 //! from the sync thread without waiting on any connection.
 //!
 //! [`Relay::apply`] takes the desired routes of every service port and
@@ -18,6 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kp_model::{IpFamily, Protocol, ServicePortName};
@@ -28,8 +30,9 @@ use tokio::task::JoinHandle;
 
 use crate::balancer::Balancer;
 use crate::route::Route;
-use crate::sockets::{bind_tcp, bind_udp, LISTEN_BACKLOG};
+use crate::sockets::{bind_tcp, bind_tcp_group, bind_udp, LISTEN_BACKLOG};
 use crate::stats::{ConnectionStats, StatsRegistry, StatsSnapshot};
+use crate::workers::Workers;
 use crate::{tcp, udp, RelayOptions};
 
 /// What the relay should serve for one service port.
@@ -48,7 +51,11 @@ struct Listener {
     port: u16,
     balancer: Arc<Balancer>,
     stats: Arc<ConnectionStats>,
-    task: JoinHandle<()>,
+    /// The accept (or receive) loops: one per worker thread for TCP, one
+    /// on the relay's runtime for UDP or without workers.
+    tasks: Vec<JoinHandle<()>>,
+    /// Connections accepted by each of the TCP accept loops.
+    accepted_per_socket: Vec<Arc<AtomicU64>>,
 }
 
 /// The relay of one IP family.
@@ -61,6 +68,9 @@ pub struct Relay {
     refusing: Option<(Socket, u16)>,
     next_in_range: u32,
     registry: StatsRegistry,
+    /// Started with the first TCP listener; `None` before, or while they
+    /// cannot be started (TCP is then served on `handle`).
+    workers: Option<Workers>,
 }
 
 /// A listener that could not be opened.
@@ -111,7 +121,10 @@ pub struct ListenerInfo {
 }
 
 impl Relay {
-    /// A relay for `family` whose tasks run on `handle`.
+    /// A relay for `family`: its TCP connections run on
+    /// [`RelayOptions::workers`] threads of its own (on `handle` when that
+    /// is 0), its UDP sessions on `handle`. Dropping the relay stops the
+    /// worker threads and closes their connections.
     pub fn new(handle: Handle, family: IpFamily, options: RelayOptions) -> Self {
         Self {
             handle,
@@ -121,6 +134,7 @@ impl Relay {
             refusing: None,
             next_in_range: 0,
             registry: StatsRegistry::default(),
+            workers: None,
         }
     }
 
@@ -146,7 +160,7 @@ impl Relay {
                 .is_some_and(|want| want.protocol == listener.protocol);
             if !keep {
                 tracing::info!(service = %name, port = listener.port, "closing listener");
-                listener.task.abort();
+                listener.close();
                 registry.remove(name);
             }
             keep
@@ -181,6 +195,20 @@ impl Relay {
             protocol: listener.protocol,
             port: listener.port,
             has_endpoints: listener.balancer.route().has_endpoints(),
+        })
+    }
+
+    /// How many connections each of `name`'s TCP listening sockets (one
+    /// per worker thread) has accepted, in worker order; `None` when
+    /// `name` has no listener. Shows how evenly the kernel spreads
+    /// connections over the workers.
+    pub fn accepted_per_worker(&self, name: &ServicePortName) -> Option<Vec<u64>> {
+        self.listeners.get(name).map(|listener| {
+            listener
+                .accepted_per_socket
+                .iter()
+                .map(|accepted| accepted.load(Ordering::Relaxed))
+                .collect()
         })
     }
 
@@ -228,62 +256,142 @@ impl Relay {
         name: &ServicePortName,
         want: &DesiredListener,
     ) -> Result<Listener, OpenError> {
-        if want.protocol == Protocol::Sctp {
-            return Err(OpenError::UnsupportedProtocol {
+        match want.protocol {
+            Protocol::Tcp => self.open_tcp(name, want),
+            Protocol::Udp => self.open_udp(name, want),
+            Protocol::Sctp => Err(OpenError::UnsupportedProtocol {
                 service: name.clone(),
                 protocol: want.protocol,
-            });
+            }),
         }
-        let socket = self.bind_in_range(name, want.protocol)?;
+    }
+
+    /// One listening socket per TCP runtime, all on one port, each with
+    /// its accept loop on its own runtime.
+    fn open_tcp(
+        &mut self,
+        name: &ServicePortName,
+        want: &DesiredListener,
+    ) -> Result<Listener, OpenError> {
+        let runtimes = self.tcp_runtimes();
+        let sockets = self.bind_in_range(name, Protocol::Tcp, runtimes.len())?;
         let socket_error = |source| OpenError::Socket {
             service: name.to_string(),
-            protocol: want.protocol,
+            protocol: Protocol::Tcp,
             source,
         };
-        let port = local_port(&socket).map_err(socket_error)?;
-        let balancer = Arc::new(Balancer::new(want.route.clone()));
-        let stats = Arc::new(ConnectionStats::default());
-        let options = Arc::clone(&self.options);
-        let _runtime = self.handle.enter();
-        let task = if want.protocol == Protocol::Tcp {
+        let mut port = 0;
+        let mut listeners = Vec::with_capacity(sockets.len());
+        for (socket, runtime) in sockets.into_iter().zip(&runtimes) {
+            port = local_port(&socket).map_err(socket_error)?;
             socket.set_tcp_nodelay(true).map_err(socket_error)?;
             socket.listen(LISTEN_BACKLOG).map_err(socket_error)?;
+            // Registered with the runtime that will accept on it.
+            let _runtime = runtime.enter();
             let listener = TcpListener::from_std(socket.into()).map_err(socket_error)?;
-            let serve = tcp::serve(listener, Arc::clone(&balancer), Arc::clone(&stats), options);
-            self.handle.spawn(serve)
-        } else {
-            let socket = UdpSocket::from_std(socket.into()).map_err(socket_error)?;
-            udp::enable_packet_info(&socket, self.family == IpFamily::V6).map_err(socket_error)?;
-            let serve = udp::serve(
-                Arc::new(socket),
-                Arc::clone(&balancer),
-                Arc::clone(&stats),
-                options,
-            );
-            self.handle.spawn(serve)
-        };
+            listeners.push(listener);
+        }
+        let balancer = Arc::new(Balancer::new(want.route.clone()));
+        let stats = Arc::new(ConnectionStats::default());
+        let mut tasks = Vec::with_capacity(listeners.len());
+        let mut accepted_per_socket = Vec::with_capacity(listeners.len());
+        for (listener, runtime) in listeners.into_iter().zip(&runtimes) {
+            let accepted = Arc::new(AtomicU64::new(0));
+            let acceptor = tcp::Acceptor {
+                balancer: Arc::clone(&balancer),
+                stats: Arc::clone(&stats),
+                accepted: Arc::clone(&accepted),
+                options: Arc::clone(&self.options),
+            };
+            tasks.push(runtime.spawn(tcp::serve(listener, acceptor)));
+            accepted_per_socket.push(accepted);
+        }
         Ok(Listener {
-            protocol: want.protocol,
+            protocol: Protocol::Tcp,
             port,
             balancer,
             stats,
-            task,
+            tasks,
+            accepted_per_socket,
         })
     }
 
-    /// Binds a socket on a free port of `portRange` (trying each once,
-    /// starting after the last one handed out), or on any free port
-    /// without a range.
+    fn open_udp(
+        &mut self,
+        name: &ServicePortName,
+        want: &DesiredListener,
+    ) -> Result<Listener, OpenError> {
+        let mut sockets = self.bind_in_range(name, Protocol::Udp, 1)?;
+        let socket_error = |source| OpenError::Socket {
+            service: name.to_string(),
+            protocol: Protocol::Udp,
+            source,
+        };
+        let socket = sockets
+            .pop()
+            .ok_or_else(|| socket_error(io::Error::other("no socket was bound")))?;
+        let port = local_port(&socket).map_err(socket_error)?;
+        let balancer = Arc::new(Balancer::new(want.route.clone()));
+        let stats = Arc::new(ConnectionStats::default());
+        let _runtime = self.handle.enter();
+        let socket = UdpSocket::from_std(socket.into()).map_err(socket_error)?;
+        udp::enable_packet_info(&socket, self.family == IpFamily::V6).map_err(socket_error)?;
+        let serve = udp::serve(
+            Arc::new(socket),
+            Arc::clone(&balancer),
+            Arc::clone(&stats),
+            Arc::clone(&self.options),
+        );
+        Ok(Listener {
+            protocol: Protocol::Udp,
+            port,
+            balancer,
+            stats,
+            tasks: vec![self.handle.spawn(serve)],
+            accepted_per_socket: Vec::new(),
+        })
+    }
+
+    /// The runtimes TCP listeners are served on: the worker threads',
+    /// started now if they are not running yet, or the relay's runtime
+    /// without workers (configured so, or when the threads cannot be
+    /// started: the service ports are served all the same, and starting
+    /// them is tried again with the next listener).
+    fn tcp_runtimes(&mut self) -> Vec<Handle> {
+        if self.options.workers == 0 {
+            return vec![self.handle.clone()];
+        }
+        if self.workers.is_none() {
+            match Workers::start(self.options.workers, &self.family.to_string()) {
+                Ok(workers) => {
+                    tracing::info!(family = %self.family, workers = self.options.workers, "started relay worker threads");
+                    self.workers = Some(workers);
+                }
+                Err(error) => {
+                    tracing::warn!(family = %self.family, %error, "cannot start relay worker threads; serving TCP on the proxy's runtime");
+                }
+            }
+        }
+        match &self.workers {
+            Some(workers) => workers.handles().cloned().collect(),
+            None => vec![self.handle.clone()],
+        }
+    }
+
+    /// Binds `count` sockets (TCP; UDP binds one) on one free port of
+    /// `portRange` (trying each once, starting after the last one handed
+    /// out), or on any free port without a range.
     fn bind_in_range(
         &mut self,
         name: &ServicePortName,
         protocol: Protocol,
-    ) -> Result<Socket, OpenError> {
+        count: usize,
+    ) -> Result<Vec<Socket>, OpenError> {
         let bind = |port: u16| {
             let addr = SocketAddr::new(self.listen_ip(), port);
             match protocol {
-                Protocol::Udp => bind_udp(addr),
-                _ => bind_tcp(addr),
+                Protocol::Udp => bind_udp(addr).map(|socket| vec![socket]),
+                _ => bind_tcp_group(addr, count),
             }
         };
         let Some((low, high)) = self.options.port_range else {
@@ -335,10 +443,20 @@ impl Relay {
     }
 }
 
+impl Listener {
+    /// Stops every accept loop, closing its socket (on its own runtime,
+    /// soon after); accepted connections run on.
+    fn close(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 impl Drop for Relay {
     fn drop(&mut self) {
         for (name, listener) in &self.listeners {
-            listener.task.abort();
+            listener.close();
             self.registry.remove(name);
         }
     }

@@ -1,5 +1,6 @@
 //! Socket set-up the relay needs beyond what tokio offers: binding with
-//! `SO_REUSEADDR`, a TCP port held without listening, the address a
+//! `SO_REUSEADDR`, one TCP port shared by several sockets of this process
+//! (`SO_REUSEPORT`), a TCP port held without listening, the address a
 //! redirected connection was first sent to, and resets.
 
 use std::io;
@@ -7,7 +8,7 @@ use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use nix::sys::socket::{getsockopt, sockopt, SockaddrIn, SockaddrIn6};
+use nix::sys::socket::{getsockopt, setsockopt, sockopt, SockaddrIn, SockaddrIn6};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 /// Listen backlog of every TCP listener: as deep as the kernel allows
@@ -26,6 +27,45 @@ pub fn bind_tcp(addr: SocketAddr) -> io::Result<Socket> {
     Ok(socket)
 }
 
+/// `count` TCP sockets (at least one) bound to the same port of `addr`'s
+/// address (port 0: any free port), to listen on side by side: the kernel
+/// spreads new connections over them.
+///
+/// The first is bound without `SO_REUSEPORT`, so a port that any other
+/// socket holds is refused as [`bind_tcp`] refuses it, with
+/// `AddrInUse`: a socket of another program (or another listener of this
+/// relay, or one still closing) that has `SO_REUSEPORT` would otherwise
+/// share its port with ours, and take some of its connections. Only then
+/// is `SO_REUSEPORT` turned on and the others bound next to it (Linux
+/// checks each bind against the flags the bound sockets have at that
+/// moment, and forms the group when they listen).
+pub fn bind_tcp_group(addr: SocketAddr, count: usize) -> io::Result<Vec<Socket>> {
+    let first = bind_tcp(addr)?;
+    if count <= 1 {
+        return Ok(vec![first]);
+    }
+    set_reuse_port(&first)?;
+    let bound = first
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("socket has no IP address"))?;
+    let mut group = Vec::with_capacity(count);
+    group.push(first);
+    for _ in 1..count {
+        let socket = Socket::new(
+            Domain::for_address(bound),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        set_reuse_port(&socket)?;
+        prepare(&socket, bound)?;
+        socket.bind(&bound.into())?;
+        group.push(socket);
+    }
+    Ok(group)
+}
+
 /// A UDP socket bound to `addr`, non-blocking, without `SO_REUSEADDR`
 /// (which would let two UDP sockets share a port).
 pub fn bind_udp(addr: SocketAddr) -> io::Result<Socket> {
@@ -33,6 +73,10 @@ pub fn bind_udp(addr: SocketAddr) -> io::Result<Socket> {
     prepare(&socket, addr)?;
     socket.bind(&addr.into())?;
     Ok(socket)
+}
+
+fn set_reuse_port(socket: &Socket) -> io::Result<()> {
+    setsockopt(socket, sockopt::ReusePort, &true).map_err(io::Error::from)
 }
 
 fn prepare(socket: &Socket, addr: SocketAddr) -> io::Result<()> {

@@ -1,5 +1,5 @@
-//! The TCP side of the relay: one accept loop per service port, one task
-//! per connection.
+//! The TCP side of the relay: one accept loop per service port and worker
+//! thread, one task per connection, on the thread that accepted it.
 //!
 //! A connection is classified by the address it was sent to (internal for
 //! the ClusterIP, external for NodePorts, external IPs and load balancer
@@ -11,6 +11,7 @@
 //! nothing can serve is reset.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,15 +28,24 @@ use crate::RelayOptions;
 /// so the loop does not spin while connections close.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Accepts connections on `listener` until the task is aborted. Aborting
-/// closes the listener only: connections already accepted run on in their
-/// own tasks.
-pub async fn serve(
-    listener: TcpListener,
-    balancer: Arc<Balancer>,
-    stats: Arc<ConnectionStats>,
-    options: Arc<RelayOptions>,
-) {
+/// What an accept loop shares with the service port's other accept loops
+/// (the balancer, the counters, the options) and what is its own.
+#[derive(Debug)]
+pub struct Acceptor {
+    /// The service port's endpoint selection, shared by every worker.
+    pub balancer: Arc<Balancer>,
+    /// The service port's counters, shared by every worker.
+    pub stats: Arc<ConnectionStats>,
+    /// Connections this loop accepted.
+    pub accepted: Arc<AtomicU64>,
+    /// The relay's options.
+    pub options: Arc<RelayOptions>,
+}
+
+/// Accepts connections on `listener` until the task is aborted, each
+/// served by a task on the runtime this loop runs on. Aborting closes the
+/// listener only: connections already accepted run on in their own tasks.
+pub async fn serve(listener: TcpListener, acceptor: Acceptor) {
     let ipv6 = listener.local_addr().is_ok_and(|addr| addr.is_ipv6());
     loop {
         let (client, peer) = match listener.accept().await {
@@ -46,13 +56,16 @@ pub async fn serve(
                 continue;
             }
         };
-        stats.accepted();
+        acceptor.stats.accepted();
+        acceptor.accepted.fetch_add(1, Ordering::Relaxed);
         let connection = Connection {
             ipv6,
-            balancer: Arc::clone(&balancer),
-            stats: Arc::clone(&stats),
-            options: Arc::clone(&options),
+            balancer: Arc::clone(&acceptor.balancer),
+            stats: Arc::clone(&acceptor.stats),
+            options: Arc::clone(&acceptor.options),
         };
+        // On a worker's current-thread runtime, the task stays on the
+        // thread that accepted the connection.
         tokio::spawn(connection.run(client, peer));
     }
 }
@@ -107,6 +120,8 @@ impl Connection {
             reset(&client);
             reset(&endpoint);
         }
+        // Both sockets close here, which passes on the end of stream that
+        // `relay` leaves to its caller.
     }
 
     /// Connects to an endpoint for `peer`, skipping endpoints that refuse

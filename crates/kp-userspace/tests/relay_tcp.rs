@@ -306,3 +306,45 @@ async fn bulk_data_to_a_slow_reader_arrives_whole_and_in_order() {
         assert_eq!(first_wrong, None, "in order, unchanged (splice {splice})");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_ends_first_and_a_client_that_ends_last_both_see_the_end() {
+    // The endpoint says goodbye and half-closes, then waits for the
+    // client's end; the client reads to the end, then half-closes too.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = listener.local_addr().unwrap();
+    let (saw_end, client_ended) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, b"bye")
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::shutdown(&mut stream)
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut rest).await;
+        let _ = saw_end.send(read.map(|_| rest));
+    });
+    let mut relay = relay(quick_options());
+    let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[source]));
+
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let mut received = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut received);
+    tokio::time::timeout(DEADLINE, read).await.unwrap().unwrap();
+    assert_eq!(received, b"bye", "the endpoint's end reaches the client");
+    tokio::io::AsyncWriteExt::write_all(&mut client, b"ok")
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::shutdown(&mut client)
+        .await
+        .unwrap();
+
+    let at_endpoint = tokio::time::timeout(DEADLINE, client_ended).await;
+    assert_eq!(
+        at_endpoint.unwrap().unwrap().unwrap(),
+        b"ok",
+        "the client's last bytes and then its end reach the endpoint"
+    );
+}
