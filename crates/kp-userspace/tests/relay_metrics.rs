@@ -15,7 +15,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{
-    closed_port, port_name, quick_options, tcp_endpoint, udp_ask, udp_endpoint, Client, DEADLINE,
+    closed_port, port_name, quick_options, tcp_endpoint, udp_ask, udp_endpoint, wait_for, Client,
+    DEADLINE,
 };
 use kp_model::{IpFamily, Protocol};
 use kp_userspace::{DesiredListener, Relay, RelayOptions, Route, UserspaceMetrics};
@@ -179,15 +180,4 @@ fn desired_without_down(
 ) {
     desired.remove(&port_name("down", Protocol::Tcp));
     assert!(relay.apply(&desired).is_empty());
-}
-
-async fn wait_for(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{port_name, quick_options, serve_udp, udp_ask, udp_endpoint, DEADLINE};
+use common::{port_name, quick_options, serve_udp, udp_ask, udp_endpoint, wait_for, DEADLINE};
 use kp_model::{IpFamily, Protocol};
 use kp_userspace::{Relay, RelayOptions, Route};
 use tokio::net::UdpSocket;
@@ -169,15 +169,4 @@ async fn ipv6_datagrams_are_relayed_too() {
     ));
     let socket = UdpSocket::bind("[::1]:0").await.unwrap();
     assert_eq!(udp_ask(&socket, addr, "v6").await, "ep6 v6");
-}
-
-async fn wait_for(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }

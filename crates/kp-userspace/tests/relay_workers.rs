@@ -15,7 +15,7 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{hits, port_name, quick_options, serve_tcp, tcp_endpoint, Client, DEADLINE};
+use common::{hits, port_name, quick_options, serve_tcp, tcp_endpoint, wait_for, Client, DEADLINE};
 use kp_model::{IpFamily, Protocol};
 use kp_userspace::{DesiredListener, OpenError, Relay, RelayOptions, Route};
 use tokio::net::TcpStream;
@@ -101,14 +101,11 @@ async fn open_connections_on_every_worker_count_as_active_for_the_service() {
     let name = port_name("web", Protocol::Tcp);
     assert_eq!(registry.snapshot()[&name].active, 40);
     drop(open);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while registry.snapshot()[&name].active > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        registry.snapshot()[&name].active,
-        0,
-        "closed connections leave the count on every worker"
+    let drained = wait_for(|| registry.snapshot()[&name].active == 0).await;
+    assert!(
+        drained,
+        "closed connections leave the count on every worker: {:?}",
+        registry.snapshot()[&name]
     );
 }
 

@@ -183,3 +183,15 @@ pub async fn udp_ask(socket: &UdpSocket, addr: SocketAddr, text: &str) -> String
     assert_eq!(from, addr, "the answer comes from the address asked");
     String::from_utf8_lossy(&buffer[..n]).into_owned()
 }
+
+/// Whether `condition` holds within [`DEADLINE`], checked every 20 ms.
+pub async fn wait_for(mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while tokio::time::Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
