@@ -11,7 +11,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{
-    closed_port, hits, port_name, quick_options, serve_tcp, tcp_endpoint, Client, DEADLINE,
+    closed_port, hits, port_name, quick_options, serve_tcp, tcp_endpoint, wait_refused, Client,
+    DEADLINE,
 };
 use kp_model::Protocol;
 use kp_userspace::{DesiredListener, OpenError, Relay, RelayOptions, Route};
@@ -176,17 +177,6 @@ async fn closing_a_listener_keeps_its_established_connections() {
         "new connections are refused once the listener is closed"
     );
     assert_eq!(established.echo("after close").await, "after close");
-}
-
-async fn wait_refused(addr: SocketAddr) -> bool {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        match TcpStream::connect(addr).await {
-            Err(error) if error.kind() == ErrorKind::ConnectionRefused => return true,
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,10 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{hits, port_name, quick_options, serve_tcp, tcp_endpoint, wait_for, Client, DEADLINE};
+use common::{
+    hits, port_name, quick_options, serve_tcp, tcp_endpoint, wait_for, wait_refused, Client,
+    DEADLINE,
+};
 use kp_model::{IpFamily, Protocol};
 use kp_userspace::{DesiredListener, OpenError, Relay, RelayOptions, Route};
 use tokio::net::TcpStream;
@@ -220,15 +223,4 @@ async fn dropping_the_relay_closes_the_connections_of_its_workers() {
         matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
         "the connection ends with its worker: {ended:?}"
     );
-}
-
-async fn wait_refused(addr: SocketAddr) -> bool {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        match TcpStream::connect(addr).await {
-            Err(error) if error.kind() == ErrorKind::ConnectionRefused => return true,
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-    false
 }

@@ -195,3 +195,15 @@ pub async fn wait_for(mut condition: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// Whether a connection to `addr` is refused within [`DEADLINE`].
+pub async fn wait_refused(addr: SocketAddr) -> bool {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while tokio::time::Instant::now() < deadline {
+        match TcpStream::connect(addr).await {
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    false
+}
