@@ -17,10 +17,15 @@
 //! - bulk throughput with 1 and 64 connections (client → sink, 2 s), and
 //!   the proxy's CPU time per GiB in the 64-connection run;
 //! - connections per second (16 loops of connect, read 1 byte, close),
-//!   and the proxy's CPU time per connection in that run;
+//!   and the proxy's CPU time per connection in that run; the proxies
+//!   take turns in slices of 250 ms, 8 each per run, so a slow moment of
+//!   the machine falls on each alike;
 //! - request/response latency p50/p99 (64 bytes over 8 connections at
-//!   2,000 requests/s in all, 3 s), from each request's send, and the p99
-//!   from its scheduled time (which adds the client's 1 ms timer lag);
+//!   2,000 requests/s through each proxy, 10 s), from each request's send,
+//!   and the p99 from its scheduled time (which adds the client's 1 ms
+//!   timer lag), and the proxy's CPU time per request; all proxies are
+//!   measured at once, their requests interleaved in time, for the same
+//!   reason;
 //! - the proxy's RSS growth with 10,000 idle relayed connections (9,000
 //!   where the descriptor hard limit is 20,000), per connection.
 //!
@@ -31,10 +36,11 @@
 //! Selecting parts, to keep a run short: `KP_US_BENCH_PARTS`, a comma
 //! list of `idle`, `bulk`, `rate`, `latency` (all by default), and
 //! `KP_US_BENCH_PROXIES`, a comma list of `relay`, `no-splice`, `haproxy`
-//! (all three by default) and `shared` (the relay with TCP on the
+//! (all three by default), `shared` (the relay with TCP on the
 //! process's shared tokio runtime, `RelayOptions::workers` 0, as it was
-//! before it had worker threads of its own). Figures of parts not run are
-//! 0.
+//! before it had worker threads of its own) and `direct` (the client
+//! talks to the servers with no proxy between: the floor that the
+//! machine and the load generator set). Figures of parts not run are 0.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "relay_load.rs"]
@@ -66,6 +72,15 @@ const RELAY_SHARED_PORTS: [u16; 3] = [18000, 18001, 18002];
 const RELAY: &str = "kp-userspace";
 /// HAProxy's row name.
 const HAPROXY: &str = "haproxy";
+/// The row of the client talking to the servers with no proxy between.
+const DIRECT: &str = "no proxy";
+/// Rounds of the connection-rate part: in each, every proxy in turn has a
+/// slice of [`RATE_SLICE`], in the opposite order every other round.
+const RATE_ROUNDS: u32 = 8;
+/// How long one proxy is measured at a time in the connection-rate part.
+const RATE_SLICE: Duration = Duration::from_millis(250);
+/// Duration of the latency part of one run.
+const LATENCY_DURATION: Duration = Duration::from_secs(10);
 /// File descriptors the benchmark's processes may open.
 const NOFILE: u64 = 100_000;
 /// Descriptors kept free for everything but the idle connections.
@@ -74,9 +89,30 @@ const SPARE_DESCRIPTORS: u64 = 500;
 /// A proxy under test.
 struct Target {
     name: &'static str,
-    process: NsChild,
-    ports: [u16; 3],
+    /// The proxy's process; none for the row without a proxy.
+    process: Option<NsChild>,
+    /// Where the client connects to reach the sink, the greeter and the
+    /// echo server.
+    addrs: [SocketAddr; 3],
     figures: Figures,
+}
+
+impl Target {
+    fn behind(name: &'static str, process: NsChild, ports: [u16; 3]) -> Self {
+        Self {
+            name,
+            process: Some(process),
+            addrs: ports.map(|port| SocketAddr::new(IpAddr::V4(NODE_IP), port)),
+            figures: Figures::default(),
+        }
+    }
+
+    /// CPU time the proxy has used, in seconds (0 without a proxy).
+    fn cpu_seconds(&self) -> f64 {
+        self.process
+            .as_ref()
+            .map_or(0.0, |process| cpu_seconds(process.id()))
+    }
 }
 
 /// One run's figures.
@@ -93,6 +129,9 @@ struct Figures {
     connection_cpu_us: f64,
     p50_us: f64,
     p99_us: f64,
+    /// CPU time of the proxy process per request in the latency run
+    /// (user + system).
+    request_cpu_us: f64,
     p99_scheduled_us: f64,
     idle_bytes_per_connection: f64,
 }
@@ -134,34 +173,35 @@ fn main() {
         // alike.
         let mut targets = Vec::new();
         for proxy in &proxies {
-            let (name, process, ports) = match proxy.as_str() {
-                "relay" => (
+            targets.push(match proxy.as_str() {
+                "relay" => Target::behind(
                     RELAY,
                     start_relay(&topology, pod_ip, RELAY_PORTS, &[]),
                     RELAY_PORTS,
                 ),
-                "no-splice" => (
+                "no-splice" => Target::behind(
                     "kp-userspace (no splice)",
                     start_relay(&topology, pod_ip, RELAY_COPY_PORTS, &["no-splice"]),
                     RELAY_COPY_PORTS,
                 ),
-                "shared" => (
+                "shared" => Target::behind(
                     "kp-userspace (shared runtime)",
                     start_relay(&topology, pod_ip, RELAY_SHARED_PORTS, &["workers=0"]),
                     RELAY_SHARED_PORTS,
                 ),
-                "haproxy" => (
+                "haproxy" => Target::behind(
                     HAPROXY,
                     start_haproxy(&topology, pod_ip, idle + 200),
                     HAPROXY_PORTS,
                 ),
+                "direct" => Target {
+                    name: DIRECT,
+                    process: None,
+                    addrs: [load::SINK_PORT, load::GREET_PORT, load::ECHO_PORT]
+                        .map(|port| SocketAddr::new(pod_ip, port)),
+                    figures: Figures::default(),
+                },
                 other => panic!("KP_US_BENCH_PROXIES: unknown proxy {other:?}"),
-            };
-            targets.push(Target {
-                name,
-                process,
-                ports,
-                figures: Figures::default(),
             });
         }
         // The order rotates from run to run, so a drift of the machine's
@@ -353,13 +393,14 @@ fn wait_listening(topology: &Topology, addr: SocketAddr, process: Option<&mut Ns
 }
 
 fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize, parts: Parts) {
-    let at = |port| SocketAddr::new(IpAddr::V4(NODE_IP), port);
     topology.client().netns().block_on(|| async move {
         for target in targets.iter_mut().filter(|_| parts.idle) {
             // Idle memory first, on the fresh process, after a few
             // connections have warmed up what the first ones initialise.
-            let echo = at(target.ports[2]);
-            let pid = target.process.id();
+            let Some(pid) = target.process.as_ref().map(|process| process.id()) else {
+                continue;
+            };
+            let echo = target.addrs[2];
             drop(load::open_idle(echo, 100).await);
             tokio::time::sleep(Duration::from_millis(300)).await;
             let before = rss_bytes(pid);
@@ -372,60 +413,83 @@ fn measure(topology: &Topology, targets: &mut [Target], idle_count: usize, parts
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         for target in targets.iter_mut().filter(|_| parts.bulk) {
-            let bulk = load::bulk(at(target.ports[0]), 1, Duration::from_secs(2)).await;
+            let bulk = load::bulk(target.addrs[0], 1, Duration::from_secs(2)).await;
             target.figures.bulk_1_mbps = bulk * 8.0 / 1e6;
         }
         for target in targets.iter_mut().filter(|_| parts.bulk) {
-            let cpu_before = cpu_seconds(target.process.id());
-            let bulk = load::bulk(at(target.ports[0]), 64, Duration::from_secs(2)).await;
-            let cpu = cpu_seconds(target.process.id()) - cpu_before;
+            let cpu_before = target.cpu_seconds();
+            let bulk = load::bulk(target.addrs[0], 64, Duration::from_secs(2)).await;
+            let cpu = target.cpu_seconds() - cpu_before;
             target.figures.bulk_64_mbps = bulk * 8.0 / 1e6;
             // The run lasts 2 s (a little more while the last writes drain).
             let gib = bulk * 2.0 / f64::from(1u32 << 30);
             target.figures.bulk_64_cpu_ms_per_gib = cpu * 1e3 / gib;
         }
-        for target in targets.iter_mut().filter(|_| parts.rate) {
-            let greet = at(target.ports[1]);
-            let cpu_before = cpu_seconds(target.process.id());
-            let rate = load::connection_rate(greet, 16, Duration::from_secs(2)).await;
-            let cpu = cpu_seconds(target.process.id()) - cpu_before;
-            target.figures.connections_per_s = rate;
-            // The run lasts 2 s (a little more while the last ones close).
-            target.figures.connection_cpu_us = cpu * 1e6 / (rate * 2.0);
+        if parts.rate {
+            // The proxies take turns in short slices, so a slow moment of
+            // the machine (these are shared virtual CPUs) falls on each
+            // alike, not on one proxy's whole measurement.
+            let mut totals = vec![(0u64, Duration::ZERO, 0.0); targets.len()];
+            for round in 0..RATE_ROUNDS {
+                let mut order: Vec<usize> = (0..targets.len()).collect();
+                if round % 2 == 1 {
+                    order.reverse();
+                }
+                for index in order {
+                    let target = &targets[index];
+                    let cpu_before = target.cpu_seconds();
+                    let (done, took) = load::connections(target.addrs[1], 16, RATE_SLICE).await;
+                    let total = &mut totals[index];
+                    total.0 += done;
+                    total.1 += took;
+                    total.2 += target.cpu_seconds() - cpu_before;
+                }
+            }
+            for (target, (done, took, cpu)) in targets.iter_mut().zip(totals) {
+                target.figures.connections_per_s = done as f64 / took.as_secs_f64();
+                target.figures.connection_cpu_us = cpu * 1e6 / done as f64;
+            }
+            // Let the connection-rate runs' sockets go before measuring latency.
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        // Let the connection-rate runs' sockets go before measuring latency.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        for target in targets.iter_mut().filter(|_| parts.latency) {
-            let echo = at(target.ports[2]);
-            let (from_send, from_schedule) =
-                load::latency(echo, 8, 2000, Duration::from_secs(3)).await;
-            target.figures.p50_us = load::quantile(&from_send, 0.50) as f64;
-            target.figures.p99_us = load::quantile(&from_send, 0.99) as f64;
-            target.figures.p99_scheduled_us = load::quantile(&from_schedule, 0.99) as f64;
+        if parts.latency {
+            // Every proxy at once, their requests interleaved in time.
+            let echoes: Vec<SocketAddr> = targets.iter().map(|target| target.addrs[2]).collect();
+            let cpu_before: Vec<f64> = targets.iter().map(Target::cpu_seconds).collect();
+            let latencies = load::latency(&echoes, 8, 2000, LATENCY_DURATION).await;
+            for ((target, (from_send, from_schedule)), cpu_before) in
+                targets.iter_mut().zip(latencies).zip(cpu_before)
+            {
+                let cpu = target.cpu_seconds() - cpu_before;
+                target.figures.request_cpu_us = cpu * 1e6 / from_send.len() as f64;
+                target.figures.p50_us = load::quantile(&from_send, 0.50) as f64;
+                target.figures.p99_us = load::quantile(&from_send, 0.99) as f64;
+                target.figures.p99_scheduled_us = load::quantile(&from_schedule, 0.99) as f64;
+            }
         }
     });
 }
 
-/// CPU time (user + system) `pid` has used, in seconds.
+/// CPU time (user + system) `pid` has used, in seconds: the sum over its
+/// threads of the scheduler's run time, in nanoseconds (the tick counts
+/// of `/proc/<pid>/stat` are too coarse for the short slices measured).
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name, which is in parentheses and may hold
-    // spaces; utime and stime are the 14th and 15th fields.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / clock_ticks_per_second()
-}
-
-fn clock_ticks_per_second() -> f64 {
-    let output = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap()
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = task.unwrap().path().join("schedstat");
+        // A thread that has just ended has no file left: its time is lost,
+        // but the proxies measured keep their threads.
+        let Ok(stat) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        nanos += stat
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    nanos as f64 / 1e9
 }
 
 /// Resident memory of `pid` and its threads (VmRSS).
@@ -464,12 +528,12 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 
 fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize) {
     println!("medians of {runs} runs; idle memory over {idle} connections");
-    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | CPU µs per connection | p50 (µs) | p99 (µs) | p99 from schedule (µs) | RSS per idle conn (bytes) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| proxy | bulk 1 conn (Mbit/s) | bulk 64 conns (Mbit/s) | CPU ms per GiB (64 conns) | connections/s | CPU µs per connection | p50 (µs) | p99 (µs) | p99 from schedule (µs) | CPU µs per request | RSS per idle conn (bytes) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, figures) in results {
         let m = |f: fn(&Figures) -> f64| median(figures.iter().map(f));
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} |",
             m(|f| f.bulk_1_mbps),
             m(|f| f.bulk_64_mbps),
             m(|f| f.bulk_64_cpu_ms_per_gib),
@@ -478,6 +542,7 @@ fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize)
             m(|f| f.p50_us),
             m(|f| f.p99_us),
             m(|f| f.p99_scheduled_us),
+            m(|f| f.request_cpu_us),
             m(|f| f.idle_bytes_per_connection),
         );
     }
@@ -495,5 +560,10 @@ fn print_table(results: &BTreeMap<&str, Vec<Figures>>, runs: usize, idle: usize)
     };
     let (rate, rates) = paired(|f| f.connections_per_s);
     let (p99, p99s) = paired(|f| f.p99_us);
-    println!("paired ratios {RELAY} ÷ {HAPROXY}, median (per run): connections/s {rate:.2} ({rates}); p99 {p99:.2} ({p99s})");
+    let lower = relay
+        .iter()
+        .zip(haproxy)
+        .filter(|(ours, theirs)| ours.p99_us < theirs.p99_us)
+        .count();
+    println!("paired ratios {RELAY} ÷ {HAPROXY}, median (per run): connections/s {rate:.2} ({rates}); p99 {p99:.2} ({p99s}); {RELAY}'s p99 the lower in {lower} of {} runs", relay.len());
 }

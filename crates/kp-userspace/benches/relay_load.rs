@@ -89,9 +89,14 @@ pub async fn bulk(addr: SocketAddr, connections: usize, duration: Duration) -> f
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Connections per second through `addr` to the greeter, `concurrency`
-/// loops of connect, read one byte, close, for `duration`.
-pub async fn connection_rate(addr: SocketAddr, concurrency: usize, duration: Duration) -> f64 {
+/// Connections completed through `addr` to the greeter by `concurrency`
+/// loops of connect, read one byte, close, for `duration`; with the time
+/// they took (the last ones finish a little after `duration`).
+pub async fn connections(
+    addr: SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> (u64, Duration) {
     let start = Instant::now();
     let deadline = start + duration;
     let done = Arc::new(AtomicU64::new(0));
@@ -114,55 +119,83 @@ pub async fn connection_rate(addr: SocketAddr, concurrency: usize, duration: Dur
     for task in tasks {
         task.await.unwrap();
     }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    (done.load(Ordering::Relaxed), start.elapsed())
 }
 
-/// Round-trip times (µs) of 64-byte requests to the echo server over
-/// `connections` connections, `rate` requests per second in all, for
-/// `duration`: measured from each request's send, and from its scheduled
-/// time (which also counts the client's timer lag and any stall that
-/// delayed later requests); both sorted.
+/// Round-trip times (µs) of 64-byte requests to the echo server through
+/// each of `addrs` at once: `connections` connections each, `rate`
+/// requests per second through each, for `duration`. The requests of all
+/// targets interleave evenly in time, so a stall of the machine meets
+/// each target alike. Per target: the times measured from each request's
+/// send, and from its scheduled time (which also counts the client's
+/// timer lag and any stall that delayed later requests); both sorted.
 pub async fn latency(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     connections: usize,
     rate: u32,
     duration: Duration,
-) -> (Vec<u64>, Vec<u64>) {
-    let per_connection = Duration::from_secs_f64(connections as f64 / f64::from(rate));
+) -> Vec<(Vec<u64>, Vec<u64>)> {
+    let period = Duration::from_secs_f64(connections as f64 / f64::from(rate));
+    let slots = (connections * addrs.len()) as f64;
+    let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
-    for index in 0..connections {
-        tasks.push(tokio::spawn(async move {
-            let mut stream = TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            // Spread the connections' ticks over one period.
-            tokio::time::sleep(per_connection.mul_f64(index as f64 / connections as f64)).await;
-            let mut ticks = tokio::time::interval(per_connection);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let request = [0x42u8; 64];
-            let mut answer = [0u8; 64];
-            let mut from_send = Vec::new();
-            let mut from_schedule = Vec::new();
-            let end = Instant::now() + duration;
-            while Instant::now() < end {
-                let scheduled = ticks.tick().await;
-                let sent = tokio::time::Instant::now();
-                stream.write_all(&request).await.unwrap();
-                stream.read_exact(&mut answer).await.unwrap();
-                let now = tokio::time::Instant::now();
-                from_send.push(micros(now.duration_since(sent)));
-                from_schedule.push(micros(now.duration_since(scheduled)));
-            }
-            (from_send, from_schedule)
-        }));
+    for (target, &addr) in addrs.iter().enumerate() {
+        for index in 0..connections {
+            // Slot by slot: every target's first connection, then every
+            // target's second, and so on, spread over one period.
+            let slot = (index * addrs.len() + target) as f64;
+            let first = start + period.mul_f64(slot / slots);
+            tasks.push((
+                target,
+                tokio::spawn(round_trips(addr, first, period, duration)),
+            ));
+        }
     }
-    let (mut from_send, mut from_schedule) = (Vec::new(), Vec::new());
-    for task in tasks {
+    let mut figures = vec![(Vec::new(), Vec::new()); addrs.len()];
+    for (target, task) in tasks {
         let (send, schedule) = task.await.unwrap();
-        from_send.extend(send);
-        from_schedule.extend(schedule);
+        figures[target].0.extend(send);
+        figures[target].1.extend(schedule);
     }
-    from_send.sort_unstable();
-    from_schedule.sort_unstable();
+    for (from_send, from_schedule) in &mut figures {
+        from_send.sort_unstable();
+        from_schedule.sort_unstable();
+    }
+    figures
+}
+
+/// One connection's round trips of [`latency`]: a request every `period`
+/// from `first` on, for `duration`.
+async fn round_trips(
+    addr: SocketAddr,
+    first: tokio::time::Instant,
+    period: Duration,
+    duration: Duration,
+) -> (Vec<u64>, Vec<u64>) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    // Connecting takes a while with many connections; every connection
+    // starts its ticks a little later, at the same point of its period.
+    let first = first + period * 4;
+    let mut ticks = tokio::time::interval_at(first, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let request = [0x42u8; 64];
+    let mut answer = [0u8; 64];
+    let mut from_send = Vec::new();
+    let mut from_schedule = Vec::new();
+    let end = first + duration;
+    loop {
+        let scheduled = ticks.tick().await;
+        if scheduled >= end {
+            break;
+        }
+        let sent = tokio::time::Instant::now();
+        stream.write_all(&request).await.unwrap();
+        stream.read_exact(&mut answer).await.unwrap();
+        let now = tokio::time::Instant::now();
+        from_send.push(micros(now.duration_since(sent)));
+        from_schedule.push(micros(now.duration_since(scheduled)));
+    }
     (from_send, from_schedule)
 }
 
