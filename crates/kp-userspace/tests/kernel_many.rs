@@ -28,6 +28,7 @@ use kp_iptables::IptablesFlavor;
 use kp_model::IpFamily;
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::plan::NODE_NAME;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The echo server's port in the pod.
@@ -49,7 +50,6 @@ fn thousands_of_concurrent_connections_through_one_service() {
 #[ignore = "needs a descriptor limit above 40,000: runs in the kernel VM (scripts/ipvs-vm/run)"]
 fn vm_ten_thousand_concurrent_connections_through_one_service() {
     require(IptablesFlavor::Legacy);
-    use nix::sys::resource::{setrlimit, Resource};
     let wanted = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
     if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted) {
         panic!("cannot raise the descriptor limit to {wanted} ({error}): this test needs CAP_SYS_RESOURCE, as in the kernel VM");
@@ -141,7 +141,6 @@ async fn echo_server(addr: SocketAddr) {
 /// Raises the descriptor limit as far as allowed and returns how many
 /// connections fit.
 fn connections_that_fit() -> usize {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let wanted = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
     if setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
         return WANTED;
