@@ -127,12 +127,14 @@ fn dnat_to(endpoint: &str) -> bool {
 
 /// Whether each watched kind was listed by a request after `since` (an
 /// index into the request log) that the server answered.
+/// Every watched resource was listed, and answered (not refused with
+/// 403), since request `since` of the server's log.
 fn relisted_since(server: &TestApiServer, since: usize) -> bool {
     let log = server.request_log();
     WATCHED.iter().all(|path| {
-        log[since..]
-            .iter()
-            .any(|r| r.method == "GET" && r.path == *path && !r.query.contains("watch="))
+        log[since..].iter().any(|r| {
+            r.method == "GET" && r.path == *path && !r.query.contains("watch=") && !r.forbidden
+        })
     })
 }
 
@@ -202,6 +204,10 @@ async fn story(pod: &Netns) {
     // Meanwhile the kubelet reported its Node's status: the relist brings a
     // Node whose labels, addresses and pod CIDRs are unchanged.
     server.update(node_with_heartbeat());
+    // Lists answered from here on are the relists. (Counting from the end
+    // of the 403 phase instead would miss a list answered in the moment
+    // between the phase's end and the test seeing it.)
+    let requests_at_restart = server.request_log().len();
     server.restart_as_new(FORBIDDEN_FOR).await.unwrap();
     let restarted = Instant::now();
     while server.is_forbidding() {
@@ -209,10 +215,9 @@ async fn story(pod: &Netns) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let serving = Instant::now();
-    let requests_at_serving = server.request_log().len();
 
     let relisted = wait_until(Duration::from_secs(30), || {
-        relisted_since(&server, requests_at_serving)
+        relisted_since(&server, requests_at_restart)
     });
     let back_after = serving.elapsed();
     assert!(relisted, "every watch lists again after the restart");

@@ -65,15 +65,18 @@ pub(crate) async fn handle(
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let query = request.uri().query().unwrap_or_default().to_owned();
+    let params = parse_query(&query);
+    let route = route(&path);
+    // Read once: the record says what this request was answered, even
+    // when the refusals end while it is handled.
+    let forbidden_user = shared.lock_settings().forbidden_user.clone();
     let record = RequestRecord {
         method: method.to_string(),
         path: path.clone(),
         query: query.clone(),
+        forbidden: forbidden_user.is_some() && route.is_some(),
     };
     shared.lock().requests.push(record.clone());
-    let params = parse_query(&query);
-    let route = route(&path);
-    let forbidden_user = shared.lock_settings().forbidden_user.clone();
     if let (Some(user), Some(route)) = (forbidden_user, &route) {
         shared.lock_settings().forbidden_answers += 1;
         let refusal = forbidden::refusal(&user, &attributes(route, &method, &params));

@@ -65,6 +65,9 @@ pub struct RequestRecord {
     pub path: String,
     /// The raw query string (empty when there is none).
     pub query: String,
+    /// The request was refused with 403 Forbidden (see
+    /// [`TestApiServer::forbid`](super::TestApiServer::forbid)).
+    pub forbidden: bool,
 }
 
 /// The identity of a stored object.
