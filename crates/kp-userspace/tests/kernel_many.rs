@@ -37,6 +37,9 @@ const ECHO_PORT: u16 = 9100;
 const WANTED: usize = 10_000;
 /// Descriptors kept for everything else the test process holds.
 const SPARE_DESCRIPTORS: u64 = 1_000;
+/// The descriptor limit [`WANTED`] connections need: four each, and the
+/// spare ones.
+const DESCRIPTORS_WANTED: u64 = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
 
 #[test]
 fn thousands_of_concurrent_connections_through_one_service() {
@@ -50,9 +53,12 @@ fn thousands_of_concurrent_connections_through_one_service() {
 #[ignore = "needs a descriptor limit above 40,000: runs in the kernel VM (scripts/ipvs-vm/run)"]
 fn vm_ten_thousand_concurrent_connections_through_one_service() {
     require(IptablesFlavor::Legacy);
-    let wanted = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
-    if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted) {
-        panic!("cannot raise the descriptor limit to {wanted} ({error}): this test needs CAP_SYS_RESOURCE, as in the kernel VM");
+    if let Err(error) = setrlimit(
+        Resource::RLIMIT_NOFILE,
+        DESCRIPTORS_WANTED,
+        DESCRIPTORS_WANTED,
+    ) {
+        panic!("cannot raise the descriptor limit to {DESCRIPTORS_WANTED} ({error}): this test needs CAP_SYS_RESOURCE, as in the kernel VM");
     }
     concurrent_connections(IptablesFlavor::Legacy, WANTED);
 }
@@ -117,10 +123,12 @@ fn concurrent_connections(flavor: IptablesFlavor, count: usize) {
 async fn round_trip(stream: &mut tokio::net::TcpStream, token: usize) {
     let message = format!("{token:08}");
     let mut answer = [0u8; 8];
-    let result = match stream.write_all(message.as_bytes()).await {
-        Ok(()) => stream.read_exact(&mut answer).await.map(drop),
-        Err(error) => Err(error),
-    };
+    let result: std::io::Result<()> = async {
+        stream.write_all(message.as_bytes()).await?;
+        stream.read_exact(&mut answer).await?;
+        Ok(())
+    }
+    .await;
     if let Err(error) = result {
         panic!("round trip {token} failed: {error}");
     }
@@ -141,8 +149,13 @@ async fn echo_server(addr: SocketAddr) {
 /// Raises the descriptor limit as far as allowed and returns how many
 /// connections fit.
 fn connections_that_fit() -> usize {
-    let wanted = WANTED as u64 * 4 + SPARE_DESCRIPTORS;
-    if setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+    if setrlimit(
+        Resource::RLIMIT_NOFILE,
+        DESCRIPTORS_WANTED,
+        DESCRIPTORS_WANTED,
+    )
+    .is_ok()
+    {
         return WANTED;
     }
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();

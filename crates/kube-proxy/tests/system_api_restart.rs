@@ -126,9 +126,8 @@ fn dnat_to(endpoint: &str) -> bool {
 }
 
 /// Whether each watched kind was listed by a request after `since` (an
-/// index into the request log) that the server answered.
-/// Every watched resource was listed, and answered (not refused with
-/// 403), since request `since` of the server's log.
+/// index into the request log) that the server answered (not refused
+/// with 403).
 fn relisted_since(server: &TestApiServer, since: usize) -> bool {
     let log = server.request_log();
     WATCHED.iter().all(|path| {
