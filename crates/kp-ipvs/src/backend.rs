@@ -353,6 +353,7 @@ impl IpvsBackend {
                 .map_err(|source| BackendError::Rejected {
                     mode: MODE,
                     attempted: format!("restoring the {family} iptables rules"),
+                    services: Default::default(),
                     source: Box::new(source),
                 })?;
             self.iptables_written = Some(planned.iptables.clone());

@@ -133,13 +133,20 @@ pub enum BackendError {
     /// counts exactly these in its failure counters
     /// (`kubeproxy_sync_proxy_rules_iptables_restore_failures_total`,
     /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`).
-    #[error("{mode} backend: {attempted} failed")]
+    #[error("{mode} backend: {attempted} failed{}", refused_services(services))]
     Rejected {
         /// The backend's [`Backend::mode`].
         mode: &'static str,
         /// What was attempted, naming the rejected line where known, e.g.
         /// `applying the rules with iptables-restore (line 12: -A …)`.
         attempted: String,
+        /// The Services whose rules the kernel refused, where the backend
+        /// can tell (the rejected line or message belongs to them); empty
+        /// when it cannot. The sync loop leaves these Services out of the
+        /// following syncs until they change, so that one Service the
+        /// kernel refuses does not keep every other one from being
+        /// programmed.
+        services: BTreeSet<NamespacedName>,
         /// The cause.
         #[source]
         source: Box<dyn Error + Send + Sync>,
@@ -193,6 +200,7 @@ impl BackendError {
             } => Self::Rejected {
                 mode,
                 attempted,
+                services: BTreeSet::new(),
                 source,
             },
             other => other,
@@ -208,4 +216,15 @@ impl BackendError {
             | Self::Unavailable { mode, .. } => mode,
         }
     }
+}
+
+/// `: the kernel refused the rules of Service ns/a, ns/b`, or nothing when
+/// no Service is named.
+fn refused_services(services: &BTreeSet<NamespacedName>) -> String {
+    if services.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = services.iter().map(ToString::to_string).collect();
+    let noun = if names.len() == 1 { "Service" } else { "Services" };
+    format!(" (the kernel refused the rules of {noun} {})", names.join(", "))
 }

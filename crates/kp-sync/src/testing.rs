@@ -173,6 +173,7 @@ impl Backend for FakeBackend {
             return Err(BackendError::Rejected {
                 mode: self.mode,
                 attempted: "applying the fake ruleset".to_owned(),
+                services: Default::default(),
                 source: Box::new(InjectedFailure),
             });
         }
