@@ -398,9 +398,7 @@ impl Proxier {
         changed.extend(endpoints.changed);
         let mut stale = std::mem::take(&mut tracked.carried_stale);
         stale.merge(StaleConntrack {
-            deleted_udp_cluster_ips: services.deleted_udp_cluster_ips,
-            stale_endpoints: endpoints.stale_endpoints,
-            newly_active: endpoints.newly_active,
+            deleted_cluster_ips: services.deleted_cluster_ips,
         });
         Ok(Drained {
             full: force_full || needed_full,

@@ -23,6 +23,11 @@ pub struct Agent {
     metrics: ProxyMetrics,
     health_checks: ServiceHealthServers,
     conntrack: ConntrackMetrics,
+    /// Whether the mode DNATs flows to endpoints, whose conntrack entries
+    /// then pin UDP and SCTP clients to them (every mode but userspace,
+    /// whose flows end at the proxy's own relay, which picks endpoints
+    /// itself).
+    cleans_conntrack: bool,
 }
 
 impl Agent {
@@ -50,6 +55,7 @@ impl Agent {
             metrics,
             health_checks,
             conntrack,
+            cleans_conntrack: mode != ProxyMode::Userspace,
         })
     }
 
@@ -59,11 +65,12 @@ impl Agent {
     }
 
     /// `proxier` with the agent's observers attached.
-    pub fn observe(&self, proxier: Proxier) -> Proxier {
-        let family = proxier.family();
-        let cleaner = ConntrackCleaner::new(family, self.conntrack.clone());
+    pub fn observe(&self, mut proxier: Proxier) -> Proxier {
+        if self.cleans_conntrack {
+            let cleaner = ConntrackCleaner::new(proxier.family(), self.conntrack.clone());
+            proxier = proxier.with_observer(Arc::new(cleaner));
+        }
         proxier
-            .with_observer(Arc::new(cleaner))
             .with_observer(self.metrics.observer())
             .with_observer(Arc::new(self.health_checks.clone()))
     }
