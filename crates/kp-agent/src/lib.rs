@@ -10,9 +10,11 @@
 //! - [`service_health`]: the health-check node ports of
 //!   `externalTrafficPolicy: Local` LoadBalancer Services;
 //! - [`http`]: the small HTTP/1 server they share, and the limits it
-//!   holds every connection to.
+//!   holds every connection to;
+//! - [`descriptors`]: the process's descriptor limit, raised at start.
 
 mod connections;
+pub mod descriptors;
 pub mod health;
 pub mod http;
 pub mod metrics;
