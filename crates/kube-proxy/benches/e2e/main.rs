@@ -248,7 +248,7 @@ fn main() {
             }
             results.push((size, runs));
         }
-        report(mode, &results, reference.as_ref());
+        report(mode, settings.hostile, &results, reference.as_ref());
     }
     println!(
         "Took {:.0} min; load average at the end: {}",
@@ -320,7 +320,12 @@ fn header(settings: &Settings) {
     println!();
 }
 
-fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize, Lone)>) {
+fn report(
+    mode: Mode,
+    hostile: Hostile,
+    results: &[(usize, Vec<RunResult>)],
+    lone: Option<&(usize, Lone)>,
+) {
     println!("## {}", mode.name());
     println!();
     println!(
@@ -396,7 +401,7 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
                     )
                 })
                 .collect();
-            if !wrong.is_empty() || r.service_objects != *size {
+            if !wrong.is_empty() || r.service_objects != *size + hostile.service_ports() {
                 eprintln!(
                     "WARNING: {} {size} run {}: {} service chains; {}",
                     mode.name(),

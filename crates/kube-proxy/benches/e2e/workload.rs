@@ -84,6 +84,15 @@ impl Hostile {
         }
     }
 
+    /// How many service ports the hostile Service adds.
+    pub fn service_ports(self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Ports => 200,
+            Self::SourceRanges | Self::Endpoints | Self::ExternalIps => 1,
+        }
+    }
+
     /// Creates the Service and its EndpointSlice.
     fn populate(self, server: &TestApiServer) {
         let (namespace, name) = HOSTILE;
