@@ -22,7 +22,9 @@ use kp_model::{IpFamily, Protocol, ServicePortName};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
 
-use crate::portal::{render_portals, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS};
+use crate::portal::{
+    render_portals, JumpLines, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS,
+};
 use crate::relay::{DesiredListener, OpenError, Relay};
 use crate::route::Route;
 use crate::stats::{StatsRegistry, StatsSnapshot};
@@ -40,7 +42,8 @@ pub struct UserspaceBackend {
     family: IpFamily,
     relay: Relay,
     applier: Box<dyn Applier>,
-    /// The jumps from the built-in chains are known to be in place.
+    /// The jumps from the built-in chains were in place after the last
+    /// restore (each sync checks it again: see [`JumpLines::Replace`]).
     jumps_in_place: bool,
 }
 
@@ -142,6 +145,60 @@ impl UserspaceBackend {
         Ok(())
     }
 
+    /// Writes the portal rules of `services`. While the jumps are believed
+    /// in place, the restore deletes and inserts them again in the same
+    /// transaction, which the kernel refuses when one is missing (the nat
+    /// table was flushed, a jump deleted): then the leftover copies are
+    /// deleted and the rules written again with fresh jumps, in this sync.
+    /// Returns the rules written.
+    fn restore_portals(
+        &mut self,
+        node_ip: Option<std::net::IpAddr>,
+        services: &[PortalService],
+    ) -> Result<String, BackendError> {
+        let mut input = PortalInput {
+            family: self.family,
+            node_ip,
+            refusing_port: self.relay.refusing_port(),
+            services,
+            jumps: JumpLines::Replace,
+        };
+        if self.jumps_in_place {
+            let text = render_portals(&input);
+            tracing::trace!(rules = %text, "portal rules");
+            match self.applier.restore(self.family, &text) {
+                Ok(()) => {
+                    self.applier
+                        .end_sync()
+                        .map_err(|source| apply_error("finishing the sync", source))?;
+                    return Ok(text);
+                }
+                Err(error) => {
+                    if error.missing_program().is_some() {
+                        return Err(apply_error(
+                            "running iptables-restore for table nat",
+                            error,
+                        ));
+                    }
+                    tracing::warn!(family = %self.family, %error, "the portal rules' jumps are not all in place (the nat table was changed by someone else?); inserting them again");
+                    self.jumps_in_place = false;
+                }
+            }
+        }
+        self.remove_jumps()?;
+        input.jumps = JumpLines::Insert;
+        let text = render_portals(&input);
+        tracing::trace!(rules = %text, "portal rules");
+        self.applier
+            .restore(self.family, &text)
+            .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
+        self.applier
+            .end_sync()
+            .map_err(|source| apply_error("finishing the sync", source))?;
+        self.jumps_in_place = true;
+        Ok(text)
+    }
+
     fn desired_listeners(request: &SyncRequest<'_>) -> BTreeMap<ServicePortName, DesiredListener> {
         request
             .service_ports
@@ -185,28 +242,8 @@ impl Backend for UserspaceBackend {
                 })
             })
             .collect();
-        let with_jumps = !self.jumps_in_place;
-        if with_jumps {
-            self.remove_jumps()?;
-        }
-        let text = render_portals(&PortalInput {
-            family: self.family,
-            node_ip: request.node.addresses_of(self.family).next(),
-            refusing_port: self.relay.refusing_port(),
-            services: &services,
-            with_jumps,
-        });
-        tracing::trace!(rules = %text, "portal rules");
-        // A failed restore may or may not have left the jumps: the next
-        // sync replaces them either way.
-        self.jumps_in_place = false;
-        self.applier
-            .restore(self.family, &text)
-            .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
-        self.applier
-            .end_sync()
-            .map_err(|source| apply_error("finishing the sync", source))?;
-        self.jumps_in_place = true;
+        let node_ip = request.node.addresses_of(self.family).next();
+        let text = self.restore_portals(node_ip, &services)?;
         self.relay.sweep_affinity();
         if !open_errors.is_empty() {
             return Err(BackendError::Apply {
@@ -302,24 +339,33 @@ fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
     }
 }
 
-/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
-/// `utilnet.ParsePortRange`; kp-config has validated it already, this
-/// only reads it).
 /// The relay's options from the configuration: listener ports from
 /// `portRange`, the UDP session idle timeout from `udpIdleTimeout` (unset,
-/// as in a configuration that was never defaulted: upstream's 250ms).
+/// as in a configuration that was never defaulted: upstream's 250ms), the
+/// TCP idle timeout from `conntrack.tcpEstablishedTimeout` (the time the
+/// node keeps an idle connection's NAT; unset or zero: its default, 24h).
 pub fn relay_options(config: &KubeProxyConfiguration) -> Result<RelayOptions, UserspaceError> {
     let udp_idle_timeout = match config.udp_idle_timeout_std() {
         timeout if timeout.is_zero() => crate::DEFAULT_UDP_IDLE_TIMEOUT,
         timeout => timeout,
     };
+    let tcp_idle_timeout = config
+        .conntrack
+        .tcp_established_timeout
+        .and_then(|timeout| timeout.to_std())
+        .filter(|timeout| !timeout.is_zero())
+        .unwrap_or(crate::DEFAULT_TCP_IDLE_TIMEOUT);
     Ok(RelayOptions {
         port_range: parse_port_range(&config.port_range)?,
         udp_idle_timeout,
+        tcp_idle_timeout,
         ..RelayOptions::default()
     })
 }
 
+/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
+/// `utilnet.ParsePortRange`; kp-config has validated it already, this
+/// only reads it).
 fn parse_port_range(text: &str) -> Result<Option<(u16, u16)>, UserspaceError> {
     let text = text.trim();
     if text.is_empty() {
