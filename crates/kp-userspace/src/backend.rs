@@ -175,10 +175,7 @@ impl UserspaceBackend {
                 }
                 Err(error) => {
                     if error.missing_program().is_some() {
-                        return Err(apply_error(
-                            "running iptables-restore for table nat",
-                            error,
-                        ));
+                        return Err(apply_error("running iptables-restore for table nat", error));
                     }
                     tracing::warn!(family = %self.family, %error, "the portal rules' jumps are not all in place (the nat table was changed by someone else?); inserting them again");
                     self.jumps_in_place = false;

@@ -192,8 +192,7 @@ fn flood_client(index: usize) -> IpAddr {
 }
 
 #[test]
-fn a_flood_of_new_clients_keeps_the_table_at_its_bound_and_a_returning_client_keeps_its_endpoint()
-{
+fn a_flood_of_new_clients_keeps_the_table_at_its_bound_and_a_returning_client_keeps_its_endpoint() {
     let balancer = Balancer::new(route(&[EP1, EP2, EP3], Some(Duration::from_secs(10_800))));
     let start = Instant::now();
     let regular = ip("192.168.99.10");

@@ -32,8 +32,8 @@ use crate::balancer::Balancer;
 use crate::route::Route;
 use crate::sockets::{bind_tcp, bind_tcp_group, bind_udp, set_keepalive, LISTEN_BACKLOG};
 use crate::stats::{ConnectionStats, StatsRegistry, StatsSnapshot};
-use crate::workers::Workers;
 use crate::udp::{SessionTable, UdpListener};
+use crate::workers::Workers;
 use crate::{tcp, udp, RelayOptions};
 
 /// What the relay should serve for one service port.

@@ -128,7 +128,10 @@ fn connections_no_portal_rule_sent_are_refused() {
         (None, "unknown to conntrack"),
         (at("192.168.99.2:41234"), "straight to the listener's port"),
         (at("10.96.0.10:81"), "the ClusterIP at another port"),
-        (at("203.0.113.9:41234"), "the load balancer IP at another port"),
+        (
+            at("203.0.113.9:41234"),
+            "the load balancer IP at another port",
+        ),
         (at("203.0.113.5:8080"), "an external IP at another port"),
     ] {
         assert_eq!(

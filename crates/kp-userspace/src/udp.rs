@@ -454,7 +454,12 @@ async fn answer_loop(
             // An answer that finds the listener's send buffer full is
             // dropped, as the network would drop it: waiting here would
             // hold the thread's buffer.
-            if let Err(error) = send_from(listener.as_raw_fd(), &buffer[..len], client, session.reply_from) {
+            if let Err(error) = send_from(
+                listener.as_raw_fd(),
+                &buffer[..len],
+                client,
+                session.reply_from,
+            ) {
                 tracing::trace!(%client, %error, "answering a client failed");
             }
             Ok::<_, io::Error>(())
@@ -535,11 +540,22 @@ fn socket_addr(storage: &SockaddrStorage) -> Option<SocketAddr> {
 /// Sends `data` to `to` from the address `from` (or from whatever address
 /// routing picks, without one) on the non-blocking socket `fd`, without
 /// waiting: `WouldBlock` when its send buffer is full.
-fn send_from(fd: RawFd, data: &[u8], to: SocketAddr, from: Option<LocalAddress>) -> io::Result<usize> {
+fn send_from(
+    fd: RawFd,
+    data: &[u8],
+    to: SocketAddr,
+    from: Option<LocalAddress>,
+) -> io::Result<usize> {
     let iov = [IoSlice::new(data)];
     let from = from.filter(|from| from.ip.is_ipv4() == to.is_ipv4());
     let sent = match (to, from) {
-        (SocketAddr::V4(to), Some(LocalAddress { ip: IpAddr::V4(from), .. })) => {
+        (
+            SocketAddr::V4(to),
+            Some(LocalAddress {
+                ip: IpAddr::V4(from),
+                ..
+            }),
+        ) => {
             let info = libc::in_pktinfo {
                 ipi_ifindex: 0,
                 ipi_spec_dst: libc::in_addr {
@@ -548,9 +564,21 @@ fn send_from(fd: RawFd, data: &[u8], to: SocketAddr, from: Option<LocalAddress>)
                 ipi_addr: libc::in_addr { s_addr: 0 },
             };
             let control = [ControlMessage::Ipv4PacketInfo(&info)];
-            sendmsg(fd, &iov, &control, MsgFlags::MSG_DONTWAIT, Some(&SockaddrIn::from(to)))
+            sendmsg(
+                fd,
+                &iov,
+                &control,
+                MsgFlags::MSG_DONTWAIT,
+                Some(&SockaddrIn::from(to)),
+            )
         }
-        (SocketAddr::V6(to), Some(LocalAddress { ip: IpAddr::V6(from), interface })) => {
+        (
+            SocketAddr::V6(to),
+            Some(LocalAddress {
+                ip: IpAddr::V6(from),
+                interface,
+            }),
+        ) => {
             let info = libc::in6_pktinfo {
                 ipi6_addr: libc::in6_addr {
                     s6_addr: from.octets(),
@@ -558,14 +586,28 @@ fn send_from(fd: RawFd, data: &[u8], to: SocketAddr, from: Option<LocalAddress>)
                 ipi6_ifindex: interface,
             };
             let control = [ControlMessage::Ipv6PacketInfo(&info)];
-            sendmsg(fd, &iov, &control, MsgFlags::MSG_DONTWAIT, Some(&SockaddrIn6::from(to)))
+            sendmsg(
+                fd,
+                &iov,
+                &control,
+                MsgFlags::MSG_DONTWAIT,
+                Some(&SockaddrIn6::from(to)),
+            )
         }
-        (SocketAddr::V4(to), _) => {
-            sendmsg(fd, &iov, &[], MsgFlags::MSG_DONTWAIT, Some(&SockaddrIn::from(to)))
-        }
-        (SocketAddr::V6(to), _) => {
-            sendmsg(fd, &iov, &[], MsgFlags::MSG_DONTWAIT, Some(&SockaddrIn6::from(to)))
-        }
+        (SocketAddr::V4(to), _) => sendmsg(
+            fd,
+            &iov,
+            &[],
+            MsgFlags::MSG_DONTWAIT,
+            Some(&SockaddrIn::from(to)),
+        ),
+        (SocketAddr::V6(to), _) => sendmsg(
+            fd,
+            &iov,
+            &[],
+            MsgFlags::MSG_DONTWAIT,
+            Some(&SockaddrIn6::from(to)),
+        ),
     };
     sent.map_err(io::Error::from)
 }

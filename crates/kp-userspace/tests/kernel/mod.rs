@@ -85,6 +85,20 @@ impl<'t> Proxy<'t> {
     /// A proxy for `family` on the topology's node, applying portal rules
     /// with `flavor`; the sources have delivered their first lists.
     pub fn start(topology: &'t Topology, flavor: IptablesFlavor, family: IpFamily) -> Self {
+        let options = RelayOptions {
+            dial_timeouts: vec![Duration::from_millis(300); 3],
+            ..RelayOptions::default()
+        };
+        Self::start_with(topology, flavor, family, options)
+    }
+
+    /// [`Proxy::start`] with the relay's `options`.
+    pub fn start_with(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        options: RelayOptions,
+    ) -> Self {
         // Built on a thread of the node namespace, the runtime's worker
         // threads are born there too.
         let runtime = topology.node().run(|| {
@@ -94,10 +108,6 @@ impl<'t> Proxy<'t> {
                 .build()
                 .unwrap()
         });
-        let options = RelayOptions {
-            dial_timeouts: vec![Duration::from_millis(300); 3],
-            ..RelayOptions::default()
-        };
         let applier = Box::new(SystemApplier::new(flavor));
         let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier);
         let config = ProxierConfig {
