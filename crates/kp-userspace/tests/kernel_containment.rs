@@ -309,7 +309,7 @@ fn a_flood_of_udp_sources_keeps_the_sessions_at_their_bound_and_a_client_still_g
         &[np_service()],
         &[endpoint_slice("ns1", "np-1", "np", |s| {
             s.port("dns", i32::from(kernel::POD_UDP_PORT), "UDP")
-                .endpoint(&pod_ip(&topology, "ep2"), |e| e.ready(true).node(NODE_NAME))
+                .endpoint(pod_ip(&topology, "ep2"), |e| e.ready(true).node(NODE_NAME))
         })],
     );
     proxy.sync();
@@ -451,7 +451,7 @@ fn udp_sessions_to_an_endpoint_no_longer_used_end_in_that_sync() {
     proxy.apply(
         &[np_service()],
         &[slice_with(&|s| {
-            s.endpoint(&s1, |e| e.ready(true).node(OTHER_NODE_NAME))
+            s.endpoint(s1, |e| e.ready(true).node(OTHER_NODE_NAME))
         })],
     );
     proxy.sync();
@@ -481,8 +481,8 @@ fn udp_sessions_to_an_endpoint_no_longer_used_end_in_that_sync() {
     proxy.apply(
         &[],
         &[slice_with(&|s| {
-            s.endpoint(&s1, |e| e.ready(true).node(OTHER_NODE_NAME))
-                .endpoint(&s2, |e| e.ready(true).node(NODE_NAME))
+            s.endpoint(s1, |e| e.ready(true).node(OTHER_NODE_NAME))
+                .endpoint(s2, |e| e.ready(true).node(NODE_NAME))
         })],
     );
     proxy.sync();
@@ -492,13 +492,13 @@ fn udp_sessions_to_an_endpoint_no_longer_used_end_in_that_sync() {
     proxy.apply(
         &[],
         &[slice_with(&|s| {
-            s.endpoint(&s1, |e| {
+            s.endpoint(s1, |e| {
                 e.ready(false)
                     .serving(true)
                     .terminating(true)
                     .node(OTHER_NODE_NAME)
             })
-            .endpoint(&s2, |e| e.ready(true).node(NODE_NAME))
+            .endpoint(s2, |e| e.ready(true).node(NODE_NAME))
         })],
     );
     proxy.sync();
@@ -509,7 +509,7 @@ fn udp_sessions_to_an_endpoint_no_longer_used_end_in_that_sync() {
     proxy.apply(
         &[],
         &[slice_with(&|s| {
-            s.endpoint(&s2, |e| e.ready(true).node(NODE_NAME))
+            s.endpoint(s2, |e| e.ready(true).node(NODE_NAME))
         })],
     );
     proxy.sync();
