@@ -32,7 +32,7 @@ use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::netns::Topology;
 use kp_testkit::plan::{NODE_IP, NODE_NAME};
-use kp_userspace::{RelayOptions, UserspaceBackend};
+use kp_userspace::{JumpCheck, RelayOptions, UserspaceBackend};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// Ports of the hostile Service.
@@ -96,7 +96,8 @@ fn one_run(
         IpFamily::V4,
         options,
         Box::new(SystemApplier::new(flavor)),
-    );
+    )
+    .with_jump_check(JumpCheck::for_flavor(flavor));
     let proxier = Arc::new(Proxier::new(
         ProxierConfig {
             family: IpFamily::V4,

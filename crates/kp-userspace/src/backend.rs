@@ -22,6 +22,7 @@ use kp_model::{IpFamily, Protocol, ServicePortName};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
 
+use crate::jump_check::{jumps_present, JumpCheck};
 use crate::portal::{
     render_portals, JumpLines, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS,
 };
@@ -43,8 +44,9 @@ pub struct UserspaceBackend {
     relay: Relay,
     applier: Box<dyn Applier>,
     /// The jumps from the built-in chains were in place after the last
-    /// restore (each sync checks it again: see [`JumpLines::Replace`]).
+    /// restore (each sync checks it again, in the way `jump_check` says).
     jumps_in_place: bool,
+    jump_check: JumpCheck,
 }
 
 /// Why the userspace mode could not be set up.
@@ -89,7 +91,16 @@ impl UserspaceBackend {
             relay: Relay::new(handle, family, options),
             applier,
             jumps_in_place: false,
+            jump_check: JumpCheck::InRestore,
         }
+    }
+
+    /// The backend checking its jumps with `check` (by default in every
+    /// restore, which any applier supports; see [`JumpCheck::for_flavor`]
+    /// for the cheaper check of a real iptables).
+    pub fn with_jump_check(mut self, check: JumpCheck) -> Self {
+        self.jump_check = check;
+        self
     }
 
     /// The backend the binary builds from its configuration: listener
@@ -104,12 +115,14 @@ impl UserspaceBackend {
         handle: Handle,
     ) -> Result<Self, UserspaceError> {
         let options = relay_options(config)?;
-        let applier: Box<dyn Applier> = if dry_run {
-            Box::new(DryRunApplier::new(Box::new(std::io::stdout())))
-        } else {
-            Box::new(SystemApplier::new(IptablesFlavor::detect()))
-        };
-        Ok(Self::new(handle, family, options, applier))
+        if dry_run {
+            let applier = Box::new(DryRunApplier::new(Box::new(std::io::stdout())));
+            return Ok(Self::new(handle, family, options, applier));
+        }
+        let flavor = IptablesFlavor::detect();
+        let applier = Box::new(SystemApplier::new(flavor));
+        Ok(Self::new(handle, family, options, applier)
+            .with_jump_check(JumpCheck::for_flavor(flavor)))
     }
 
     /// The relay, for its listeners and counters.
@@ -146,22 +159,34 @@ impl UserspaceBackend {
     }
 
     /// Writes the portal rules of `services`. While the jumps are believed
-    /// in place, the restore deletes and inserts them again in the same
-    /// transaction, which the kernel refuses when one is missing (the nat
-    /// table was flushed, a jump deleted): then the leftover copies are
-    /// deleted and the rules written again with fresh jumps, in this sync.
-    /// Returns the rules written.
+    /// in place, they are checked first ([`JumpCheck::Probe`]), or the
+    /// restore deletes and inserts them again in the same transaction,
+    /// which the kernel refuses when one is missing
+    /// ([`JumpCheck::InRestore`]). When one is missing (the nat table was
+    /// flushed, a jump deleted), or the restore fails, the leftover copies
+    /// are deleted and the rules written again with fresh jumps, in this
+    /// sync. Returns the rules written.
     fn restore_portals(
         &mut self,
         node_ip: Option<std::net::IpAddr>,
         services: &[PortalService],
     ) -> Result<String, BackendError> {
+        let in_place_lines = match self.jump_check {
+            JumpCheck::InRestore => JumpLines::Replace,
+            JumpCheck::Probe(flavor) => {
+                if self.jumps_in_place && !self.probe_jumps(flavor)? {
+                    tracing::warn!(family = %self.family, "the portal rules' jumps are not all in place (the nat table was changed by someone else?); inserting them again");
+                    self.jumps_in_place = false;
+                }
+                JumpLines::Omit
+            }
+        };
         let mut input = PortalInput {
             family: self.family,
             node_ip,
             refusing_port: self.relay.refusing_port(),
             services,
-            jumps: JumpLines::Replace,
+            jumps: in_place_lines,
         };
         if self.jumps_in_place {
             let text = render_portals(&input);
@@ -194,6 +219,13 @@ impl UserspaceBackend {
             .map_err(|source| apply_error("finishing the sync", source))?;
         self.jumps_in_place = true;
         Ok(text)
+    }
+
+    /// Whether every portal jump is in place, asked with `flavor`'s
+    /// `iptables -S`.
+    fn probe_jumps(&self, flavor: IptablesFlavor) -> Result<bool, BackendError> {
+        jumps_present(flavor, self.family, &PORTAL_JUMPS)
+            .map_err(|source| apply_error("listing the portal jump rules", source))
     }
 
     fn desired_listeners(request: &SyncRequest<'_>) -> BTreeMap<ServicePortName, DesiredListener> {
@@ -270,6 +302,7 @@ impl fmt::Debug for UserspaceBackend {
             .field("family", &self.family)
             .field("relay", &self.relay)
             .field("jumps_in_place", &self.jumps_in_place)
+            .field("jump_check", &self.jump_check)
             .finish_non_exhaustive()
     }
 }

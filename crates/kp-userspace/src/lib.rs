@@ -23,6 +23,7 @@ pub mod backend;
 pub mod balancer;
 pub mod conntrack;
 pub mod copy;
+pub mod jump_check;
 pub mod metrics;
 pub mod portal;
 pub mod relay;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
+pub use jump_check::JumpCheck;
 pub use metrics::UserspaceMetrics;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};

@@ -22,7 +22,7 @@ use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncOutcome};
 use kp_testkit::builders::endpoint_slice;
 use kp_testkit::netns::{require_root, require_tool, Topology, TopologyBuilder};
 use kp_testkit::plan::{self, NODE_NAME, OTHER_NODE_NAME};
-use kp_userspace::{RelayOptions, UserspaceBackend};
+use kp_userspace::{JumpCheck, RelayOptions, UserspaceBackend};
 
 /// The port every pod's echo servers listen on (TCP).
 pub const POD_TCP_PORT: u16 = 8080;
@@ -109,7 +109,8 @@ impl<'t> Proxy<'t> {
                 .unwrap()
         });
         let applier = Box::new(SystemApplier::new(flavor));
-        let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier);
+        let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier)
+            .with_jump_check(JumpCheck::for_flavor(flavor));
         let config = ProxierConfig {
             family,
             node: NodeInfo {
