@@ -103,6 +103,8 @@ pub async fn relay(
     let mut to_client = Direction::default();
     let check_every = (idle_timeout / IDLE_CHECKS).max(Duration::from_millis(1));
     let mut idle_timer = std::pin::pin!(tokio::time::sleep(check_every));
+    let mut timer_polled = false;
+    let mut moved_at_poll = 0u64;
     let mut moved_at_check = 0u64;
     let mut quiet_checks = 0u32;
     poll_fn(|cx| {
@@ -114,8 +116,18 @@ pub async fn relay(
                 to_client,
             }));
         }
+        let moved = to_endpoint.total + to_client.total;
+        let busy = moved != moved_at_poll;
+        moved_at_poll = moved;
+        // While bytes flow the timer is left alone: its waker, registered
+        // by an earlier poll of this task, still wakes it, and a timer that
+        // fired meanwhile is seen here. Polling it on every wake-up would
+        // cost the copy loop a timer poll per message.
+        if busy && timer_polled && !idle_timer.is_elapsed() {
+            return Poll::Pending;
+        }
+        timer_polled = true;
         while idle_timer.as_mut().poll(cx).is_ready() {
-            let moved = to_endpoint.total + to_client.total;
             if moved == moved_at_check {
                 quiet_checks += 1;
             } else {
@@ -125,8 +137,11 @@ pub async fn relay(
             if quiet_checks >= IDLE_CHECKS {
                 return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
             }
-            let next = idle_timer.deadline() + check_every;
-            idle_timer.as_mut().reset(next);
+            // From now, not from the deadline: a check that came late (a
+            // busy thread) does not make the next ones come at once.
+            idle_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + check_every);
         }
         Poll::Pending
     })
