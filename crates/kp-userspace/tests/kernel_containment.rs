@@ -11,6 +11,7 @@
 //! | ns1/lb, http 80/TCP + dns 53/UDP | LoadBalancer 203.0.113.9 from 192.168.99.10/32 only, NodePort 30081 (TCP) / 30054 (UDP), endpoint ep2 |
 //! | ns1/web6, http 80/TCP + dns 53/UDP | ClusterIP fd00:10:96::10 only, endpoint ep1 |
 //! | ns1/np, dns 53/UDP | ClusterIP 10.96.0.20, NodePort 30053, endpoints ep2 (flood) or s1 = ep3 (node-2), s2 = ep2 (issue 28) |
+//! | ns1/local, dns 53/UDP | ClusterIP 10.96.0.21, NodePort 30055, externalTrafficPolicy Local, endpoints ep1, ep2 (one of them moved to node-2) |
 //!
 //! Node 192.168.99.2 / fd00:192:168:99::2 (and 169.254.1.1 towards pods);
 //! clients 192.168.99.10 (`client`) and .11 (`client2`, outside the LB's
@@ -515,4 +516,64 @@ fn udp_sessions_to_an_endpoint_no_longer_used_end_in_that_sync() {
     proxy.sync();
     let synced = Instant::now();
     wait_for_only(&clients, "ep2", synced, "s1 removed");
+}
+
+#[test]
+fn udp_sessions_to_an_endpoint_that_leaves_this_node_end_under_a_local_policy() {
+    require(IptablesFlavor::Nft);
+    let topology = three_pods();
+    let options = RelayOptions {
+        udp_idle_timeout: Duration::from_secs(30),
+        ..RelayOptions::default()
+    };
+    let proxy = Proxy::start_with(&topology, IptablesFlavor::Nft, IpFamily::V4, options);
+    let local = service("ns1", "local", |s| {
+        s.service_type("NodePort")
+            .cluster_ip("10.96.0.21")
+            .port("dns", 53, "UDP")
+            .node_port(30055)
+            .external_traffic_policy_local()
+    });
+    let pods = [
+        ("ep1", pod_ip(&topology, "ep1")),
+        ("ep2", pod_ip(&topology, "ep2")),
+    ];
+    let slice_on = |nodes: [&str; 2]| {
+        endpoint_slice("ns1", "local-1", "local", |s| {
+            let mut s = s.port("dns", i32::from(kernel::POD_UDP_PORT), "UDP");
+            for ((_, ip), node) in pods.iter().zip(nodes) {
+                s = s.endpoint(ip, |e| e.ready(true).node(node));
+            }
+            s
+        })
+    };
+    proxy.apply(&[local], &[slice_on([NODE_NAME, NODE_NAME])]);
+    proxy.sync();
+
+    let client = SteadyClient::start(topology.client(), 40_055, node_at(30055));
+    let clients = [("client", &client)];
+    let started = Instant::now();
+    let first = wait_until(Duration::from_secs(5), || {
+        !client.answered_since(started).is_empty()
+    });
+    assert!(first, "the client is answered through the NodePort");
+    let kept = client.answered_since(started)[0].clone();
+    wait_for_only(&clients, &kept, started, "one session, one endpoint");
+
+    // The endpoint it talks to is now reported on node-2: under
+    // externalTrafficPolicy Local it no longer serves this node's NodePort.
+    let nodes = if kept == "ep1" {
+        [OTHER_NODE_NAME, NODE_NAME]
+    } else {
+        [NODE_NAME, OTHER_NODE_NAME]
+    };
+    let other = if kept == "ep1" { "ep2" } else { "ep1" };
+    proxy.apply(&[], &[slice_on(nodes)]);
+    proxy.sync();
+    wait_for_only(
+        &clients,
+        other,
+        Instant::now(),
+        "its endpoint left this node",
+    );
 }
