@@ -22,7 +22,10 @@ use kp_model::{IpFamily, Protocol, ServicePortName};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
 
-use crate::portal::{render_portals, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS};
+use crate::jump_check::{jumps_present, JumpCheck};
+use crate::portal::{
+    render_portals, JumpLines, PortalInput, PortalService, PORTAL_CHAINS, PORTAL_JUMPS,
+};
 use crate::relay::{DesiredListener, OpenError, Relay};
 use crate::route::Route;
 use crate::stats::{StatsRegistry, StatsSnapshot};
@@ -40,8 +43,10 @@ pub struct UserspaceBackend {
     family: IpFamily,
     relay: Relay,
     applier: Box<dyn Applier>,
-    /// The jumps from the built-in chains are known to be in place.
+    /// The jumps from the built-in chains were in place after the last
+    /// restore (each sync checks it again, in the way `jump_check` says).
     jumps_in_place: bool,
+    jump_check: JumpCheck,
 }
 
 /// Why the userspace mode could not be set up.
@@ -86,7 +91,16 @@ impl UserspaceBackend {
             relay: Relay::new(handle, family, options),
             applier,
             jumps_in_place: false,
+            jump_check: JumpCheck::InRestore,
         }
+    }
+
+    /// The backend checking its jumps with `check` (by default in every
+    /// restore, which any applier supports; see [`JumpCheck::for_flavor`]
+    /// for the cheaper check of a real iptables).
+    pub fn with_jump_check(mut self, check: JumpCheck) -> Self {
+        self.jump_check = check;
+        self
     }
 
     /// The backend the binary builds from its configuration: listener
@@ -101,12 +115,14 @@ impl UserspaceBackend {
         handle: Handle,
     ) -> Result<Self, UserspaceError> {
         let options = relay_options(config)?;
-        let applier: Box<dyn Applier> = if dry_run {
-            Box::new(DryRunApplier::new(Box::new(std::io::stdout())))
-        } else {
-            Box::new(SystemApplier::new(IptablesFlavor::detect()))
-        };
-        Ok(Self::new(handle, family, options, applier))
+        if dry_run {
+            let applier = Box::new(DryRunApplier::new(Box::new(std::io::stdout())));
+            return Ok(Self::new(handle, family, options, applier));
+        }
+        let flavor = IptablesFlavor::detect();
+        let applier = Box::new(SystemApplier::new(flavor));
+        Ok(Self::new(handle, family, options, applier)
+            .with_jump_check(JumpCheck::for_flavor(flavor)))
     }
 
     /// The relay, for its listeners and counters.
@@ -140,6 +156,76 @@ impl UserspaceBackend {
             }
         }
         Ok(())
+    }
+
+    /// Writes the portal rules of `services`. While the jumps are believed
+    /// in place, they are checked first ([`JumpCheck::Probe`]), or the
+    /// restore deletes and inserts them again in the same transaction,
+    /// which the kernel refuses when one is missing
+    /// ([`JumpCheck::InRestore`]). When one is missing (the nat table was
+    /// flushed, a jump deleted), or the restore fails, the leftover copies
+    /// are deleted and the rules written again with fresh jumps, in this
+    /// sync. Returns the rules written.
+    fn restore_portals(
+        &mut self,
+        node_ip: Option<std::net::IpAddr>,
+        services: &[PortalService],
+    ) -> Result<String, BackendError> {
+        let in_place_lines = match self.jump_check {
+            JumpCheck::InRestore => JumpLines::Replace,
+            JumpCheck::Probe(flavor) => {
+                if self.jumps_in_place && !self.probe_jumps(flavor)? {
+                    tracing::warn!(family = %self.family, "the portal rules' jumps are not all in place (the nat table was changed by someone else?); inserting them again");
+                    self.jumps_in_place = false;
+                }
+                JumpLines::Omit
+            }
+        };
+        let mut input = PortalInput {
+            family: self.family,
+            node_ip,
+            refusing_port: self.relay.refusing_port(),
+            services,
+            jumps: in_place_lines,
+        };
+        if self.jumps_in_place {
+            let text = render_portals(&input);
+            tracing::trace!(rules = %text, "portal rules");
+            match self.applier.restore(self.family, &text) {
+                Ok(()) => {
+                    self.applier
+                        .end_sync()
+                        .map_err(|source| apply_error("finishing the sync", source))?;
+                    return Ok(text);
+                }
+                Err(error) => {
+                    if error.missing_program().is_some() {
+                        return Err(apply_error("running iptables-restore for table nat", error));
+                    }
+                    tracing::warn!(family = %self.family, %error, "the portal rules' jumps are not all in place (the nat table was changed by someone else?); inserting them again");
+                    self.jumps_in_place = false;
+                }
+            }
+        }
+        self.remove_jumps()?;
+        input.jumps = JumpLines::Insert;
+        let text = render_portals(&input);
+        tracing::trace!(rules = %text, "portal rules");
+        self.applier
+            .restore(self.family, &text)
+            .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
+        self.applier
+            .end_sync()
+            .map_err(|source| apply_error("finishing the sync", source))?;
+        self.jumps_in_place = true;
+        Ok(text)
+    }
+
+    /// Whether every portal jump is in place, asked with `flavor`'s
+    /// `iptables -S`.
+    fn probe_jumps(&self, flavor: IptablesFlavor) -> Result<bool, BackendError> {
+        jumps_present(flavor, self.family, &PORTAL_JUMPS)
+            .map_err(|source| apply_error("listing the portal jump rules", source))
     }
 
     fn desired_listeners(request: &SyncRequest<'_>) -> BTreeMap<ServicePortName, DesiredListener> {
@@ -185,28 +271,8 @@ impl Backend for UserspaceBackend {
                 })
             })
             .collect();
-        let with_jumps = !self.jumps_in_place;
-        if with_jumps {
-            self.remove_jumps()?;
-        }
-        let text = render_portals(&PortalInput {
-            family: self.family,
-            node_ip: request.node.addresses_of(self.family).next(),
-            refusing_port: self.relay.refusing_port(),
-            services: &services,
-            with_jumps,
-        });
-        tracing::trace!(rules = %text, "portal rules");
-        // A failed restore may or may not have left the jumps: the next
-        // sync replaces them either way.
-        self.jumps_in_place = false;
-        self.applier
-            .restore(self.family, &text)
-            .map_err(|source| apply_error("running iptables-restore for table nat", source))?;
-        self.applier
-            .end_sync()
-            .map_err(|source| apply_error("finishing the sync", source))?;
-        self.jumps_in_place = true;
+        let node_ip = request.node.addresses_of(self.family).next();
+        let text = self.restore_portals(node_ip, &services)?;
         self.relay.sweep_affinity();
         if !open_errors.is_empty() {
             return Err(BackendError::Apply {
@@ -236,6 +302,7 @@ impl fmt::Debug for UserspaceBackend {
             .field("family", &self.family)
             .field("relay", &self.relay)
             .field("jumps_in_place", &self.jumps_in_place)
+            .field("jump_check", &self.jump_check)
             .finish_non_exhaustive()
     }
 }
@@ -302,24 +369,33 @@ fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
     }
 }
 
-/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
-/// `utilnet.ParsePortRange`; kp-config has validated it already, this
-/// only reads it).
 /// The relay's options from the configuration: listener ports from
 /// `portRange`, the UDP session idle timeout from `udpIdleTimeout` (unset,
-/// as in a configuration that was never defaulted: upstream's 250ms).
+/// as in a configuration that was never defaulted: upstream's 250ms), the
+/// TCP idle timeout from `conntrack.tcpEstablishedTimeout` (the time the
+/// node keeps an idle connection's NAT; unset or zero: its default, 24h).
 pub fn relay_options(config: &KubeProxyConfiguration) -> Result<RelayOptions, UserspaceError> {
     let udp_idle_timeout = match config.udp_idle_timeout_std() {
         timeout if timeout.is_zero() => crate::DEFAULT_UDP_IDLE_TIMEOUT,
         timeout => timeout,
     };
+    let tcp_idle_timeout = config
+        .conntrack
+        .tcp_established_timeout
+        .and_then(|timeout| timeout.to_std())
+        .filter(|timeout| !timeout.is_zero())
+        .unwrap_or(crate::DEFAULT_TCP_IDLE_TIMEOUT);
     Ok(RelayOptions {
         port_range: parse_port_range(&config.port_range)?,
         udp_idle_timeout,
+        tcp_idle_timeout,
         ..RelayOptions::default()
     })
 }
 
+/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
+/// `utilnet.ParsePortRange`; kp-config has validated it already, this
+/// only reads it).
 fn parse_port_range(text: &str) -> Result<Option<(u16, u16)>, UserspaceError> {
     let text = text.trim();
     if text.is_empty() {

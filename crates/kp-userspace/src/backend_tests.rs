@@ -25,7 +25,8 @@ struct Recorded {
     restores: Vec<String>,
     deleted_jumps: Vec<&'static str>,
     deleted_chains: Vec<String>,
-    fail_next_restore: bool,
+    /// Restores to refuse, the next ones first.
+    failing_restores: usize,
 }
 
 #[derive(Clone, Default)]
@@ -34,7 +35,8 @@ struct Recorder(Arc<Mutex<Recorded>>);
 impl Applier for Recorder {
     fn restore(&mut self, _: IpFamily, text: &str) -> Result<(), ApplyError> {
         let mut recorded = self.0.lock().unwrap();
-        if std::mem::take(&mut recorded.fail_next_restore) {
+        if recorded.failing_restores > 0 {
+            recorded.failing_restores -= 1;
             return Err(ApplyError::Failed {
                 command: "iptables-restore".into(),
                 status: "exit status: 1".into(),
@@ -199,7 +201,7 @@ async fn the_first_sync_replaces_old_jumps_and_redirects_the_cluster_ip_to_the_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn later_syncs_keep_the_jumps_and_the_listener() {
+async fn later_syncs_check_the_jumps_in_their_restore_and_keep_the_listener() {
     let (mut backend, recorder) = backend(RelayOptions::default());
     let web = name("web", "http", Protocol::Tcp);
     let ports = BTreeMap::from([(
@@ -212,17 +214,57 @@ async fn later_syncs_keep_the_jumps_and_the_listener() {
 
     sync(&mut backend, &ports).unwrap();
     let recorded = recorder.0.lock().unwrap();
-    assert!(recorded.deleted_jumps.is_empty(), "no jump is touched");
     assert!(
-        !recorded.restores[1].contains("PREROUTING"),
-        "{}",
-        recorded.restores[1]
+        recorded.deleted_jumps.is_empty(),
+        "no jump is deleted outside the restore"
+    );
+    let text = &recorded.restores[1];
+    let jump_lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("PREROUTING") || line.contains(" OUTPUT "))
+        .map(|line| line.split(" -m ").next().unwrap())
+        .collect();
+    assert_eq!(
+        jump_lines,
+        [
+            "-D PREROUTING",
+            "-I PREROUTING",
+            "-D OUTPUT",
+            "-I OUTPUT",
+            "-D PREROUTING",
+            "-A PREROUTING",
+            "-D OUTPUT",
+            "-A OUTPUT"
+        ],
+        "each jump is deleted and put back in one transaction, which fails if one is missing: {text}"
     );
     assert_eq!(
         backend.relay().listener(&web).unwrap().port,
         port,
         "the listener stays"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_restore_refused_for_a_missing_jump_is_written_again_with_fresh_jumps_in_the_same_sync() {
+    let (mut backend, recorder) = backend(RelayOptions::default());
+    let ports = BTreeMap::from([(
+        name("web", "http", Protocol::Tcp),
+        state("10.96.0.10", Protocol::Tcp, &["127.0.0.1:1"]),
+    )]);
+    sync(&mut backend, &ports).unwrap();
+    {
+        let mut recorded = recorder.0.lock().unwrap();
+        recorded.failing_restores = 1;
+        recorded.deleted_jumps.clear();
+    }
+
+    sync(&mut backend, &ports).unwrap();
+    let recorded = recorder.0.lock().unwrap();
+    assert_eq!(recorded.deleted_jumps.len(), 4, "leftover copies deleted");
+    let text = recorded.restores.last().unwrap();
+    assert!(text.contains("-I PREROUTING "), "{text}");
+    assert!(!text.contains("-D PREROUTING "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -233,7 +275,7 @@ async fn a_failed_restore_is_reported_and_the_next_sync_puts_the_jumps_back() {
         state("10.96.0.10", Protocol::Tcp, &["127.0.0.1:1"]),
     )]);
     sync(&mut backend, &ports).unwrap();
-    recorder.0.lock().unwrap().fail_next_restore = true;
+    recorder.0.lock().unwrap().failing_restores = 2;
 
     let error = sync(&mut backend, &ports).unwrap_err();
     assert!(
@@ -244,7 +286,9 @@ async fn a_failed_restore_is_reported_and_the_next_sync_puts_the_jumps_back() {
     // the next one puts them back (after deleting any copies).
     sync(&mut backend, &ports).unwrap();
     let recorded = recorder.0.lock().unwrap();
-    assert!(recorded.restores.last().unwrap().contains("-I PREROUTING "));
+    let text = recorded.restores.last().unwrap();
+    assert!(text.contains("-I PREROUTING "), "{text}");
+    assert!(!text.contains("-D PREROUTING "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

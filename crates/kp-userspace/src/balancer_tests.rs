@@ -183,3 +183,52 @@ fn internal_and_external_traffic_use_their_own_endpoints() {
         Some(addr(EP3))
     );
 }
+
+/// Client `index` of a flood, from 10.0.0.0/8 (not in the address plan's
+/// ranges).
+fn flood_client(index: usize) -> IpAddr {
+    let index = u32::try_from(index).unwrap();
+    IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 | index))
+}
+
+#[test]
+fn a_flood_of_new_clients_keeps_the_table_at_its_bound_and_a_returning_client_keeps_its_endpoint() {
+    let balancer = Balancer::new(route(&[EP1, EP2, EP3], Some(Duration::from_secs(10_800))));
+    let start = Instant::now();
+    let regular = ip("192.168.99.10");
+    let kept = balancer
+        .pick(regular, TrafficKind::Internal, start, &[])
+        .unwrap();
+
+    for index in 0..3 * MAX_AFFINITY_CLIENTS {
+        let now = start + Duration::from_millis(u64::try_from(index).unwrap());
+        balancer.pick(flood_client(index), TrafficKind::Internal, now, &[]);
+        if index % 1000 == 0 {
+            // The regular client comes back now and then.
+            assert_eq!(
+                balancer.pick(regular, TrafficKind::Internal, now, &[]),
+                Some(kept),
+                "after {index} new clients"
+            );
+        }
+        assert!(balancer.remembered_clients() <= MAX_AFFINITY_CLIENTS);
+    }
+    assert_eq!(balancer.remembered_clients(), MAX_AFFINITY_CLIENTS);
+}
+
+#[test]
+fn expired_clients_are_shed_as_new_ones_come_without_a_sweep() {
+    let timeout = Duration::from_secs(10);
+    let balancer = Balancer::new(route(&[EP1, EP2], Some(timeout)));
+    let start = Instant::now();
+    for index in 0..1000 {
+        balancer.pick(flood_client(index), TrafficKind::Internal, start, &[]);
+    }
+    let later = start + timeout;
+    for index in 1000..1500 {
+        balancer.pick(flood_client(index), TrafficKind::Internal, later, &[]);
+    }
+    // Each of the 500 new clients shed two of the 1,000 expired ones.
+    let shed = 2 * 500;
+    assert_eq!(balancer.remembered_clients(), 1000 - shed + 500);
+}

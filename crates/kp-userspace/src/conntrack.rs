@@ -44,6 +44,9 @@ const RECEIVE_BUFFER: usize = 8 * 1024;
 pub struct OriginalDestinations {
     socket: Option<Socket>,
     next_seq: u32,
+    /// Answers are read into this, kept from one question to the next:
+    /// a flood of datagrams from new sources asks one question each.
+    buffer: Vec<u8>,
 }
 
 /// What one answer to a request said.
@@ -85,13 +88,25 @@ impl OriginalDestinations {
         self.next_seq = self.next_seq.wrapping_add(1).max(1);
         let seq = self.next_seq;
         let request = reply_tuple_request(client, local, seq);
+        let mut buffer = std::mem::take(&mut self.buffer);
+        buffer.reserve(RECEIVE_BUFFER);
+        let answer = self.ask(&request, seq, &mut buffer);
+        self.buffer = buffer;
+        answer
+    }
+
+    fn ask(
+        &mut self,
+        request: &[u8],
+        seq: u32,
+        buffer: &mut Vec<u8>,
+    ) -> io::Result<Option<SocketAddr>> {
         let socket = self.socket()?;
-        socket.send(&request, 0)?;
-        let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
+        socket.send(request, 0)?;
         loop {
             buffer.clear();
-            socket.recv(&mut buffer, libc::MSG_DONTWAIT)?;
-            for message in split_messages(&buffer) {
+            socket.recv(buffer, libc::MSG_DONTWAIT)?;
+            for message in split_messages(buffer) {
                 match decode_answer(message, seq) {
                     Answer::Found(destination) => return Ok(Some(destination)),
                     Answer::Missing => return Ok(None),

@@ -25,10 +25,11 @@
 //! through a heap buffer instead, a `Vec` with capacity only that reads
 //! fill without zeroing it first (`try_read_buf`).
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
@@ -41,6 +42,11 @@ const SMALL_READ: usize = 4096;
 
 /// Bytes moved per `splice` call: a default pipe's capacity.
 const PIPE_CHUNK: usize = 64 * 1024;
+
+/// The idle timer fires this many times per idle timeout: a connection
+/// ends after at least the timeout and at most a quarter more with no
+/// byte moved, and moving bytes costs no clock reading or timer update.
+const IDLE_CHECKS: u32 = 4;
 
 /// Bytes moved by a finished relay, per direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,11 +82,18 @@ struct Direction {
 /// both sockets once this returns: a close sends the same FIN (nothing
 /// is left unread on a socket that has ended), and one system call per
 /// connection is saved.
+///
+/// A connection that moves no byte in either direction for `idle_timeout`
+/// (up to a quarter more) ends with [`io::ErrorKind::TimedOut`]: a peer
+/// that vanished without a reset is found by keepalive probes, but one
+/// that stays and says nothing, or a half-closed connection whose other
+/// half never ends, would otherwise hold the connection for ever.
 pub async fn relay(
     client: &TcpStream,
     endpoint: &TcpStream,
     buffer_size: usize,
     splice: bool,
+    idle_timeout: Duration,
 ) -> io::Result<Copied> {
     let copying = Copying {
         buffer_size,
@@ -88,16 +101,49 @@ pub async fn relay(
     };
     let mut to_endpoint = Direction::default();
     let mut to_client = Direction::default();
+    let check_every = (idle_timeout / IDLE_CHECKS).max(Duration::from_millis(1));
+    let mut idle_timer = std::pin::pin!(tokio::time::sleep(check_every));
+    let mut timer_polled = false;
+    let mut moved_at_poll = 0u64;
+    let mut moved_at_check = 0u64;
+    let mut quiet_checks = 0u32;
     poll_fn(|cx| {
         let forward = to_endpoint.poll(cx, client, endpoint, copying, to_client.done)?;
         let backward = to_client.poll(cx, endpoint, client, copying, to_endpoint.done)?;
-        match (forward, backward) {
-            (Poll::Ready(to_endpoint), Poll::Ready(to_client)) => Poll::Ready(Ok(Copied {
+        if let (Poll::Ready(to_endpoint), Poll::Ready(to_client)) = (forward, backward) {
+            return Poll::Ready(Ok(Copied {
                 to_endpoint,
                 to_client,
-            })),
-            _ => Poll::Pending,
+            }));
         }
+        let moved = to_endpoint.total + to_client.total;
+        let busy = moved != moved_at_poll;
+        moved_at_poll = moved;
+        // While bytes flow the timer is left alone: its waker, registered
+        // by an earlier poll of this task, still wakes it, and a timer that
+        // fired meanwhile is seen here. Polling it on every wake-up would
+        // cost the copy loop a timer poll per message.
+        if busy && timer_polled && !idle_timer.is_elapsed() {
+            return Poll::Pending;
+        }
+        timer_polled = true;
+        while idle_timer.as_mut().poll(cx).is_ready() {
+            if moved == moved_at_check {
+                quiet_checks += 1;
+            } else {
+                moved_at_check = moved;
+                quiet_checks = 0;
+            }
+            if quiet_checks >= IDLE_CHECKS {
+                return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+            }
+            // From now, not from the deadline: a check that came late (a
+            // busy thread) does not make the next ones come at once.
+            idle_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + check_every);
+        }
+        Poll::Pending
     })
     .await
 }

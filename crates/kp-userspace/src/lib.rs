@@ -23,6 +23,7 @@ pub mod backend;
 pub mod balancer;
 pub mod conntrack;
 pub mod copy;
+pub mod jump_check;
 pub mod metrics;
 pub mod portal;
 pub mod relay;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
+pub use jump_check::JumpCheck;
 pub use metrics::UserspaceMetrics;
 pub use portal::{render_portals, PortalInput, PortalService};
 pub use relay::{DesiredListener, ListenerInfo, OpenError, Relay};
@@ -61,6 +63,30 @@ pub const DEFAULT_DIAL_TIMEOUTS: [Duration; 4] = [
 /// idle). 64 KiB moves a full TCP window per system call pair.
 pub const DEFAULT_BUFFER_SIZE: usize = 64 * 1024;
 
+/// The most UDP sessions a relay (one IP family) keeps open at once, over
+/// all its service ports; at the bound the oldest is closed for a new one.
+/// Each session holds a socket: a descriptor and an ephemeral port of the
+/// node (Linux's default range, 32768–60999, has 28,232). Upstream's
+/// userspace proxier had no bound and no matching setting. See also
+/// [`udp_session_limit`].
+pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
+
+/// Idle time before a relayed TCP connection's first keepalive probe, and
+/// the time between probes: 15 s, what Go sets on every connection it
+/// dials or accepts (`net.Dialer.KeepAlive`, `net.ListenConfig.KeepAlive`),
+/// and so what upstream's userspace proxier had on both sides.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Unanswered keepalive probes after which a peer counts as gone: 9, Go's
+/// (and Linux's) default. With [`TCP_KEEPALIVE`] a vanished peer ends its
+/// connection after 150 s.
+pub const TCP_KEEPALIVE_PROBES: u32 = 9;
+
+/// A relayed TCP connection with no byte in either direction for this long
+/// is reset, by default: upstream's `conntrack.tcpEstablishedTimeout`
+/// default, after which the node forgets the connection's NAT anyway.
+pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How the relay behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayOptions {
@@ -74,6 +100,13 @@ pub struct RelayOptions {
     pub dial_timeouts: Vec<Duration>,
     /// A UDP session idle this long is closed.
     pub udp_idle_timeout: Duration,
+    /// At most this many UDP sessions are open at once over the relay's
+    /// listeners; at the bound the oldest is closed for a new one.
+    pub max_udp_sessions: usize,
+    /// A relayed TCP connection with no byte in either direction for this
+    /// long is reset (both sides also send keepalive probes, see
+    /// [`TCP_KEEPALIVE`]).
+    pub tcp_idle_timeout: Duration,
     /// `portRange`: the ports listeners may use (inclusive); any free port
     /// when `None`.
     pub port_range: Option<(u16, u16)>,
@@ -92,8 +125,22 @@ impl Default for RelayOptions {
             splice: true,
             dial_timeouts: DEFAULT_DIAL_TIMEOUTS.to_vec(),
             udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+            max_udp_sessions: udp_session_limit(),
+            tcp_idle_timeout: DEFAULT_TCP_IDLE_TIMEOUT,
             port_range: None,
             workers: workers::default_count(),
         }
     }
+}
+
+/// [`DEFAULT_MAX_UDP_SESSIONS`], or a quarter of the process's soft limit
+/// of open descriptors (`RLIMIT_NOFILE`) when that is less, so that a flood
+/// of UDP sessions leaves descriptors for TCP connections, the other
+/// family's relay and the proxy's own work (iptables-restore's pipes, the
+/// API connection).
+pub fn udp_session_limit() -> usize {
+    let descriptors = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(u64::MAX, |(soft, _hard)| soft);
+    let quarter = usize::try_from(descriptors / 4).unwrap_or(usize::MAX);
+    DEFAULT_MAX_UDP_SESSIONS.min(quarter).max(1)
 }

@@ -77,9 +77,23 @@ pub struct PortalInput<'a> {
     pub refusing_port: Option<u16>,
     /// Every service port with an open listener, sorted by name.
     pub services: &'a [PortalService],
-    /// Also write the jumps from the built-in chains (`-I`/`-A` lines), for
-    /// a ruleset whose built-in chains do not hold them.
-    pub with_jumps: bool,
+    /// What to write of the jumps from the built-in chains.
+    pub jumps: JumpLines,
+}
+
+/// The jump lines of one restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JumpLines {
+    /// None: the rules of the portal chains only.
+    Omit,
+    /// Insert them (`-I`, `-A`), for built-in chains that do not hold them.
+    Insert,
+    /// Delete each and insert it again (`-D` then `-I`/`-A`), in the same
+    /// transaction: the jumps stay in place, first (or last) in their
+    /// chains, and when one is missing (someone flushed the nat table) the
+    /// kernel refuses the whole restore, which tells the backend to insert
+    /// them afresh. `iptables-restore` has no `-C`; this is its check.
+    Replace,
 }
 
 /// One service port with its listener.
@@ -103,12 +117,17 @@ pub fn render_portals(input: &PortalInput<'_>) -> String {
     for chain in PORTAL_CHAINS {
         let _ = writeln!(out, ":{chain} - [0:0]");
     }
-    if input.with_jumps {
+    if input.jumps != JumpLines::Omit {
         for (index, jump) in PORTAL_JUMPS.iter().enumerate() {
+            let append = jump.restore_line();
+            if input.jumps == JumpLines::Replace {
+                let spec = append.strip_prefix("-A ").unwrap_or(&append);
+                let _ = writeln!(out, "-D {spec}");
+            }
             let line = if index < 2 {
                 jump.insert_line()
             } else {
-                jump.restore_line()
+                append
             };
             out.push_str(&line);
             out.push('\n');

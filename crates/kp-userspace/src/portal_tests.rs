@@ -86,12 +86,17 @@ fn services() -> Vec<PortalService> {
 }
 
 fn render(services: &[PortalService], with_jumps: bool) -> String {
+    let jumps = if with_jumps {
+        JumpLines::Insert
+    } else {
+        JumpLines::Omit
+    };
     render_portals(&PortalInput {
         family: IpFamily::V4,
         node_ip: Some("192.168.99.2".parse().unwrap()),
         refusing_port: Some(REFUSING_PORT),
         services,
-        with_jumps,
+        jumps,
     })
 }
 
@@ -283,7 +288,7 @@ fn ipv6_rules_use_128_bit_prefixes_and_bracketed_dnat_targets() {
         node_ip: Some("fd00:192:168:99::2".parse().unwrap()),
         refusing_port: None,
         services: &services,
-        with_jumps: false,
+        jumps: JumpLines::Omit,
     });
     assert!(
         text.contains("-d fd00:10:96::10/128 -j REDIRECT --to-ports 40010"),
@@ -309,7 +314,7 @@ fn without_a_node_ip_the_host_chains_redirect_too() {
         node_ip: None,
         refusing_port: None,
         services: &services,
-        with_jumps: false,
+        jumps: JumpLines::Omit,
     });
     let web = "10.96.0.10".parse().unwrap();
     assert_eq!(

@@ -30,8 +30,9 @@ use tokio::task::JoinHandle;
 
 use crate::balancer::Balancer;
 use crate::route::Route;
-use crate::sockets::{bind_tcp, bind_tcp_group, bind_udp, LISTEN_BACKLOG};
+use crate::sockets::{bind_tcp, bind_tcp_group, bind_udp, set_keepalive, LISTEN_BACKLOG};
 use crate::stats::{ConnectionStats, StatsRegistry, StatsSnapshot};
+use crate::udp::{SessionTable, UdpListener};
 use crate::workers::Workers;
 use crate::{tcp, udp, RelayOptions};
 
@@ -68,6 +69,8 @@ pub struct Relay {
     refusing: Option<(Socket, u16)>,
     next_in_range: u32,
     registry: StatsRegistry,
+    /// The sessions of every UDP listener.
+    udp_sessions: Arc<SessionTable>,
     /// Started with the first TCP listener; `None` before, or while they
     /// cannot be started (TCP is then served on `handle`).
     workers: Option<Workers>,
@@ -126,6 +129,7 @@ impl Relay {
     /// is 0), its UDP sessions on `handle`. Dropping the relay stops the
     /// worker threads and closes their connections.
     pub fn new(handle: Handle, family: IpFamily, options: RelayOptions) -> Self {
+        let udp_sessions = Arc::new(SessionTable::new(options.max_udp_sessions));
         Self {
             handle,
             family,
@@ -134,8 +138,14 @@ impl Relay {
             refusing: None,
             next_in_range: 0,
             registry: StatsRegistry::default(),
+            udp_sessions,
             workers: None,
         }
+    }
+
+    /// How many UDP sessions are open, over every listener.
+    pub fn udp_sessions(&self) -> usize {
+        self.udp_sessions.len()
     }
 
     /// The address listeners bind: every address of the family.
@@ -154,6 +164,7 @@ impl Relay {
         desired: &BTreeMap<ServicePortName, DesiredListener>,
     ) -> Vec<OpenError> {
         let registry = &self.registry;
+        let udp_sessions = &self.udp_sessions;
         self.listeners.retain(|name, listener| {
             let keep = desired
                 .get(name)
@@ -161,6 +172,10 @@ impl Relay {
             if !keep {
                 tracing::info!(service = %name, port = listener.port, "closing listener");
                 listener.close();
+                if listener.protocol == Protocol::Udp {
+                    // Its endpoints are no longer the Service's.
+                    udp_sessions.close_listener(listener.port);
+                }
                 registry.remove(name);
             }
             keep
@@ -173,6 +188,15 @@ impl Relay {
             if let Some(listener) = self.listeners.get(name) {
                 if *listener.balancer.route() != want.route {
                     listener.balancer.update(want.route.clone());
+                    if listener.protocol == Protocol::Udp {
+                        // A session to an endpoint the route no longer
+                        // picks would keep its client there for as long
+                        // as the client keeps sending.
+                        let closed = self.udp_sessions.close_unused(listener.port, &want.route);
+                        if closed > 0 {
+                            tracing::debug!(service = %name, sessions = closed, "closed UDP sessions to endpoints no longer used");
+                        }
+                    }
                 }
                 continue;
             }
@@ -285,6 +309,7 @@ impl Relay {
         for (socket, runtime) in sockets.into_iter().zip(&runtimes) {
             port = local_port(&socket).map_err(socket_error)?;
             socket.set_tcp_nodelay(true).map_err(socket_error)?;
+            set_keepalive(&socket).map_err(socket_error)?;
             socket.listen(LISTEN_BACKLOG).map_err(socket_error)?;
             // Registered with the runtime that will accept on it.
             let _runtime = runtime.enter();
@@ -336,12 +361,13 @@ impl Relay {
         let _runtime = self.handle.enter();
         let socket = UdpSocket::from_std(socket.into()).map_err(socket_error)?;
         udp::enable_packet_info(&socket, self.family == IpFamily::V6).map_err(socket_error)?;
-        let serve = udp::serve(
-            Arc::new(socket),
-            Arc::clone(&balancer),
-            Arc::clone(&stats),
-            Arc::clone(&self.options),
-        );
+        let serve = udp::serve(UdpListener {
+            socket: Arc::new(socket),
+            balancer: Arc::clone(&balancer),
+            stats: Arc::clone(&stats),
+            options: Arc::clone(&self.options),
+            sessions: Arc::clone(&self.udp_sessions),
+        });
         Ok(Listener {
             protocol: Protocol::Udp,
             port,
@@ -457,6 +483,9 @@ impl Drop for Relay {
     fn drop(&mut self) {
         for (name, listener) in &self.listeners {
             listener.close();
+            if listener.protocol == Protocol::Udp {
+                self.udp_sessions.close_listener(listener.port);
+            }
             self.registry.remove(name);
         }
     }

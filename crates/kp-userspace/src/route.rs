@@ -35,6 +35,15 @@ pub struct Route {
     pub external: Arc<[SocketAddr]>,
     /// ClientIP session affinity timeout, when affinity is on.
     pub affinity_timeout: Option<Duration>,
+    /// Relay connections that no portal rule sent (their original
+    /// destination is not one of the addresses above, or conntrack does
+    /// not know them). Only loopback tests and benchmarks, which connect
+    /// straight to the listener, turn this on: a route built from a
+    /// Service refuses them, because the listener's port is open on every
+    /// address of the node and would otherwise reach the endpoints around
+    /// the Service's rules (ClusterIP-only Services from outside the node,
+    /// load balancer endpoints from outside `loadBalancerSourceRanges`).
+    pub accept_unredirected: bool,
 }
 
 /// Which traffic a connection is, by the address it was sent to.
@@ -51,6 +60,9 @@ pub enum TrafficKind {
 pub enum Denied {
     /// The client is outside `loadBalancerSourceRanges`.
     SourceRange,
+    /// No portal rule sent the connection: it was sent straight to the
+    /// listener's port, or to an address of no portal of this service port.
+    NotRedirected,
 }
 
 impl Route {
@@ -89,15 +101,20 @@ impl Route {
             internal,
             external,
             affinity_timeout: port.session_affinity_timeout,
+            accept_unredirected: false,
         }
     }
 
-    /// Whether the address a connection was sent to matters: internal and
-    /// external traffic have different endpoints, or the load balancer IPs
-    /// are limited to some sources. Otherwise the relay need not ask
-    /// conntrack (a system call per connection).
+    /// Whether the address a connection was sent to matters: always for a
+    /// Service's route (only redirected connections are relayed); for a
+    /// route that accepts connections straight to the listener, when
+    /// internal and external traffic have different endpoints or the load
+    /// balancer IPs are limited to some sources. Otherwise the relay need
+    /// not ask conntrack (a system call per connection).
     pub fn needs_classification(&self) -> bool {
-        self.internal != self.external || !self.source_ranges.is_empty()
+        !self.accept_unredirected
+            || self.internal != self.external
+            || !self.source_ranges.is_empty()
     }
 
     /// Whether any traffic has an endpoint to go to.
@@ -106,15 +123,25 @@ impl Route {
     }
 
     /// Classifies a connection from `client` by the address it was first
-    /// sent to (`original_destination`, from conntrack; `None` when it was
-    /// not redirected, e.g. a client connecting to the proxy's port).
+    /// sent to (`original_destination`, from conntrack; `None` when
+    /// conntrack does not know it). Only the addresses the portal rules
+    /// redirect are allowed: the ClusterIP, external and load balancer IPs
+    /// at the service port, and the NodePort (the rule matched a local
+    /// address). Anything else was sent straight to the listener's port
+    /// and is [`Denied::NotRedirected`], unless the route
+    /// [accepts that](Self::accept_unredirected).
     pub fn classify(
         &self,
         original_destination: Option<SocketAddr>,
         client: IpAddr,
     ) -> Result<TrafficKind, Denied> {
+        let unredirected = if self.accept_unredirected {
+            Ok(TrafficKind::Internal)
+        } else {
+            Err(Denied::NotRedirected)
+        };
         let Some(destination) = original_destination else {
-            return Ok(TrafficKind::Internal);
+            return unredirected;
         };
         if destination == self.cluster {
             return Ok(TrafficKind::Internal);
@@ -135,7 +162,7 @@ impl Route {
         if Some(destination.port()) == self.node_port {
             return Ok(TrafficKind::External);
         }
-        Ok(TrafficKind::Internal)
+        unredirected
     }
 
     /// The endpoints for `kind` of traffic.
@@ -146,8 +173,9 @@ impl Route {
         }
     }
 
-    /// A route with the same endpoints for internal and external traffic
-    /// and nothing else set: what loopback tests and benchmarks relay to.
+    /// A route with the same endpoints for internal and external traffic,
+    /// accepting connections straight to the listener, and nothing else
+    /// set: what loopback tests and benchmarks relay to.
     pub fn to_endpoints(endpoints: &[SocketAddr]) -> Self {
         let list: Arc<[SocketAddr]> = endpoints.into();
         Self {
@@ -159,6 +187,7 @@ impl Route {
             internal: Arc::clone(&list),
             external: list,
             affinity_timeout: None,
+            accept_unredirected: true,
         }
     }
 }

@@ -107,11 +107,6 @@ fn connections_are_classified_by_the_address_they_were_sent_to() {
         Ok(TrafficKind::Internal)
     );
     assert_eq!(
-        route.classify(None, allowed),
-        Ok(TrafficKind::Internal),
-        "not redirected"
-    );
-    assert_eq!(
         route.classify(at("192.168.99.2:30080"), allowed),
         Ok(TrafficKind::External)
     );
@@ -122,6 +117,34 @@ fn connections_are_classified_by_the_address_they_were_sent_to() {
     assert_eq!(
         route.classify(at("203.0.113.9:80"), allowed),
         Ok(TrafficKind::External)
+    );
+}
+
+#[test]
+fn connections_no_portal_rule_sent_are_refused() {
+    let route = Route::from_state(&state(port(|_| {})));
+    let anyone = client("192.168.99.10");
+    for (destination, what) in [
+        (None, "unknown to conntrack"),
+        (at("192.168.99.2:41234"), "straight to the listener's port"),
+        (at("10.96.0.10:81"), "the ClusterIP at another port"),
+        (
+            at("203.0.113.9:41234"),
+            "the load balancer IP at another port",
+        ),
+        (at("203.0.113.5:8080"), "an external IP at another port"),
+    ] {
+        assert_eq!(
+            route.classify(destination, anyone),
+            Err(Denied::NotRedirected),
+            "{what}"
+        );
+    }
+    let test_route = Route::to_endpoints(&addrs(&[LOCAL]));
+    assert_eq!(
+        test_route.classify(None, anyone),
+        Ok(TrafficKind::Internal),
+        "a loopback test's route takes them"
     );
 }
 
@@ -161,21 +184,33 @@ fn affinity_timeout_comes_from_the_service_port() {
 }
 
 #[test]
-fn the_original_destination_is_only_asked_for_when_it_decides_something() {
+fn a_services_route_always_asks_for_the_original_destination() {
     let plain = Route::from_state(&state(port(|p| p.load_balancer_source_ranges.clear())));
+    assert!(
+        plain.needs_classification(),
+        "only redirected connections are relayed"
+    );
+}
+
+#[test]
+fn a_loopback_route_asks_for_the_original_destination_only_when_it_decides_something() {
+    let plain = Route::to_endpoints(&addrs(&[LOCAL]));
     assert!(
         !plain.needs_classification(),
         "same endpoints for all, no source ranges"
     );
-    let ranges = Route::from_state(&state(port(|_| {})));
+    let ranges = Route {
+        source_ranges: vec!["192.168.99.10/32".parse().unwrap()],
+        ..plain.clone()
+    };
     assert!(
         ranges.needs_classification(),
         "the source ranges need the destination"
     );
-    let local = Route::from_state(&state(port(|p| {
-        p.load_balancer_source_ranges.clear();
-        p.external_policy_local = true;
-    })));
+    let local = Route {
+        external: Arc::from(addrs(&[LOCAL, REMOTE])),
+        ..plain
+    };
     assert!(
         local.needs_classification(),
         "external traffic has its own endpoints"

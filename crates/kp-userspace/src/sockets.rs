@@ -9,7 +9,9 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use nix::sys::socket::{getsockopt, setsockopt, sockopt, SockaddrIn, SockaddrIn6};
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+
+use crate::{TCP_KEEPALIVE, TCP_KEEPALIVE_PROBES};
 
 /// Listen backlog of every TCP listener: as deep as the kernel allows
 /// (`net.core.somaxconn` caps it), so bursts of connections queue instead
@@ -64,6 +66,18 @@ pub fn bind_tcp_group(addr: SocketAddr, count: usize) -> io::Result<Vec<Socket>>
         group.push(socket);
     }
     Ok(group)
+}
+
+/// Turns on TCP keepalive with [`TCP_KEEPALIVE`] idle time and interval
+/// and [`TCP_KEEPALIVE_PROBES`] probes (`SO_KEEPALIVE`, `TCP_KEEPIDLE`,
+/// `TCP_KEEPINTVL`, `TCP_KEEPCNT`). Set on a listening socket, it is
+/// handed on to every connection accepted from it.
+pub fn set_keepalive(socket: &impl AsFd) -> io::Result<()> {
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE)
+        .with_interval(TCP_KEEPALIVE)
+        .with_retries(TCP_KEEPALIVE_PROBES);
+    SockRef::from(socket).set_tcp_keepalive(&keepalive)
 }
 
 /// A UDP socket bound to `addr`, non-blocking, without `SO_REUSEADDR`

@@ -15,12 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::balancer::Balancer;
 use crate::copy::relay;
 use crate::route::TrafficKind;
-use crate::sockets::{original_destination, reset};
+use crate::sockets::{original_destination, reset, set_keepalive};
 use crate::stats::ConnectionStats;
 use crate::RelayOptions;
 
@@ -113,6 +113,7 @@ impl Connection {
             &endpoint,
             self.options.buffer_size,
             self.options.splice,
+            self.options.tcp_idle_timeout,
         )
         .await
         {
@@ -141,7 +142,7 @@ impl Connection {
                 }
                 None => return None,
             };
-            match tokio::time::timeout(*timeout, TcpStream::connect(endpoint)).await {
+            match tokio::time::timeout(*timeout, connect(endpoint)).await {
                 Ok(Ok(stream)) => return Some(stream),
                 Ok(Err(error)) => {
                     tracing::debug!(client = %peer, %endpoint, %error, "endpoint refused; trying the next one");
@@ -155,4 +156,17 @@ impl Connection {
         }
         None
     }
+}
+
+/// Connects to `endpoint` from a socket that sends keepalive probes (the
+/// client's side has them from the listener: Linux hands them on to
+/// accepted sockets), so that a vanished endpoint ends the connection.
+async fn connect(endpoint: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = if endpoint.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    set_keepalive(&socket)?;
+    socket.connect(endpoint).await
 }

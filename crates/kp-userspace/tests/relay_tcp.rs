@@ -338,3 +338,57 @@ async fn an_endpoint_that_ends_first_and_a_client_that_ends_last_both_see_the_en
         "the client's last bytes and then its end reach the endpoint"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_idle_past_the_idle_timeout_is_ended_and_an_active_one_is_not() {
+    let ep1 = tcp_endpoint("ep1").await;
+    let mut relay = relay(RelayOptions {
+        tcp_idle_timeout: Duration::from_millis(400),
+        ..quick_options()
+    });
+    let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
+
+    // Talking every 100 ms for well past the timeout keeps it open.
+    let mut active = Client::open(addr).await.unwrap();
+    for round in 0..12 {
+        let line = format!("round {round}");
+        assert_eq!(active.echo(&line).await, line);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Saying nothing ends it: the relay resets both sides.
+    let idle = Client::open(addr).await.unwrap();
+    let ended = idle.wait_for_end().await;
+    assert!(ended, "the idle connection was ended within {DEADLINE:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_of_a_relayed_connection_send_keepalive_probes() {
+    common::require_ss();
+    let ep1 = tcp_endpoint("ep1").await;
+    let mut relay = relay(quick_options());
+    let addr = serve_tcp(&mut relay, "web", Route::to_endpoints(&[ep1]));
+    let _client = Client::open(addr).await.unwrap();
+
+    let sockets = common::established_sockets();
+    let with = |column: usize, addr: SocketAddr| {
+        sockets
+            .iter()
+            .find(|line| line.split_whitespace().nth(column) == Some(&addr.to_string()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no socket with {addr} in column {column}:\n{}",
+                    sockets.join("\n")
+                )
+            })
+    };
+    // Columns: Recv-Q, Send-Q, local address, peer address, timer.
+    let relay_side = with(2, addr);
+    let endpoint_side = with(3, ep1);
+    for (side, line) in [("client", relay_side), ("endpoint", endpoint_side)] {
+        assert!(
+            line.contains("timer:(keepalive,"),
+            "the relay's socket towards the {side} has keepalive on: {line}"
+        );
+    }
+}

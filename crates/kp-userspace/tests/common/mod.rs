@@ -207,3 +207,33 @@ pub async fn wait_refused(addr: SocketAddr) -> bool {
     }
     false
 }
+
+impl Client {
+    /// Waits up to [`DEADLINE`] for the relay to end the connection (end of
+    /// stream or reset); false when it stays open.
+    pub async fn wait_for_end(mut self) -> bool {
+        let mut rest = Vec::new();
+        tokio::time::timeout(DEADLINE, self.reader.read_to_end(&mut rest))
+            .await
+            .is_ok()
+    }
+}
+
+/// Fails the test unless `ss` (iproute2) can be run.
+pub fn require_ss() {
+    let found = std::process::Command::new("ss").arg("-V").output().is_ok();
+    assert!(found, "this test needs ss from iproute2");
+}
+
+/// `ss -tnoH state established`: the established TCP sockets of this
+/// namespace with their timers, one line each.
+pub fn established_sockets() -> Vec<String> {
+    let output = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| format!("{} ", line.split_whitespace().collect::<Vec<_>>().join(" ")))
+        .collect()
+}

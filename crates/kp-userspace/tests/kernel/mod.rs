@@ -22,7 +22,7 @@ use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncOutcome};
 use kp_testkit::builders::endpoint_slice;
 use kp_testkit::netns::{require_root, require_tool, Topology, TopologyBuilder};
 use kp_testkit::plan::{self, NODE_NAME, OTHER_NODE_NAME};
-use kp_userspace::{RelayOptions, UserspaceBackend};
+use kp_userspace::{JumpCheck, RelayOptions, UserspaceBackend};
 
 /// The port every pod's echo servers listen on (TCP).
 pub const POD_TCP_PORT: u16 = 8080;
@@ -85,6 +85,20 @@ impl<'t> Proxy<'t> {
     /// A proxy for `family` on the topology's node, applying portal rules
     /// with `flavor`; the sources have delivered their first lists.
     pub fn start(topology: &'t Topology, flavor: IptablesFlavor, family: IpFamily) -> Self {
+        let options = RelayOptions {
+            dial_timeouts: vec![Duration::from_millis(300); 3],
+            ..RelayOptions::default()
+        };
+        Self::start_with(topology, flavor, family, options)
+    }
+
+    /// [`Proxy::start`] with the relay's `options`.
+    pub fn start_with(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        options: RelayOptions,
+    ) -> Self {
         // Built on a thread of the node namespace, the runtime's worker
         // threads are born there too.
         let runtime = topology.node().run(|| {
@@ -94,12 +108,9 @@ impl<'t> Proxy<'t> {
                 .build()
                 .unwrap()
         });
-        let options = RelayOptions {
-            dial_timeouts: vec![Duration::from_millis(300); 3],
-            ..RelayOptions::default()
-        };
         let applier = Box::new(SystemApplier::new(flavor));
-        let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier);
+        let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier)
+            .with_jump_check(JumpCheck::for_flavor(flavor));
         let config = ProxierConfig {
             family,
             node: NodeInfo {
