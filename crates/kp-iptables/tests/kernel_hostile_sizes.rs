@@ -39,7 +39,7 @@ fn ten_thousand_ipv6_source_ranges_admit_one_client_and_drop_another() {
     let topology = build(three_pods());
     let proxy = Proxy::start(&topology, flavor, IpFamily::V6);
     // 10,000 /128s around the first client's address, and the client.
-    let client = Ipv6Addr::from(topology.client_named("client").ip_v6());
+    let client = topology.client_named("client").ip_v6();
     let ranges = (0..SOURCE_RANGES as u128 - 1)
         .map(|i| format!("{}/128", Ipv6Addr::from(u128::from(client) + 0x1_0000 + i)))
         .chain([format!("{client}/128")]);
