@@ -388,7 +388,7 @@ impl NftablesBackend {
             }
             Err(error) => {
                 self.forget_kernel();
-                return Err(apply_error("committing the transaction", error).rejected());
+                return Err(rejected(error, request.service_ports));
             }
         }
         self.generation = Some(current);
@@ -506,7 +506,7 @@ impl Backend for NftablesBackend {
                 // whole), but someone else may have changed it behind the
                 // record (a deleted table fails a partial transaction).
                 self.forget_kernel();
-                return Err(apply_error("committing the transaction", error).rejected());
+                return Err(rejected(error, request.service_ports));
             }
         };
         if reset {
@@ -612,6 +612,66 @@ fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutc
         objects_written: stats.commands,
         cleanup_failures: 0,
     }
+}
+
+/// A transaction the kernel (or the encoder) refused, as the sync loop's
+/// [`BackendError::Rejected`], naming the Services whose lines were
+/// refused: the sync loop leaves those out of the next syncs, so that the
+/// others are programmed.
+fn rejected(
+    error: ApplyError,
+    service_ports: &std::collections::BTreeMap<
+        kp_model::ServicePortName,
+        kp_sync::ServicePortState,
+    >,
+) -> BackendError {
+    let services: BTreeSet<NamespacedName> = error
+        .refused_lines()
+        .into_iter()
+        .filter_map(|line| {
+            crate::names::service_of_line(line).or_else(|| service_of_address(line, service_ports))
+        })
+        .collect();
+    match apply_error("committing the transaction", error).rejected() {
+        BackendError::Rejected {
+            mode,
+            attempted,
+            source,
+            ..
+        } => BackendError::Rejected {
+            mode,
+            attempted,
+            services,
+            source,
+        },
+        other => other,
+    }
+}
+
+/// The Service whose address an element line's key starts with
+/// (`add element … cluster-ips { 10.96.0.10 }`): elements of the fixed sets
+/// name no chain and have no comment.
+fn service_of_address(
+    line: &str,
+    service_ports: &std::collections::BTreeMap<
+        kp_model::ServicePortName,
+        kp_sync::ServicePortState,
+    >,
+) -> Option<NamespacedName> {
+    if !line.starts_with("add element ") && !line.starts_with("delete element ") {
+        return None;
+    }
+    let key = line.split_once("{ ")?.1;
+    let address: IpAddr = key.split([' ', ',']).next()?.parse().ok()?;
+    service_ports
+        .iter()
+        .find(|(_, state)| {
+            let port = &state.port;
+            port.cluster_ip == address
+                || port.external_ips.contains(&address)
+                || port.load_balancer_ips.contains(&address)
+        })
+        .map(|(name, _)| name.service.clone())
 }
 
 /// What to install when `nft` is missing.
