@@ -1,0 +1,295 @@
+//! Kernel tests with the largest inputs the API server accepts, each next
+//! to an ordinary Service that must keep working: thousands of
+//! `loadBalancerSourceRanges` (both families), a thousand endpoints behind
+//! one Service, a hundred external IPs, two hundred ports. After each sync
+//! the kernel's state is read back with `nft` and real packets prove it.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/web, http 80/TCP | ClusterIP 10.96.0.10, endpoint ep1 (the ordinary Service) |
+//! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoint ep1 |
+//! | ns1/lb, http 80/TCP | LoadBalancer 203.0.113.10 (2001:db8:203:113::10), many source ranges and client2's address, endpoint ep2 |
+//! | ns1/big, http 80/TCP | ClusterIP 10.96.0.20, 1,000 endpoints 10.244.8.0 … (all answered by ep1) |
+//! | ns1/ext, http 80/TCP | ClusterIP 10.96.0.21, external IPs 203.0.113.100 … 203.0.113.199, endpoint ep2 |
+//! | ns1/ports, p0 … p199 1000 … 1199/TCP | ClusterIP 10.96.0.22, endpoint ep2 |
+//!
+//! Source ranges that are not the clients' come from 100.64.0.0/10 and
+//! fc00:aaaa::/32, which nothing in the topology uses; they sort before the
+//! clients' addresses, so a set cut short would lose client2's range.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::core::v1::Service;
+use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy, POD_TCP_PORT};
+use kp_model::IpFamily;
+use kp_testkit::builders::{endpoint_slice, service};
+use kp_testkit::netns::{connect, Topology};
+use kp_testkit::plan::{self, NODE_NAME};
+
+/// `count` disjoint, non-adjacent source ranges of `family` that hold no
+/// address of the topology.
+fn foreign_ranges(family: IpFamily, count: u32) -> Vec<String> {
+    (0..count)
+        .map(|i| match family {
+            IpFamily::V4 => format!("100.{}.{}.0/25", 64 + i / 256, i % 256),
+            IpFamily::V6 => format!("fc00:aaaa:{:x}::/48", 2 * i),
+        })
+        .collect()
+}
+
+/// `ns1/lb`: a LoadBalancer Service of `family` admitting `ranges` and
+/// client2's address.
+fn load_balancer(family: IpFamily, ranges: &[String]) -> Service {
+    service("ns1", "lb", |s| {
+        let mut s = s.service_type("LoadBalancer").port("http", 80, "TCP");
+        s = match family {
+            IpFamily::V4 => s
+                .cluster_ip("10.96.0.16")
+                .lb_ingress_ip("203.0.113.10")
+                .lb_source_range(format!("{}/32", plan::SECOND_CLIENT_IP)),
+            IpFamily::V6 => s
+                .ip_families(&["IPv6"])
+                .cluster_ip("fd00:10:96::16")
+                .lb_ingress_ip("2001:db8:203:113::10")
+                .lb_source_range(format!("{}/128", plan::SECOND_CLIENT_IP_V6)),
+        };
+        for range in ranges {
+            s = s.lb_source_range(range);
+        }
+        s
+    })
+}
+
+/// `ns1/web` (or `ns1/web6`), ClusterIP → ep1.
+fn ordinary(
+    topology: &Topology,
+    family: IpFamily,
+) -> (Service, k8s_openapi::api::discovery::v1::EndpointSlice) {
+    match family {
+        IpFamily::V4 => (
+            service("ns1", "web", |s| {
+                s.cluster_ip("10.96.0.10").port("http", 80, "TCP")
+            }),
+            slice("web", &[pod_ip(topology, "ep1")], &[]),
+        ),
+        IpFamily::V6 => (
+            service("ns1", "web6", |s| {
+                s.ip_families(&["IPv6"])
+                    .cluster_ip("fd00:10:96::10")
+                    .port("http", 80, "TCP")
+            }),
+            slice("web6", &[pod_ip_v6(topology, "ep1")], &[]),
+        ),
+    }
+}
+
+/// The ordinary Service answers from ep1 (from pod ep2: an IPv6 ClusterIP
+/// is not routed from the clients).
+#[track_caller]
+fn assert_ordinary_answers(topology: &Topology, family: IpFamily) {
+    let (from, addr) = match family {
+        IpFamily::V4 => (topology.client(), at("10.96.0.10", 80)),
+        IpFamily::V6 => (topology.pod("ep2"), at("fd00:10:96::10", 80)),
+    };
+    let reply = connect(from, addr).unwrap_or_else(|e| panic!("{addr} does not answer: {e:?}"));
+    assert_eq!(reply.backend, "ep1");
+}
+
+/// The kernel holds this family's table, and `nft` (the Debian program
+/// installed here) can list it.
+#[track_caller]
+fn assert_table_listed(proxy: &Proxy<'_>) -> String {
+    let family = match proxy.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let out = proxy
+        .topology
+        .node()
+        .exec("nft", &["list", "table", family, "kube-proxy"]);
+    assert!(
+        out.status.success(),
+        "nft list table {family} kube-proxy failed after a sync that reported success: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Source ranges on one LoadBalancer Service, next to an ordinary one:
+/// client2 (inside a range) reaches it, client (outside every range) is
+/// dropped, and the ordinary Service answers.
+fn source_ranges_are_programmed(family: IpFamily, count: u32) {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, family);
+    let (web, web_slice) = ordinary(&topology, family);
+    let lb_endpoint = match family {
+        IpFamily::V4 => pod_ip(&topology, "ep2"),
+        IpFamily::V6 => pod_ip_v6(&topology, "ep2"),
+    };
+    proxy.apply(
+        &[web, load_balancer(family, &foreign_ranges(family, count))],
+        &[web_slice, slice("lb", &[lb_endpoint], &[])],
+    );
+    proxy.sync();
+
+    let listing = assert_table_listed(&proxy);
+    // Only the foreign ranges are written so.
+    let foreign = match family {
+        IpFamily::V4 => ".0/25",
+        IpFamily::V6 => "fc00:aaaa:",
+    };
+    assert_eq!(
+        listing.matches(foreign).count(),
+        count as usize,
+        "every range is in the kernel"
+    );
+    assert_ordinary_answers(&topology, family);
+    let lb = match family {
+        IpFamily::V4 => at("203.0.113.10", 80),
+        IpFamily::V6 => at("2001:db8:203:113::10", 80),
+    };
+    let allowed = connect(topology.client_named("client2"), lb);
+    assert_eq!(allowed.unwrap().backend, "ep2", "client2 is inside a range");
+    let denied = connect(topology.client_named("client"), lb);
+    assert!(
+        matches!(&denied, Err(e) if e.is_timeout()),
+        "client is outside every range and must be dropped: {denied:?}"
+    );
+}
+
+#[test]
+fn three_thousand_ipv4_source_ranges_leave_every_other_service_working() {
+    // The size that made the table silently never appear.
+    source_ranges_are_programmed(IpFamily::V4, 3_000);
+}
+
+#[test]
+fn ten_thousand_ipv4_source_ranges_are_programmed() {
+    source_ranges_are_programmed(IpFamily::V4, 10_000);
+}
+
+#[test]
+fn ten_thousand_ipv6_source_ranges_are_programmed() {
+    source_ranges_are_programmed(IpFamily::V6, 10_000);
+}
+
+#[test]
+fn a_thousand_endpoints_behind_one_service_all_answer() {
+    require();
+    let topology = build(three_pods());
+    // ep1 answers on every address of 10.244.8.0/22 (its echo servers
+    // listen on the wildcard address), and the node routes them to it.
+    let ep1 = topology.pod("ep1");
+    ep1.netns()
+        .ip(&["route", "add", "local", "10.244.8.0/22", "dev", "lo"])
+        .unwrap();
+    topology
+        .node()
+        .ip(&["route", "add", "10.244.8.0/22", "dev", ep1.node_interface()])
+        .unwrap();
+    let endpoints: Vec<IpAddr> = (0..1_000u32)
+        .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 8, 0)) + i)))
+        .collect();
+    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    proxy.apply(
+        &[
+            web,
+            service("ns1", "big", |s| {
+                s.cluster_ip("10.96.0.20").port("http", 80, "TCP")
+            }),
+        ],
+        &[web_slice, slice("big", &endpoints, &[])],
+    );
+    proxy.sync();
+
+    let listing = assert_table_listed(&proxy);
+    let chains = listing
+        .lines()
+        .filter(|line| {
+            line.trim_start().starts_with("chain endpoint-") && line.contains("ns1/big/")
+        })
+        .count();
+    assert_eq!(chains, 1_000, "one chain per endpoint");
+    assert_ordinary_answers(&topology, IpFamily::V4);
+    // Endpoint i of n is picked with probability 1/(n-i): 999 choices,
+    // then the last endpoint.
+    assert_eq!(listing.matches("numgen random mod").count(), 999);
+    for _ in 0..40 {
+        let reply = connect(topology.client(), at("10.96.0.20", 80)).unwrap();
+        assert_eq!(reply.backend, "ep1");
+    }
+}
+
+#[test]
+fn a_hundred_external_ips_all_answer() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    proxy.apply(
+        &[
+            web,
+            service("ns1", "ext", |s| {
+                let mut s = s.cluster_ip("10.96.0.21").port("http", 80, "TCP");
+                for i in 100..200 {
+                    s = s.external_ip(format!("203.0.113.{i}"));
+                }
+                s
+            }),
+        ],
+        &[web_slice, slice("ext", &[pod_ip(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+
+    let listing = assert_table_listed(&proxy);
+    assert_eq!(listing.matches("203.0.113.").count(), 100, "{listing}");
+    assert_ordinary_answers(&topology, IpFamily::V4);
+    for i in [100, 101, 150, 198, 199] {
+        let reply = connect(topology.client(), at(&format!("203.0.113.{i}"), 80));
+        assert_eq!(reply.unwrap().backend, "ep2", "external IP 203.0.113.{i}");
+    }
+}
+
+#[test]
+fn two_hundred_ports_on_one_service_all_answer() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    let ports = service("ns1", "ports", |s| {
+        let mut s = s.cluster_ip("10.96.0.22");
+        for i in 0..200 {
+            s = s.port(&format!("p{i}"), 1000 + i, "TCP");
+        }
+        s
+    });
+    let ep2 = pod_ip(&topology, "ep2");
+    let ports_slice = endpoint_slice("ns1", "ports-1", "ports", |s| {
+        let mut s = s.address_type("IPv4");
+        for i in 0..200 {
+            s = s.port(&format!("p{i}"), i32::from(POD_TCP_PORT), "TCP");
+        }
+        s.endpoint(ep2, |e| e.ready(true).node(NODE_NAME))
+    });
+    proxy.apply(&[web, ports], &[web_slice, ports_slice]);
+    proxy.sync();
+
+    let listing = assert_table_listed(&proxy);
+    let chains = listing
+        .lines()
+        .filter(|line| {
+            line.trim_start().starts_with("chain service-") && line.contains("ns1/ports/")
+        })
+        .count();
+    assert_eq!(chains, 200, "one service chain per port");
+    assert_ordinary_answers(&topology, IpFamily::V4);
+    for port in [1000, 1001, 1100, 1198, 1199] {
+        let reply = connect(topology.client(), at("10.96.0.22", port));
+        assert_eq!(reply.unwrap().backend, "ep2", "port {port}");
+    }
+}
