@@ -258,7 +258,7 @@ impl NetlinkApplier {
             .map_err(io::Error::from)?;
         }
         socket.send(&batch.bytes, 0)?;
-        let mut answers = Answers::new(begin_seq, batch.acked.len());
+        let mut answers = Answers::new(begin_seq, &batch.acked);
         let mut buffer = vec![0u8; RECEIVE_BUFFER_BYTES];
         loop {
             let complete = answers.complete();
@@ -280,10 +280,10 @@ impl NetlinkApplier {
 /// The kernel's answers to one batch.
 #[derive(Debug)]
 struct Answers {
-    /// Sequence number of the batch's begin message; its messages follow.
+    /// Sequence number of the batch's begin message.
     begin_seq: u32,
-    /// Messages that asked for an answer.
-    messages: usize,
+    /// The messages that asked for an answer.
+    expected: std::collections::HashSet<u32>,
     /// `(seq, errno)` of every answer, in order (errno 0: acknowledged).
     replies: Vec<(u32, i32)>,
     /// The messages answered.
@@ -293,19 +293,20 @@ struct Answers {
 }
 
 impl Answers {
-    fn new(begin_seq: u32, messages: usize) -> Self {
+    fn new(begin_seq: u32, acked: &[u32]) -> Self {
         Self {
             begin_seq,
-            messages,
-            replies: Vec::with_capacity(messages),
-            answered: std::collections::HashSet::with_capacity(messages),
+            expected: acked.iter().copied().collect(),
+            replies: Vec::with_capacity(acked.len()),
+            answered: std::collections::HashSet::with_capacity(acked.len()),
             refused_whole: false,
         }
     }
 
-    /// Every message is answered, or the batch was refused as a whole.
+    /// Every message that asked is answered, or the batch was refused as a
+    /// whole.
     fn complete(&self) -> bool {
-        self.refused_whole || self.answered.len() == self.messages
+        self.refused_whole || self.answered.len() == self.expected.len()
     }
 
     /// Reads one datagram of `received` bytes (as `MSG_TRUNC` reports
@@ -321,10 +322,9 @@ impl Answers {
         let before = self.replies.len();
         msg::parse_replies(&buffer[..received], &mut self.replies);
         for (seq, code) in &self.replies[before..] {
-            let index = seq.wrapping_sub(self.begin_seq) as usize;
-            if index == 0 {
+            if *seq == self.begin_seq {
                 self.refused_whole |= *code != 0;
-            } else if index <= self.messages {
+            } else if self.expected.contains(seq) {
                 self.answered.insert(*seq);
             }
         }
@@ -371,12 +371,12 @@ impl Answers {
                 });
             }
         }
-        if self.answered.len() < self.messages {
+        if self.answered.len() < self.expected.len() {
             return Err(ApplyError::NotApplied {
                 reason: format!(
-                    "the kernel answered {} of the {} messages of the transaction",
+                    "the kernel answered {} of the {} messages of the transaction that asked for an answer",
                     self.answered.len(),
-                    self.messages
+                    self.expected.len()
                 ),
             });
         }
@@ -384,6 +384,10 @@ impl Answers {
     }
 }
 
+/// Batches of at most this many messages ask for an acknowledgement of
+/// each (about 8 MiB of answers at most); larger ones of their last
+/// message only ([`Batch::ask_acks`]).
+const ACKED_MESSAGES_MAX: usize = 8192;
 /// Receive buffer space wanted per message of a batch, for its answer.
 const ANSWER_BUFFER_BYTES: usize = 1024;
 /// Bytes read at once: answers are acknowledgements without the message
@@ -542,11 +546,12 @@ impl NetlinkApplier {
         encoder
             .encode(&mut batch, text)
             .map_err(|(line, content, error)| encode_error(line, content, error))?;
-        if batch.acked.is_empty() {
+        if batch.messages() == 0 {
             // Nothing to commit: an empty partial sync.
             return Ok(());
         }
         let begin_seq = self.next_seq;
+        batch.ask_acks(ACKED_MESSAGES_MAX);
         batch.finish();
         self.next_seq = batch.next_seq.wrapping_add(1);
         let expected = Expected::of(text);

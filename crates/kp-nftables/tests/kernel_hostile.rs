@@ -12,6 +12,7 @@
 //! | ns1/big, http 80/TCP | ClusterIP 10.96.0.20, 1,000 endpoints 10.244.8.0 … (all answered by ep1) |
 //! | ns1/ext, http 80/TCP | ClusterIP 10.96.0.21, external IPs 203.0.113.100 … 203.0.113.199, endpoint ep2 |
 //! | ns1/ports, p0 … p199 1000 … 1199/TCP | ClusterIP 10.96.0.22, endpoint ep2 |
+//! | ns1/many0 … many1499, http 80/TCP | ClusterIPs 10.96.1.0 …, one endpoint each on node-2, 10.244.16.0 … (no host) |
 //!
 //! Source ranges that are not the clients' come from 100.64.0.0/10 and
 //! fc00:aaaa::/32, which nothing in the topology uses; they sort before the
@@ -292,4 +293,39 @@ fn two_hundred_ports_on_one_service_all_answer() {
         let reply = connect(topology.client(), at("10.96.0.22", port));
         assert_eq!(reply.unwrap().backend, "ep2", "port {port}");
     }
+}
+
+#[test]
+fn a_transaction_of_more_messages_than_are_acknowledged_one_by_one_is_applied() {
+    // 1,500 Service ports are some 20,000 messages, in transactions of
+    // (at least one) more messages than are acknowledged one by one: only
+    // the last message of such a batch asks for an answer (and a refused
+    // one is answered anyway).
+    require();
+    let topology = build(three_pods());
+    let mut backend = kernel::netlink_backend_v4();
+    let node = kernel::node_v4();
+    let mut ports = kernel::web_and_fillers(pod_ip(&topology, "ep1"), 0);
+    for n in 0..1_500u32 {
+        let (name, state) = kp_sync::testing::service(
+            "ns1",
+            &format!("many{n}"),
+            &format!("10.96.{}.{}", 1 + n / 256, n % 256),
+            80,
+        )
+        .remote_endpoint(
+            &format!("10.244.{}.{}", 16 + n / 256, n % 256),
+            POD_TCP_PORT,
+        )
+        .build();
+        ports.insert(name, state);
+    }
+    let outcome = kernel::sync_backend(&topology, &mut backend, IpFamily::V4, &node, &ports, true);
+    assert!(outcome.objects_written > 8_192, "{outcome:?}");
+    assert_eq!(
+        connect(topology.client(), at("10.96.0.10", 80))
+            .unwrap()
+            .backend,
+        "ep1"
+    );
 }

@@ -78,9 +78,12 @@ pub struct Batch {
     pub bytes: Vec<u8>,
     /// Sequence number of the next message.
     pub next_seq: u32,
-    /// Messages that ask for an acknowledgement (every one but the batch
-    /// markers), by sequence number, in order.
+    /// Messages that ask for an acknowledgement, by sequence number, in
+    /// order ([`Batch::ask_acks`]).
     pub acked: Vec<u32>,
+    /// Start and sequence number of every nf_tables message (not the batch
+    /// markers), in order.
+    starts: Vec<(usize, u32)>,
     /// Start of the message being built.
     current: usize,
     /// Open nested attributes (their start offsets and types).
@@ -135,17 +138,42 @@ impl Batch {
     }
 
     /// Starts an nf_tables message of `kind` for `family`
-    /// (`NFPROTO_IPV4`/`NFPROTO_IPV6`), asking for an acknowledgement, so
-    /// that the kernel answers every message of the batch; returns its
-    /// sequence number.
+    /// (`NFPROTO_IPV4`/`NFPROTO_IPV6`); returns its sequence number.
     pub fn begin(&mut self, kind: Kind, family: u8, flags: u16) -> u32 {
+        let start = self.bytes.len();
         let seq = self.begin_raw(
             (SUBSYS_NFTABLES << 8) | kind as u16,
-            F_REQUEST | F_ACK | flags,
+            F_REQUEST | flags,
             family,
         );
-        self.acked.push(seq);
+        self.starts.push((start, seq));
         seq
+    }
+
+    /// The nf_tables messages written (not counting the batch markers).
+    pub fn messages(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Asks for an acknowledgement of every message when there are at most
+    /// `max`, otherwise of the last one only (the kernel answers a refused
+    /// message whatever its flags, and it answers the last one only after
+    /// reading every other): the kernel queues all answers at once, each
+    /// taking several hundred bytes of socket buffer, so a full sync of
+    /// 50,000 Service ports (some 750,000 messages) acknowledged message by
+    /// message would hold hundreds of megabytes of kernel memory.
+    pub fn ask_acks(&mut self, max: usize) {
+        let chosen = if self.starts.len() <= max {
+            &self.starts[..]
+        } else {
+            &self.starts[self.starts.len() - 1..]
+        };
+        for &(start, seq) in chosen {
+            let at = start + 6;
+            let flags = u16::from_ne_bytes([self.bytes[at], self.bytes[at + 1]]) | F_ACK;
+            self.bytes[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+            self.acked.push(seq);
+        }
     }
 
     fn begin_raw(&mut self, kind: u16, flags: u16, family: u8) -> u32 {

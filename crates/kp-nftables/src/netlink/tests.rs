@@ -72,6 +72,7 @@ fn encoded(text: &str) -> (Encoder, Batch) {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
     let mut batch = Batch::new(10, None);
     encoder.encode(&mut batch, text).unwrap();
+    batch.ask_acks(ACKED_MESSAGES_MAX);
     batch.finish();
     (encoder, batch)
 }
@@ -84,7 +85,7 @@ const THREE_LINES: &str = "add table ip kube-proxy\n\
 fn acknowledged_messages_are_applied_as_far_as_the_answers_tell() {
     let (encoder, batch) = encoded(THREE_LINES);
     assert_eq!(batch.acked, [11, 12, 13]);
-    let mut read = Answers::new(10, batch.acked.len());
+    let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (12, 0), (13, 0)]);
     read.read(&buf, buf.len()).unwrap();
     assert!(read.complete());
@@ -94,13 +95,13 @@ fn acknowledged_messages_are_applied_as_far_as_the_answers_tell() {
 #[test]
 fn a_message_left_unanswered_is_not_applied() {
     let (encoder, batch) = encoded(THREE_LINES);
-    let mut read = Answers::new(10, batch.acked.len());
+    let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (13, 0)]);
     read.read(&buf, buf.len()).unwrap();
     assert!(!read.complete(), "the answer to 12 is missing");
     let error = read.outcome(&encoder, THREE_LINES).unwrap_err();
     assert!(
-        matches!(&error, ApplyError::NotApplied { reason } if reason.contains("2 of the 3")),
+        matches!(&error, ApplyError::NotApplied { reason } if reason.contains("2 of the 3 messages")),
         "{error}"
     );
 }
@@ -108,7 +109,7 @@ fn a_message_left_unanswered_is_not_applied() {
 #[test]
 fn an_answer_cut_short_is_an_error_not_skipped() {
     // An answer longer than the buffer could have held a refusal.
-    let mut read = Answers::new(10, 1);
+    let mut read = Answers::new(10, &[11]);
     let buf = answers(&[(11, -22)]);
     let error = read.read(&buf[..20], buf.len()).unwrap_err();
     assert!(error.to_string().contains("was cut"), "{error}");
@@ -117,7 +118,7 @@ fn an_answer_cut_short_is_an_error_not_skipped() {
 #[test]
 fn every_refused_message_is_named_with_its_line() {
     let (encoder, batch) = encoded(THREE_LINES);
-    let mut read = Answers::new(10, batch.acked.len());
+    let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (12, -17), (13, -2)]);
     read.read(&buf, buf.len()).unwrap();
     match read.outcome(&encoder, THREE_LINES).unwrap_err() {
@@ -135,7 +136,7 @@ fn every_refused_message_is_named_with_its_line() {
 #[test]
 fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
     let (encoder, batch) = encoded(THREE_LINES);
-    let mut read = Answers::new(10, batch.acked.len());
+    let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(10, -12)]);
     read.read(&buf, buf.len()).unwrap();
     assert!(
@@ -147,7 +148,7 @@ fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
         error.to_string().contains("the batch as a whole"),
         "{error}"
     );
-    let mut moved = Answers::new(10, 3);
+    let mut moved = Answers::new(10, &[11, 12, 13]);
     let buf = answers(&[(10, -ERESTART)]);
     moved.read(&buf, buf.len()).unwrap();
     assert!(matches!(

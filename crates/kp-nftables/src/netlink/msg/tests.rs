@@ -147,6 +147,7 @@ fn every_message_but_the_batch_markers_asks_for_an_acknowledgement() {
     batch.end().unwrap();
     let second = batch.begin(Kind::NewChain, 2, F_CREATE);
     batch.end().unwrap();
+    batch.ask_acks(2);
     batch.finish();
     assert_eq!(batch.acked, [first, second]);
     assert_eq!(
@@ -163,6 +164,38 @@ fn every_message_but_the_batch_markers_asks_for_an_acknowledgement() {
         offset += len as usize;
     }
     assert_eq!(acks, [false, true, true, false]);
+}
+
+#[test]
+fn a_batch_of_more_messages_than_the_bound_asks_only_its_last() {
+    let mut batch = Batch::new(1, None);
+    for _ in 0..3 {
+        batch.begin(Kind::NewChain, 2, F_CREATE);
+        batch.end().unwrap();
+    }
+    batch.ask_acks(2);
+    batch.finish();
+    assert_eq!(batch.acked, [4]);
+    let acks: Vec<bool> = messages(&batch.bytes)
+        .map(|(_, seq, _)| seq)
+        .zip(flags_of(&batch.bytes))
+        .map(|(_, flags)| flags & F_ACK != 0)
+        .collect();
+    assert_eq!(acks, [false, false, false, true, false]);
+}
+
+/// The flags of every message in `bytes`, in order.
+fn flags_of(bytes: &[u8]) -> Vec<u16> {
+    let mut offset = 0;
+    let mut flags = Vec::new();
+    while offset < bytes.len() {
+        let len = u32::from_ne_bytes(bytes[offset..offset + 4].try_into().unwrap());
+        flags.push(u16::from_ne_bytes(
+            bytes[offset + 6..offset + 8].try_into().unwrap(),
+        ));
+        offset += len as usize;
+    }
+    flags
 }
 
 #[test]
