@@ -155,6 +155,17 @@ impl Batch {
         self.starts.len()
     }
 
+    /// Asks for an acknowledgement of the batch's begin message: for a batch
+    /// of no message, bound to a generation, whose answer is only whether
+    /// the generation still was that one.
+    pub fn ask_ack_begin(&mut self) {
+        let flags = u16::from_ne_bytes([self.bytes[6], self.bytes[7]]) | F_ACK;
+        self.bytes[6..8].copy_from_slice(&flags.to_ne_bytes());
+        let seq =
+            u32::from_ne_bytes([self.bytes[8], self.bytes[9], self.bytes[10], self.bytes[11]]);
+        self.acked.push(seq);
+    }
+
     /// Asks for an acknowledgement of every message when there are at most
     /// `max`, otherwise of the last one only (the kernel answers a refused
     /// message whatever its flags, and it answers the last one only after
