@@ -240,7 +240,13 @@ impl NetlinkApplier {
     /// the socket's buffer was full (`ENOBUFS`), could each have been the
     /// refusal of a message.
     fn send(&mut self, batch: &Batch, begin_seq: u32) -> io::Result<Answers> {
-        let answers_size = batch.acked.len().saturating_mul(ANSWER_BUFFER_BYTES);
+        // Never below the floor: the buffer also takes the answers to
+        // refused messages that did not ask, and to the read-back.
+        let answers_size = batch
+            .acked
+            .len()
+            .saturating_mul(ANSWER_BUFFER_BYTES)
+            .max(RECEIVE_BUFFER_MIN);
         let grow_receive_buffer = answers_size > self.receive_buffer;
         let socket = self.socket()?;
         let size = batch.bytes.len() + 4096;
@@ -393,6 +399,9 @@ impl Answers {
 /// each (about 8 MiB of answers at most); larger ones of their last
 /// message only ([`Batch::ask_acks`]).
 const ACKED_MESSAGES_MAX: usize = 8192;
+/// The smallest receive buffer set on the socket (the kernel's default is
+/// about 208 KiB): about 1,400 answers.
+const RECEIVE_BUFFER_MIN: usize = 1 << 20;
 /// Receive buffer space wanted per message of a batch, for its answer.
 const ANSWER_BUFFER_BYTES: usize = 1024;
 /// Bytes read at once: answers are acknowledgements without the message
