@@ -1,6 +1,6 @@
-//! Kernel tests with the largest inputs the API server accepts, each next
-//! to an ordinary Service that must keep working: thousands of
-//! `loadBalancerSourceRanges` (both families), a thousand endpoints behind
+//! Kernel tests with the largest inputs the API server accepts, in both
+//! families, each next to an ordinary Service that must keep working:
+//! thousands of `loadBalancerSourceRanges`, a thousand endpoints behind
 //! one Service, a hundred external IPs, two hundred ports. After each sync
 //! the kernel's state is read back with `nft` and real packets prove it.
 //!
@@ -9,9 +9,9 @@
 //! | ns1/web, http 80/TCP | ClusterIP 10.96.0.10, endpoint ep1 (the ordinary Service) |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoint ep1 |
 //! | ns1/lb, http 80/TCP | LoadBalancer 203.0.113.10 (2001:db8:203:113::10), many source ranges and client2's address, endpoint ep2 |
-//! | ns1/big, http 80/TCP | ClusterIP 10.96.0.20, 1,000 endpoints 10.244.8.0 … (all answered by ep1) |
-//! | ns1/ext, http 80/TCP | ClusterIP 10.96.0.21, external IPs 203.0.113.100 … 203.0.113.199, endpoint ep2 |
-//! | ns1/ports, p0 … p199 1000 … 1199/TCP | ClusterIP 10.96.0.22, endpoint ep2 |
+//! | ns1/big, http 80/TCP | ClusterIP 10.96.0.20 (fd00:10:96::20), 1,000 endpoints 10.244.8.0 … (fd00:10:244:8::1 …), all answered by ep1 |
+//! | ns1/ext, http 80/TCP | ClusterIP 10.96.0.21 (fd00:10:96::21), external IPs 203.0.113.100 … 203.0.113.199 (2001:db8:203:113::64 … ::c7), endpoint ep2 |
+//! | ns1/ports, p0 … p199 1000 … 1199/TCP | ClusterIP 10.96.0.22 (fd00:10:96::22), endpoint ep2 |
 //! | ns1/many0 … many1499, http 80/TCP | ClusterIPs 10.96.1.0 …, one endpoint each on node-2, 10.244.16.0 … (no host) |
 //!
 //! Source ranges that are not the clients' come from 100.64.0.0/10 and
@@ -21,7 +21,7 @@
 
 mod kernel;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::Service;
 use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy, POD_TCP_PORT};
@@ -178,30 +178,76 @@ fn ten_thousand_ipv6_source_ranges_are_programmed() {
     source_ranges_are_programmed(IpFamily::V6, 10_000);
 }
 
-#[test]
-fn a_thousand_endpoints_behind_one_service_all_answer() {
+/// The address of `pod` in `family`.
+fn pod_address(topology: &Topology, pod: &str, family: IpFamily) -> IpAddr {
+    match family {
+        IpFamily::V4 => pod_ip(topology, pod),
+        IpFamily::V6 => pod_ip_v6(topology, pod),
+    }
+}
+
+/// Where a ClusterIP of `family` is reached from: the client for IPv4, pod
+/// ep2 for IPv6 (an IPv6 ClusterIP is not routed from the clients).
+fn cluster_client(topology: &Topology, family: IpFamily) -> &kp_testkit::netns::Netns {
+    match family {
+        IpFamily::V4 => topology.client(),
+        IpFamily::V6 => topology.pod("ep2"),
+    }
+}
+
+fn a_thousand_endpoints_all_answer(family: IpFamily) {
     require();
     let topology = build(three_pods());
-    // ep1 answers on every address of 10.244.8.0/22 (its echo servers
-    // listen on the wildcard address), and the node routes them to it.
+    // ep1 answers on every address of a range of its own (its echo servers
+    // listen on the wildcard address), and the node routes it to ep1.
+    let (range, endpoints, cluster_ip): (&str, Vec<IpAddr>, &str) = match family {
+        IpFamily::V4 => (
+            "10.244.8.0/22",
+            (0..1_000u32)
+                .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 8, 0)) + i)))
+                .collect(),
+            "10.96.0.20",
+        ),
+        IpFamily::V6 => (
+            "fd00:10:244:8::/64",
+            (1..=1_000u16)
+                .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 8, 0, 0, 0, i)))
+                .collect(),
+            "fd00:10:96::20",
+        ),
+    };
     let ep1 = topology.pod("ep1");
     ep1.netns()
-        .ip(&["route", "add", "local", "10.244.8.0/22", "dev", "lo"])
+        .ip(&["route", "add", "local", range, "dev", "lo"])
         .unwrap();
+    // Through ep1's own address: a pod answers neighbour solicitations
+    // only for the addresses of its interface, not for a local route.
+    let via = pod_address(&topology, "ep1", family).to_string();
     topology
         .node()
-        .ip(&["route", "add", "10.244.8.0/22", "dev", ep1.node_interface()])
+        .ip(&[
+            "route",
+            "add",
+            range,
+            "via",
+            &via,
+            "dev",
+            ep1.node_interface(),
+        ])
         .unwrap();
-    let endpoints: Vec<IpAddr> = (0..1_000u32)
-        .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 8, 0)) + i)))
-        .collect();
-    let proxy = Proxy::start(&topology, IpFamily::V4);
-    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    let proxy = Proxy::start(&topology, family);
+    let (web, web_slice) = ordinary(&topology, family);
+    let families: &[&str] = match family {
+        IpFamily::V4 => &["IPv4"],
+        IpFamily::V6 => &["IPv6"],
+    };
     proxy.apply(
         &[
             web,
             service("ns1", "big", |s| {
-                s.cluster_ip("10.96.0.20").port("http", 80, "TCP")
+                s.ip_families(families)
+                    .cluster_ip(cluster_ip)
+                    .port("http", 80, "TCP")
             }),
         ],
         &[web_slice, slice("big", &endpoints, &[])],
@@ -216,62 +262,106 @@ fn a_thousand_endpoints_behind_one_service_all_answer() {
         })
         .count();
     assert_eq!(chains, 1_000, "one chain per endpoint");
-    assert_ordinary_answers(&topology, IpFamily::V4);
     // Endpoint i of n is picked with probability 1/(n-i): 999 choices,
     // then the last endpoint.
     assert_eq!(listing.matches("numgen random mod").count(), 999);
+    assert_ordinary_answers(&topology, family);
     for _ in 0..40 {
-        let reply = connect(topology.client(), at("10.96.0.20", 80)).unwrap();
+        let reply = connect(cluster_client(&topology, family), at(cluster_ip, 80)).unwrap();
         assert_eq!(reply.backend, "ep1");
     }
 }
 
 #[test]
-fn a_hundred_external_ips_all_answer() {
+fn a_thousand_ipv4_endpoints_behind_one_service_all_answer() {
+    a_thousand_endpoints_all_answer(IpFamily::V4);
+}
+
+#[test]
+fn a_thousand_ipv6_endpoints_behind_one_service_all_answer() {
+    a_thousand_endpoints_all_answer(IpFamily::V6);
+}
+
+fn a_hundred_external_ips_all_answer(family: IpFamily) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
-    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    let proxy = Proxy::start(&topology, family);
+    let (web, web_slice) = ordinary(&topology, family);
+    let external = |i: u16| match family {
+        IpFamily::V4 => format!("203.0.113.{i}"),
+        IpFamily::V6 => format!("2001:db8:203:113::{i:x}"),
+    };
     proxy.apply(
         &[
             web,
             service("ns1", "ext", |s| {
-                let mut s = s.cluster_ip("10.96.0.21").port("http", 80, "TCP");
+                let mut s = match family {
+                    IpFamily::V4 => s.cluster_ip("10.96.0.21"),
+                    IpFamily::V6 => s.ip_families(&["IPv6"]).cluster_ip("fd00:10:96::21"),
+                }
+                .port("http", 80, "TCP");
                 for i in 100..200 {
-                    s = s.external_ip(format!("203.0.113.{i}"));
+                    s = s.external_ip(external(i));
                 }
                 s
             }),
         ],
-        &[web_slice, slice("ext", &[pod_ip(&topology, "ep2")], &[])],
+        &[
+            web_slice,
+            slice("ext", &[pod_address(&topology, "ep2", family)], &[]),
+        ],
     );
     proxy.sync();
 
     let listing = assert_table_listed(&proxy);
-    assert_eq!(listing.matches("203.0.113.").count(), 100, "{listing}");
-    assert_ordinary_answers(&topology, IpFamily::V4);
+    let prefix = match family {
+        IpFamily::V4 => "203.0.113.",
+        IpFamily::V6 => "2001:db8:203:113::",
+    };
+    assert_eq!(listing.matches(prefix).count(), 100, "{listing}");
+    assert_ordinary_answers(&topology, family);
     for i in [100, 101, 150, 198, 199] {
-        let reply = connect(topology.client(), at(&format!("203.0.113.{i}"), 80));
-        assert_eq!(reply.unwrap().backend, "ep2", "external IP 203.0.113.{i}");
+        let addr = at(&external(i), 80);
+        let reply = connect(topology.client(), addr);
+        assert_eq!(reply.unwrap().backend, "ep2", "external IP {addr}");
     }
 }
 
 #[test]
-fn two_hundred_ports_on_one_service_all_answer() {
+fn a_hundred_ipv4_external_ips_all_answer() {
+    a_hundred_external_ips_all_answer(IpFamily::V4);
+}
+
+#[test]
+fn a_hundred_ipv6_external_ips_all_answer() {
+    a_hundred_external_ips_all_answer(IpFamily::V6);
+}
+
+fn two_hundred_ports_all_answer(family: IpFamily) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
-    let (web, web_slice) = ordinary(&topology, IpFamily::V4);
+    let proxy = Proxy::start(&topology, family);
+    let (web, web_slice) = ordinary(&topology, family);
+    let cluster_ip = match family {
+        IpFamily::V4 => "10.96.0.22",
+        IpFamily::V6 => "fd00:10:96::22",
+    };
     let ports = service("ns1", "ports", |s| {
-        let mut s = s.cluster_ip("10.96.0.22");
+        let mut s = match family {
+            IpFamily::V4 => s.cluster_ip(cluster_ip),
+            IpFamily::V6 => s.ip_families(&["IPv6"]).cluster_ip(cluster_ip),
+        };
         for i in 0..200 {
             s = s.port(&format!("p{i}"), 1000 + i, "TCP");
         }
         s
     });
-    let ep2 = pod_ip(&topology, "ep2");
+    let ep2 = pod_address(&topology, "ep2", family);
     let ports_slice = endpoint_slice("ns1", "ports-1", "ports", |s| {
-        let mut s = s.address_type("IPv4");
+        let mut s = s.address_type(match family {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        });
         for i in 0..200 {
             s = s.port(&format!("p{i}"), i32::from(POD_TCP_PORT), "TCP");
         }
@@ -288,11 +378,27 @@ fn two_hundred_ports_on_one_service_all_answer() {
         })
         .count();
     assert_eq!(chains, 200, "one service chain per port");
-    assert_ordinary_answers(&topology, IpFamily::V4);
+    assert_ordinary_answers(&topology, family);
+    // From pod ep1: ep2 is the endpoint, and an IPv6 ClusterIP is not
+    // routed from the clients.
+    let from = match family {
+        IpFamily::V4 => topology.client(),
+        IpFamily::V6 => topology.pod("ep1"),
+    };
     for port in [1000, 1001, 1100, 1198, 1199] {
-        let reply = connect(topology.client(), at("10.96.0.22", port));
+        let reply = connect(from, at(cluster_ip, port));
         assert_eq!(reply.unwrap().backend, "ep2", "port {port}");
     }
+}
+
+#[test]
+fn two_hundred_ipv4_ports_on_one_service_all_answer() {
+    two_hundred_ports_all_answer(IpFamily::V4);
+}
+
+#[test]
+fn two_hundred_ipv6_ports_on_one_service_all_answer() {
+    two_hundred_ports_all_answer(IpFamily::V6);
 }
 
 #[test]
