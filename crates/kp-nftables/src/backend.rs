@@ -701,3 +701,56 @@ fn apply_error(step: &str, error: ApplyError) -> BackendError {
         source: Box::new(error),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use kp_sync::testing::service;
+
+    #[test]
+    fn a_refused_line_names_its_service_by_name_comment_or_address() {
+        let ports: std::collections::BTreeMap<_, _> = [
+            service("ns1", "web", "10.96.0.10", 80).build(),
+            service("ns1", "lb", "10.96.0.11", 80)
+                .lb_ip("203.0.113.9")
+                .build(),
+        ]
+        .into_iter()
+        .collect();
+        let refused = |line: &str| {
+            let error = ApplyError::Kernel {
+                message: "No such file or directory (os error 2)".to_owned(),
+                line: Some((7, line.to_owned())),
+                also_refused: Vec::new(),
+            };
+            match rejected(error, &ports) {
+                BackendError::Rejected { services, .. } => services,
+                other => panic!("expected a rejected transaction, got {other:?}"),
+            }
+        };
+        let web: BTreeSet<_> = [NamespacedName::new("ns1", "web")].into();
+        let lb: BTreeSet<_> = [NamespacedName::new("ns1", "lb")].into();
+        assert_eq!(
+            refused("add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http"),
+            web
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy cluster-ips { 10.96.0.10 }"),
+            web
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy service-ips { 203.0.113.9 . tcp . 80 : goto external-AAAAAAAA-ns1/lb/tcp/http }"),
+            lb
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy cluster-ips { 203.0.113.9 }"),
+            lb
+        );
+        assert_eq!(
+            refused("add chain ip kube-proxy services"),
+            BTreeSet::new(),
+            "a fixed chain belongs to no Service"
+        );
+    }
+}
