@@ -216,7 +216,7 @@ impl<A: Applier + ?Sized> TransactionStream for Collected<'_, A> {
 
 /// `text`, or its first 200 bytes and its length when it is longer: a
 /// line with 10,000 source ranges is too long for a log line.
-pub fn abbreviated(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn abbreviated(text: &str) -> std::borrow::Cow<'_, str> {
     const SHOWN: usize = 200;
     if text.len() <= SHOWN {
         return std::borrow::Cow::Borrowed(text);
@@ -245,8 +245,8 @@ fn more_refused(lines: &[(usize, String, String)]) -> String {
 }
 
 impl ApplyError {
-    /// The lines of the transaction the kernel (or the encoder) refused,
-    /// with their numbers: the first one and any others.
+    /// The text of the lines of the transaction the kernel (or the
+    /// encoder, or `nft`) refused: the first one and any others.
     pub fn refused_lines(&self) -> Vec<&str> {
         match self {
             Self::Kernel {
