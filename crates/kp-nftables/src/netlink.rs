@@ -577,16 +577,27 @@ impl NetlinkApplier {
         self.next_seq = batch.next_seq.wrapping_add(1);
         let expected = Expected::of(text);
         let before = if expected.generation_moves {
-            Some(self.ask_generation().map_err(ApplyError::Write)?)
+            Some(self.ask_generation().map_err(|e| self.failed_socket(e))?)
         } else {
             None
         };
-        let answers = self.send(&batch, begin_seq).map_err(ApplyError::Write)?;
+        let answers = self
+            .send(&batch, begin_seq)
+            .map_err(|e| self.failed_socket(e))?;
         answers.outcome(&encoder, text)?;
         if empty {
             return Ok(());
         }
         self.check_applied(family, &expected, before)
+    }
+
+    /// Closes the socket after `error` while talking to the kernel: answers
+    /// left unread, or an overflow (`ENOBUFS`) still to be reported, must
+    /// not reach the next transaction. The next one opens a fresh socket.
+    fn failed_socket(&mut self, error: io::Error) -> ApplyError {
+        self.socket = None;
+        self.receive_buffer = 0;
+        ApplyError::Write(error)
     }
 
     /// The read-back after a commit the kernel acknowledged: one request
@@ -597,7 +608,7 @@ impl NetlinkApplier {
         expected: &Expected,
         before: Option<u32>,
     ) -> Result<(), ApplyError> {
-        let read = self.read_back(family).map_err(ApplyError::Write)?;
+        let read = self.read_back(family).map_err(|e| self.failed_socket(e))?;
         expected.judge(family, before, &read)
     }
 
