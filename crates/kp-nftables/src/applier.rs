@@ -104,12 +104,36 @@ pub enum ApplyError {
         line: Option<(usize, String)>,
     },
     /// The kernel refused a netlink batch; nothing was committed.
-    #[error("the kernel refused the transaction: {message}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {text})")).unwrap_or_default())]
+    #[error("the kernel refused the transaction: {message}{}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {})", abbreviated(text))).unwrap_or_default(), more_refused(also_refused))]
     Kernel {
         /// The error the kernel answered, or why the batch was not sent.
         message: String,
         /// The line of the transaction it refused, with its number.
         line: Option<(usize, String)>,
+        /// Further lines whose messages the kernel refused in the same
+        /// batch, with their numbers and errors.
+        also_refused: Vec<(usize, String, String)>,
+    },
+    /// A line of the transaction does not fit netlink's length fields (an
+    /// attribute, a nested attribute or a message); nothing was sent.
+    #[error("not sent: {object} does not fit a netlink message: {reason} (line {}: {})", line.0, abbreviated(&line.1))]
+    TooLarge {
+        /// The object the line writes, naming its Service where it has
+        /// one, e.g. `rule in chain firewall-…-ns1/lb/tcp/http (Service
+        /// ns1/lb)`.
+        object: String,
+        /// Which length did not fit, and by how much.
+        reason: String,
+        /// The line, with its number.
+        line: (usize, String),
+    },
+    /// The kernel acknowledged the transaction, but reading its state back
+    /// shows that it was not applied (or its answers were incomplete).
+    #[error("the kernel did not apply the transaction: {reason}")]
+    NotApplied {
+        /// What the read-back found, e.g. `table ip kube-proxy does not
+        /// exist after a transaction that adds it`.
+        reason: String,
     },
     /// The kernel refused the batch as a whole, before reading any of it:
     /// it has no nf_tables (the module is neither built in nor loadable).
@@ -190,7 +214,57 @@ impl<A: Applier + ?Sized> TransactionStream for Collected<'_, A> {
     }
 }
 
+/// `text`, or its first 200 bytes and its length when it is longer: a
+/// line with 10,000 source ranges is too long for a log line.
+pub(crate) fn abbreviated(text: &str) -> std::borrow::Cow<'_, str> {
+    const SHOWN: usize = 200;
+    if text.len() <= SHOWN {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = SHOWN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{} … ({} bytes)", &text[..end], text.len()))
+}
+
+/// `; also refused: line N (error), …` for the further refused lines.
+fn more_refused(lines: &[(usize, String, String)]) -> String {
+    const SHOWN: usize = 3;
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("; also refused:");
+    for (n, text, message) in lines.iter().take(SHOWN) {
+        out.push_str(&format!(" line {n} ({message}): {};", abbreviated(text)));
+    }
+    if lines.len() > SHOWN {
+        out.push_str(&format!(" and {} more", lines.len() - SHOWN));
+    }
+    out
+}
+
 impl ApplyError {
+    /// The text of the lines of the transaction the kernel (or the
+    /// encoder, or `nft`) refused: the first one and any others.
+    pub fn refused_lines(&self) -> Vec<&str> {
+        match self {
+            Self::Kernel {
+                line, also_refused, ..
+            } => line
+                .iter()
+                .map(|(_, text)| text.as_str())
+                .chain(also_refused.iter().map(|(_, text, _)| text.as_str()))
+                .collect(),
+            Self::TooLarge { line, .. } => vec![line.1.as_str()],
+            Self::Rejected {
+                line: Some((_, text)),
+                ..
+            } => vec![text.as_str()],
+            _ => Vec::new(),
+        }
+    }
+
     /// The program that is not installed, if that is the cause.
     pub fn missing_program(&self) -> Option<&str> {
         match self {

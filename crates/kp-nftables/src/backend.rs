@@ -388,7 +388,7 @@ impl NftablesBackend {
             }
             Err(error) => {
                 self.forget_kernel();
-                return Err(apply_error("committing the transaction", error).rejected());
+                return Err(rejected(error, request.service_ports));
             }
         }
         self.generation = Some(current);
@@ -506,7 +506,7 @@ impl Backend for NftablesBackend {
                 // whole), but someone else may have changed it behind the
                 // record (a deleted table fails a partial transaction).
                 self.forget_kernel();
-                return Err(apply_error("committing the transaction", error).rejected());
+                return Err(rejected(error, request.service_ports));
             }
         };
         if reset {
@@ -614,6 +614,66 @@ fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutc
     }
 }
 
+/// A transaction the kernel (or the encoder) refused, as the sync loop's
+/// [`BackendError::Rejected`], naming the Services whose lines were
+/// refused: the sync loop leaves those out of the next syncs, so that the
+/// others are programmed.
+fn rejected(
+    error: ApplyError,
+    service_ports: &std::collections::BTreeMap<
+        kp_model::ServicePortName,
+        kp_sync::ServicePortState,
+    >,
+) -> BackendError {
+    let services: BTreeSet<NamespacedName> = error
+        .refused_lines()
+        .into_iter()
+        .filter_map(|line| {
+            crate::names::service_of_line(line).or_else(|| service_of_address(line, service_ports))
+        })
+        .collect();
+    match apply_error("committing the transaction", error).rejected() {
+        BackendError::Rejected {
+            mode,
+            attempted,
+            source,
+            ..
+        } => BackendError::Rejected {
+            mode,
+            attempted,
+            services,
+            source,
+        },
+        other => other,
+    }
+}
+
+/// The Service whose address an element line's key starts with
+/// (`add element … cluster-ips { 10.96.0.10 }`): elements of the fixed sets
+/// name no chain and have no comment.
+fn service_of_address(
+    line: &str,
+    service_ports: &std::collections::BTreeMap<
+        kp_model::ServicePortName,
+        kp_sync::ServicePortState,
+    >,
+) -> Option<NamespacedName> {
+    if !line.starts_with("add element ") && !line.starts_with("delete element ") {
+        return None;
+    }
+    let key = line.split_once("{ ")?.1;
+    let address: IpAddr = key.split([' ', ',']).next()?.parse().ok()?;
+    service_ports
+        .iter()
+        .find(|(_, state)| {
+            let port = &state.port;
+            port.cluster_ip == address
+                || port.external_ips.contains(&address)
+                || port.load_balancer_ips.contains(&address)
+        })
+        .map(|(name, _)| name.service.clone())
+}
+
 /// What to install when `nft` is missing.
 const INSTALL_NFT: &str =
     "install the nftables package (Debian and Ubuntu: apt-get install nftables)";
@@ -639,5 +699,58 @@ fn apply_error(step: &str, error: ApplyError) -> BackendError {
         mode: MODE,
         attempted: format!("{step}: {error}"),
         source: Box::new(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use kp_sync::testing::service;
+
+    #[test]
+    fn a_refused_line_names_its_service_by_name_comment_or_address() {
+        let ports: std::collections::BTreeMap<_, _> = [
+            service("ns1", "web", "10.96.0.10", 80).build(),
+            service("ns1", "lb", "10.96.0.11", 80)
+                .lb_ip("203.0.113.9")
+                .build(),
+        ]
+        .into_iter()
+        .collect();
+        let refused = |line: &str| {
+            let error = ApplyError::Kernel {
+                message: "No such file or directory (os error 2)".to_owned(),
+                line: Some((7, line.to_owned())),
+                also_refused: Vec::new(),
+            };
+            match rejected(error, &ports) {
+                BackendError::Rejected { services, .. } => services,
+                other => panic!("expected a rejected transaction, got {other:?}"),
+            }
+        };
+        let web: BTreeSet<_> = [NamespacedName::new("ns1", "web")].into();
+        let lb: BTreeSet<_> = [NamespacedName::new("ns1", "lb")].into();
+        assert_eq!(
+            refused("add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http"),
+            web
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy cluster-ips { 10.96.0.10 }"),
+            web
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy service-ips { 203.0.113.9 . tcp . 80 : goto external-AAAAAAAA-ns1/lb/tcp/http }"),
+            lb
+        );
+        assert_eq!(
+            refused("add element ip kube-proxy cluster-ips { 203.0.113.9 }"),
+            lb
+        );
+        assert_eq!(
+            refused("add chain ip kube-proxy services"),
+            BTreeSet::new(),
+            "a fixed chain belongs to no Service"
+        );
     }
 }

@@ -127,6 +127,67 @@ pub fn is_service_chain_name(name: &str) -> bool {
     name.contains('/')
 }
 
+/// The Service a per-service chain or set name belongs to: the inverse of
+/// [`service_chains`] and [`endpoint_names`] (`PREFIX-HASH-ns/svc/…`).
+/// `None` for the fixed objects and anonymous sets. Valid Kubernetes names
+/// are never cut (a namespace and a Service name hold at most 63
+/// characters each), so the name always holds the whole namespace and
+/// Service name.
+pub fn service_of_name(name: &str) -> Option<kp_model::NamespacedName> {
+    let (prefix, rest) = name.split_once('-')?;
+    if !matches!(
+        prefix,
+        "service" | "local" | "external" | "firewall" | "endpoint" | "affinity"
+    ) {
+        return None;
+    }
+    let (hash, base) = rest.split_once('-')?;
+    if hash.len() != 8 {
+        return None;
+    }
+    let mut parts = base.split('/');
+    let (namespace, service) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    Some(kp_model::NamespacedName::new(namespace, service))
+}
+
+/// The object a transaction line writes, for an error message, naming its
+/// Service where the object belongs to one: `rule in chain C (Service
+/// ns/svc)`, `elements of set S`, `chain C`, `set S`, `map M`, `table`.
+pub fn describe_line(line: &str) -> String {
+    let words: Vec<&str> = line.splitn(6, ' ').collect();
+    let (kind, name) = match words.as_slice() {
+        [_, kind, _, _, name, ..] => (*kind, crate::applier::abbreviated(name)),
+        [_, "table", family, table] => return format!("table {family} {table}"),
+        _ => return "a line of the transaction".to_owned(),
+    };
+    let object = match kind {
+        "rule" => format!("rule in chain {name}"),
+        "element" => format!("elements of {name}"),
+        other => format!("{other} {name}"),
+    };
+    match service_of_line(line) {
+        Some(service) => format!("{object} (Service {service})"),
+        None => object,
+    }
+}
+
+/// The Service a transaction line belongs to, from the names it holds: the
+/// chain or set it writes, the chain an element's verdict leads to, or the
+/// `ns/svc:port` comment of an element.
+pub fn service_of_line(line: &str) -> Option<kp_model::NamespacedName> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if let Some(service) = words.iter().find_map(|word| service_of_name(word)) {
+        return Some(service);
+    }
+    let start = line.find("comment \"")? + "comment \"".len();
+    let comment = &line[start..];
+    let comment = &comment[..comment.find('"')?];
+    let (service, _port) = comment.rsplit_once(':').unwrap_or((comment, ""));
+    let (namespace, name) = service.split_once('/')?;
+    Some(kp_model::NamespacedName::new(namespace, name))
+}
+
 /// The chain names of service port `port`.
 pub fn service_chains(port: &ServicePortName) -> ServiceChains {
     let base = service_port_base(port);
@@ -225,6 +286,59 @@ mod tests {
         let p = port("ns1", "we b\"", "");
         let base = endpoint_base(&p, "[fd00::1]:80".parse().unwrap());
         assert!(base.ends_with("-ns1/we_b_/tcp/__fd00..1/80"), "{base}");
+    }
+
+    #[test]
+    fn the_service_is_read_back_from_its_object_names() {
+        let p = port("ns-1", "web-app", "http");
+        let chains = service_chains(&p);
+        let endpoint = endpoint_names(&p, "[fd00::1]:80".parse().unwrap());
+        let expected = NamespacedName::new("ns-1", "web-app");
+        for name in [
+            &chains.cluster,
+            &chains.local,
+            &chains.external,
+            &chains.firewall,
+            &endpoint.chain,
+            &endpoint.affinity_set,
+        ] {
+            assert_eq!(service_of_name(name), Some(expected.clone()), "{name}");
+        }
+        for fixed in [
+            SERVICES,
+            FIREWALL_CHECK,
+            SERVICE_IPS,
+            MARK_FOR_MASQUERADE,
+            "__set1x2",
+        ] {
+            assert_eq!(service_of_name(fixed), None, "{fixed}");
+        }
+    }
+
+    #[test]
+    fn a_line_names_its_service_by_chain_verdict_or_comment() {
+        let p = port("ns1", "lb", "http");
+        let fw = service_chains(&p).firewall;
+        let rule =
+            format!("add rule ip kube-proxy {fw} ip saddr != {{ 10.0.0.0/8, 10.1.0.0/16 }} drop");
+        let lb = Some(NamespacedName::new("ns1", "lb"));
+        assert_eq!(service_of_line(&rule), lb);
+        assert_eq!(
+            describe_line(&rule),
+            format!("rule in chain {fw} (Service ns1/lb)")
+        );
+        let element = format!(
+            "add element ip kube-proxy service-ips {{ 10.96.0.1 . tcp . 80 : goto {} }}",
+            service_chains(&p).cluster
+        );
+        assert_eq!(service_of_line(&element), lb);
+        let refusal = "add element ip kube-proxy no-endpoint-services { 10.96.0.1 . tcp . 80 comment \"ns1/lb:http\" : goto reject-chain }";
+        assert_eq!(service_of_line(refusal), lb);
+        assert_eq!(service_of_line("add chain ip kube-proxy services"), None);
+        assert_eq!(
+            describe_line("add table ip kube-proxy"),
+            "table ip kube-proxy"
+        );
     }
 
     #[test]

@@ -7,6 +7,11 @@
 //! renderer writes and refuses any other line with an error naming it, so
 //! `--dry-run` output stays exactly what is committed.
 //!
+//! A transaction counts as committed only when the kernel answered every
+//! message that asked for an acknowledgement, refused none, and a read-back
+//! (the table and the ruleset generation, one request) agrees; no length
+//! is ever cut to fit its field ([`Oversize`]).
+//!
 //! Why: `nft -f` lists the table before every transaction, which at 10,000
 //! Service ports costs 150–200 ms however small the change, and its
 //! evaluation of a full transaction takes seconds (see the `sync` bench).
@@ -27,7 +32,9 @@ mod watch;
 
 pub use watch::NetlinkWatch;
 
-use msg::Batch;
+pub use msg::Oversize;
+
+use msg::{Batch, ReadBack};
 
 /// How long a transaction's answer may take to arrive after it was sent.
 /// The kernel answers while the batch is sent, so this only bounds a
@@ -47,14 +54,37 @@ pub struct NetlinkApplier {
     /// Start time of this applier in nanoseconds, part of anonymous set
     /// names so that another process's sets never clash with ours.
     epoch: u128,
+    /// The receive buffer size set on the socket, once raised.
+    receive_buffer: usize,
+    /// Tests only: rules of chains whose name holds this are encoded so
+    /// that the kernel refuses them ([`NetlinkApplier::refusing_rules_of`]).
+    refused_chains: Option<String>,
 }
 
-/// A line the encoder does not know.
+/// Why a line could not be encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EncodeError {
     /// Not a shape the renderer writes.
     Unsupported,
+    /// A length does not fit its netlink field.
+    TooLarge(Oversize),
+    /// A comment longer than nftnl's one-byte user data length holds.
+    CommentTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The longest comment that fits.
+        max: usize,
+    },
 }
+
+impl From<Oversize> for EncodeError {
+    fn from(oversize: Oversize) -> Self {
+        Self::TooLarge(oversize)
+    }
+}
+
+/// A line that could not be encoded: its number, its text, and why.
+type LineError = (usize, String, EncodeError);
 
 /// Encodes one transaction for one family.
 #[derive(Debug)]
@@ -68,6 +98,8 @@ pub(crate) struct Encoder {
     set_id: u32,
     /// Prefix of anonymous set names, unique to this applier and run.
     anonymous_prefix: String,
+    /// Tests only: see [`NetlinkApplier::refusing_rules_of`].
+    pub(crate) refused_chains: Option<String>,
 }
 
 impl Encoder {
@@ -82,6 +114,7 @@ impl Encoder {
             line: 0,
             set_id: 0,
             anonymous_prefix,
+            refused_chains: None,
         }
     }
 
@@ -106,11 +139,11 @@ impl Encoder {
     }
 
     /// Encodes `text` into `batch`.
-    fn encode(&mut self, batch: &mut Batch, text: &str) -> Result<(), (usize, String)> {
+    fn encode(&mut self, batch: &mut Batch, text: &str) -> Result<(), LineError> {
         for (index, line) in text.lines().enumerate() {
             self.line = index + 1;
             self.encode_line(batch, line)
-                .map_err(|EncodeError::Unsupported| (index + 1, line.to_owned()))?;
+                .map_err(|error| (index + 1, line.to_owned(), error))?;
         }
         Ok(())
     }
@@ -162,11 +195,26 @@ impl NetlinkApplier {
         }
     }
 
+    /// For tests of how a refusal is reported: every rule of a chain whose
+    /// name holds `pattern` is sent with an expression the kernel does not
+    /// know, so the kernel refuses its message (`ENOENT`). Everything
+    /// else, from the answers to the Service named in the error, is the
+    /// production path. Not for use outside tests.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn refusing_rules_of(mut self, pattern: &str) -> Self {
+        self.refused_chains = Some(pattern.to_owned());
+        self
+    }
+
     fn socket(&mut self) -> io::Result<&Socket> {
         if self.socket.is_none() {
             let mut socket = Socket::new(NETLINK_NETFILTER)?;
             socket.bind_auto()?;
             socket.connect(&SocketAddr::new(0, 0))?;
+            // An error answer carries only the refused message's header,
+            // not the whole message (which can be hundreds of kilobytes).
+            socket.set_cap_ack(true)?;
             nix::sys::socket::setsockopt(
                 &socket,
                 nix::sys::socket::sockopt::ReceiveTimeout,
@@ -180,18 +228,26 @@ impl NetlinkApplier {
             .ok_or_else(|| io::Error::other("no socket"))
     }
 
-    /// Sends `batch` and collects the kernel's answers until the one to
-    /// `last_seq`, or to `begin_seq` when the kernel refuses the batch as a
-    /// whole (it then reads no further message). The kernel processes a
-    /// batch while `send` runs, so every answer is queued when it returns;
-    /// the receive timeout only keeps a kernel that never answers from
-    /// stopping the proxy for good.
-    fn send(
-        &mut self,
-        batch: &Batch,
-        begin_seq: u32,
-        last_seq: u32,
-    ) -> io::Result<Vec<(u32, i32)>> {
+    /// Sends `batch` and collects the kernel's answer to every message that
+    /// asked for one ([`Batch::ask_acks`]) and to every refused one, or to
+    /// `begin_seq` alone when the kernel refuses the batch as a whole. The
+    /// kernel processes a batch while `send` runs, so every answer is
+    /// queued when it returns; the receive timeout only keeps a kernel that
+    /// never answers from stopping the proxy for good.
+    ///
+    /// Answers that cannot be read whole are errors, never skipped: an
+    /// answer cut by a short buffer, or answers the kernel dropped because
+    /// the socket's buffer was full (`ENOBUFS`), could each have been the
+    /// refusal of a message.
+    fn send(&mut self, batch: &Batch, begin_seq: u32) -> io::Result<Answers> {
+        // Never below the floor: the buffer also takes the answers to
+        // refused messages that did not ask, and to the read-back.
+        let answers_size = batch
+            .acked
+            .len()
+            .saturating_mul(ANSWER_BUFFER_BYTES)
+            .max(RECEIVE_BUFFER_MIN);
+        let grow_receive_buffer = answers_size > self.receive_buffer;
         let socket = self.socket()?;
         let size = batch.bytes.len() + 4096;
         if size > 200_000 {
@@ -200,36 +256,296 @@ impl NetlinkApplier {
             nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBufForce, &size)
                 .map_err(io::Error::from)?;
         }
+        if grow_receive_buffer {
+            // Room for one answer per message that asks for one (an
+            // acknowledgement takes several hundred bytes of socket buffer
+            // in the kernel, with its sk_buff).
+            nix::sys::socket::setsockopt(
+                socket,
+                nix::sys::socket::sockopt::RcvBufForce,
+                &answers_size,
+            )
+            .map_err(io::Error::from)?;
+        }
         socket.send(&batch.bytes, 0)?;
-        let mut replies = Vec::new();
-        let mut buffer = vec![0u8; 65536];
+        let mut answers = Answers::new(begin_seq, &batch.acked);
+        let mut buffer = vec![0u8; RECEIVE_BUFFER_BYTES];
         loop {
-            let n = socket.recv(&mut &mut buffer[..], 0).map_err(|error| {
-                if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "the kernel did not answer the transaction within {ANSWER_TIMEOUT_SECS} s"
-                        ),
-                    )
-                } else {
-                    error
-                }
-            })?;
-            let before = replies.len();
-            msg::parse_replies(&buffer[..n], &mut replies);
-            if replies[before..]
-                .iter()
-                .any(|(seq, _)| *seq == last_seq || *seq == begin_seq)
-            {
-                return Ok(replies);
+            let complete = answers.complete();
+            // Once complete, only what is queued already is read.
+            let flags = if complete { nix::libc::MSG_DONTWAIT } else { 0 };
+            match socket.recv(&mut &mut buffer[..], flags | nix::libc::MSG_TRUNC) {
+                Ok(received) => answers.read(&buffer, received)?,
+                Err(error) if complete && error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(receive_error(error, batch.acked.len())),
             }
         }
+        if grow_receive_buffer {
+            self.receive_buffer = answers_size;
+        }
+        Ok(answers)
+    }
+}
+
+/// The kernel's answers to one batch.
+#[derive(Debug)]
+struct Answers {
+    /// Sequence number of the batch's begin message.
+    begin_seq: u32,
+    /// The messages that asked for an answer.
+    expected: std::collections::HashSet<u32>,
+    /// `(seq, errno)` of every answer, in order (errno 0: acknowledged).
+    replies: Vec<(u32, i32)>,
+    /// The messages answered.
+    answered: std::collections::HashSet<u32>,
+    /// The kernel refused the batch as a whole.
+    refused_whole: bool,
+}
+
+impl Answers {
+    fn new(begin_seq: u32, acked: &[u32]) -> Self {
+        Self {
+            begin_seq,
+            expected: acked.iter().copied().collect(),
+            replies: Vec::with_capacity(acked.len()),
+            answered: std::collections::HashSet::with_capacity(acked.len()),
+            refused_whole: false,
+        }
+    }
+
+    /// Every message that asked is answered, or the batch was refused as a
+    /// whole.
+    fn complete(&self) -> bool {
+        self.refused_whole || self.answered.len() == self.expected.len()
+    }
+
+    /// Reads one datagram of `received` bytes (as `MSG_TRUNC` reports
+    /// it) from `buffer`; a datagram longer than the buffer was cut, and
+    /// the answers lost with it are an error, never skipped.
+    fn read(&mut self, buffer: &[u8], received: usize) -> io::Result<()> {
+        if received > buffer.len() {
+            return Err(io::Error::other(format!(
+                "an answer of {received} bytes to the transaction was cut to {} bytes",
+                buffer.len()
+            )));
+        }
+        let before = self.replies.len();
+        msg::parse_replies(&buffer[..received], &mut self.replies);
+        for (seq, code) in &self.replies[before..] {
+            if *seq == self.begin_seq && *code != 0 {
+                self.refused_whole = true;
+            }
+            if self.expected.contains(seq) {
+                self.answered.insert(*seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// The outcome: applied (as far as the answers tell) only when every
+    /// message was acknowledged and none refused; otherwise the error,
+    /// naming every refused line of `text` (through `encoder`).
+    fn outcome(&self, encoder: &Encoder, text: &str) -> Result<(), ApplyError> {
+        let begin_seq = self.begin_seq;
+        let mut refused = self.replies.iter().filter(|(_, code)| *code != 0);
+        match refused.next() {
+            None => {}
+            Some((seq, code)) if *seq == begin_seq && *code == -ERESTART => {
+                return Err(ApplyError::GenerationMoved)
+            }
+            Some((seq, code)) if *seq == begin_seq && *code == -nix::libc::EOPNOTSUPP => {
+                return Err(ApplyError::NoNftables {
+                    message: io::Error::from_raw_os_error(-code).to_string(),
+                })
+            }
+            Some(first) => {
+                let line_of = |(seq, code): &(u32, i32)| {
+                    let line = encoder
+                        .line_of(*seq)
+                        .and_then(|n| text.lines().nth(n - 1).map(|l| (n, l.to_owned())));
+                    (line, io::Error::from_raw_os_error(-code).to_string())
+                };
+                let (line, message) = line_of(first);
+                let also_refused = refused
+                    .map(line_of)
+                    .filter_map(|(line, message)| line.map(|(n, text)| (n, text, message)))
+                    .collect();
+                let message = if first.0 == begin_seq {
+                    format!("{message} (the batch as a whole)")
+                } else {
+                    message
+                };
+                return Err(ApplyError::Kernel {
+                    message,
+                    line,
+                    also_refused,
+                });
+            }
+        }
+        if self.answered.len() < self.expected.len() {
+            return Err(ApplyError::NotApplied {
+                reason: format!(
+                    "the kernel answered {} of the {} messages of the transaction that asked for an answer",
+                    self.answered.len(),
+                    self.expected.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Batches of at most this many messages ask for an acknowledgement of
+/// each (about 8 MiB of answers at most); larger ones of their last
+/// message only ([`Batch::ask_acks`]).
+const ACKED_MESSAGES_MAX: usize = 8192;
+/// The smallest receive buffer set on the socket (the kernel's default is
+/// about 208 KiB): about 1,400 answers.
+const RECEIVE_BUFFER_MIN: usize = 1 << 20;
+/// Receive buffer space wanted per message of a batch, for its answer.
+const ANSWER_BUFFER_BYTES: usize = 1024;
+/// Bytes read at once: answers are acknowledgements without the message
+/// (`NETLINK_CAP_ACK`), the table's description or the generation.
+const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
+
+/// A failed receive, said in the words of what it means for a transaction.
+fn receive_error(error: io::Error, messages: usize) -> io::Error {
+    match error.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the kernel did not answer the transaction within {ANSWER_TIMEOUT_SECS} s"),
+        ),
+        _ if error.raw_os_error() == Some(nix::libc::ENOBUFS) => io::Error::new(
+            error.kind(),
+            format!(
+                "the kernel's answers to the {messages} messages of the transaction overflowed the socket's buffer ({error}); whether each was applied is unknown"
+            ),
+        ),
+        _ => error,
+    }
+}
+
+/// What a transaction's text says the read-back must find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Expected {
+    /// Whether the table exists afterwards (`add table` or `delete table`,
+    /// whichever comes last); `None` when no line names the table alone.
+    table_exists: Option<bool>,
+    /// Whether the transaction adds a rule: the kernel counts such a commit
+    /// as a change, so the generation must move.
+    generation_moves: bool,
+}
+
+impl Expected {
+    /// Whether the read-back `read` (with the generation `before` the
+    /// commit, read when the generation must move) agrees with what the
+    /// transaction should have left.
+    fn judge(
+        &self,
+        family: IpFamily,
+        before: Option<u32>,
+        read: &ReadBack,
+    ) -> Result<(), ApplyError> {
+        let table = format!(
+            "table {} {}",
+            crate::options::family_keyword(family),
+            crate::names::TABLE
+        );
+        if let Some(code) = read.error {
+            return Err(ApplyError::NotApplied {
+                reason: format!(
+                    "reading {table} back failed: {}",
+                    io::Error::from_raw_os_error(-code)
+                ),
+            });
+        }
+        match (self.table_exists, read.table) {
+            (Some(true), Some(false)) => {
+                return Err(ApplyError::NotApplied {
+                    reason: format!("{table} does not exist after a transaction that writes it"),
+                })
+            }
+            (Some(false), Some(true)) => {
+                return Err(ApplyError::NotApplied {
+                    reason: format!("{table} still exists after a transaction that deletes it"),
+                })
+            }
+            _ => {}
+        }
+        if let (Some(before), Some(after)) = (before, read.generation) {
+            if before == after {
+                return Err(ApplyError::NotApplied {
+                    reason: format!(
+                        "the ruleset generation is still {after} after a transaction that adds rules"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn of(text: &str) -> Self {
+        let mut expected = Self {
+            table_exists: None,
+            generation_moves: false,
+        };
+        for line in text.lines() {
+            if line.starts_with("add table ") {
+                expected.table_exists = Some(true);
+            } else if line.starts_with("delete table ") {
+                expected.table_exists = Some(false);
+            } else if line.starts_with("add rule ") {
+                expected.generation_moves = true;
+                // A rule can only be added to a table that exists.
+                expected.table_exists.get_or_insert(true);
+            } else if !line.is_empty() {
+                // Chains, sets and elements live in the table too.
+                expected.table_exists.get_or_insert(true);
+            }
+        }
+        expected
+    }
+}
+
+/// The error for a line the encoder refused, naming the object it writes.
+fn encode_error(line: usize, text: String, error: EncodeError) -> ApplyError {
+    match error {
+        EncodeError::Unsupported => ApplyError::Kernel {
+            message: "not sent: the netlink encoder does not know this line".to_owned(),
+            line: Some((line, text)),
+            also_refused: Vec::new(),
+        },
+        EncodeError::TooLarge(oversize) => ApplyError::TooLarge {
+            object: crate::names::describe_line(&text),
+            reason: oversize.to_string(),
+            line: (line, text),
+        },
+        EncodeError::CommentTooLong { len, max } => ApplyError::TooLarge {
+            object: crate::names::describe_line(&text),
+            reason: format!(
+                "its comment is {len} bytes long, more than the {max} nftnl's user data holds"
+            ),
+            line: (line, text),
+        },
+    }
+}
+
+/// `NFPROTO_IPV4` or `NFPROTO_IPV6`.
+fn nfproto(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => 2,
+        IpFamily::V6 => 10,
     }
 }
 
 impl NetlinkApplier {
     /// Commits `text`, bound to `generation` when given.
+    ///
+    /// The transaction counts as applied only when the kernel answered
+    /// every message without an error and a read-back agrees: the
+    /// table exists (or, after a transaction that deletes it last, does
+    /// not), and the generation moved on when the transaction added a
+    /// rule (the kernel counts every such commit as a change).
     fn commit(
         &mut self,
         family: IpFamily,
@@ -239,41 +555,81 @@ impl NetlinkApplier {
         self.transactions += 1;
         let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
         let mut encoder = Encoder::new(family, prefix);
+        encoder.refused_chains.clone_from(&self.refused_chains);
         let mut batch = Batch::new(self.next_seq, generation);
         encoder
             .encode(&mut batch, text)
-            .map_err(|(line, content)| ApplyError::Kernel {
-                message: "not sent: the netlink encoder does not know this line".to_owned(),
-                line: Some((line, content)),
-            })?;
-        // Only the last message asks for an acknowledgement: errors come
-        // back for any message, and the last one's answer ends the batch.
+            .map_err(|(line, content, error)| encode_error(line, content, error))?;
+        let empty = batch.messages() == 0;
+        if empty && generation.is_none() {
+            // Nothing to commit: an empty partial sync.
+            return Ok(());
+        }
         let begin_seq = self.next_seq;
-        let last_seq = batch.next_seq.wrapping_sub(1);
-        batch.ask_ack_last();
+        if empty {
+            // Only the check that the generation has not moved: the kernel
+            // answers the batch's begin (`ERESTART` if it moved).
+            batch.ask_ack_begin();
+        } else {
+            batch.ask_acks(ACKED_MESSAGES_MAX);
+        }
         batch.finish();
         self.next_seq = batch.next_seq.wrapping_add(1);
-        let replies = self
-            .send(&batch, begin_seq, last_seq)
-            .map_err(ApplyError::Write)?;
-        match replies.iter().find(|(_, code)| *code != 0) {
-            None => Ok(()),
-            Some((seq, code)) if *seq == begin_seq && *code == -ERESTART => {
-                Err(ApplyError::GenerationMoved)
-            }
-            Some((seq, code)) if *seq == begin_seq => Err(ApplyError::NoNftables {
-                message: io::Error::from_raw_os_error(-code).to_string(),
-            }),
-            Some((seq, code)) => {
-                let line = encoder
-                    .line_of(*seq)
-                    .and_then(|n| text.lines().nth(n - 1).map(|l| (n, l.to_owned())));
-                Err(ApplyError::Kernel {
-                    message: io::Error::from_raw_os_error(-code).to_string(),
-                    line,
-                })
-            }
+        let expected = Expected::of(text);
+        let before = if expected.generation_moves {
+            Some(self.ask_generation().map_err(|e| self.failed_socket(e))?)
+        } else {
+            None
+        };
+        let answers = self
+            .send(&batch, begin_seq)
+            .map_err(|e| self.failed_socket(e))?;
+        answers.outcome(&encoder, text)?;
+        if empty {
+            return Ok(());
         }
+        self.check_applied(family, &expected, before)
+    }
+
+    /// Closes the socket after `error` while talking to the kernel: answers
+    /// left unread, or an overflow (`ENOBUFS`) still to be reported, must
+    /// not reach the next transaction. The next one opens a fresh socket.
+    fn failed_socket(&mut self, error: io::Error) -> ApplyError {
+        self.socket = None;
+        self.receive_buffer = 0;
+        ApplyError::Write(error)
+    }
+
+    /// The read-back after a commit the kernel acknowledged: one request
+    /// for the table and the generation.
+    fn check_applied(
+        &mut self,
+        family: IpFamily,
+        expected: &Expected,
+        before: Option<u32>,
+    ) -> Result<(), ApplyError> {
+        let read = self.read_back(family).map_err(|e| self.failed_socket(e))?;
+        expected.judge(family, before, &read)
+    }
+
+    /// Asks whether this family's table exists, and the generation, in one
+    /// round trip.
+    fn read_back(&mut self, family: IpFamily) -> io::Result<ReadBack> {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(2);
+        let request =
+            Batch::table_and_generation_request(seq, nfproto(family), crate::names::TABLE);
+        let socket = self.socket()?;
+        socket.send(&request, 0)?;
+        let mut read = ReadBack::default();
+        let mut buffer = vec![0u8; 8192];
+        while !read.complete() {
+            let n = socket
+                .recv(&mut &mut buffer[..], 0)
+                .map_err(|error| receive_error(error, 2))?;
+            msg::parse_read_back(&buffer[..n.min(buffer.len())], seq, &mut read);
+        }
+        Ok(read)
     }
 
     /// Asks the kernel for the ruleset generation.
@@ -324,56 +680,4 @@ impl Applier for NetlinkApplier {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    #[test]
-    fn keys_are_padded_fields_in_network_order() {
-        let key = objects::key_bytes("10.96.0.10 . tcp . 80").unwrap();
-        assert_eq!(key, [10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0]);
-        assert!(objects::key_bytes("10.96.0.10 . icmp").is_err());
-    }
-
-    #[test]
-    fn an_unknown_line_is_named_and_nothing_is_sent() {
-        let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-        let mut batch = Batch::new(1, None);
-        let text = "add table ip kube-proxy\nadd rule ip kube-proxy c tcp flags syn drop\n";
-        let error = encoder.encode(&mut batch, text).unwrap_err();
-        assert_eq!(error.0, 2);
-        for other_table in [
-            "add chain ip filter c\n",
-            "add table ip filter\n",
-            "delete table ip filter\n",
-            "delete table ip6 kube-proxy\n",
-        ] {
-            assert!(
-                encoder
-                    .encode(&mut Batch::new(1, None), other_table)
-                    .is_err(),
-                "{other_table}"
-            );
-        }
-    }
-
-    #[test]
-    fn each_message_is_framed_with_its_length() {
-        let mut encoder = Encoder::new(IpFamily::V6, "p".to_owned());
-        let mut batch = Batch::new(7, None);
-        encoder
-            .encode(&mut batch, "add chain ip6 kube-proxy services\n")
-            .unwrap();
-        batch.finish();
-        let mut offset = 0;
-        let mut sequences = Vec::new();
-        while offset < batch.bytes.len() {
-            let len = u32::from_ne_bytes(batch.bytes[offset..offset + 4].try_into().unwrap());
-            let seq = u32::from_ne_bytes(batch.bytes[offset + 8..offset + 12].try_into().unwrap());
-            sequences.push(seq);
-            offset += len as usize;
-        }
-        assert_eq!(offset, batch.bytes.len());
-        assert_eq!(sequences, [7, 8, 9], "begin, the chain, end");
-    }
-}
+mod tests;

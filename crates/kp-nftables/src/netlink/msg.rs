@@ -13,6 +13,10 @@ pub const BATCH_END: u16 = 0x11;
 pub const MSG_NEWGEN: u16 = 15;
 /// `NFT_MSG_GETGEN`.
 pub const MSG_GETGEN: u16 = 16;
+/// `NFT_MSG_GETTABLE`.
+const MSG_GETTABLE: u16 = 1;
+/// `NFTA_TABLE_NAME`.
+const TABLE_NAME: u16 = 1;
 /// `NFTA_GEN_ID`.
 const GEN_ID: u16 = 1;
 /// `NFNL_BATCH_GENID`: a batch is refused unless the generation is this.
@@ -45,6 +49,28 @@ pub enum Kind {
 
 const NLA_F_NESTED: u16 = 0x8000;
 const NLMSG_HDRLEN: usize = 16;
+/// The largest attribute (or nest) netlink can frame: `nla_len` is a u16
+/// and counts the 4-byte attribute header.
+pub const ATTR_LEN_MAX: usize = u16::MAX as usize;
+
+/// A length that does not fit its netlink field. The message holding it is
+/// never sent: a length cut to fit would make the kernel read a different
+/// message from the one written (the cause of a table that silently never
+/// appeared, with 3,000 source ranges in one anonymous set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} of type {kind} would be {len} bytes long, more than the {max} its length field holds"
+)]
+pub struct Oversize {
+    /// `attribute`, `nested attribute` or `message`.
+    pub what: &'static str,
+    /// The attribute's type (the message's kind for a message).
+    pub kind: u16,
+    /// The length it would have.
+    pub len: usize,
+    /// The most its length field holds.
+    pub max: usize,
+}
 
 /// A batch of messages under construction.
 #[derive(Debug, Default)]
@@ -52,10 +78,19 @@ pub struct Batch {
     pub bytes: Vec<u8>,
     /// Sequence number of the next message.
     pub next_seq: u32,
+    /// Messages that ask for an acknowledgement, by sequence number, in
+    /// order ([`Batch::ask_acks`]).
+    pub acked: Vec<u32>,
+    /// Start and sequence number of every nf_tables message (not the batch
+    /// markers), in order.
+    starts: Vec<(usize, u32)>,
     /// Start of the message being built.
     current: usize,
-    /// Open nested attributes (their start offsets).
-    nests: Vec<usize>,
+    /// Open nested attributes (their start offsets and types).
+    nests: Vec<(usize, u16)>,
+    /// The first length of the current message that did not fit; checked
+    /// by [`Batch::end`], so that no message with a wrong length leaves.
+    oversize: Option<Oversize>,
 }
 
 impl Batch {
@@ -71,7 +106,7 @@ impl Batch {
         if let Some(generation) = generation {
             batch.u32(BATCH_GENID, generation);
         }
-        batch.end();
+        batch.end_raw();
         batch
     }
 
@@ -82,24 +117,82 @@ impl Batch {
             ..Self::default()
         };
         batch.begin_raw((SUBSYS_NFTABLES << 8) | MSG_GETGEN, F_REQUEST, 0);
-        batch.end();
+        batch.end_raw();
+        batch.bytes
+    }
+
+    /// `NFT_MSG_GETTABLE` of table `name` in `family` with sequence number
+    /// `seq`, then `NFT_MSG_GETGEN` with `seq + 1`, in one buffer: the
+    /// read-back after a commit, one round trip.
+    pub fn table_and_generation_request(seq: u32, family: u8, name: &str) -> Vec<u8> {
+        let mut batch = Self {
+            next_seq: seq,
+            ..Self::default()
+        };
+        batch.begin_raw((SUBSYS_NFTABLES << 8) | MSG_GETTABLE, F_REQUEST, family);
+        batch.str(TABLE_NAME, name);
+        batch.end_raw();
+        batch.begin_raw((SUBSYS_NFTABLES << 8) | MSG_GETGEN, F_REQUEST, 0);
+        batch.end_raw();
         batch.bytes
     }
 
     /// Starts an nf_tables message of `kind` for `family`
     /// (`NFPROTO_IPV4`/`NFPROTO_IPV6`); returns its sequence number.
     pub fn begin(&mut self, kind: Kind, family: u8, flags: u16) -> u32 {
-        self.begin_raw(
+        let start = self.bytes.len();
+        let seq = self.begin_raw(
             (SUBSYS_NFTABLES << 8) | kind as u16,
             F_REQUEST | flags,
             family,
-        )
+        );
+        self.starts.push((start, seq));
+        seq
+    }
+
+    /// The nf_tables messages written (not counting the batch markers).
+    pub fn messages(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Asks for an acknowledgement of the batch's begin message: for a batch
+    /// of no message, bound to a generation, whose answer is only whether
+    /// the generation still was that one.
+    pub fn ask_ack_begin(&mut self) {
+        let flags = u16::from_ne_bytes([self.bytes[6], self.bytes[7]]) | F_ACK;
+        self.bytes[6..8].copy_from_slice(&flags.to_ne_bytes());
+        let seq =
+            u32::from_ne_bytes([self.bytes[8], self.bytes[9], self.bytes[10], self.bytes[11]]);
+        self.acked.push(seq);
+    }
+
+    /// Asks for an acknowledgement of every message when there are at most
+    /// `max`, otherwise of the last one only (the kernel answers a refused
+    /// message whatever its flags, and it answers the last one only after
+    /// reading every other): the kernel queues all answers at once, each
+    /// taking several hundred bytes of socket buffer, so a full sync of
+    /// 50,000 Service ports (some 750,000 messages) acknowledged message by
+    /// message would hold hundreds of megabytes of kernel memory.
+    pub fn ask_acks(&mut self, max: usize) {
+        let chosen = if self.starts.len() <= max {
+            &self.starts[..]
+        } else {
+            &self.starts[self.starts.len() - 1..]
+        };
+        for &(start, seq) in chosen {
+            let at = start + 6;
+            let flags = u16::from_ne_bytes([self.bytes[at], self.bytes[at + 1]]) | F_ACK;
+            self.bytes[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+            self.acked.push(seq);
+        }
     }
 
     fn begin_raw(&mut self, kind: u16, flags: u16, family: u8) -> u32 {
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
         self.current = self.bytes.len();
+        self.nests.clear();
+        self.oversize = None;
         self.bytes.extend_from_slice(&0u32.to_ne_bytes());
         self.bytes.extend_from_slice(&kind.to_ne_bytes());
         self.bytes.extend_from_slice(&flags.to_ne_bytes());
@@ -118,28 +211,66 @@ impl Batch {
         seq
     }
 
-    /// Ends the current message, filling in its length.
-    pub fn end(&mut self) {
-        let len = u32::try_from(self.bytes.len() - self.current).unwrap_or(u32::MAX);
-        self.bytes[self.current..self.current + 4].copy_from_slice(&len.to_ne_bytes());
+    /// Ends the current message, filling in its length; refuses it when
+    /// any of its lengths (or its own) does not fit its field, or a nested
+    /// attribute was left open. A refused message must not be sent: the
+    /// caller drops the whole batch.
+    pub fn end(&mut self) -> Result<(), Oversize> {
+        if let Some((start, kind)) = self.nests.last().copied() {
+            self.note_oversize(
+                "nested attribute left open",
+                kind,
+                self.bytes.len() - start,
+                0,
+            );
+        }
+        let len = self.bytes.len() - self.current;
+        let kind = u16::from_ne_bytes([self.bytes[self.current + 4], self.bytes[self.current + 5]]);
+        match u32::try_from(len) {
+            Ok(len) => {
+                self.bytes[self.current..self.current + 4].copy_from_slice(&len.to_ne_bytes());
+            }
+            Err(_) => self.note_oversize("message", kind, len, u32::MAX as usize),
+        }
+        match self.oversize.take() {
+            Some(oversize) => Err(oversize),
+            None => Ok(()),
+        }
     }
 
-    /// Asks for an acknowledgement of the last message written.
-    pub fn ask_ack_last(&mut self) {
-        let at = self.current + 6;
-        let flags = u16::from_ne_bytes([self.bytes[at], self.bytes[at + 1]]) | F_ACK;
-        self.bytes[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+    /// Ends a message this module builds itself (batch markers, requests),
+    /// whose few fixed attributes always fit.
+    fn end_raw(&mut self) {
+        let len = self.bytes.len() - self.current;
+        // Invariant: these messages hold at most one name of a table (at
+        // most 256 bytes) and a u32, so their length fits.
+        let len = u32::try_from(len).unwrap_or_default();
+        self.bytes[self.current..self.current + 4].copy_from_slice(&len.to_ne_bytes());
+        self.oversize = None;
     }
 
     /// Ends the batch.
     pub fn finish(&mut self) {
         self.begin_raw(BATCH_END, F_REQUEST, 0);
-        self.end();
+        self.end_raw();
+    }
+
+    /// Bytes written inside the innermost open nest so far.
+    pub fn nest_len(&self) -> usize {
+        self.nests
+            .last()
+            .map_or(0, |(start, _)| self.bytes.len() - start)
     }
 
     /// An attribute with raw `data`.
     pub fn attr(&mut self, kind: u16, data: &[u8]) {
-        let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
+        let len = match u16::try_from(4 + data.len()) {
+            Ok(len) => len,
+            Err(_) => {
+                self.note_oversize("attribute", kind, 4 + data.len(), ATTR_LEN_MAX);
+                0
+            }
+        };
         self.bytes.extend_from_slice(&len.to_ne_bytes());
         self.bytes.extend_from_slice(&kind.to_ne_bytes());
         self.bytes.extend_from_slice(data);
@@ -166,7 +297,7 @@ impl Batch {
 
     /// Opens a nested attribute; close it with [`Batch::close`].
     pub fn open(&mut self, kind: u16) {
-        self.nests.push(self.bytes.len());
+        self.nests.push((self.bytes.len(), kind));
         self.bytes.extend_from_slice(&0u16.to_ne_bytes());
         self.bytes
             .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
@@ -174,10 +305,23 @@ impl Batch {
 
     /// Closes the innermost nested attribute.
     pub fn close(&mut self) {
-        if let Some(start) = self.nests.pop() {
-            let len = u16::try_from(self.bytes.len() - start).unwrap_or(u16::MAX);
-            self.bytes[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        if let Some((start, kind)) = self.nests.pop() {
+            let len = self.bytes.len() - start;
+            match u16::try_from(len) {
+                Ok(len) => self.bytes[start..start + 2].copy_from_slice(&len.to_ne_bytes()),
+                Err(_) => self.note_oversize("nested attribute", kind, len, ATTR_LEN_MAX),
+            }
         }
+    }
+
+    /// Keeps the first length of the message that did not fit.
+    fn note_oversize(&mut self, what: &'static str, kind: u16, len: usize, max: usize) {
+        self.oversize.get_or_insert(Oversize {
+            what,
+            kind,
+            len,
+            max,
+        });
     }
 
     fn pad(&mut self) {
@@ -189,7 +333,7 @@ impl Batch {
 
 /// The messages in `buf` as `(kind, seq, payload after the header)`; a
 /// truncated message ends the walk.
-fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
+pub(crate) fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
     let mut offset = 0;
     std::iter::from_fn(move || {
         let header = buf.get(offset..offset + NLMSG_HDRLEN)?;
@@ -258,6 +402,55 @@ pub fn parse_generation(buf: &[u8], seq: u32) -> Option<Result<u32, i32>> {
     None
 }
 
+/// What the kernel answered to [`Batch::table_and_generation_request`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadBack {
+    /// Whether the table exists: `Some(true)` for its description,
+    /// `Some(false)` for `ENOENT`.
+    pub table: Option<bool>,
+    /// The generation, once answered.
+    pub generation: Option<u32>,
+    /// Any other error the kernel answered to either request.
+    pub error: Option<i32>,
+}
+
+impl ReadBack {
+    /// Whether both requests have been answered.
+    pub fn complete(&self) -> bool {
+        self.error.is_some() || (self.table.is_some() && self.generation.is_some())
+    }
+}
+
+/// `ENOENT`.
+const ENOENT: i32 = 2;
+
+/// Reads the answers in `buf` to the read-back whose table request is
+/// `seq` (the generation request is `seq + 1`) into `out`.
+pub fn parse_read_back(buf: &[u8], seq: u32, out: &mut ReadBack) {
+    for (kind, message_seq, payload) in messages(buf) {
+        if message_seq == seq {
+            match error_code(kind, payload) {
+                Some(code) if code == -ENOENT => out.table = Some(false),
+                Some(0) => {}
+                Some(code) => out.error = Some(code),
+                None if kind == (SUBSYS_NFTABLES << 8) | Kind::NewTable as u16 => {
+                    out.table = Some(true);
+                }
+                None => {}
+            }
+        } else if message_seq == seq.wrapping_add(1) {
+            match error_code(kind, payload) {
+                Some(0) => {}
+                Some(code) => out.error = Some(code),
+                None if kind == (SUBSYS_NFTABLES << 8) | MSG_NEWGEN => {
+                    out.generation = generation_of(payload);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
 /// One message of the kernel's nf_tables notifications
 /// (`NFNLGRP_NFTABLES`): each commit sends one per object it changed,
 /// then its generation.
@@ -314,106 +507,4 @@ pub fn parse_replies(buf: &[u8], out: &mut Vec<(u32, i32)>) {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    /// A message of `kind` with sequence number `seq` and `payload`.
-    fn message(kind: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
-        let len = u32::try_from(NLMSG_HDRLEN + payload.len()).unwrap();
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&len.to_ne_bytes());
-        bytes.extend_from_slice(&kind.to_ne_bytes());
-        bytes.extend_from_slice(&0u16.to_ne_bytes());
-        bytes.extend_from_slice(&seq.to_ne_bytes());
-        bytes.extend_from_slice(&0u32.to_ne_bytes());
-        bytes.extend_from_slice(payload);
-        bytes
-    }
-
-    #[test]
-    fn the_generation_is_read_from_the_answer_to_its_request() {
-        // nfgenmsg, NFTA_GEN_ID = 0x01020304, NFTA_GEN_PROC_PID.
-        let mut payload = vec![0, 0, 0, 0];
-        payload.extend_from_slice(&8u16.to_ne_bytes());
-        payload.extend_from_slice(&GEN_ID.to_ne_bytes());
-        payload.extend_from_slice(&[1, 2, 3, 4]);
-        let newgen = (SUBSYS_NFTABLES << 8) | MSG_NEWGEN;
-        let mut buf = message(newgen, 6, &payload);
-        buf.extend(message(newgen, 7, &payload));
-        assert_eq!(parse_generation(&buf, 7), Some(Ok(0x0102_0304)));
-        assert_eq!(parse_generation(&buf, 8), None, "no answer to 8 yet");
-        let refused = message(2, 9, &(-22i32).to_ne_bytes());
-        assert_eq!(parse_generation(&refused, 9), Some(Err(-22)));
-        let mut truncated = message(newgen, 7, &payload);
-        truncated.truncate(truncated.len() - 2);
-        assert_eq!(parse_generation(&truncated, 7), None);
-    }
-
-    /// An attribute: length, type, value, padding.
-    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
-        let len = u16::try_from(4 + value.len()).unwrap();
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&len.to_ne_bytes());
-        bytes.extend_from_slice(&kind.to_ne_bytes());
-        bytes.extend_from_slice(value);
-        bytes.resize(bytes.len().next_multiple_of(4), 0);
-        bytes
-    }
-
-    #[test]
-    fn notifications_name_the_table_of_each_change_and_end_with_the_generation() {
-        let nftables = |msg: u16| (SUBSYS_NFTABLES << 8) | msg;
-        // A new rule in `ip kube-proxy` (table, chain, handle attributes),
-        // a deleted chain of `ip6 filter`, the generation, and a message of
-        // another subsystem.
-        let mut rule = vec![2, 0, 0, 0];
-        rule.extend(attribute(1, b"kube-proxy\0"));
-        rule.extend(attribute(2, b"services\0"));
-        let mut chain = vec![10, 0, 0, 0];
-        chain.extend(attribute(1, b"filter\0"));
-        let mut newgen = vec![0, 0, 0, 0];
-        newgen.extend(attribute(GEN_ID, &7u32.to_be_bytes()));
-        newgen.extend(attribute(2, &42u32.to_be_bytes()));
-        let mut buf = message(nftables(Kind::NewRule as u16), 1, &rule);
-        buf.extend(message(nftables(Kind::DelChain as u16), 1, &chain));
-        buf.extend(message(nftables(MSG_NEWGEN), 1, &newgen));
-        buf.extend(message((1 << 8) | 2, 1, &rule));
-        let mut out = Vec::new();
-        parse_notifications(&buf, &mut out);
-        assert_eq!(
-            out,
-            [
-                Notification::Change {
-                    family: 2,
-                    table: Some(b"kube-proxy".as_slice())
-                },
-                Notification::Change {
-                    family: 10,
-                    table: Some(b"filter".as_slice())
-                },
-                Notification::Generation(7),
-            ]
-        );
-        // A generation message without its number is not a generation.
-        let bare = message(nftables(MSG_NEWGEN), 1, &[0, 0, 0, 0]);
-        let mut out = Vec::new();
-        parse_notifications(&bare, &mut out);
-        assert_eq!(
-            out,
-            [Notification::Change {
-                family: 0,
-                table: None
-            }]
-        );
-    }
-
-    #[test]
-    fn errors_and_acknowledgements_are_collected_with_their_sequence_numbers() {
-        let mut buf = message(2, 3, &0i32.to_ne_bytes());
-        buf.extend(message(2, 4, &(-85i32).to_ne_bytes()));
-        let mut replies = Vec::new();
-        parse_replies(&buf, &mut replies);
-        assert_eq!(replies, [(3, 0), (4, -85)]);
-    }
-}
+mod tests;

@@ -6,6 +6,13 @@ use std::net::IpAddr;
 use super::msg::{Batch, Kind, F_CREATE};
 use super::{EncodeError, Encoder};
 
+/// Bytes of elements after which a `NEWSETELEM` message is ended and the
+/// next element starts another, as libnftnl does: the element list is one
+/// nested attribute, whose length field holds at most 65,535 bytes, and
+/// one element (a key, a verdict naming a chain of at most 256 bytes, a
+/// comment of at most 255) stays well under the rest.
+pub(super) const ELEMENTS_BYTES_MAX: usize = 32 * 1024;
+
 // NFTA_TABLE_*
 const TABLE_NAME: u16 = 1;
 const TABLE_USERDATA: u16 = 6;
@@ -77,9 +84,9 @@ impl Encoder {
         self.note(seq);
         batch.str(TABLE_NAME, &self.table);
         if let Some(comment) = comment_of(body) {
-            batch.attr(TABLE_USERDATA, &udata_comment(0, comment));
+            batch.attr(TABLE_USERDATA, &udata_comment(0, comment)?);
         }
-        batch.end();
+        batch.end()?;
         Ok(())
     }
 
@@ -105,13 +112,13 @@ impl Encoder {
         if kind == Kind::NewChain {
             self.chain_body(batch, body)?;
         }
-        batch.end();
+        batch.end()?;
         Ok(())
     }
 
     fn chain_body(&mut self, batch: &mut Batch, body: &str) -> Result<(), EncodeError> {
         if let Some(comment) = comment_of(body) {
-            batch.attr(CHAIN_USERDATA, &udata_comment(0, comment));
+            batch.attr(CHAIN_USERDATA, &udata_comment(0, comment)?);
             return Ok(());
         }
         let words: Vec<&str> = body.split_whitespace().collect();
@@ -161,7 +168,7 @@ impl Encoder {
         if kind == Kind::NewSet {
             self.set_body(batch, is_map, body)?;
         }
-        batch.end();
+        batch.end()?;
         Ok(())
     }
 
@@ -215,7 +222,7 @@ impl Encoder {
         batch.u32(SET_ID, set_id);
         if let Some(comment) = comment_of(body) {
             // NFTNL_UDATA_SET_COMMENT
-            batch.attr(SET_USERDATA, &udata_comment(7, comment));
+            batch.attr(SET_USERDATA, &udata_comment(7, comment)?);
         }
         Ok(())
     }
@@ -246,12 +253,21 @@ impl Encoder {
         } else {
             Kind::NewSetElem
         };
-        let seq = batch.begin(kind, self.family, if delete { 0 } else { F_CREATE });
-        self.note(seq);
-        batch.str(ELEM_LIST_TABLE, &self.table);
-        batch.str(ELEM_LIST_SET, name);
-        batch.open(ELEM_LIST_ELEMENTS);
+        let comment = match comment.filter(|_| !delete) {
+            Some(comment) => Some(udata_comment(0, comment)?),
+            None => None,
+        };
+        // Elements beyond what one message frames go on in the next one.
+        let mut open = false;
         for key in keys.split(", ") {
+            if !open {
+                let seq = batch.begin(kind, self.family, if delete { 0 } else { F_CREATE });
+                self.note(seq);
+                batch.str(ELEM_LIST_TABLE, &self.table);
+                batch.str(ELEM_LIST_SET, name);
+                batch.open(ELEM_LIST_ELEMENTS);
+                open = true;
+            }
             batch.open(LIST_ELEM);
             batch.open(ELEM_KEY);
             batch.attr(DATA_VALUE, &key_bytes(key)?);
@@ -259,14 +275,21 @@ impl Encoder {
             if let Some(verdict) = verdict.filter(|_| !delete) {
                 verdict_data(batch, ELEM_DATA, verdict)?;
             }
-            if let Some(comment) = comment.filter(|_| !delete) {
+            if let Some(comment) = &comment {
                 // NFTNL_UDATA_SET_ELEM_COMMENT
-                batch.attr(ELEM_USERDATA, &udata_comment(0, comment));
+                batch.attr(ELEM_USERDATA, comment);
             }
             batch.close();
+            if batch.nest_len() >= ELEMENTS_BYTES_MAX {
+                batch.close();
+                batch.end()?;
+                open = false;
+            }
         }
-        batch.close();
-        batch.end();
+        if open {
+            batch.close();
+            batch.end()?;
+        }
         Ok(())
     }
 }
@@ -325,13 +348,18 @@ pub(super) fn protocol_number(name: &str) -> Option<u8> {
 }
 
 /// nftnl user data holding one comment: type, length, NUL-terminated text.
-pub(super) fn udata_comment(kind: u8, comment: &str) -> Vec<u8> {
+/// The length is one byte: a longer comment is refused, not cut (a cut
+/// comment would still be sent, and read back as a different one).
+pub(super) fn udata_comment(kind: u8, comment: &str) -> Result<Vec<u8>, EncodeError> {
     let text: &[u8] = comment.as_bytes();
-    let len = u8::try_from(text.len() + 1).unwrap_or(u8::MAX);
+    let len = u8::try_from(text.len() + 1).map_err(|_| EncodeError::CommentTooLong {
+        len: text.len(),
+        max: usize::from(u8::MAX) - 1,
+    })?;
     let mut out = vec![kind, len];
-    out.extend_from_slice(&text[..usize::from(len) - 1]);
+    out.extend_from_slice(text);
     out.push(0);
-    out
+    Ok(out)
 }
 
 fn split_name(rest: &str) -> (&str, &str) {

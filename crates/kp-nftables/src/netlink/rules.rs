@@ -7,10 +7,11 @@ use ipnet::IpNet;
 
 use super::msg::{Batch, Kind, F_APPEND, F_CREATE};
 use super::objects::{
-    protocol_number, udata_comment, verdict_data, DATA_VALUE, DATA_VERDICT, ELEM_DATA, ELEM_FLAGS,
-    ELEM_KEY, ELEM_LIST_ELEMENTS, ELEM_LIST_SET, ELEM_LIST_SET_ID, ELEM_LIST_TABLE, LIST_ELEM,
-    SET_DATA_LEN, SET_DATA_TYPE, SET_FLAGS, SET_F_ANONYMOUS, SET_F_CONSTANT, SET_F_INTERVAL,
-    SET_F_MAP, SET_ID, SET_KEY_LEN, SET_KEY_TYPE, SET_NAME, SET_TABLE, SET_USERDATA,
+    protocol_number, udata_comment, verdict_data, DATA_VALUE, DATA_VERDICT, ELEMENTS_BYTES_MAX,
+    ELEM_DATA, ELEM_FLAGS, ELEM_KEY, ELEM_LIST_ELEMENTS, ELEM_LIST_SET, ELEM_LIST_SET_ID,
+    ELEM_LIST_TABLE, LIST_ELEM, SET_DATA_LEN, SET_DATA_TYPE, SET_FLAGS, SET_F_ANONYMOUS,
+    SET_F_CONSTANT, SET_F_INTERVAL, SET_F_MAP, SET_ID, SET_KEY_LEN, SET_KEY_TYPE, SET_NAME,
+    SET_TABLE, SET_USERDATA,
 };
 use super::{EncodeError, Encoder};
 
@@ -51,11 +52,19 @@ impl Encoder {
         batch.open(RULE_EXPRESSIONS);
         let mut rule = Rule { batch };
         self.expressions(&mut rule, &tokens, &anonymous)?;
+        if self
+            .refused_chains
+            .as_deref()
+            .is_some_and(|pattern| chain.contains(pattern))
+        {
+            // Tests only (`NetlinkApplier::refusing_rules_of`).
+            rule.expr("kp-refused-by-test", |_| {});
+        }
         rule.batch.close();
         if let Some(comment) = comment {
-            rule.batch.attr(RULE_USERDATA, &udata_comment(0, comment));
+            rule.batch.attr(RULE_USERDATA, &udata_comment(0, comment)?);
         }
-        rule.batch.end();
+        rule.batch.end()?;
         Ok(())
     }
 
@@ -90,13 +99,12 @@ impl Encoder {
         items: &[&str],
     ) -> Result<(), EncodeError> {
         // An integer key in host byte order: what numgen writes.
-        self.anonymous_set_header(batch, id, SET_F_MAP, 4, 4, true);
-        let seq = batch.begin(Kind::NewSetElem, self.family, F_CREATE);
-        self.note(seq);
-        anonymous_element_list(batch, &self.table, &self.anonymous_name(id), id);
+        self.anonymous_set_header(batch, id, SET_F_MAP, 4, 4, true)?;
+        let mut elements = self.anonymous_elements(id);
         for entry in items.join(" ").split(" , ") {
             let (key, verdict) = entry.split_once(" : ").ok_or(EncodeError::Unsupported)?;
             let key: u32 = key.trim().parse().map_err(|_| EncodeError::Unsupported)?;
+            elements.next(self, batch)?;
             batch.open(LIST_ELEM);
             batch.open(ELEM_KEY);
             // numgen writes a host-order u32 into its register.
@@ -105,9 +113,7 @@ impl Encoder {
             verdict_data(batch, ELEM_DATA, verdict.trim())?;
             batch.close();
         }
-        batch.close();
-        batch.end();
-        Ok(())
+        elements.finish(batch)
     }
 
     fn interval_set(
@@ -144,31 +150,31 @@ impl Encoder {
             }
         }
         let v4 = self.family == 2;
+        if merged.iter().any(|(_, _, family_v4)| *family_v4 != v4) {
+            // An address of the other family: nft refuses it too.
+            return Err(EncodeError::Unsupported);
+        }
         let (type_id, len) = if v4 { (7, 4) } else { (8, 16) };
-        self.anonymous_set_header(batch, id, SET_F_INTERVAL, type_id, len, false);
-        let seq = batch.begin(Kind::NewSetElem, self.family, F_CREATE);
-        self.note(seq);
-        anonymous_element_list(batch, &self.table, &self.anonymous_name(id), id);
-        let bytes = |value: u128| -> Vec<u8> {
+        self.anonymous_set_header(batch, id, SET_F_INTERVAL, type_id, len, false)?;
+        let mut elements = self.anonymous_elements(id);
+        let bytes = |value: u128| -> Result<Vec<u8>, EncodeError> {
             if v4 {
-                u32::try_from(value)
-                    .unwrap_or(u32::MAX)
-                    .to_be_bytes()
-                    .to_vec()
+                let value = u32::try_from(value).map_err(|_| EncodeError::Unsupported)?;
+                Ok(value.to_be_bytes().to_vec())
             } else {
-                value.to_be_bytes().to_vec()
+                Ok(value.to_be_bytes().to_vec())
             }
         };
         let max = if v4 { u128::from(u32::MAX) } else { u128::MAX };
         for (start, end, _) in merged {
-            interval_element(batch, &bytes(start), false);
+            // A range's start and end stay in one message.
+            elements.next(self, batch)?;
+            interval_element(batch, &bytes(start)?, false);
             if end < max {
-                interval_element(batch, &bytes(end + 1), true);
+                interval_element(batch, &bytes(end + 1)?, true);
             }
         }
-        batch.close();
-        batch.end();
-        Ok(())
+        elements.finish(batch)
     }
 
     fn anonymous_set_header(
@@ -179,7 +185,7 @@ impl Encoder {
         key_type: u32,
         key_len: u32,
         verdicts: bool,
-    ) {
+    ) -> Result<(), EncodeError> {
         let seq = batch.begin(Kind::NewSet, self.family, F_CREATE);
         self.note(seq);
         batch.str(SET_TABLE, &self.table);
@@ -199,7 +205,18 @@ impl Encoder {
             udata.extend_from_slice(&1u32.to_ne_bytes());
             batch.attr(SET_USERDATA, &udata);
         }
-        batch.end();
+        batch.end()?;
+        Ok(())
+    }
+
+    /// The element messages of anonymous set `id`, each opened when an
+    /// element needs it.
+    fn anonymous_elements(&self, id: u32) -> AnonymousElements {
+        AnonymousElements {
+            name: self.anonymous_name(id),
+            id,
+            open: false,
+        }
     }
 
     fn expressions(
@@ -338,7 +355,7 @@ impl Encoder {
                 let value = parse_hex(value)?;
                 rule.meta(REG_1, 3);
                 let mask = if *op == "or" { !value } else { u32::MAX };
-                rule.bitwise_xor(REG_1, &mask.to_ne_bytes(), &value.to_ne_bytes());
+                rule.bitwise_xor(REG_1, 4, &mask.to_ne_bytes(), &value.to_ne_bytes());
                 rule.meta_set(3, REG_1);
                 Ok(rest)
             }
@@ -516,12 +533,13 @@ impl Rule<'_> {
         });
     }
 
+    /// `reg &= mask` over `len` bytes (the mask's own length).
     fn bitwise(&mut self, reg: u32, len: u32, mask: &[u8]) {
-        self.bitwise_xor(reg, mask, &vec![0; len as usize]);
+        self.bitwise_xor(reg, len, mask, &vec![0; mask.len()]);
     }
 
-    fn bitwise_xor(&mut self, reg: u32, mask: &[u8], xor: &[u8]) {
-        let len = u32::try_from(mask.len()).unwrap_or(0);
+    /// `reg = (reg & mask) ^ xor` over `len` bytes.
+    fn bitwise_xor(&mut self, reg: u32, len: u32, mask: &[u8], xor: &[u8]) {
         self.expr("bitwise", |b| {
             b.u32(1, reg);
             b.u32(2, reg);
@@ -648,11 +666,45 @@ fn tokenize<'a>(words: &'a [&'a str]) -> Vec<Token<'a>> {
     tokens
 }
 
-fn anonymous_element_list(batch: &mut Batch, table: &str, name: &str, id: u32) {
-    batch.str(ELEM_LIST_TABLE, table);
-    batch.str(ELEM_LIST_SET, name);
-    batch.u32(ELEM_LIST_SET_ID, id);
-    batch.open(ELEM_LIST_ELEMENTS);
+/// The `NEWSETELEM` messages filling one anonymous set: as many as its
+/// elements need ([`ELEMENTS_BYTES_MAX`] each), all before the rule that
+/// binds the set (the kernel takes no element for a bound anonymous set).
+struct AnonymousElements {
+    name: String,
+    id: u32,
+    /// A message with an open element list is being written.
+    open: bool,
+}
+
+impl AnonymousElements {
+    /// Makes room for the next element: ends a full message, and starts
+    /// one when none is open.
+    fn next(&mut self, encoder: &mut Encoder, batch: &mut Batch) -> Result<(), EncodeError> {
+        if self.open && batch.nest_len() >= ELEMENTS_BYTES_MAX {
+            batch.close();
+            batch.end()?;
+            self.open = false;
+        }
+        if !self.open {
+            let seq = batch.begin(Kind::NewSetElem, encoder.family, F_CREATE);
+            encoder.note(seq);
+            batch.str(ELEM_LIST_TABLE, &encoder.table);
+            batch.str(ELEM_LIST_SET, &self.name);
+            batch.u32(ELEM_LIST_SET_ID, self.id);
+            batch.open(ELEM_LIST_ELEMENTS);
+            self.open = true;
+        }
+        Ok(())
+    }
+
+    /// Ends the last message.
+    fn finish(self, batch: &mut Batch) -> Result<(), EncodeError> {
+        if self.open {
+            batch.close();
+            batch.end()?;
+        }
+        Ok(())
+    }
 }
 
 fn interval_element(batch: &mut Batch, key: &[u8], end: bool) {
