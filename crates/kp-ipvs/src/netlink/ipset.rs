@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use crate::netlink::channel::{BatchError, Channel};
+use crate::netlink::channel::{BatchError, BatchFailure, Channel};
 use crate::netlink::ipvs::protocol_number;
 use crate::netlink::wire::{
     self, Attributes, Message, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
@@ -194,7 +194,11 @@ impl IpsetNetlink {
         // tells whether there was a set.
         let message =
             request(CMD_DESTROY, NFPROTO_UNSPEC, NLM_F_ACK | NLM_F_EXCL).string(ATTR_SETNAME, name);
-        match self.channel.execute(vec![message]) {
+        match self
+            .channel
+            .execute(vec![message])
+            .map_err(BatchFailure::into_first)
+        {
             Ok(()) => Ok(true),
             Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENOENT) => Ok(false),
             Err(BatchError { error, .. }) => Err(error),
@@ -202,7 +206,7 @@ impl IpsetNetlink {
     }
 
     /// Sends ipset requests in batches.
-    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchError> {
+    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchFailure> {
         self.channel.execute(requests)
     }
 }
@@ -318,7 +322,9 @@ mod tests {
             ),
         ];
         for (kind, entry) in entries {
-            let bytes = IpsetNetlink::entry_message(kind, IpFamily::V4, &entry, true).finish(1);
+            let bytes = IpsetNetlink::entry_message(kind, IpFamily::V4, &entry, true)
+                .finish(1)
+                .unwrap();
             let answer = wire::split(&bytes)[0];
             assert_eq!(answer.kind, SUBSYS_IPSET | CMD_ADD);
             let data = wire::find(&answer.payload[4..], ATTR_DATA).unwrap();
