@@ -75,6 +75,9 @@ struct Sync {
 #[derive(Default)]
 struct Changes {
     last_queued: Family<Labels, FloatGauge>,
+    /// Services left out of the rules because the kernel refused theirs,
+    /// per family.
+    refused_services: Family<Labels, Gauge>,
     service_pending: Gauge,
     service_total: Counter,
     endpoint_pending: Gauge,
@@ -131,7 +134,7 @@ impl ProxyMetrics {
         let watch_failures = Family::default();
         let mut registry = Registry::default();
         register_common(&mut registry, &sync, &changes, &healthz, &livez);
-        register_own(&mut registry, &watch_failures);
+        register_own(&mut registry, &watch_failures, &changes.refused_services);
         register_mode(&mut registry, &sync, mode);
         let process = process::ProcessMetrics::register(&mut registry);
         let rest_client = rest_client::RestClientMetrics::register(&mut registry);
@@ -272,6 +275,10 @@ impl ProxyMetrics {
             totals.endpoint_slices_pending = totals
                 .endpoint_slices_pending
                 .max(counts.endpoint_slices_pending);
+            changes
+                .refused_services
+                .get_or_create(&family_label(proxier.family()))
+                .set(as_gauge(status.refused_services().len() as u64));
             if let Some(queued) = status.last_queued_wall() {
                 changes
                     .last_queued
@@ -441,11 +448,20 @@ fn register_common(
 /// outage it grows by about one per second per watch, while the log says
 /// only when the outage began and ended. Upstream has no such metric
 /// (client-go logs each failure instead), hence the `kubeproxy_rs_` prefix.
-fn register_own(registry: &mut Registry, watch_failures: &Family<Labels, Counter>) {
+fn register_own(
+    registry: &mut Registry,
+    watch_failures: &Family<Labels, Counter>,
+    refused_services: &Family<Labels, Gauge>,
+) {
     registry.register(
         "kubeproxy_rs_api_watch_failures",
         "Failed list and watch requests to the API server, per resource (kube-proxy-rs)",
         watch_failures.clone(),
+    );
+    registry.register(
+        "kubeproxy_rs_sync_refused_services",
+        "Services left out of the proxy rules until they change, because the kernel refused their rules (kube-proxy-rs)",
+        refused_services.clone(),
     );
 }
 

@@ -9,20 +9,23 @@ use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
 
 use crate::metrics::ConntrackMetrics;
 use crate::netlink::NetlinkConntrack;
-use crate::stale::stale_flows;
+use crate::stale::{stale_flows, sync_may_leave_stale_flows};
 use crate::table::{ConntrackError, ConntrackTable};
 
-/// Deletes stale UDP conntrack entries of one IP family after syncs
-/// (upstream's conntrack reconciler, `CleanStaleEntries`).
+/// Deletes stale UDP and SCTP conntrack entries of one IP family after
+/// syncs (upstream's conntrack reconciler, `CleanStaleEntries`).
 ///
 /// As a [`SyncObserver`] it reconciles after the first successful sync
-/// (entries may have gone stale while the proxy was down), after every sync
-/// whose changes made entries stale ([`kp_sync::StaleConntrack`] not empty:
-/// a UDP endpoint removed or no longer ready, a UDP service port that gained
-/// its first endpoint, a UDP ClusterIP removed), and after any sync that
-/// follows a failed reconcile. A reconcile lists the family's entries, picks
-/// the stale ones with [`stale_flows`] and deletes them. Failures are
-/// logged, never passed on: the rules are in place either way.
+/// (entries may have gone stale while the proxy was down), after every
+/// full sync, after every partial sync that changed a Service with a UDP
+/// or SCTP port or removed one ([`sync_may_leave_stale_flows`]), and after
+/// any sync that follows a failed reconcile. A reconcile lists the family's
+/// entries, picks the stale ones with [`stale_flows`] and deletes them.
+/// Failures are logged, never passed on: the rules are in place either way.
+///
+/// Upstream reconciles after every sync; a partial sync that touched only
+/// TCP Services cannot have made a UDP or SCTP entry stale, so here it
+/// does not list the table.
 ///
 /// The netlink socket is opened by the thread that first reconciles, so in
 /// the network namespace the syncs run in.
@@ -134,7 +137,7 @@ impl ConntrackCleaner {
     }
 
     fn needs_cleanup(&self, request: &SyncRequest<'_>) -> bool {
-        self.lock().pending || !request.stale_conntrack.is_empty()
+        self.lock().pending || sync_may_leave_stale_flows(request)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

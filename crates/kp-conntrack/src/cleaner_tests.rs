@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kp_model::IpFamily;
-use kp_sync::{StaleConntrack, SyncObserver, SyncOutcome};
+use kp_sync::{SyncObserver, SyncOutcome};
 use pretty_assertions::assert_eq;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -30,14 +30,9 @@ fn cleaner(table: &FakeConntrack, metrics: &ConntrackMetrics) -> ConntrackCleane
     ConntrackCleaner::with_table(IpFamily::V4, Box::new(table.clone()), metrics.clone())
 }
 
-/// ep1 was replaced by ep2, and the sync says so.
+/// ep1 was replaced by ep2: a partial sync that changed the Service.
 fn ep1_replaced_by_ep2() -> Synced {
-    let removed =
-        kp_model::endpoints_from_slices(&[slice("dns", &[(EP1, ready)])], IpFamily::V4, "node-1");
-    synced(&[dns()], &[slice("dns", &[(EP2, ready)])]).reporting(StaleConntrack {
-        stale_endpoints: vec![(dns_port(), removed[&dns_port()][0].clone())],
-        ..StaleConntrack::default()
-    })
+    synced(&[dns()], &[slice("dns", &[(EP2, ready)])]).changing("dns")
 }
 
 fn metrics_text(metrics: &ConntrackMetrics) -> String {
@@ -85,19 +80,28 @@ fn after_an_endpoint_is_replaced_its_flows_are_deleted_and_counted() {
 }
 
 #[test]
-fn the_first_sync_reconciles_and_later_syncs_only_when_they_made_flows_stale() {
+fn the_first_sync_reconciles_and_later_syncs_only_when_they_touched_a_udp_service() {
     let table = FakeConntrack::with_flows([to_ep2()]);
     let cleaner = cleaner(&table, &ConntrackMetrics::new());
-    let quiet = synced(&[dns()], &[slice("dns", &[(EP2, ready)])]);
+    let quiet = || {
+        synced(
+            &[dns(), web()],
+            &[slice("dns", &[(EP2, ready)]), slice("web", &[(EP1, ready)])],
+        )
+    };
 
-    cleaner.on_synced(&quiet.request(), &SyncOutcome::default());
-    cleaner.on_synced(&quiet.request(), &SyncOutcome::default());
+    cleaner.on_synced(&quiet().request(), &SyncOutcome::default());
+    cleaner.on_synced(&quiet().request(), &SyncOutcome::default());
+    cleaner.on_synced(&quiet().changing("web").request(), &SyncOutcome::default());
     assert_eq!(table.list_calls(), 1, "only the first sync lists the table");
 
     table.insert(to_ep1());
     cleaner.on_synced(&ep1_replaced_by_ep2().request(), &SyncOutcome::default());
     assert_eq!(table.list_calls(), 2);
     assert_eq!(table.flows(), [to_ep2()]);
+
+    cleaner.on_synced(&quiet().full().request(), &SyncOutcome::default());
+    assert_eq!(table.list_calls(), 3, "every full sync reconciles");
 }
 
 #[test]

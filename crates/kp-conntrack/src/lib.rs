@@ -6,8 +6,8 @@
 //!   `SetSysctls`; failures are logged and reported, never fatal.
 //! - After syncs, a [`ConntrackCleaner`] per IP family, attached to that
 //!   family's `kp_sync::Proxier` as a [`kp_sync::SyncObserver`], deletes the
-//!   UDP conntrack entries that still send clients to endpoints that no
-//!   longer serve (upstream's conntrack reconciler), through ctnetlink
+//!   UDP and SCTP conntrack entries that still send clients to endpoints the
+//!   Service no longer uses (upstream's conntrack reconciler), through ctnetlink
 //!   ([`NetlinkConntrack`]). Its [`ConntrackMetrics`] are upstream's
 //!   `kubeproxy_conntrack_reconciler_*` metrics.
 //!
@@ -39,7 +39,7 @@ pub use cleaner::{CleanupReport, ConntrackCleaner};
 pub use flow::{Flow, FlowTuple, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 pub use metrics::{ConntrackMetrics, DELETED_ENTRIES_METRIC, SYNC_DURATION_METRIC};
 pub use netlink::NetlinkConntrack;
-pub use stale::stale_flows;
+pub use stale::{stale_flows, sync_may_leave_stale_flows};
 pub use sysctls::{
     apply_conntrack_sysctls, apply_sysctls, conntrack_max, SysctlError, SysctlPaths, SysctlReport,
 };

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    endpoints_from_slices, service_ports_from_service, CategorizedEndpoints, IpFamily,
-    NamespacedName, NodeInfo, Protocol, ServicePortName,
+    categorize_endpoints, endpoints_from_slices, service_ports_from_service, IpFamily,
+    NamespacedName, NodeInfo, ServicePortName,
 };
 use kp_sync::{ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
@@ -18,6 +18,12 @@ use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
 pub(crate) const EP1: &str = "10.244.1.2";
 pub(crate) const EP2: &str = "10.244.1.3";
 pub(crate) const EP3: &str = "10.244.1.4";
+/// The node's address.
+pub(crate) const NODE_IP: &str = "192.168.99.2";
+/// The pod CIDR of the node.
+const NODE_POD_CIDR: &str = "10.244.1.0/24";
+/// The node's name; endpoints built with `local` are on it.
+const NODE_NAME: &str = "node-1";
 
 pub(crate) fn at(text: &str) -> SocketAddr {
     text.parse().unwrap()
@@ -62,27 +68,40 @@ pub(crate) fn ready(e: EndpointBuilder) -> EndpointBuilder {
     e
 }
 
-pub(crate) fn dns_port() -> ServicePortName {
-    ServicePortName::new(NamespacedName::new("ns1", "dns"), "dns", Protocol::Udp)
+/// Ready, on this node.
+pub(crate) fn local(e: EndpointBuilder) -> EndpointBuilder {
+    e.node(NODE_NAME)
 }
 
-/// The synced state of one family and what the sync reported stale.
+/// Ready, on another node.
+pub(crate) fn remote(e: EndpointBuilder) -> EndpointBuilder {
+    e.node("node-2")
+}
+
+/// The synced state of one family, as a partial sync that changed nothing
+/// hands it over, and what the sync reported removed.
 pub(crate) struct Synced {
     ports: BTreeMap<ServicePortName, ServicePortState>,
     stale: StaleConntrack,
     node: NodeInfo,
     changed: BTreeSet<NamespacedName>,
+    full: bool,
 }
 
+/// The state with `services` and `slices`, endpoints categorized for this
+/// node as the sync loop does.
 pub(crate) fn synced(services: &[Service], slices: &[EndpointSlice]) -> Synced {
-    let endpoints = endpoints_from_slices(slices, IpFamily::V4, "node-1");
+    let endpoints = endpoints_from_slices(slices, IpFamily::V4, NODE_NAME);
     let mut ports = BTreeMap::new();
     for service in services {
         for (name, port) in service_ports_from_service(service, IpFamily::V4).unwrap() {
+            let all_endpoints = endpoints.get(&name).cloned().unwrap_or_default();
+            let categorized =
+                categorize_endpoints(&all_endpoints, &port, NODE_NAME, &BTreeMap::new());
             let state = ServicePortState {
                 port: Arc::new(port),
-                endpoints: CategorizedEndpoints::default(),
-                all_endpoints: endpoints.get(&name).cloned().unwrap_or_default(),
+                endpoints: categorized,
+                all_endpoints,
             };
             ports.insert(name, state);
         }
@@ -90,8 +109,14 @@ pub(crate) fn synced(services: &[Service], slices: &[EndpointSlice]) -> Synced {
     Synced {
         ports,
         stale: StaleConntrack::default(),
-        node: NodeInfo::default(),
+        node: NodeInfo {
+            name: NODE_NAME.to_owned(),
+            addresses: vec![NODE_IP.parse().unwrap()],
+            pod_cidrs: vec![NODE_POD_CIDR.parse().unwrap()],
+            ..NodeInfo::default()
+        },
         changed: BTreeSet::new(),
+        full: false,
     }
 }
 
@@ -101,11 +126,23 @@ impl Synced {
         self
     }
 
+    /// As a partial sync that changed the Service `ns1/name`.
+    pub(crate) fn changing(mut self, name: &str) -> Self {
+        self.changed.insert(NamespacedName::new("ns1", name));
+        self
+    }
+
+    /// As a full sync.
+    pub(crate) fn full(mut self) -> Self {
+        self.full = true;
+        self
+    }
+
     /// The request of a sync that reached this state.
     pub(crate) fn request(&self) -> SyncRequest<'_> {
         SyncRequest {
             family: IpFamily::V4,
-            full: false,
+            full: self.full,
             service_ports: &self.ports,
             changed_services: &self.changed,
             node: &self.node,

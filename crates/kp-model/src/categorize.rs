@@ -23,6 +23,33 @@ pub struct CategorizedEndpoints {
     pub has_any_endpoints: bool,
 }
 
+impl CategorizedEndpoints {
+    /// The endpoints new traffic to the service port's ClusterIP goes to:
+    /// the local ones under `internalTrafficPolicy: Local`, else the
+    /// cluster ones. `port` is the service port these were categorized for.
+    pub fn for_internal_traffic(&self, port: &ServicePort) -> &[Arc<Endpoint>] {
+        if port.internal_policy_local {
+            &self.local
+        } else {
+            &self.cluster
+        }
+    }
+
+    /// The endpoints new traffic to the service port's external addresses
+    /// (NodePort, external IPs, load balancer IPs) may go to: the cluster
+    /// ones; under `externalTrafficPolicy: Local`, clients outside the node
+    /// go to the local ones while the node's own pods and processes are
+    /// sent on to the cluster ones (as upstream's `KUBE-EXT-` chain does),
+    /// so both.
+    pub fn for_external_traffic(&self, port: &ServicePort) -> &[Arc<Endpoint>] {
+        if port.external_policy_local {
+            &self.all_reachable
+        } else {
+            &self.cluster
+        }
+    }
+}
+
 /// Feature gates that change how [`categorize_endpoints_with`] reads
 /// topology hints. The default is Kubernetes v1.34's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

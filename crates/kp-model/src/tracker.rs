@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::endpoints::{merge_slices, Endpoint, EndpointsMap, ServiceEndpoints, SliceInfo};
+use crate::endpoints::{merge_slices, EndpointsMap, ServiceEndpoints, SliceInfo};
 use crate::events::ObjectEvent;
 use crate::service::{
     service_ports_from_service, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap,
@@ -26,9 +26,9 @@ use crate::ANNOTATION_LAST_CHANGE_TRIGGER_TIME;
 pub struct ServiceUpdate {
     /// Services whose service ports differ from the last drain.
     pub changed: BTreeSet<NamespacedName>,
-    /// ClusterIPs of UDP service ports that were removed (their conntrack
-    /// entries are stale).
-    pub deleted_udp_cluster_ips: BTreeSet<IpAddr>,
+    /// ClusterIPs of UDP and SCTP service ports that were removed (their
+    /// conntrack entries are stale).
+    pub deleted_cluster_ips: BTreeSet<IpAddr>,
 }
 
 /// What a drain of the [`EndpointsChangeTracker`] reports.
@@ -36,15 +36,6 @@ pub struct ServiceUpdate {
 pub struct EndpointsUpdate {
     /// Services whose endpoints differ from the last drain.
     pub changed: BTreeSet<NamespacedName>,
-    /// Endpoints of UDP service ports that were ready at the last drain and
-    /// now are removed or not ready, per service port: conntrack entries
-    /// pointing at them must be deleted, or UDP "flows" keep going to them.
-    /// Ordered by service port name, then (ip, port).
-    pub stale_endpoints: Vec<(ServicePortName, Arc<Endpoint>)>,
-    /// UDP service ports that had no ready endpoint and now have one: packets
-    /// sent while they had none may have left conntrack entries that
-    /// blackhole the flow, which must be deleted.
-    pub newly_active: BTreeSet<ServicePortName>,
     /// Per changed Service, the `endpoints.kubernetes.io/last-change-trigger-time`
     /// of each slice update behind the change, oldest first: once the sync
     /// applied the change, now minus each is one network-programming latency.
@@ -157,8 +148,9 @@ impl ServiceChangeTracker {
                     service_ports.remove(port_name);
                 }
                 let address_gone = new.is_none_or(|new| new.cluster_ip != old.cluster_ip);
-                if port_name.protocol == Protocol::Udp && address_gone {
-                    update.deleted_udp_cluster_ips.insert(old.cluster_ip);
+                let pinned = matches!(port_name.protocol, Protocol::Udp | Protocol::Sctp);
+                if pinned && address_gone {
+                    update.deleted_cluster_ips.insert(old.cluster_ip);
                 }
             }
             for (port_name, port) in &current {
@@ -271,7 +263,6 @@ impl EndpointsChangeTracker {
         }
         for (name, current) in std::mem::take(&mut self.pending) {
             let previous = self.applied.remove(&name).unwrap_or_default();
-            detect_stale(&previous, &current, &mut update);
             for port_name in previous.keys() {
                 flat.remove(port_name);
             }
@@ -367,47 +358,6 @@ fn last_change_trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
         Err(error) => {
             tracing::debug!(value = %text, %error, "ignoring an unparsable last-change-trigger-time annotation");
             None
-        }
-    }
-}
-
-/// Finds UDP endpoints whose conntrack entries became stale and UDP ports
-/// that got their first ready endpoint (upstream's
-/// `detectStaleConntrackEntries`).
-fn detect_stale(
-    previous: &ServiceEndpoints,
-    current: &ServiceEndpoints,
-    update: &mut EndpointsUpdate,
-) {
-    let still_ready = |port_name: &ServicePortName, old: &Endpoint| {
-        current.get(port_name).is_some_and(|endpoints| {
-            endpoints
-                .binary_search_by(|ep| (ep.ip, ep.port).cmp(&(old.ip, old.port)))
-                .is_ok_and(|index| endpoints[index].ready)
-        })
-    };
-    for (port_name, endpoints) in previous {
-        if port_name.protocol != Protocol::Udp {
-            continue;
-        }
-        // An endpoint that was not ready got no traffic, so has no entries.
-        for old in endpoints.iter().filter(|ep| ep.ready) {
-            if !still_ready(port_name, old) {
-                update
-                    .stale_endpoints
-                    .push((port_name.clone(), Arc::clone(old)));
-            }
-        }
-    }
-    let any_ready = |endpoints: Option<&Vec<Arc<Endpoint>>>| {
-        endpoints.is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
-    };
-    for (port_name, endpoints) in current {
-        if port_name.protocol == Protocol::Udp
-            && any_ready(Some(endpoints))
-            && !any_ready(previous.get(port_name))
-        {
-            update.newly_active.insert(port_name.clone());
         }
     }
 }

@@ -71,10 +71,6 @@ fn ready(ep: EndpointBuilder) -> EndpointBuilder {
     ep.ready(true).node("node-2")
 }
 
-fn not_ready(ep: EndpointBuilder) -> EndpointBuilder {
-    ep.ready(false).serving(false).node("node-2")
-}
-
 fn dns_port() -> ServicePortName {
     ServicePortName::new(svc1(), "dns", Protocol::Udp)
 }
@@ -143,10 +139,29 @@ fn a_deleted_udp_service_reports_its_cluster_ip() {
 
     assert_eq!(update.changed, BTreeSet::from([svc1()]));
     assert_eq!(
-        update.deleted_udp_cluster_ips,
+        update.deleted_cluster_ips,
         BTreeSet::from(["10.96.0.10".parse().unwrap()])
     );
     assert!(tracker.service_ports().is_empty());
+}
+
+#[test]
+fn a_deleted_sctp_service_reports_its_cluster_ip_too() {
+    let mut tracker = services();
+    let sctp = || {
+        service("ns1", "svc1", |s| {
+            s.cluster_ip("10.96.0.10").port("assoc", 3868, "SCTP")
+        })
+    };
+    tracker.record(&apply(sctp()));
+    tracker.drain();
+
+    tracker.record(&delete(sctp()));
+
+    assert_eq!(
+        tracker.drain().deleted_cluster_ips,
+        BTreeSet::from(["10.96.0.10".parse().unwrap()])
+    );
 }
 
 #[test]
@@ -161,7 +176,7 @@ fn removing_only_a_tcp_port_reports_no_udp_address() {
     let update = tracker.drain();
 
     assert_eq!(update.changed.len(), 1);
-    assert!(update.deleted_udp_cluster_ips.is_empty());
+    assert!(update.deleted_cluster_ips.is_empty());
     assert_eq!(tracker.service_ports().len(), 1);
 }
 
@@ -213,8 +228,6 @@ fn new_endpoints_are_reported_and_merged_across_slices() {
     let update = tracker.drain();
 
     assert_eq!(update.changed, BTreeSet::from([svc1()]));
-    assert_eq!(update.newly_active, BTreeSet::from([dns_port()]));
-    assert!(update.stale_endpoints.is_empty());
     assert_eq!(tracker.endpoints()[&dns_port()].len(), 2);
 }
 
@@ -252,85 +265,6 @@ fn a_slice_added_and_deleted_between_drains_leaves_nothing() {
 
     assert_eq!(tracker.drain(), Default::default());
     assert!(tracker.endpoints().is_empty());
-}
-
-#[test]
-fn a_removed_udp_endpoint_is_stale() {
-    let mut tracker = endpoints();
-    tracker.record(&apply(dns_slice(
-        "svc1-a",
-        &[("10.244.2.2", ready), ("10.244.2.3", ready)],
-    )));
-    tracker.drain();
-
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.3", ready)])));
-    let update = tracker.drain();
-
-    let stale: Vec<String> = update
-        .stale_endpoints
-        .iter()
-        .map(|(name, ep)| format!("{name} {ep}"))
-        .collect();
-    assert_eq!(stale, vec!["ns1/svc1:dns 10.244.2.2:53"]);
-    assert!(update.newly_active.is_empty());
-}
-
-#[test]
-fn a_udp_endpoint_that_stops_being_ready_is_stale() {
-    let mut tracker = endpoints();
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.2", ready)])));
-    tracker.drain();
-
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.2", not_ready)])));
-    let update = tracker.drain();
-
-    assert_eq!(update.stale_endpoints.len(), 1);
-    assert_eq!(update.stale_endpoints[0].1.to_string(), "10.244.2.2:53");
-}
-
-#[test]
-fn an_endpoint_that_never_was_ready_is_never_stale() {
-    let mut tracker = endpoints();
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.2", not_ready)])));
-    let first = tracker.drain();
-    assert!(first.newly_active.is_empty());
-
-    tracker.record(&delete(dns_slice("svc1-a", &[])));
-    let update = tracker.drain();
-
-    assert_eq!(update.changed, BTreeSet::from([svc1()]));
-    assert!(update.stale_endpoints.is_empty());
-    assert!(tracker.endpoints().is_empty());
-}
-
-#[test]
-fn a_udp_port_whose_first_endpoint_becomes_ready_is_newly_active() {
-    let mut tracker = endpoints();
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.2", not_ready)])));
-    tracker.drain();
-
-    tracker.record(&apply(dns_slice("svc1-a", &[("10.244.2.2", ready)])));
-
-    assert_eq!(tracker.drain().newly_active, BTreeSet::from([dns_port()]));
-}
-
-#[test]
-fn tcp_endpoints_never_need_conntrack_cleanup() {
-    let mut tracker = endpoints();
-    let tcp = |address: &str| {
-        endpoint_slice("ns1", "svc1-a", "svc1", |e| {
-            e.port("p80", 8080, "TCP")
-                .endpoint(address, |ep| ep.ready(true))
-        })
-    };
-    tracker.record(&apply(tcp("10.244.2.2")));
-    let first = tracker.drain();
-    tracker.record(&apply(tcp("10.244.2.3")));
-    let second = tracker.drain();
-
-    assert!(first.newly_active.is_empty());
-    assert!(second.stale_endpoints.is_empty());
-    assert_eq!(second.changed.len(), 1);
 }
 
 #[test]

@@ -17,7 +17,9 @@ use common::{Recorder, NODE_NAME};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::ProxyEventHandler;
-use kp_source::api::{client_from, post_starting_event, ApiError, ApiSource};
+use kp_source::api::{
+    client_from, post_refused_rules_event, post_starting_event, ApiError, ApiSource,
+};
 use kp_testkit::apiserver::TestApiServer;
 use kp_testkit::plan::OTHER_NODE_NAME;
 use kp_testkit::{endpoint_slice, node, service};
@@ -442,6 +444,45 @@ async fn the_starting_event_is_posted_about_the_node() {
         ],
         "no note (upstream's is empty) and no deprecated field"
     );
+    server.assert_no_protocol_errors();
+}
+
+#[tokio::test]
+async fn a_service_whose_rules_the_kernel_refused_gets_a_warning_event_the_api_accepts() {
+    let server = TestApiServer::start().await.unwrap();
+    let client = client_from(None, Some(&server.url()), 5.0, 10)
+        .await
+        .unwrap();
+    server.create(kp_testkit::builders::service("ns1", "big", |s| {
+        s.cluster_ip("10.96.0.50").port("http", 80, "TCP")
+    }));
+    let service = kp_model::NamespacedName::new("ns1", "big");
+    let why = format!("nftables backend: committing failed: {}", "x".repeat(2_000));
+
+    post_refused_rules_event(&client, &service, NODE_NAME, &why)
+        .await
+        .unwrap();
+
+    let events = server.events();
+    assert_eq!(events.len(), 1, "{:#?}", server.protocol_errors());
+    let event = &events[0];
+    assert_eq!(
+        (event.api_version.as_str(), event.namespace.as_str()),
+        ("events.k8s.io/v1", "ns1")
+    );
+    let object = &event.object;
+    assert_eq!(object["reason"], "FailedToProgramServiceRules");
+    assert_eq!(object["type"], "Warning");
+    assert_eq!(
+        object["regarding"],
+        serde_json::json!({"apiVersion": "v1", "kind": "Service", "namespace": "ns1", "name": "big"})
+    );
+    let note = object["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(&format!("node {NODE_NAME} left this Service out")),
+        "{note}"
+    );
+    assert_eq!(note.len(), 1024, "cut at the API's limit");
     server.assert_no_protocol_errors();
 }
 

@@ -63,19 +63,15 @@ pub struct ServicePortState {
     pub all_endpoints: Vec<Arc<Endpoint>>,
 }
 
-/// Conntrack entries made stale by the changes behind a sync; the conntrack
-/// cleaner removes them once the new rules are in place.
+/// What the changes behind a sync removed that the conntrack cleaner cannot
+/// see in the synced state itself. Everything else it decides from the
+/// state: which endpoints each frontend of a UDP or SCTP service port uses
+/// now.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StaleConntrack {
-    /// ClusterIPs of removed UDP service ports
+    /// ClusterIPs of removed UDP and SCTP service ports
     /// (`conntrack -D -p udp --orig-dst IP`).
-    pub deleted_udp_cluster_ips: BTreeSet<IpAddr>,
-    /// Endpoints that were removed or stopped being ready, per service port
-    /// (`conntrack -D -p udp --orig-dst SVC-IP --dst-nat ENDPOINT-IP`).
-    pub stale_endpoints: Vec<(ServicePortName, Arc<Endpoint>)>,
-    /// UDP service ports that had no ready endpoint and now have one: entries
-    /// cached while they rejected traffic must go.
-    pub newly_active: BTreeSet<ServicePortName>,
+    pub deleted_cluster_ips: BTreeSet<IpAddr>,
 }
 
 /// What a backend reports about a successful sync, for logs and metrics.
@@ -168,22 +164,13 @@ pub enum BackendError {
 impl StaleConntrack {
     /// True when there is nothing to clean up.
     pub fn is_empty(&self) -> bool {
-        self.deleted_udp_cluster_ips.is_empty()
-            && self.stale_endpoints.is_empty()
-            && self.newly_active.is_empty()
+        self.deleted_cluster_ips.is_empty()
     }
 
     /// Adds `other`'s entries to these (used when a failed sync hands its
     /// entries on to the next one).
     pub fn merge(&mut self, other: StaleConntrack) {
-        self.deleted_udp_cluster_ips
-            .extend(other.deleted_udp_cluster_ips);
-        for entry in other.stale_endpoints {
-            if !self.stale_endpoints.contains(&entry) {
-                self.stale_endpoints.push(entry);
-            }
-        }
-        self.newly_active.extend(other.newly_active);
+        self.deleted_cluster_ips.extend(other.deleted_cluster_ips);
     }
 }
 
@@ -225,6 +212,13 @@ fn refused_services(services: &BTreeSet<NamespacedName>) -> String {
         return String::new();
     }
     let names: Vec<String> = services.iter().map(ToString::to_string).collect();
-    let noun = if names.len() == 1 { "Service" } else { "Services" };
-    format!(" (the kernel refused the rules of {noun} {})", names.join(", "))
+    let noun = if names.len() == 1 {
+        "Service"
+    } else {
+        "Services"
+    };
+    format!(
+        " (the kernel refused the rules of {noun} {})",
+        names.join(", ")
+    )
 }

@@ -49,6 +49,11 @@ pub trait SyncObserver: Send + Sync {
     /// A sync attempt ended, successfully or not (for metrics); called after
     /// [`on_synced`](SyncObserver::on_synced) on success.
     fn on_sync_finished(&self, _family: IpFamily, _stats: &SyncStats) {}
+
+    /// The kernel refused the rules of `service` (for the reason given), so
+    /// the following syncs leave it out until it changes; told once per
+    /// refusal (e.g. to post an Event about the Service).
+    fn on_service_refused(&self, _family: IpFamily, _service: &NamespacedName, _reason: &str) {}
 }
 
 /// The change trackers and sync loop of one IP family, driving one backend.
@@ -113,6 +118,10 @@ struct Tracked {
     carried_stale: StaleConntrack,
     /// Trigger times of the changes of failed syncs, handed to the next one.
     carried_trigger_times: Vec<SystemTime>,
+    /// Services whose rules the kernel refused, with the reason: left out
+    /// of every sync until they change, so that they do not keep every
+    /// other Service from being programmed.
+    refused: BTreeMap<NamespacedName, String>,
 }
 
 /// Failed sync attempts in a row. A failure that repeats the previous one
@@ -138,6 +147,9 @@ struct Drained {
     queued_since: Option<Instant>,
     /// Last-change trigger times of the slice updates behind `changed`.
     trigger_times: Vec<SystemTime>,
+    /// Services left out of this sync: the kernel refused their rules and
+    /// they have not changed since.
+    refused: BTreeSet<NamespacedName>,
 }
 
 impl Proxier {
@@ -154,6 +166,7 @@ impl Proxier {
             needs_full_sync: true,
             carried_stale: StaleConntrack::default(),
             carried_trigger_times: Vec::new(),
+            refused: BTreeMap::new(),
         };
         Self {
             family: config.family,
@@ -368,6 +381,9 @@ impl Proxier {
                 let unavailable =
                     matches!(source, BackendError::Unavailable { .. }).then(|| source.to_string());
                 self.status.record(stats, unavailable);
+                if let BackendError::Rejected { services, .. } = &source {
+                    self.refuse(services, &error_chain(&source));
+                }
                 self.restore_after_failure(drained);
                 Err(SyncError::Backend {
                     family: family_name(self.family),
@@ -396,11 +412,12 @@ impl Proxier {
         let needed_full = std::mem::take(&mut tracked.needs_full_sync);
         let mut changed = services.changed;
         changed.extend(endpoints.changed);
+        tracked.forgive_changed(&changed, self.family);
+        self.status
+            .set_refused_services(tracked.refused.keys().cloned().collect());
         let mut stale = std::mem::take(&mut tracked.carried_stale);
         stale.merge(StaleConntrack {
-            deleted_udp_cluster_ips: services.deleted_udp_cluster_ips,
-            stale_endpoints: endpoints.stale_endpoints,
-            newly_active: endpoints.newly_active,
+            deleted_cluster_ips: services.deleted_cluster_ips,
         });
         Ok(Drained {
             full: force_full || needed_full,
@@ -411,7 +428,42 @@ impl Proxier {
             stale,
             queued_since: self.status.take_queued(),
             trigger_times,
+            refused: tracked.refused.keys().cloned().collect(),
         })
+    }
+
+    /// Leaves `services` out of the following syncs until they change: the
+    /// kernel refused their rules. Logs and tells the observers once per
+    /// Service.
+    fn refuse(&self, services: &BTreeSet<NamespacedName>, reason: &str) {
+        if services.is_empty() {
+            return;
+        }
+        let newly_refused: Vec<&NamespacedName> = {
+            let mut tracked = self.lock_tracked();
+            let newly: Vec<&NamespacedName> = services
+                .iter()
+                .filter(|service| !tracked.refused.contains_key(*service))
+                .collect();
+            for service in services {
+                tracked.refused.insert(service.clone(), reason.to_owned());
+            }
+            self.status
+                .set_refused_services(tracked.refused.keys().cloned().collect());
+            newly
+        };
+        for service in newly_refused {
+            tracing::error!(
+                family = family_name(self.family),
+                mode = self.mode,
+                service = %service,
+                reason,
+                "the kernel refused the rules of a Service; it is left out of the proxy rules until it changes"
+            );
+            for observer in &self.observers {
+                observer.on_service_refused(self.family, service, reason);
+            }
+        }
     }
 
     /// `finished_at` minus each trigger time after the proxy started.
@@ -528,6 +580,22 @@ impl Failures {
 }
 
 impl Tracked {
+    /// Gives refused Services that changed another try.
+    fn forgive_changed(&mut self, changed: &BTreeSet<NamespacedName>, family: IpFamily) {
+        if self.refused.is_empty() {
+            return;
+        }
+        for service in changed {
+            if self.refused.remove(service).is_some() {
+                tracing::info!(
+                    family = family_name(family),
+                    service = %service,
+                    "a Service whose rules the kernel refused changed; programming it again"
+                );
+            }
+        }
+    }
+
     /// What the first sync still waits for, if anything.
     fn waiting_for(&self) -> Option<&'static str> {
         match (self.services_synced, self.endpoint_slices_synced) {
@@ -603,9 +671,9 @@ struct Categorized {
     service_ports: BTreeMap<ServicePortName, ServicePortState>,
 }
 
-/// The categorized view of `drained`: built anew for a full sync or a new
-/// node; for a partial sync, the last view with the changed Services'
-/// service ports categorized again. Categorizing every service port on
+/// The categorized view of `drained`, without the refused Services: built
+/// anew for a full sync or a new node; for a partial sync, the last view
+/// with the changed Services' service ports categorized again. Categorizing every service port on
 /// every sync cost a partial sync at 10,000 Services more than the rest of
 /// the sync loop together (upstream does it per service port on every
 /// sync as well).
@@ -623,19 +691,23 @@ fn categorize<'a>(
             for service in &drained.changed {
                 remove_service(&mut last.service_ports, service);
             }
-            let changed = drained
-                .service_ports
-                .iter()
-                .filter(|(name, _)| drained.changed.contains(&name.service));
+            let changed = drained.service_ports.iter().filter(|(name, _)| {
+                drained.changed.contains(&name.service) && !drained.refused.contains(&name.service)
+            });
             last.service_ports
                 .extend(categorize_each(changed, drained, topology));
             last
         }
-        None => Categorized {
-            node: drained.node.clone(),
-            service_ports: categorize_each(drained.service_ports.iter(), drained, topology)
-                .collect(),
-        },
+        None => {
+            let programmed = drained
+                .service_ports
+                .iter()
+                .filter(|(name, _)| !drained.refused.contains(&name.service));
+            Categorized {
+                node: drained.node.clone(),
+                service_ports: categorize_each(programmed, drained, topology).collect(),
+            }
+        }
     };
     &categorized.insert(current).service_ports
 }

@@ -4,6 +4,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use kp_model::NamespacedName;
 use tokio::time::Instant;
 
 use crate::backend::SyncOutcome;
@@ -94,6 +95,7 @@ struct StatusInner {
     totals: SyncTotals,
     changes: ChangeCounts,
     unavailable: Option<String>,
+    refused_services: Vec<NamespacedName>,
 }
 
 impl SyncStatus {
@@ -133,6 +135,17 @@ impl SyncStatus {
     /// `None` once a sync succeeds.
     pub fn unavailable(&self) -> Option<String> {
         self.lock().unavailable.clone()
+    }
+
+    /// The Services whose rules the kernel refused and that the syncs leave
+    /// out until they change (`kubeproxy_rs_sync_refused_services`).
+    pub fn refused_services(&self) -> Vec<NamespacedName> {
+        self.lock().refused_services.clone()
+    }
+
+    /// Sets the Services the syncs leave out.
+    pub(crate) fn set_refused_services(&self, services: Vec<NamespacedName>) {
+        self.lock().refused_services = services;
     }
 
     /// When a sync was last asked for (wall clock, for

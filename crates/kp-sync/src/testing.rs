@@ -60,6 +60,9 @@ struct FakeState {
     requests: Vec<RecordedSync>,
     failures_left: usize,
     unavailable: bool,
+    /// Services whose rules this fake refuses, as a kernel refuses a
+    /// Service's rules: every sync that renders one of them fails.
+    refused: BTreeSet<NamespacedName>,
 }
 
 impl FakeBackend {
@@ -89,6 +92,19 @@ impl FakeBackend {
         let mut state = self.lock();
         state.failures_left = count;
         state.unavailable = true;
+    }
+
+    /// Refuses the rules of `service` from now on, as the kernel refuses an
+    /// oversized or malformed object: a sync whose request renders it (a
+    /// full sync that holds it, or a partial one that changed it) fails
+    /// with [`BackendError::Rejected`] naming it.
+    pub fn refuse_service(&self, service: NamespacedName) {
+        self.lock().refused.insert(service);
+    }
+
+    /// Accepts every Service's rules again.
+    pub fn refuse_service_no_more(&self) {
+        self.lock().refused.clear();
     }
 
     /// Every request received so far, oldest first.
@@ -152,14 +168,24 @@ impl Backend for FakeBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
-        let (failed, unavailable) = {
+        let (failed, unavailable, refused) = {
             let mut state = self.lock();
-            let failed = state.failures_left > 0;
+            let refused: BTreeSet<NamespacedName> = request
+                .service_ports
+                .keys()
+                .map(|name| &name.service)
+                .filter(|service| {
+                    state.refused.contains(*service)
+                        && (request.full || request.changed_services.contains(*service))
+                })
+                .cloned()
+                .collect();
+            let failed = state.failures_left > 0 || !refused.is_empty();
             state.failures_left = state.failures_left.saturating_sub(1);
             state.requests.push(RecordedSync::new(request, failed));
             let unavailable = failed && state.unavailable;
             state.unavailable &= state.failures_left > 0;
-            (failed, unavailable)
+            (failed, unavailable, refused)
         };
         self.syncs.send_modify(|received| *received += 1);
         if unavailable {
@@ -173,7 +199,7 @@ impl Backend for FakeBackend {
             return Err(BackendError::Rejected {
                 mode: self.mode,
                 attempted: "applying the fake ruleset".to_owned(),
-                services: Default::default(),
+                services: refused,
                 source: Box::new(InjectedFailure),
             });
         }

@@ -108,14 +108,15 @@ fn an_endpoint_change_gives_a_partial_sync_naming_only_its_service() {
 }
 
 #[test]
-fn a_removed_udp_endpoint_is_handed_on_as_stale_conntrack() {
+fn a_removed_udp_service_is_handed_on_as_stale_conntrack() {
     let (proxier, backend) = proxier_after_first_sync();
 
-    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+    proxier.on_service(ObjectEvent::Delete(dns()));
     proxier.sync_once().unwrap();
 
     let request = backend.take_single_request();
-    assert_eq!(stale_endpoint_ips(&request), [ip("10.244.1.6")]);
+    assert_eq!(deleted_cluster_ips(&request), [ip("10.96.0.12")]);
+    assert_eq!(request.changed_service_names(), ["ns1/dns"]);
 }
 
 #[test]
@@ -152,7 +153,7 @@ fn an_ordinary_backend_failure_does_not_mark_the_mode_unavailable() {
 fn a_backend_failure_makes_the_next_sync_full() {
     let (proxier, backend) = proxier_after_first_sync();
     backend.fail_next(1);
-    apply(&*proxier, &[], &[dns_endpoints(&["10.244.1.7"])]);
+    proxier.on_service(ObjectEvent::Delete(dns()));
 
     let error = proxier.sync_once().unwrap_err();
 
@@ -175,8 +176,8 @@ fn a_backend_failure_makes_the_next_sync_full() {
 
     let retry = backend.take_single_request();
     assert!(retry.full);
-    // The stale endpoint of the failed sync is not forgotten.
-    assert_eq!(stale_endpoint_ips(&retry), [ip("10.244.1.6")]);
+    // The removed ClusterIP of the failed sync is not forgotten.
+    assert_eq!(deleted_cluster_ips(&retry), [ip("10.96.0.12")]);
     assert_eq!(status.queued_since(), None);
 }
 
@@ -409,9 +410,9 @@ fn endpoint_ips(endpoints: &[Arc<kp_model::Endpoint>]) -> Vec<String> {
     endpoints.iter().map(|ep| ep.ip.to_string()).collect()
 }
 
-fn stale_endpoint_ips(request: &RecordedSync) -> Vec<IpAddr> {
-    let stale = &request.stale_conntrack.stale_endpoints;
-    stale.iter().map(|(_, endpoint)| endpoint.ip).collect()
+fn deleted_cluster_ips(request: &RecordedSync) -> Vec<IpAddr> {
+    let stale = &request.stale_conntrack.deleted_cluster_ips;
+    stale.iter().copied().collect()
 }
 
 /// Every ClusterIP and endpoint address of a request, in order.

@@ -2,7 +2,7 @@
 //! cleanup, metrics, service health-check ports) and the healthz and
 //! metrics servers.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use kp_agent::servers::{configz_json, healthz_handler, metrics_handler};
@@ -13,8 +13,9 @@ use kp_agent::{
 use kp_config::{KubeProxyConfiguration, ProxyMode};
 use kp_conntrack::{ConntrackCleaner, ConntrackMetrics};
 use kp_iptables::{NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS};
+use kp_model::{IpFamily, NamespacedName};
 use kp_nfacct::NfacctClient;
-use kp_sync::Proxier;
+use kp_sync::{Proxier, SyncObserver, SyncOutcome, SyncRequest};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -23,12 +24,31 @@ pub struct Agent {
     metrics: ProxyMetrics,
     health_checks: ServiceHealthServers,
     conntrack: ConntrackMetrics,
+    /// Whether the mode DNATs flows to endpoints, whose conntrack entries
+    /// then pin UDP and SCTP clients to them (every mode but userspace,
+    /// whose flows end at the proxy's own relay, which picks endpoints
+    /// itself).
+    cleans_conntrack: bool,
+    service_events: Arc<ServiceEvents>,
+}
+
+/// Posts a Warning event about each Service whose rules the kernel refused,
+/// once the API client exists (with `--manifests` there is none, and the
+/// log line and metric say it alone).
+struct ServiceEvents {
+    node_name: String,
+    runtime: tokio::runtime::Handle,
+    client: OnceLock<kube::Client>,
 }
 
 impl Agent {
     /// The agent of a proxy in `mode` with `config`; call inside the
     /// runtime.
-    pub fn new(config: &KubeProxyConfiguration, mode: ProxyMode) -> anyhow::Result<Self> {
+    pub fn new(
+        config: &KubeProxyConfiguration,
+        mode: ProxyMode,
+        node_name: &str,
+    ) -> anyhow::Result<Self> {
         let metrics = ProxyMetrics::new(mode.as_str());
         if mode == ProxyMode::Iptables {
             metrics.count_nfacct(
@@ -50,7 +70,19 @@ impl Agent {
             metrics,
             health_checks,
             conntrack,
+            cleans_conntrack: mode != ProxyMode::Userspace,
+            service_events: Arc::new(ServiceEvents {
+                node_name: node_name.to_owned(),
+                runtime: tokio::runtime::Handle::current(),
+                client: OnceLock::new(),
+            }),
         })
+    }
+
+    /// The API client to post events with.
+    pub fn use_api_client(&self, client: &kube::Client) {
+        // Set once: a second call would be the same client.
+        let _ = self.service_events.client.set(client.clone());
     }
 
     /// Where the API client reports its requests (`rest_client_*`).
@@ -59,11 +91,13 @@ impl Agent {
     }
 
     /// `proxier` with the agent's observers attached.
-    pub fn observe(&self, proxier: Proxier) -> Proxier {
-        let family = proxier.family();
-        let cleaner = ConntrackCleaner::new(family, self.conntrack.clone());
+    pub fn observe(&self, mut proxier: Proxier) -> Proxier {
+        if self.cleans_conntrack {
+            let cleaner = ConntrackCleaner::new(proxier.family(), self.conntrack.clone());
+            proxier = proxier.with_observer(Arc::new(cleaner));
+        }
         proxier
-            .with_observer(Arc::new(cleaner))
+            .with_observer(Arc::clone(&self.service_events) as Arc<dyn SyncObserver>)
             .with_observer(self.metrics.observer())
             .with_observer(Arc::new(self.health_checks.clone()))
     }
@@ -135,6 +169,26 @@ fn health_check_addresses(config: &KubeProxyConfiguration) -> anyhow::Result<Lis
         };
         node_ports.resolve(family, node, &local)
     }))
+}
+
+impl SyncObserver for ServiceEvents {
+    fn on_synced(&self, _request: &SyncRequest<'_>, _outcome: &SyncOutcome) {}
+
+    fn on_service_refused(&self, _family: IpFamily, service: &NamespacedName, reason: &str) {
+        let Some(client) = self.client.get().cloned() else {
+            return;
+        };
+        let service = service.clone();
+        let node_name = self.node_name.clone();
+        let reason = reason.to_owned();
+        // Called from the sync thread; the post runs on the runtime and
+        // never holds up the next sync.
+        self.runtime.spawn(async move {
+            let _ =
+                kp_source::api::post_refused_rules_event(&client, &service, &node_name, &reason)
+                    .await;
+        });
+    }
 }
 
 #[cfg(test)]

@@ -233,7 +233,7 @@ async fn serve(
     // Each failure is logged by name; none stops the proxy.
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
     modes::remove_leftovers(mode);
-    let agent = Agent::new(config, mode)?;
+    let agent = Agent::new(config, mode, node_name)?;
     let proxiers = build_proxiers(config, mode, node_name, false)?
         .into_iter()
         .map(|proxier| Arc::new(agent.observe(proxier)))
@@ -254,6 +254,7 @@ async fn serve(
             }
             None => {
                 let client = api_client(resolved, Some(agent.api_requests())).await?;
+                agent.use_api_client(&client);
                 // Upstream posts this event and carries on when it cannot.
                 let _ = post_starting_event(&client, node_name).await;
                 let run = ApiSource::new(client, node_name).run(handler, stopped(stop_rx.clone()));

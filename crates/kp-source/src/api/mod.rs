@@ -36,7 +36,10 @@ pub use client::{
     client_from, config_origin, observed_client_from, ConfigOrigin, ObserveLayer, Observed,
     RateLimitLayer, RateLimited, RequestObserver, RequestOutcome,
 };
-pub use event::{post_starting_event, starting_event};
+pub use event::{
+    post_refused_rules_event, post_starting_event, refused_rules_event, starting_event,
+    REFUSED_RULES_REASON,
+};
 pub use retry::{
     is_retry_noise, watch_failures, WatchFailures, FIRST_RETRY, MAX_RETRY, QUIET_IS_HEALTHY,
 };
@@ -108,6 +111,17 @@ pub enum ApiError {
     PostEvent {
         /// The node the event is about.
         node: String,
+        /// The event's reason.
+        reason: String,
+        /// Why it failed.
+        #[source]
+        source: kube::Error,
+    },
+    /// Posting an event about a Service failed.
+    #[error("posting event {reason:?} about Service {service} failed")]
+    PostServiceEvent {
+        /// The Service the event is about (`namespace/name`).
+        service: String,
         /// The event's reason.
         reason: String,
         /// Why it failed.

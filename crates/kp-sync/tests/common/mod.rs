@@ -68,7 +68,7 @@ pub fn db() -> Service {
 }
 
 /// Service ns1/dns: ClusterIP 10.96.0.12, port dns 53/UDP (conntrack
-/// cleanup only concerns UDP).
+/// cleanup concerns UDP and SCTP).
 pub fn dns() -> Service {
     service("ns1", "dns", |s| {
         s.cluster_ip("10.96.0.12").port("dns", 53, "UDP")
