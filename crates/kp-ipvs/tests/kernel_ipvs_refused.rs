@@ -135,3 +135,112 @@ fn vm_a_service_the_kernel_refuses_is_named_and_the_others_keep_answering() {
         "ep1"
     );
 }
+
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_the_sync_loop_leaves_the_refused_service_out_and_the_next_sync_converges() {
+    use kp_model::{NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
+    use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncError};
+    use kp_testkit::builders::{endpoint_slice, service};
+    use kp_testkit::plan::{NODE_IP, NODE_NAME};
+    use std::time::Duration;
+    require_root();
+    assert!(
+        Path::new("/proc/net/ip_vs").exists(),
+        "this kernel has no IPVS: run scripts/ipvs-vm/run"
+    );
+    require_tool("iptables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("ep2", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    let config = ProxierConfig {
+        family: IpFamily::V4,
+        node: NodeInfo {
+            name: NODE_NAME.to_owned(),
+            addresses: vec![IpAddr::V4(NODE_IP)],
+            ..NodeInfo::default()
+        },
+        runner: RunnerConfig {
+            min_interval: Duration::ZERO,
+            max_interval: Duration::ZERO,
+            retry_interval: Duration::from_millis(100),
+        },
+    };
+    let proxier = Proxier::new(config, Box::new(backend));
+    for (name, ip) in [("web", "10.96.0.10"), ("bad", "10.96.0.11")] {
+        proxier.on_service(ObjectEvent::Apply(service("ns1", name, |s| {
+            s.cluster_ip(ip).port("http", 80, "TCP")
+        })));
+    }
+    let (ep1, ep2) = (topology.pod("ep1").ip(), topology.pod("ep2").ip());
+    proxier.on_endpoint_slice(ObjectEvent::Apply(endpoint_slice(
+        "ns1",
+        "web-1",
+        "web",
+        |s| {
+            s.port("http", 80, "TCP")
+                .endpoint(ep1, |e| e.ready(true).node(NODE_NAME))
+        },
+    )));
+    proxier.on_endpoint_slice(ObjectEvent::Apply(endpoint_slice(
+        "ns1",
+        "bad-1",
+        "bad",
+        |s| {
+            s.port("http", 80, "TCP")
+                .endpoint(ep2, |e| e.ready(true).node(NODE_NAME))
+                .endpoint("255.255.255.255", |e| e.ready(true).node("node-2"))
+        },
+    )));
+    proxier.on_synced(ResourceKind::Service);
+    proxier.on_synced(ResourceKind::EndpointSlice);
+
+    let error = topology.node().run(|| proxier.sync_once()).unwrap_err();
+    let SyncError::Backend {
+        source: BackendError::Rejected { services, .. },
+        ..
+    } = &error
+    else {
+        panic!("{error}");
+    };
+    assert_eq!(
+        services.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["ns1/bad"]
+    );
+    assert_eq!(
+        connect(topology.pod("src"), at("10.96.0.10", 80))
+            .unwrap()
+            .backend,
+        "ep1",
+        "ns1/web answers after the refused sync"
+    );
+
+    // The retry leaves ns1/bad out: it succeeds, and the kernel holds
+    // nothing of ns1/bad.
+    topology
+        .node()
+        .run(|| proxier.sync_once())
+        .expect("the sync after the refusal succeeds");
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V4))
+        .unwrap();
+    let bad: IpAddr = "10.96.0.11".parse().unwrap();
+    assert!(listed.services.keys().all(|key| key.address != bad));
+    assert!(!listed.addresses.contains(&bad));
+    assert_eq!(
+        connect(topology.pod("src"), at("10.96.0.10", 80))
+            .unwrap()
+            .backend,
+        "ep1"
+    );
+}
