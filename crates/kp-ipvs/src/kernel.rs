@@ -22,8 +22,6 @@ use crate::state::{KernelState, ServiceKey, SetEntry, SetKind};
 const EINVAL: i32 = 22;
 /// `ENOENT`: what IPVS answers for a scheduler it cannot load.
 const ENOENT: i32 = 2;
-/// `EBUSY`: what ipset answers for destroying a set a rule still uses.
-const EBUSY: i32 = 16;
 
 /// Lists and programs the IPVS mode's kernel objects.
 pub trait IpvsKernel: Send {
@@ -187,8 +185,8 @@ impl FakeKernel {
     }
 
     /// Uses `users` to tell whether a rule still uses a set: destroying
-    /// such a set is refused, as ipset refuses it (`EBUSY`, "Set cannot be
-    /// destroyed: it is in use by a kernel component").
+    /// such a set is refused, as ipset refuses it (`IPSET_ERR_BUSY`, "Set
+    /// cannot be destroyed: it is in use by a kernel component").
     pub fn with_set_users(self, users: SetUsers) -> Self {
         *self
             .set_users
@@ -344,7 +342,10 @@ impl IpvsKernel for FakeKernel {
         if exists && used {
             return Err(KernelError {
                 attempted: format!("ipset destroy {name}"),
-                source: io::Error::from_raw_os_error(EBUSY),
+                source: crate::netlink::ipset::describe_error(
+                    io::Error::from_raw_os_error(crate::netlink::ipset::IPSET_ERR_BUSY),
+                    None,
+                ),
             });
         }
         Ok(state

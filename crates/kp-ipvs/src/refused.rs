@@ -53,7 +53,7 @@ fn holds(state: &KernelState, op: &Op) -> bool {
         Op::AddEntry(SetKind::IpvsIps, SetEntry::Ip(ip))
         | Op::DeleteEntry(SetKind::IpvsIps, SetEntry::Ip(ip)) => state.addresses.contains(ip),
         Op::AddEntry(kind, entry) | Op::DeleteEntry(kind, entry) => {
-            state.entries(*kind).any(|held| held == entry)
+            state.sets.get(kind).is_some_and(|set| set.contains(entry))
         }
         Op::CreateLink | Op::CreateSet(_) => false,
     }

@@ -233,3 +233,104 @@ fn vm_the_largest_inputs_are_programmed_whole_in_both_families_next_to_many_serv
         started.elapsed().as_secs_f64()
     );
 }
+
+/// Seven LoadBalancer Services with 10,000 source ranges each: 70,000
+/// members for `KUBE-LOAD-BALANCER-SOURCE-CIDR`, whose `maxelem` is
+/// 65,536. The kernel refuses the members that do not fit; the sync names
+/// the Service(s) they belong to, programs the others whole, and a sync
+/// without the named ones leaves nothing of them.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_source_ranges_beyond_the_set_limit_fail_the_services_they_belong_to_by_name() {
+    use kp_sync::BackendError;
+    require_root();
+    assert!(
+        Path::new("/proc/net/ip_vs").exists(),
+        "this kernel has no IPVS: run scripts/ipvs-vm/run"
+    );
+    require_tool("iptables-legacy-restore");
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .client("client")
+        .build()
+        .unwrap();
+    let ep1 = topology.pod("ep1").ip().to_string();
+    let client = topology.client().ip().to_string();
+    let lb_service = |n: u32| {
+        let mut svc = service(
+            "ns1",
+            &format!("lb{n}"),
+            &format!("10.96.201.{}", n + 1),
+            80,
+        )
+        .load_balancer(&format!("203.0.113.{}", 20 + n))
+        .source_range(&format!("{client}/32"))
+        .endpoint(&ep1, 80, true);
+        for r in 0..SOURCE_RANGES - 1 {
+            let range = Ipv4Addr::from(u32::from(v4("198.18.0.0")) + r);
+            svc = svc.source_range(&format!("{range}/32"));
+        }
+        svc
+    };
+    let ports = |skip: &[String]| {
+        let mut ports = Ports::new();
+        for n in 0..7 {
+            if !skip.contains(&format!("ns1/lb{n}")) {
+                ports = ports.with(lb_service(n));
+            }
+        }
+        RequestParts::new(ports.build(), "192.168.99.2")
+    };
+    let mut backend = IpvsBackend::new(
+        IpFamily::V4,
+        IpvsOptions::default(),
+        Box::new(NetlinkKernel::new()),
+        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
+    );
+    let all = ports(&[]);
+    let error = topology
+        .node()
+        .run(|| backend.sync(&all.request(true)))
+        .expect_err("70,000 members do not fit a set of 65,536");
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    let named: Vec<String> = services.iter().map(ToString::to_string).collect();
+    println!(
+        "beyond the set limit: named {named:?}; {}",
+        kp_sync::error_chain(&error)
+            .chars()
+            .take(300)
+            .collect::<String>()
+    );
+    assert!(
+        !named.is_empty() && named.len() < 7,
+        "the Services whose members did not fit, not all: {named:?}"
+    );
+    // A Service not named answers its allowed client.
+    let fine = (0..7u32)
+        .find(|n| !named.contains(&format!("ns1/lb{n}")))
+        .unwrap();
+    let lb = format!("203.0.113.{}", 20 + fine);
+    assert_eq!(
+        connect(topology.client(), at(&lb, 80)).unwrap().backend,
+        "ep1"
+    );
+
+    // Without the named Services the sync succeeds and every member left
+    // belongs to a Service that is programmed.
+    let rest = ports(&named);
+    topology
+        .node()
+        .run(|| backend.sync(&rest.request(true)))
+        .expect("the others fit");
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(IpFamily::V4))
+        .unwrap();
+    assert_eq!(
+        listed.entries(SetKind::LoadBalancerSourceCidr).count(),
+        (7 - named.len()) * SOURCE_RANGES as usize
+    );
+    assert_eq!(&listed, backend.applied().unwrap());
+}

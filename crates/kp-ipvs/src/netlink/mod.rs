@@ -366,14 +366,21 @@ fn describe(family: IpFamily, op: &Op) -> String {
 }
 
 fn failure(family: IpFamily, ops: &[Op], error: BatchError) -> KernelError {
-    let attempted = ops
-        .get(error.index)
+    let op = ops.get(error.index);
+    let attempted = op
         .map(|op| describe(family, op))
         .unwrap_or_else(|| "a netlink request".to_owned());
-    KernelError {
-        attempted,
-        source: error.error,
-    }
+    let set_type = match op {
+        Some(Op::CreateSet(kind) | Op::AddEntry(kind, _) | Op::DeleteEntry(kind, _)) => {
+            Some(kind.set_type())
+        }
+        _ => None,
+    };
+    let source = match op.map(route) {
+        Some(Route::Ipset) => ipset::describe_error(error.error, set_type),
+        _ => error.error,
+    };
+    KernelError { attempted, source }
 }
 
 #[cfg(test)]
