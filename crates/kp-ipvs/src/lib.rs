@@ -7,7 +7,7 @@
 //!   mode wants ([`state::KernelState`]: addresses on `kube-ipvs0`, virtual
 //!   servers with real servers, ipset members) and the iptables rules around
 //!   it ([`rules`]).
-//! - [`diff`]: the planned state against the current one, as the shortest
+//! - [`diff`](mod@diff): the planned state against the current one, as the shortest
 //!   list of operations ([`diff::Op`]).
 //! - [`kernel`]: the seam to the kernel ([`kernel::IpvsKernel`]) with an
 //!   in-memory fake; [`netlink`] is the real one (IPVS over generic
@@ -15,7 +15,7 @@
 //! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode;
 //!   [`refused`] names the Services whose operations the kernel refused.
 //! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
-//! - [`cleanup`]: `--cleanup`, which keeps foreign virtual servers.
+//! - [`cleanup`](mod@cleanup): `--cleanup`, which keeps foreign virtual servers.
 //! - [`setup`]: what the binary calls ([`setup::backend`],
 //!   [`setup::check_host`], [`setup::cleanup`]).
 
