@@ -389,7 +389,8 @@ impl IpvsBackend {
 
 /// The failure of a sync whose `refused` operations the kernel refused
 /// (every other operation was applied), naming the Services they belong
-/// to. Each refusal is logged.
+/// to. The sync loop logs the failure once; each refusal is logged at
+/// debug level.
 fn rejected<'p>(
     input: &PlanInput<'_>,
     service_ports: impl IntoIterator<Item = (&'p ServicePortName, &'p ServicePortState)>,
@@ -398,7 +399,7 @@ fn rejected<'p>(
     let ops: Vec<&Op> = refused.iter().map(|(op, _)| op).collect();
     let services = refused_services(input, service_ports, &ops);
     for (_, refusal) in &refused {
-        tracing::error!(
+        tracing::debug!(
             attempted = %refusal.error.attempted,
             error = %refusal.error.source,
             "The kernel refused an IPVS mode operation; the others were applied"

@@ -582,3 +582,24 @@ fn a_scheduler_the_kernel_cannot_load_is_refused_for_every_service_and_named() {
     );
     assert!(w.kernel.family(IpFamily::V4).services.is_empty());
 }
+
+#[test]
+fn thousands_of_refusals_are_counted_and_only_the_first_few_spelled_out() {
+    let mut w = world(IpvsOptions::default());
+    let mut bad = service("ns1", "bad", "10.96.0.42", 80);
+    for n in 0..1_000u32 {
+        let address =
+            std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(224, 0, 1, 0)) + n);
+        bad = bad.endpoint(&address.to_string(), 8080, false);
+    }
+    let parts = RequestParts::new(Ports::new().with(bad).build(), "192.168.99.2");
+    let error = w.backend.sync(&parts.request(true)).unwrap_err();
+    let chain = kp_sync::error_chain(&error);
+    assert!(chain.contains("(and 999 more operations)"), "{chain}");
+    assert!(
+        chain.contains("the kernel refused 1000 operations"),
+        "{chain}"
+    );
+    assert!(chain.contains("… (995 more)"), "{chain}");
+    assert!(chain.len() < 2_000, "{} bytes: {chain:.300}", chain.len());
+}

@@ -152,14 +152,26 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// `the kernel refused 2 operations: A: …; B: …`.
+/// How many refusals an [`ApplyError::Refused`] spells out; a full set
+/// can refuse thousands, and the error is logged whole.
+const REFUSALS_SHOWN: usize = 5;
+
+/// `the kernel refused 2 operations: A: …; B: …`, the first
+/// [`REFUSALS_SHOWN`] of them.
 fn refusals_text(refusals: &[Refusal]) -> String {
     let noun = if refusals.len() == 1 {
         "operation"
     } else {
         "operations"
     };
-    let each: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+    let mut each: Vec<String> = refusals
+        .iter()
+        .take(REFUSALS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if refusals.len() > REFUSALS_SHOWN {
+        each.push(format!("… ({} more)", refusals.len() - REFUSALS_SHOWN));
+    }
     format!(
         "the kernel refused {} {noun}: {}",
         refusals.len(),
