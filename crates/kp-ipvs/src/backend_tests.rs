@@ -603,3 +603,40 @@ fn thousands_of_refusals_are_counted_and_only_the_first_few_spelled_out() {
     assert!(chain.contains("… (995 more)"), "{chain}");
     assert!(chain.len() < 2_000, "{} bytes: {chain:.300}", chain.len());
 }
+
+#[test]
+fn a_drained_udp_real_server_found_in_the_kernel_is_deleted_once() {
+    let mut w = world(IpvsOptions::default());
+    let dns = RequestParts::new(
+        Ports::new()
+            .with(
+                service("kube-system", "dns", "10.96.0.10", 53)
+                    .protocol(Protocol::Udp)
+                    .endpoint("10.244.2.2", 53, false),
+            )
+            .build(),
+        "192.168.99.2",
+    );
+    w.backend.sync(&dns.request(true)).unwrap();
+    let udp = ServiceKey {
+        protocol: Protocol::Udp,
+        ..key("10.96.0.10", 53)
+    };
+    // Left at weight 0 by an earlier proxy.
+    w.kernel
+        .state()
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .services
+        .get_mut(&udp)
+        .unwrap()
+        .reals
+        .insert(sock("10.244.2.9:53"), 0);
+    w.kernel.take_log();
+    w.backend.sync(&dns.request(true)).unwrap();
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::DeleteReal(udp, sock("10.244.2.9:53"))]
+    );
+}

@@ -96,14 +96,18 @@ pub fn diff(desired: &KernelState, current: &KernelState) -> Vec<Op> {
     ops
 }
 
-/// Real servers of `current` that are drained (weight 0) and not wanted by
-/// `desired`: candidates for deletion once their connections are gone.
+/// TCP real servers of `current` that are drained (weight 0) and not
+/// wanted by `desired`: candidates for deletion once their connections are
+/// gone. UDP and SCTP ones are not: [`diff`] deletes them at once.
 pub fn drained_real_servers(
     desired: &KernelState,
     current: &KernelState,
 ) -> Vec<(ServiceKey, SocketAddr)> {
     let mut drained = Vec::new();
     for (key, service) in &current.services {
+        if key.protocol != Protocol::Tcp {
+            continue;
+        }
         let Some(wanted) = desired.services.get(key) else {
             continue;
         };
