@@ -396,7 +396,14 @@ fn rejected<'p>(
     service_ports: impl IntoIterator<Item = (&'p ServicePortName, &'p ServicePortState)>,
     refused: Vec<(Op, Refusal)>,
 ) -> BackendError {
-    let ops: Vec<&Op> = refused.iter().map(|(op, _)| op).collect();
+    // A refusal that found the wanted state already there means the
+    // kernel changed behind the proxy's back: the next sync lists it again,
+    // and no Service is at fault.
+    let ops: Vec<&Op> = refused
+        .iter()
+        .filter(|(_, refusal)| !refusal.drift)
+        .map(|(op, _)| op)
+        .collect();
     let services = refused_services(input, service_ports, &ops);
     for (_, refusal) in &refused {
         tracing::debug!(

@@ -640,3 +640,45 @@ fn a_drained_udp_real_server_found_in_the_kernel_is_deleted_once() {
         [Op::DeleteReal(udp, sock("10.244.2.9:53"))]
     );
 }
+
+#[test]
+fn an_object_changed_behind_the_proxys_back_fails_the_sync_without_naming_a_service() {
+    let mut w = world(IpvsOptions::default());
+    let dns = |two: bool| {
+        let mut svc = service("kube-system", "dns", "10.96.0.10", 53)
+            .protocol(Protocol::Udp)
+            .endpoint("10.244.2.2", 53, false);
+        if two {
+            svc = svc.endpoint("10.244.2.3", 53, false);
+        }
+        RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
+    };
+    w.backend.sync(&dns(true).request(true)).unwrap();
+    let udp = ServiceKey {
+        protocol: Protocol::Udp,
+        ..key("10.96.0.10", 53)
+    };
+    // Someone runs `ipvsadm -d` for the real server the next sync removes.
+    w.kernel
+        .state()
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .services
+        .get_mut(&udp)
+        .unwrap()
+        .reals
+        .remove(&sock("10.244.2.3:53"));
+    let error = w.backend.sync(&dns(false).request(false)).unwrap_err();
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(
+        services.is_empty(),
+        "the Service is not at fault: {services:?}"
+    );
+    // The next sync lists the kernel and finds it as planned.
+    w.kernel.take_log();
+    w.backend.sync(&dns(false).request(false)).unwrap();
+    assert_eq!(w.kernel.take_log(), []);
+}

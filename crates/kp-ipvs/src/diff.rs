@@ -155,6 +155,29 @@ fn diff_services(desired: &KernelState, current: &KernelState, ops: &mut Vec<Op>
     }
 }
 
+impl Op {
+    /// Whether the operation creates or adds an object.
+    pub fn adds(&self) -> bool {
+        matches!(
+            self,
+            Op::CreateLink
+                | Op::AddAddress(_)
+                | Op::CreateSet(_)
+                | Op::AddEntry(..)
+                | Op::AddService(..)
+                | Op::AddReal(..)
+        )
+    }
+
+    /// Whether the operation deletes an object.
+    pub fn deletes(&self) -> bool {
+        matches!(
+            self,
+            Op::DeleteAddress(_) | Op::DeleteEntry(..) | Op::DeleteService(_) | Op::DeleteReal(..)
+        )
+    }
+}
+
 impl KernelState {
     /// Applies `op` as the kernel would, refusing what the kernel refuses.
     pub fn apply(&mut self, op: &Op) -> Result<(), OpError> {

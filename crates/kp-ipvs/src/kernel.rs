@@ -92,6 +92,10 @@ pub struct Refusal {
     pub index: usize,
     /// What was attempted and the kernel's answer.
     pub error: KernelError,
+    /// The kernel already held what the operation wanted (a delete of
+    /// something gone, an add of something there): the kernel changed
+    /// behind the proxy's back, which is no Service's fault.
+    pub drift: bool,
 }
 
 /// An in-memory kernel. Clones share the state, so a test keeps one clone
@@ -300,8 +304,12 @@ impl IpvsKernel for FakeKernel {
         let mut refused = Vec::new();
         for (index, op) in ops.iter().enumerate() {
             state.messages += 1;
-            if let Err(error) = state.apply_one(family, op) {
-                refused.push(Refusal { index, error });
+            if let Err((error, drift)) = state.apply_one(family, op) {
+                refused.push(Refusal {
+                    index,
+                    error,
+                    drift,
+                });
             }
         }
         if refused.is_empty() {
@@ -372,26 +380,35 @@ impl IpvsKernel for FakeKernel {
 }
 
 impl FakeState {
-    /// One operation, refused where the kernel refuses it.
-    fn apply_one(&mut self, family: IpFamily, op: &Op) -> Result<(), KernelError> {
+    /// One operation, refused where the kernel refuses it; the flag tells
+    /// a refusal that found the wanted state already there
+    /// ([`Refusal::drift`]).
+    fn apply_one(&mut self, family: IpFamily, op: &Op) -> Result<(), (KernelError, bool)> {
         if self.fail_ops > 0 {
             self.fail_ops -= 1;
-            return Err(KernelError {
+            let error = KernelError {
                 attempted: op.to_string(),
                 source: io::Error::other("injected failure"),
-            });
+            };
+            return Err((error, false));
         }
-        self.refuse_as_the_kernel(op)
-            .map_err(|source| KernelError {
+        if let Err(source) = self.refuse_as_the_kernel(op) {
+            let error = KernelError {
                 attempted: op.to_string(),
                 source,
-            })?;
+            };
+            return Err((error, false));
+        }
         let link = self.link;
         let target = self.families.entry(family).or_default();
         target.link = link;
-        target
-            .apply(op)
-            .map_err(|error| KernelError::refused(op.to_string(), &error))?;
+        target.apply(op).map_err(|error| {
+            let drift = match error {
+                OpError::Exists => op.adds(),
+                OpError::Missing => op.deletes(),
+            };
+            (KernelError::refused(op.to_string(), &error), drift)
+        })?;
         if matches!(op, Op::CreateLink) {
             self.link = true;
             for other in self.families.values_mut() {

@@ -16,7 +16,8 @@ use crate::state::{KernelState, SetEntry, SetKind};
 /// The Services whose planned objects the `refused` operations touch.
 /// Empty when one of them belongs to no Service (kube-ipvs0 or a set
 /// itself): the node, not a Service, is at fault, and leaving Services
-/// out would not help.
+/// out would not help. The caller leaves out refusals that found the
+/// wanted state already there ([`crate::kernel::Refusal::drift`]).
 pub fn refused_services<'p>(
     input: &PlanInput<'_>,
     service_ports: impl IntoIterator<Item = (&'p ServicePortName, &'p ServicePortState)>,

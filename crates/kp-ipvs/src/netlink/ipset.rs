@@ -68,8 +68,8 @@ const HASH_SIZE: u32 = 1024;
 const IPSET_ERR_PRIVATE: i32 = 4096;
 /// Destroying a set a rule uses.
 pub const IPSET_ERR_BUSY: i32 = 4100;
-/// Adding an element that is there.
-const IPSET_ERR_EXIST: i32 = 4103;
+/// Adding an element that is there, or deleting one that is not.
+pub const IPSET_ERR_EXIST: i32 = 4103;
 /// Destroying a set another set refers to.
 const IPSET_ERR_REFERENCED: i32 = 4108;
 /// The first type-specific code: a full hash, a port out of a bitmap.
@@ -231,7 +231,7 @@ pub fn describe_error(error: io::Error, set_type: Option<SetType>) -> io::Error 
     };
     let text = match (code, set_type) {
         (IPSET_ERR_BUSY, _) => "the set is in use by a kernel component (an iptables rule)",
-        (IPSET_ERR_EXIST, _) => "the element is already in the set",
+        (IPSET_ERR_EXIST, _) => "the element is already in the set, or not in it for a delete",
         (IPSET_ERR_REFERENCED, _) => "the set is referenced by another set",
         (IPSET_ERR_TYPE_SPECIFIC, Some(SetType::BitmapPort)) => {
             "the port is outside the bitmap's range"

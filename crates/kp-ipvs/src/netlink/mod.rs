@@ -189,6 +189,7 @@ impl NetlinkKernel {
                         attempted: describe(family, op),
                         source: io::Error::new(io::ErrorKind::InvalidInput, error),
                     },
+                    drift: false,
                 });
                 continue;
             }
@@ -214,9 +215,13 @@ impl NetlinkKernel {
         };
         for refusal in refusals {
             let refusal = at(refusal);
+            let drift = ops
+                .get(refusal.index)
+                .is_some_and(|op| is_drift(op, &refusal.error));
             refused.push(Refusal {
                 index: offset + refusal.index,
                 error: failure(family, ops, refusal),
+                drift,
             });
         }
         match broken {
@@ -340,6 +345,27 @@ impl IpvsKernel for NetlinkKernel {
 
     fn messages_sent(&self) -> u64 {
         self.ipvs.messages() + self.ipset.messages() + self.link.messages()
+    }
+}
+
+/// Whether the kernel refused `op` because it already held what `op`
+/// wanted: IPVS answers a delete of a missing service `ESRCH` and of a
+/// missing real server `ENOENT`, an add of a present one `EEXIST`;
+/// rtnetlink a delete of a missing address `EADDRNOTAVAIL`; ipset an add of
+/// a present element, or a delete of a missing one, `IPSET_ERR_EXIST`.
+fn is_drift(op: &Op, error: &io::Error) -> bool {
+    const ENOENT: i32 = 2;
+    const ESRCH: i32 = 3;
+    const EEXIST: i32 = 17;
+    const EADDRNOTAVAIL: i32 = 99;
+    let Some(code) = error.raw_os_error() else {
+        return false;
+    };
+    match op {
+        Op::AddEntry(..) | Op::DeleteEntry(..) => code == ipset::IPSET_ERR_EXIST,
+        _ if op.adds() => code == EEXIST,
+        _ if op.deletes() => matches!(code, ENOENT | ESRCH | EADDRNOTAVAIL),
+        _ => false,
     }
 }
 
