@@ -11,13 +11,66 @@ use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::connections::{Admitted, Connections, Evicted};
 
 /// How long a server whose address cannot be bound waits before trying
 /// again (upstream retries its healthz and metrics servers every 5 s).
 pub const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// The first wait after a failed accept; it doubles up to
+/// [`ACCEPT_BACKOFF_MAX`] while accepts keep failing (Go's `http.Server`).
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// The longest wait after a failed accept.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What one listening socket of a server allows its clients: the healthz,
+/// metrics and health-check node port servers all use
+/// [`ConnectionLimits::DEFAULT`]. A client can hold a connection only while
+/// it sends requests and reads the answers; none holds one for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A request head must have arrived this long after the server started
+    /// waiting for it: after accepting the connection, or after answering
+    /// the previous request on a kept-alive connection, so this is also
+    /// how long a kept-alive connection may stay idle.
+    pub header_read_timeout: Duration,
+    /// A connection on which no request head arrived for this long is
+    /// closed whatever it is doing: this also ends a client that stopped
+    /// reading its answer.
+    pub idle_timeout: Duration,
+    /// Connections open at once. At the bound, the connection that has
+    /// waited longest for a request is closed to admit a new one; when all
+    /// are busy with a request, new ones wait in the listen backlog until
+    /// one is done.
+    pub max_connections: usize,
+}
+
+impl ConnectionLimits {
+    /// The limits of the agent's servers. The timeouts are those of the
+    /// Kubernetes API server's `http.Server` (k8s.io/apiserver
+    /// `secure_serving.go`: `ReadHeaderTimeout` 32 s, `IdleTimeout` 90 s,
+    /// the keep-alive timeout of Go's `http.DefaultTransport`); upstream
+    /// kube-proxy sets none on its healthz and metrics servers. The bound
+    /// is nginx's default `worker_connections`: far above what probes and
+    /// scrapers open at once, and half of a 1,024-descriptor limit, so a
+    /// flood of one server leaves the proxy descriptors for its syncs.
+    pub const DEFAULT: Self = Self {
+        header_read_timeout: Duration::from_secs(32),
+        idle_timeout: Duration::from_secs(90),
+        max_connections: 512,
+    };
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
 
 /// One answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,30 +124,111 @@ pub struct RequestHead<'a> {
 /// Maps a request to its answer.
 pub type Handler = Arc<dyn Fn(&RequestHead<'_>) -> Response + Send + Sync>;
 
-/// Serves `handler` on `listener` until `stop` says so.
-pub async fn serve(listener: TcpListener, handler: Handler, mut stop: watch::Receiver<bool>) {
+/// Serves `handler` on `listener` until `stop` says so, within
+/// [`ConnectionLimits::DEFAULT`].
+pub async fn serve(listener: TcpListener, handler: Handler, stop: watch::Receiver<bool>) {
+    serve_within(listener, handler, ConnectionLimits::DEFAULT, stop).await;
+}
+
+/// Serves `handler` on `listener` within `limits` until `stop` says so.
+/// Connections open when `stop` comes are served until they end (at the
+/// latest when a limit closes them).
+pub async fn serve_within(
+    listener: TcpListener,
+    handler: Handler,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let connections = Connections::new(limits.max_connections);
+    let mut accept_backoff = None;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => return,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                accept_backoff = None;
+                stream
+            }
             Err(error) => {
-                tracing::debug!(%error, "accepting a connection failed");
+                // Out of descriptors (EMFILE, ENFILE) or memory: the
+                // connection stays in the backlog and the next accept
+                // fails at once. Back off as Go's http.Server does (5 ms,
+                // doubling up to 1 s) instead of spinning.
+                let delay = accept_backoff.map_or(ACCEPT_BACKOFF_MIN, |delay: Duration| {
+                    (delay * 2).min(ACCEPT_BACKOFF_MAX)
+                });
+                accept_backoff = Some(delay);
+                tracing::debug!(%error, ?delay, "accepting a connection failed");
+                if sleep_or_stop(delay, &mut stop).await {
+                    return;
+                }
                 continue;
             }
         };
-        let handler = Arc::clone(&handler);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(Arc::clone(&handler), request));
-            let served = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+        let (admitted, evicted) = tokio::select! {
+            admitted = connections.admit() => admitted,
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        tokio::spawn(serve_connection(
+            stream,
+            Arc::clone(&handler),
+            limits,
+            admitted,
+            evicted,
+        ));
+    }
+}
+
+/// Serves one connection until the client closes it, a limit closes it,
+/// or it gives way to a new connection at the bound.
+async fn serve_connection(
+    stream: TcpStream,
+    handler: Handler,
+    limits: ConnectionLimits,
+    admitted: Admitted,
+    evicted: Evicted,
+) {
+    let slot = &admitted;
+    let service = service_fn(|request| {
+        slot.request_started();
+        let response = answer(&handler, &request);
+        slot.request_answered();
+        std::future::ready(Ok::<_, Infallible>(response))
+    });
+    let mut builder = http1::Builder::new();
+    // Without a timer, hyper ignores the header read timeout.
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        served = connection => {
             if let Err(error) = served {
                 tracing::debug!(%error, "serving a connection failed");
             }
-        });
+        }
+        _ = evicted => {
+            tracing::debug!("closing a connection waiting for a request, to admit a new one at the connection bound");
+        }
+        () = idle_expired(slot, limits.idle_timeout) => {
+            tracing::debug!(idle_timeout = ?limits.idle_timeout, "closing a connection without a request for the idle timeout");
+        }
+    }
+}
+
+/// Completes once `idle_timeout` has passed since the connection's last
+/// request head arrived (or it was accepted).
+async fn idle_expired(slot: &Admitted, idle_timeout: Duration) {
+    // The slot lives as long as the connection; without one, nothing
+    // holds the connection open.
+    while let Some(last) = slot.last_request() {
+        let deadline = last + idle_timeout;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
@@ -131,10 +265,7 @@ pub(crate) async fn sleep_or_stop(duration: Duration, stop: &mut watch::Receiver
     }
 }
 
-async fn answer(
-    handler: Handler,
-    request: Request<Incoming>,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+fn answer(handler: &Handler, request: &Request<Incoming>) -> hyper::Response<Full<Bytes>> {
     let accept = request
         .headers()
         .get(hyper::header::ACCEPT)
@@ -151,10 +282,14 @@ async fn answer(
         builder = builder.header(*name, value);
     }
     let body = Full::new(Bytes::from(response.body));
-    Ok(builder.body(body).unwrap_or_else(|_| {
+    builder.body(body).unwrap_or_else(|_| {
         // Only an invalid header value gets here; every header is ours.
         let mut fallback = hyper::Response::new(Full::new(Bytes::new()));
         *fallback.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         fallback
-    }))
+    })
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

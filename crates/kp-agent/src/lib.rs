@@ -9,8 +9,12 @@
 //!   metrics server (`metricsBindAddress`, 10249);
 //! - [`service_health`]: the health-check node ports of
 //!   `externalTrafficPolicy: Local` LoadBalancer Services;
-//! - [`http`]: the small HTTP/1 server they share.
+//! - [`http`]: the small HTTP/1 server they share, and the limits it
+//!   holds every connection to;
+//! - [`descriptors`]: the process's descriptor limit, raised at start.
 
+mod connections;
+pub mod descriptors;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -19,6 +23,7 @@ pub mod service_health;
 mod time_format;
 
 pub use health::{Health, ProxyHealth};
+pub use http::ConnectionLimits;
 pub use metrics::ProxyMetrics;
 pub use servers::{start_server, BindError, MetricsEndpoints, Server, Serving};
 pub use service_health::{ListenAddresses, ServiceHealthServers};

@@ -29,7 +29,7 @@ use std::io;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_model::{IpFamily, NodeInfo};
+use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{
@@ -413,11 +413,13 @@ impl Backend for IptablesBackend {
             existing_nat_chains: existing,
             jumps: &jumps,
         };
-        let (mut rendered, rules_written) = if full {
-            self.apply_full(&input)?
+        let applied = if full {
+            self.apply_full(&input)
         } else {
-            self.apply_partial(&input)?
+            self.apply_partial(&input)
         };
+        let (mut rendered, rules_written) =
+            applied.map_err(|error| name_refused_services(error, request))?;
         self.applier
             .end_sync()
             .map_err(|e| apply_error("finishing the sync", e))?;
@@ -661,6 +663,54 @@ fn apply_error(step: &str, error: ApplyError) -> BackendError {
         attempted,
         source: Box::new(error),
     }
+}
+
+/// A rule set the kernel refused names, in `services`, the Service of the
+/// refused line: the first word of a rule's comment is its service port
+/// (`ns1/svc1:p80 cluster IP`) or Service (`ns1/svc1`), as upstream writes
+/// them. Lines of no Service (the top-level chains) name none, and neither
+/// does a name that is not a Service of `request`.
+fn name_refused_services(error: BackendError, request: &SyncRequest<'_>) -> BackendError {
+    let BackendError::Rejected {
+        mode,
+        attempted,
+        mut services,
+        source,
+    } = error
+    else {
+        return error;
+    };
+    let line = source
+        .downcast_ref::<ApplyError>()
+        .and_then(|error| match error {
+            ApplyError::RestoreLine { text, .. } => Some(text.as_str()),
+            _ => None,
+        });
+    if let Some(service) = line.and_then(commented_service) {
+        let known = request.service_ports.keys().any(|name| {
+            name.service.namespace.as_ref() == service.0 && name.service.name.as_ref() == service.1
+        });
+        if known {
+            services.insert(NamespacedName::new(service.0, service.1));
+        }
+    }
+    BackendError::Rejected {
+        mode,
+        attempted,
+        services,
+        source,
+    }
+}
+
+/// The namespace and name in the comment of restore line `line`
+/// (`-m comment --comment "ns1/svc1:p80 …"`), if it names one.
+fn commented_service(line: &str) -> Option<(&str, &str)> {
+    let (_, rest) = line.split_once("--comment ")?;
+    let comment = rest.strip_prefix('"').unwrap_or(rest);
+    let first = comment.split([' ', '"']).next()?;
+    let (namespace, rest) = first.split_once('/')?;
+    let name = rest.split(':').next()?;
+    (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
 }
 
 fn is_family(ip: &IpAddr, family: IpFamily) -> bool {

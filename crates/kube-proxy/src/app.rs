@@ -37,6 +37,7 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
     ))
     .context("setting up logging")?;
     crate::malloc_tuning::log_outcome();
+    crate::rlimit::log_outcome();
     for warning in &resolved.warnings {
         tracing::warn!(%warning, "Configuration warning");
     }

@@ -12,6 +12,7 @@ mod malloc_tuning;
 mod modes;
 mod node_name;
 mod node_setup;
+mod rlimit;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
     if cfg!(target_env = "gnu") {
         malloc_tuning::apply();
     }
+    rlimit::raise_nofile_limit();
     match app::run(&flags, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -44,6 +44,9 @@ struct State {
     jumps: Vec<(IpFamily, JumpRule)>,
     calls: Vec<FakeCall>,
     failing_restores: usize,
+    /// Lines holding this text are refused, as the kernel refuses a rule
+    /// it cannot take.
+    refused_text: Option<String>,
 }
 
 impl FakeKernel {
@@ -92,6 +95,13 @@ impl FakeKernel {
     /// rejected line, applying nothing.
     pub fn fail_restores(&self, count: usize) {
         self.lock().failing_restores = count;
+    }
+
+    /// From now on every restore whose input has a line holding `text` is
+    /// refused at that line, as `iptables-restore` refuses a rule the
+    /// kernel does not take (`line N failed`), applying nothing.
+    pub fn refuse_lines_with(&self, text: &str) {
+        self.lock().refused_text = Some(text.to_owned());
     }
 
     /// Someone else deletes every chain and rule of `table` (a firewall
@@ -155,6 +165,19 @@ impl Applier for FakeApplier {
     fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
         let mut state = self.record(FakeCall::Restore(family, text.to_owned()));
         let command = "fake-iptables-restore --noflush --counters".to_owned();
+        let refused = state.refused_text.as_deref().and_then(|refused| {
+            text.lines()
+                .enumerate()
+                .find(|(_, line)| line.contains(refused))
+        });
+        if let Some((index, line)) = refused {
+            return Err(ApplyError::RestoreLine {
+                command,
+                line: index + 1,
+                text: line.to_owned(),
+                stderr: format!("iptables-restore: line {} failed", index + 1),
+            });
+        }
         if state.failing_restores > 0 {
             state.failing_restores -= 1;
             let stderr = "iptables-restore: line 2 failed".to_owned();

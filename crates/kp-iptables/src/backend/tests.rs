@@ -152,6 +152,56 @@ fn with_jumps(kernel: &FakeKernel) -> Ruleset {
 }
 
 #[test]
+fn a_refused_rule_names_its_service_and_a_refused_top_level_rule_names_none() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3"]),
+        service_port("big", "10.96.0.11", &["10.244.2.4"]),
+    ]);
+    kernel.refuse_lines_with("10.96.0.11");
+
+    let error = world.sync(&mut backend, true, &[]).unwrap_err();
+
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(*services, [svc("big")].into(), "{error}");
+    assert!(error.to_string().contains("Service ns1/big"), "{error}");
+
+    kernel.refuse_lines_with("KUBE-MARK-MASQ -j MARK");
+    let error = world.sync(&mut backend, true, &[]).unwrap_err();
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(services.is_empty(), "{error}");
+}
+
+#[test]
+fn a_comment_names_the_service_of_its_rule() {
+    for (line, expected) in [
+        (
+            r#"-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -j KUBE-SVC-X"#,
+            Some(("ns1", "svc1")),
+        ),
+        (
+            r#"-A KUBE-SEP-X -m comment --comment ns1/svc1:p80 -j DNAT"#,
+            Some(("ns1", "svc1")),
+        ),
+        (
+            r#"-A KUBE-FW-X -m comment --comment "ns1/svc1 loadbalancer IP" -j DROP"#,
+            Some(("ns1", "svc1")),
+        ),
+        (
+            r#"-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -j ACCEPT"#,
+            None,
+        ),
+        (":KUBE-SVC-X - [0:0]", None),
+    ] {
+        assert_eq!(commented_service(line), expected, "{line}");
+    }
+}
+
+#[test]
 fn first_sync_is_full_creates_canaries_jumps_and_rules_in_one_restore() {
     let (mut backend, kernel, _) = backend();
     let world = World::new(&[service_port("web", "10.96.0.10", &["10.244.2.3"])]);

@@ -64,7 +64,12 @@
 //!
 //! Needs root. `cargo bench -p kube-proxy --bench e2e`; environment:
 //! `KP_E2E_MODES` (default `legacy,nft`), `KP_E2E_SIZES` (default
-//! `1000,5000,10000`), `KP_E2E_RUNS` (default 3), `KP_E2E_LONE=0` skips the
+//! `1000,5000,10000`), `KP_E2E_RUNS` (default 3), `KP_E2E_HOSTILE` puts one
+//! Service of the largest kind the API accepts beside the N
+//! (`source-ranges`: 10,000 `loadBalancerSourceRanges`; `endpoints`: 1,000
+//! endpoints; `external-ips`: 100; `ports`: 200; default `none`),
+//! `KP_E2E_PATCHES` (default 20; 0 skips the patches and the stale-chain
+//! count, for start-up figures alone), `KP_E2E_LONE=0` skips the
 //! lone-restore reference, `KP_E2E_LOG=DIR` keeps the binary's logs there
 //! (default: a temporary directory), `KP_E2E_POLL_MS` sets how often the
 //! metrics are read while a sync is awaited (default 5; each read costs the
@@ -88,7 +93,7 @@ use crate::lone::Lone;
 use crate::mode::Mode;
 use crate::proxy::SyncKind;
 use crate::run::{RunResult, PATCHES};
-use crate::workload::Workload;
+use crate::workload::{Hostile, Workload};
 
 /// The environment variable that moves iptables-legacy's lock file.
 const XTABLES_LOCKFILE: &str = "XTABLES_LOCKFILE";
@@ -100,6 +105,8 @@ struct Settings {
     runs: usize,
     lone: bool,
     logs: PathBuf,
+    hostile: Hostile,
+    patches: usize,
 }
 
 /// Median and extremes of one figure over the runs.
@@ -136,6 +143,11 @@ impl Settings {
             runs: number("KP_E2E_RUNS", &var("KP_E2E_RUNS", "3")),
             lone: var("KP_E2E_LONE", "1") != "0",
             logs: std::env::var_os("KP_E2E_LOG").map_or_else(|| temporary.into(), PathBuf::from),
+            hostile: Hostile::parse(&var("KP_E2E_HOSTILE", "none")),
+            patches: number(
+                "KP_E2E_PATCHES",
+                &var("KP_E2E_PATCHES", &PATCHES.to_string()),
+            ),
         };
         assert!(
             !settings.modes.is_empty() && !settings.sizes.is_empty() && settings.runs > 0,
@@ -204,7 +216,7 @@ fn main() {
         let mut results: Vec<(usize, Vec<RunResult>)> = Vec::new();
         let mut reference = None;
         for &size in &settings.sizes {
-            let workload = Workload::new(size);
+            let workload = Workload::new(size, settings.hostile, settings.patches);
             let mut runs = Vec::with_capacity(settings.runs);
             for n in 1..=settings.runs {
                 eprintln!("e2e: {}, {size} Services, run {n}", mode.name());
@@ -253,6 +265,8 @@ fn header(settings: &Settings) {
         "KP_E2E_RUNS",
         "KP_E2E_LONE",
         "KP_E2E_POLL_MS",
+        "KP_E2E_HOSTILE",
+        "KP_E2E_PATCHES",
     ] {
         if let Ok(value) = std::env::var(name) {
             command.push_str(&format!("{name}={value} "));
@@ -291,10 +305,13 @@ fn header(settings: &Settings) {
     );
     println!();
     println!(
-        "Workload: N Services × 2 endpoints, {PATCHES} single-endpoint patches {} s apart; \
+        "Workload: N Services × 2 endpoints, a hostile Service beside them: {}; \
+         {} single-endpoint patches {} s apart; \
          the binary with its defaults (syncPeriod 30 s, minSyncPeriod 1 s); its metrics read \
          every {} ms while a sync is awaited; iptables-legacy lock file {}; {} run(s) each, \
          medians with (min–max) over the runs.",
+        settings.hostile.name(),
+        settings.patches,
         run::PATCH_EVERY.as_secs(),
         proxy::poll().as_millis(),
         std::env::var(XTABLES_LOCKFILE).unwrap_or_default(),
@@ -308,7 +325,7 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
     println!();
     println!(
         "| Services | start → complete rules (s) | first full sync (s) | later full syncs, mean (s) \
-         | partial sync, mean (ms) | patch → programmed p50 (ms) | p99 = max of {PATCHES} (ms) \
+         | partial sync, mean (ms) | patch → programmed p50 (ms) | p99 = max of the patches (ms) \
          | unreferenced KUBE-SEP at 60 s | unreferenced chains of ours at 60 s | peak RSS (MiB) | RSS at the end (MiB) |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -344,7 +361,7 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
         for (n, r) in runs.iter().enumerate() {
             let count = |f: &dyn Fn(&run::Patch) -> bool| r.patches.iter().filter(|p| f(p)).count();
             println!(
-                "| {size} | {} | {:.2} | {} | {} ({:.2}, {}) | {} ({} ms mean) | {:.0} / {:.0} | {} / {} | {} | {}/{PATCHES} | {} | {} ({}) | {} | {:.1} / {:.1} |",
+                "| {size} | {} | {:.2} | {} | {} ({:.2}, {}) | {} ({} ms mean) | {:.0} / {:.0} | {} / {} | {} | {}/{} | {} | {} ({}) | {} | {:.1} / {:.1} |",
                 n + 1,
                 r.start_to_rules_s,
                 r.service_objects,
@@ -359,6 +376,7 @@ fn report(mode: Mode, results: &[(usize, Vec<RunResult>)], lone: Option<&(usize,
                 count(&|p| p.kind == SyncKind::Full),
                 count(&|p| p.late),
                 count(&|p| p.verified),
+                r.patches.len(),
                 count(&|p| p.syncs_before > 0),
                 r.endpoint_objects,
                 r.stale_endpoints,

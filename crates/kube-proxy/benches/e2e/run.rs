@@ -74,6 +74,9 @@ impl RunResult {
     /// The `p` quantile of the patch latencies (ms), nearest rank: with 20
     /// patches p50 is the 10th and p99 the 20th (the largest).
     pub fn patch_quantile_ms(&self, p: f64) -> f64 {
+        if self.patches.is_empty() {
+            return f64::NAN;
+        }
         let mut sorted: Vec<f64> = self.patches.iter().map(|p| p.latency_ms).collect();
         sorted.sort_by(f64::total_cmp);
         let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
@@ -146,9 +149,9 @@ fn drive(
     // Untimed: the rules are complete, and where each patch will show.
     let ruleset = mode.ruleset();
     let service_objects = ruleset.count(ObjectKind::Service);
-    let targets: Vec<(usize, String)> = (0..PATCHES)
+    let targets: Vec<(usize, String)> = (0..workload.patches)
         .map(|k| {
-            let i = workload.patch_target(k, PATCHES);
+            let i = workload.patch_target(k, workload.patches);
             let port = Workload::service_port(i);
             let object = ruleset
                 .service_object(&port)
@@ -164,7 +167,7 @@ fn drive(
     let settle = (first_end + PATCH_EVERY.as_secs_f64() - unix_now()).max(0.0);
     std::thread::sleep(Duration::from_secs_f64(settle));
     let began = Instant::now();
-    let mut patches = Vec::with_capacity(PATCHES);
+    let mut patches = Vec::with_capacity(workload.patches);
     for (k, (i, object)) in targets.iter().enumerate() {
         let due = began + PATCH_EVERY * u32::try_from(k).unwrap();
         let late = Instant::now() > due + Duration::from_millis(50);
@@ -194,7 +197,13 @@ fn drive(
         .map(|p| format!("{:.0}/{:.0}", p.latency_ms, p.sync_ms))
         .collect();
     eprintln!("  patch → programmed / its sync (ms): {}", shown.join(" "));
-    if let Some(wait) = (began + STALE_CHECK_AFTER).checked_duration_since(Instant::now()) {
+    // Without patches there is no churn whose stale chains to count.
+    let stale_check = if workload.patches > 0 {
+        STALE_CHECK_AFTER
+    } else {
+        Duration::ZERO
+    };
+    if let Some(wait) = (began + stale_check).checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
     }
     let ruleset = mode.ruleset();

@@ -27,20 +27,135 @@ const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 const ENDPOINTS_FROM: usize = 0x1000;
 /// First offset in the pod range of the patched endpoints.
 const PATCHED_FROM: usize = 0xf000;
+/// First offset in the pod range of the hostile Service's endpoints.
+const HOSTILE_ENDPOINTS_FROM: usize = 0xf800;
 
-/// N Services × 2 endpoints.
+/// N Services × 2 endpoints, one hostile Service beside them if asked,
+/// and how many patches follow the first sync.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
     pub services: usize,
+    pub hostile: Hostile,
+    pub patches: usize,
+}
+
+/// One Service of the largest kind the API server accepts, put beside the
+/// N ordinary ones (`KP_E2E_HOSTILE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hostile {
+    /// None: the plain workload.
+    None,
+    /// A LoadBalancer Service with 10,000 `loadBalancerSourceRanges`.
+    SourceRanges,
+    /// A Service with 1,000 endpoints.
+    Endpoints,
+    /// A Service with 100 external IPs.
+    ExternalIps,
+    /// A Service with 200 ports.
+    Ports,
+}
+
+/// The hostile Service's ClusterIP, past every ordinary one.
+const HOSTILE_CLUSTER_IP: &str = "10.96.255.250";
+/// The namespace and name of the hostile Service.
+const HOSTILE: (&str, &str) = ("hostile", "big");
+
+impl Hostile {
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "none" => Self::None,
+            "source-ranges" => Self::SourceRanges,
+            "endpoints" => Self::Endpoints,
+            "external-ips" => Self::ExternalIps,
+            "ports" => Self::Ports,
+            other => panic!(
+                "KP_E2E_HOSTILE: {other:?} is not one of none, source-ranges, endpoints, external-ips, ports"
+            ),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::SourceRanges => "10,000 source ranges",
+            Self::Endpoints => "1,000 endpoints",
+            Self::ExternalIps => "100 external IPs",
+            Self::Ports => "200 ports",
+        }
+    }
+
+    /// Creates the Service and its EndpointSlice.
+    fn populate(self, server: &TestApiServer) {
+        let (namespace, name) = HOSTILE;
+        let ports = if self == Self::Ports { 200 } else { 1 };
+        let endpoints = if self == Self::Endpoints { 1_000 } else { 1 };
+        match self {
+            Self::None => return,
+            Self::SourceRanges => server.create(service(namespace, name, |mut s| {
+                s = s
+                    .service_type("LoadBalancer")
+                    .cluster_ip(HOSTILE_CLUSTER_IP)
+                    .port("p0", 80, "TCP")
+                    .target_port(TARGET_PORT)
+                    .node_port(30_250)
+                    .lb_ingress_ip("203.0.113.250");
+                for i in 0..10_000u32 {
+                    s = s.lb_source_range(format!("{}/32", Ipv4Addr::from(0x0a80_0000 + 2 * i)));
+                }
+                s
+            })),
+            Self::ExternalIps => server.create(service(namespace, name, |mut s| {
+                s = s
+                    .cluster_ip(HOSTILE_CLUSTER_IP)
+                    .port("p0", 80, "TCP")
+                    .target_port(TARGET_PORT);
+                for i in 0..100u32 {
+                    s = s.external_ip(Ipv4Addr::from(0xcb00_7100 + i).to_string());
+                }
+                s
+            })),
+            Self::Endpoints | Self::Ports => server.create(service(namespace, name, |mut s| {
+                s = s.cluster_ip(HOSTILE_CLUSTER_IP);
+                for p in 0..ports {
+                    s = s
+                        .port(&format!("p{p}"), 10_000 + p, "TCP")
+                        .target_port(TARGET_PORT);
+                }
+                s
+            })),
+        };
+        server.create(endpoint_slice(
+            namespace,
+            &format!("{name}-1"),
+            name,
+            |mut e| {
+                e = e.address_type("IPv4");
+                for p in 0..ports {
+                    e = e.port(&format!("p{p}"), TARGET_PORT, "TCP");
+                }
+                for j in 0..endpoints {
+                    let address = offset(POD_CIDR.network(), HOSTILE_ENDPOINTS_FROM + j);
+                    e = e.endpoint(address.to_string(), |ep| {
+                        ep.ready(true).node(OTHER_NODE_NAME)
+                    });
+                }
+                e
+            },
+        ));
+    }
 }
 
 impl Workload {
-    pub fn new(services: usize) -> Self {
+    pub fn new(services: usize, hostile: Hostile, patches: usize) -> Self {
         assert!(
             services > 0 && ENDPOINTS_FROM + 2 * services <= PATCHED_FROM,
             "{services} Services do not fit the address plan"
         );
-        Self { services }
+        Self {
+            services,
+            hostile,
+            patches,
+        }
     }
 
     fn namespace(i: usize) -> String {
@@ -111,6 +226,7 @@ impl Workload {
             }));
             server.create(Self::slice(i, Self::endpoint(i, 1), None));
         }
+        self.hostile.populate(server);
     }
 }
 
