@@ -14,13 +14,14 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kp_iptables::{Applier, LocalDetector, NodePortAddresses, Sysctl, Table};
-use kp_model::{IpFamily, NodeInfo};
-use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
+use kp_model::{IpFamily, NodeInfo, ServicePortName};
+use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest};
 
 use crate::capability::KernelVersion;
 use crate::diff::{diff, drained_real_servers, Op};
-use crate::kernel::{IpvsKernel, KernelError};
+use crate::kernel::{ApplyError, IpvsKernel, KernelError, Refusal};
 use crate::planner::{plan, PlanInput};
+use crate::refused::refused_services;
 use crate::rules::{self, RuleOptions, JUMP_RULES, KUBE_IPVS_FILTER, KUBE_LOAD_BALANCER};
 use crate::state::KernelState;
 use crate::text::dry_run_text;
@@ -296,7 +297,14 @@ impl Backend for IpvsBackend {
                 self.applied = Some(planned.state.clone());
                 Ok(outcome(full, &planned.iptables, 0))
             }
-            Target::Kernel { .. } => self.apply_plan(full, planned, current),
+            Target::Kernel { .. } => {
+                let (outcome, refused) = self.apply_plan(full, planned, current)?;
+                if refused.is_empty() {
+                    Ok(outcome)
+                } else {
+                    Err(rejected(&input, request.service_ports, refused))
+                }
+            }
         }
     }
 }
@@ -312,14 +320,18 @@ impl IpvsBackend {
         }
     }
 
+    /// Applies the difference between `planned` and `current`, then the
+    /// iptables rules. Operations the kernel refuses do not stop the
+    /// others, nor the rules: they are returned with the operation each
+    /// refused, and the next sync lists the kernel again.
     fn apply_plan(
         &mut self,
         full: bool,
         planned: crate::planner::Plan,
         mut current: KernelState,
-    ) -> Result<SyncOutcome, BackendError> {
+    ) -> Result<(SyncOutcome, Vec<(Op, Refusal)>), BackendError> {
         let Target::Kernel { kernel, applier } = &mut self.target else {
-            return Ok(SyncOutcome::default());
+            return Ok((SyncOutcome::default(), Vec::new()));
         };
         let family = self.family;
         if full {
@@ -332,13 +344,17 @@ impl IpvsBackend {
         }
         let mut ops = diff(&planned.state, &current);
         ops.extend(reap_drained(kernel.as_mut(), &planned.state, &current)?);
-        let result = kernel.apply(family, &ops);
+        let refusals = match kernel.apply(family, &ops) {
+            Ok(()) => Vec::new(),
+            Err(ApplyError::Refused(refusals)) => refusals,
+            Err(ApplyError::Broken(error)) => return Err(kernel_error(error)),
+        };
+        let mut tracked = refusals.is_empty();
         for op in &ops {
-            if current.apply(op).is_err() {
-                break;
+            if tracked && current.apply(op).is_err() {
+                tracked = false;
             }
         }
-        result.map_err(kernel_error)?;
         let restore_needed = full || self.iptables_written.as_deref() != Some(&planned.iptables);
         if restore_needed {
             let text = if full {
@@ -358,8 +374,59 @@ impl IpvsBackend {
                 })?;
             self.iptables_written = Some(planned.iptables.clone());
         }
-        self.applied = Some(current);
-        Ok(outcome(full, &planned.iptables, ops.len()))
+        // After a refusal what the kernel holds is listed again by the
+        // next sync rather than guessed.
+        if tracked {
+            self.applied = Some(current);
+        }
+        let refused = refusals
+            .into_iter()
+            .filter_map(|refusal| Some((ops.get(refusal.index)?.clone(), refusal)))
+            .collect();
+        Ok((outcome(full, &planned.iptables, ops.len()), refused))
+    }
+}
+
+/// The failure of a sync whose `refused` operations the kernel refused
+/// (every other operation was applied), naming the Services they belong
+/// to. The sync loop logs the failure once; each refusal is logged at
+/// debug level.
+fn rejected<'p>(
+    input: &PlanInput<'_>,
+    service_ports: impl IntoIterator<Item = (&'p ServicePortName, &'p ServicePortState)>,
+    refused: Vec<(Op, Refusal)>,
+) -> BackendError {
+    // A refusal that found the wanted state already there means the
+    // kernel changed behind the proxy's back: the next sync lists it again,
+    // and no Service is at fault.
+    let ops: Vec<&Op> = refused
+        .iter()
+        .filter(|(_, refusal)| !refusal.drift)
+        .map(|(op, _)| op)
+        .collect();
+    let services = refused_services(input, service_ports, &ops);
+    for (_, refusal) in &refused {
+        tracing::debug!(
+            attempted = %refusal.error.attempted,
+            error = %refusal.error.source,
+            "The kernel refused an IPVS mode operation; the others were applied"
+        );
+    }
+    let first = refused
+        .first()
+        .map(|(_, refusal)| refusal.error.attempted.clone())
+        .unwrap_or_default();
+    let attempted = match refused.len() {
+        1 => first,
+        n => format!("{first} (and {} more operations)", n - 1),
+    };
+    BackendError::Rejected {
+        mode: MODE,
+        attempted,
+        services,
+        source: Box::new(ApplyError::Refused(
+            refused.into_iter().map(|(_, refusal)| refusal).collect(),
+        )),
     }
 }
 

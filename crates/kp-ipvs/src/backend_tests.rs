@@ -446,3 +446,239 @@ fn after_a_restart_service_addresses_on_kube_ipvs0_are_not_taken_for_node_addres
         .addresses
         .contains(&ip("203.0.113.9")));
 }
+
+/// ns1/good with one endpoint, and, when `with_bad`, ns1/bad whose second
+/// endpoint is the directed broadcast address of the node's subnet: the
+/// API accepts it, IPVS refuses it as a real server (`EINVAL`, "not
+/// unicast").
+fn good_and_bad(with_bad: bool) -> RequestParts {
+    let mut ports = Ports::new().with(
+        service("ns1", "good", "10.96.0.41", 80)
+            .node_port(30080)
+            .endpoint("10.244.1.2", 8080, true),
+    );
+    if with_bad {
+        ports = ports.with(
+            service("ns1", "bad", "10.96.0.42", 80)
+                .external_ip("203.0.113.7")
+                .endpoint("10.244.1.3", 8080, true)
+                .endpoint("192.168.99.255", 8080, false),
+        );
+    }
+    RequestParts::new(ports.build(), "192.168.99.2")
+}
+
+#[test]
+fn a_service_the_kernel_refuses_is_named_and_every_other_one_is_programmed() {
+    let mut w = world(IpvsOptions::default());
+    w.kernel.state().broadcast.insert(ip("192.168.99.255"));
+    let error = w
+        .backend
+        .sync(&good_and_bad(true).request(true))
+        .unwrap_err();
+    let BackendError::Rejected {
+        services, source, ..
+    } = &error
+    else {
+        panic!("a refused operation is a rejected rule set: {error}");
+    };
+    assert_eq!(
+        services.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["ns1/bad"],
+        "{error}"
+    );
+    assert!(
+        source.to_string().contains("-r 192.168.99.255:8080"),
+        "the refused real server is named: {source}"
+    );
+    // Everything else was applied: the good Service whole, the iptables
+    // rules, and the bad Service's operations the kernel accepted.
+    let kernel = w.kernel.family(IpFamily::V4);
+    let good = &kernel.services[&key("10.96.0.41", 80)];
+    assert_eq!(
+        good.reals.keys().copied().collect::<Vec<_>>(),
+        [sock("10.244.1.2:8080")]
+    );
+    assert!(kernel.services.contains_key(&key("192.168.99.2", 30080)));
+    assert!(kernel.addresses.contains(&ip("10.96.0.41")));
+    assert!(kernel
+        .entries(SetKind::ClusterIp)
+        .any(|e| *e == SetEntry::IpPort(ip("10.96.0.41"), Protocol::Tcp, 80)));
+    assert_eq!(
+        w.restores.take().len(),
+        1,
+        "the iptables rules were restored"
+    );
+    assert!(
+        w.backend.applied().is_none(),
+        "the next sync lists the kernel"
+    );
+
+    // The sync loop leaves ns1/bad out of the next sync: nothing of it is
+    // left, and the good Service is untouched.
+    w.kernel.take_log();
+    w.backend.sync(&good_and_bad(false).request(true)).unwrap();
+    let kernel = w.kernel.family(IpFamily::V4);
+    assert_eq!(
+        kernel.addresses.iter().copied().collect::<Vec<_>>(),
+        [ip("10.96.0.41")]
+    );
+    let keys: Vec<ServiceKey> = kernel.services.keys().copied().collect();
+    assert_eq!(keys, [key("10.96.0.41", 80), key("192.168.99.2", 30080)]);
+    for kind in SetKind::ALL {
+        for entry in kernel.entries(kind) {
+            let text = entry.to_string();
+            assert!(
+                !text.contains("10.96.0.42")
+                    && !text.contains("203.0.113.7")
+                    && !text.contains("10.244.1.3"),
+                "{kind:?} still holds {text}"
+            );
+        }
+    }
+    assert!(
+        w.kernel
+            .take_log()
+            .iter()
+            .all(|op| !op.to_string().contains("10.96.0.41")),
+        "the good Service was not touched"
+    );
+    // And once the bad Service is fixed, it is programmed.
+    w.kernel.state().broadcast.clear();
+    w.backend.sync(&good_and_bad(true).request(false)).unwrap();
+    assert!(w
+        .kernel
+        .family(IpFamily::V4)
+        .services
+        .contains_key(&key("10.96.0.42", 80)));
+}
+
+#[test]
+fn a_scheduler_the_kernel_cannot_load_is_refused_for_every_service_and_named() {
+    let options = IpvsOptions {
+        scheduler: "lblcr".to_owned(),
+        ..IpvsOptions::default()
+    };
+    let mut w = world(options);
+    w.kernel
+        .state()
+        .missing_schedulers
+        .insert("lblcr".to_owned());
+    let error = w
+        .backend
+        .sync(&good_and_bad(true).request(true))
+        .unwrap_err();
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(
+        services.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["ns1/bad", "ns1/good"]
+    );
+    let text = format!("{:?}", std::error::Error::source(&error));
+    assert!(
+        text.contains("ipvsadm -A TCP  10.96.0.41:80 -s lblcr"),
+        "{text}"
+    );
+    assert!(w.kernel.family(IpFamily::V4).services.is_empty());
+}
+
+#[test]
+fn thousands_of_refusals_are_counted_and_only_the_first_few_spelled_out() {
+    let mut w = world(IpvsOptions::default());
+    let mut bad = service("ns1", "bad", "10.96.0.42", 80);
+    for n in 0..1_000u32 {
+        let address =
+            std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(224, 0, 1, 0)) + n);
+        bad = bad.endpoint(&address.to_string(), 8080, false);
+    }
+    let parts = RequestParts::new(Ports::new().with(bad).build(), "192.168.99.2");
+    let error = w.backend.sync(&parts.request(true)).unwrap_err();
+    let chain = kp_sync::error_chain(&error);
+    assert!(chain.contains("(and 999 more operations)"), "{chain}");
+    assert!(
+        chain.contains("the kernel refused 1000 operations"),
+        "{chain}"
+    );
+    assert!(chain.contains("… (995 more)"), "{chain}");
+    assert!(chain.len() < 2_000, "{} bytes: {chain:.300}", chain.len());
+}
+
+#[test]
+fn a_drained_udp_real_server_found_in_the_kernel_is_deleted_once() {
+    let mut w = world(IpvsOptions::default());
+    let dns = RequestParts::new(
+        Ports::new()
+            .with(
+                service("kube-system", "dns", "10.96.0.10", 53)
+                    .protocol(Protocol::Udp)
+                    .endpoint("10.244.2.2", 53, false),
+            )
+            .build(),
+        "192.168.99.2",
+    );
+    w.backend.sync(&dns.request(true)).unwrap();
+    let udp = ServiceKey {
+        protocol: Protocol::Udp,
+        ..key("10.96.0.10", 53)
+    };
+    // Left at weight 0 by an earlier proxy.
+    w.kernel
+        .state()
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .services
+        .get_mut(&udp)
+        .unwrap()
+        .reals
+        .insert(sock("10.244.2.9:53"), 0);
+    w.kernel.take_log();
+    w.backend.sync(&dns.request(true)).unwrap();
+    assert_eq!(
+        w.kernel.take_log(),
+        [Op::DeleteReal(udp, sock("10.244.2.9:53"))]
+    );
+}
+
+#[test]
+fn an_object_changed_behind_the_proxys_back_fails_the_sync_without_naming_a_service() {
+    let mut w = world(IpvsOptions::default());
+    let dns = |two: bool| {
+        let mut svc = service("kube-system", "dns", "10.96.0.10", 53)
+            .protocol(Protocol::Udp)
+            .endpoint("10.244.2.2", 53, false);
+        if two {
+            svc = svc.endpoint("10.244.2.3", 53, false);
+        }
+        RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
+    };
+    w.backend.sync(&dns(true).request(true)).unwrap();
+    let udp = ServiceKey {
+        protocol: Protocol::Udp,
+        ..key("10.96.0.10", 53)
+    };
+    // Someone runs `ipvsadm -d` for the real server the next sync removes.
+    w.kernel
+        .state()
+        .families
+        .get_mut(&IpFamily::V4)
+        .unwrap()
+        .services
+        .get_mut(&udp)
+        .unwrap()
+        .reals
+        .remove(&sock("10.244.2.3:53"));
+    let error = w.backend.sync(&dns(false).request(false)).unwrap_err();
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(
+        services.is_empty(),
+        "the Service is not at fault: {services:?}"
+    );
+    // The next sync lists the kernel and finds it as planned.
+    w.kernel.take_log();
+    w.backend.sync(&dns(false).request(false)).unwrap();
+    assert_eq!(w.kernel.take_log(), []);
+}

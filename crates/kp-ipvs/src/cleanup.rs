@@ -208,6 +208,55 @@ mod tests {
         assert_eq!(again, CleanupReport::default());
     }
 
+    #[test]
+    fn a_set_iptables_still_uses_is_not_destroyed_and_the_failure_names_it() {
+        let iptables = kp_iptables::FakeKernel::new();
+        // Our rules use our sets as long as our chains exist.
+        let rules = iptables.clone();
+        let kernel = FakeKernel::new().with_set_users(Box::new(move |_name| {
+            !rules.chains(IpFamily::V4, Table::Nat).is_empty()
+        }));
+        let mut backend = IpvsBackend::new(
+            IpFamily::V4,
+            IpvsOptions::default(),
+            Box::new(kernel.clone()),
+            Box::new(NullApplier),
+        )
+        .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+        .with_local_addresses(Box::new(|| Ok(vec![ip("192.168.99.2")])));
+        let parts = RequestParts::new(
+            Ports::new()
+                .with(service("ns1", "web", "10.96.0.10", 80).endpoint("10.244.1.2", 80, true))
+                .build(),
+            "192.168.99.2",
+        );
+        backend.sync(&parts.request(true)).unwrap();
+        // The fake iptables does not parse `-m set`: the chain that holds
+        // the rules using the sets stands for them.
+        iptables
+            .applier()
+            .ensure_chain(IpFamily::V4, Table::Nat, "KUBE-SERVICES")
+            .unwrap();
+
+        // Without the iptables side, the sets are still in use.
+        let mut kernel_handle = kernel.clone();
+        let error = cleanup_with(&mut kernel_handle, &mut []).unwrap_err();
+        assert!(
+            error.to_string().contains("ipset destroy KUBE-CLUSTER-IP"),
+            "{error}"
+        );
+        assert!(error.report.sets.is_empty());
+        assert!(kernel
+            .family(IpFamily::V4)
+            .sets
+            .contains_key(&SetKind::ClusterIp));
+
+        // With it, the rules go first and the sets after them.
+        let mut applier = iptables.applier();
+        let report = cleanup_with(&mut kernel_handle, &mut [&mut applier]).unwrap();
+        assert_eq!(report.sets.len(), SetKind::ALL.len());
+    }
+
     struct NullApplier;
 
     impl Applier for NullApplier {

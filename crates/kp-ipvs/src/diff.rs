@@ -96,14 +96,18 @@ pub fn diff(desired: &KernelState, current: &KernelState) -> Vec<Op> {
     ops
 }
 
-/// Real servers of `current` that are drained (weight 0) and not wanted by
-/// `desired`: candidates for deletion once their connections are gone.
+/// TCP real servers of `current` that are drained (weight 0) and not
+/// wanted by `desired`: candidates for deletion once their connections are
+/// gone. UDP and SCTP ones are not: [`diff`] deletes them at once.
 pub fn drained_real_servers(
     desired: &KernelState,
     current: &KernelState,
 ) -> Vec<(ServiceKey, SocketAddr)> {
     let mut drained = Vec::new();
     for (key, service) in &current.services {
+        if key.protocol != Protocol::Tcp {
+            continue;
+        }
         let Some(wanted) = desired.services.get(key) else {
             continue;
         };
@@ -148,6 +152,29 @@ fn diff_services(desired: &KernelState, current: &KernelState, ops: &mut Vec<Op>
                 ops.push(Op::UpdateReal(*key, *real, 0));
             }
         }
+    }
+}
+
+impl Op {
+    /// Whether the operation creates or adds an object.
+    pub fn adds(&self) -> bool {
+        matches!(
+            self,
+            Op::CreateLink
+                | Op::AddAddress(_)
+                | Op::CreateSet(_)
+                | Op::AddEntry(..)
+                | Op::AddService(..)
+                | Op::AddReal(..)
+        )
+    }
+
+    /// Whether the operation deletes an object.
+    pub fn deletes(&self) -> bool {
+        matches!(
+            self,
+            Op::DeleteAddress(_) | Op::DeleteEntry(..) | Op::DeleteService(_) | Op::DeleteReal(..)
+        )
     }
 }
 

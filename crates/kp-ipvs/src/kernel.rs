@@ -5,15 +5,23 @@
 //! the messages a real kernel would have received.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kp_model::IpFamily;
 
+use crate::capability::KNOWN_SCHEDULERS;
 use crate::diff::{Op, OpError};
 use crate::state::{KernelState, ServiceKey, SetEntry, SetKind};
+
+/// `EINVAL`: what IPVS answers for a real server whose address is not
+/// unicast (`ip_vs_new_dest`, net/netfilter/ipvs/ip_vs_ctl.c).
+const EINVAL: i32 = 22;
+/// `ENOENT`: what IPVS answers for a scheduler it cannot load.
+const ENOENT: i32 = 2;
 
 /// Lists and programs the IPVS mode's kernel objects.
 pub trait IpvsKernel: Send {
@@ -29,8 +37,10 @@ pub trait IpvsKernel: Send {
         service: &ServiceKey,
     ) -> Result<BTreeMap<SocketAddr, u32>, KernelError>;
 
-    /// Applies `ops` in order for `family`; stops at the first refusal.
-    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError>;
+    /// Applies `ops` in order for `family`. An operation the kernel refuses
+    /// does not stop the others: every operation is tried, and the refused
+    /// ones are returned together ([`ApplyError::Refused`]).
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), ApplyError>;
 
     /// `ipvsadm --set TCP TCPFIN UDP` (zero leaves a value as it is).
     fn set_timeouts(
@@ -61,10 +71,44 @@ pub struct KernelError {
     pub source: io::Error,
 }
 
+/// What an [`IpvsKernel::apply`] could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The kernel refused these operations (in the order of the apply);
+    /// every other operation was applied.
+    #[error("{}", refusals_text(.0))]
+    Refused(Vec<Refusal>),
+    /// The exchange with the kernel failed (a socket error, kube-ipvs0
+    /// could not be created, the IPVS family is missing): whether the
+    /// operations from the failing one on were applied is unknown.
+    #[error(transparent)]
+    Broken(KernelError),
+}
+
+/// One operation the kernel refused.
+#[derive(Debug)]
+pub struct Refusal {
+    /// Its position in the applied operations.
+    pub index: usize,
+    /// What was attempted and the kernel's answer.
+    pub error: KernelError,
+    /// The kernel already held what the operation wanted (a delete of
+    /// something gone, an add of something there): the kernel changed
+    /// behind the proxy's back, which is no Service's fault.
+    pub drift: bool,
+}
+
 /// An in-memory kernel. Clones share the state, so a test keeps one clone
 /// and hands another to the backend.
-#[derive(Debug, Clone, Default)]
-pub struct FakeKernel(Arc<Mutex<FakeState>>);
+#[derive(Clone, Default)]
+pub struct FakeKernel {
+    state: Arc<Mutex<FakeState>>,
+    set_users: Arc<Mutex<Option<SetUsers>>>,
+}
+
+/// Tells whether a rule outside the IPVS mode's kernel objects (an
+/// iptables rule) uses the set of this name.
+pub type SetUsers = Box<dyn Fn(&str) -> bool + Send>;
 
 /// What the fake kernel holds.
 #[derive(Debug, Clone, Default)]
@@ -83,6 +127,13 @@ pub struct FakeState {
     pub log: Vec<Op>,
     /// Fail the next this many operations.
     pub fail_ops: usize,
+    /// Schedulers whose module the kernel cannot load, besides names that
+    /// are no IPVS scheduler at all.
+    pub missing_schedulers: BTreeSet<String>,
+    /// Addresses the node's routes make broadcast addresses (the directed
+    /// broadcast of a connected subnet): IPVS refuses them as real
+    /// servers, as it refuses multicast and unspecified ones.
+    pub broadcast: BTreeSet<IpAddr>,
 }
 
 impl KernelError {
@@ -99,6 +150,45 @@ impl KernelError {
     }
 }
 
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+/// How many refusals an [`ApplyError::Refused`] spells out; a full set
+/// can refuse thousands, and the error is logged whole.
+const REFUSALS_SHOWN: usize = 5;
+
+/// `the kernel refused 2 operations: A: …; B: …`, the first
+/// [`REFUSALS_SHOWN`] of them.
+fn refusals_text(refusals: &[Refusal]) -> String {
+    let noun = if refusals.len() == 1 {
+        "operation"
+    } else {
+        "operations"
+    };
+    let mut each: Vec<String> = refusals
+        .iter()
+        .take(REFUSALS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if refusals.len() > REFUSALS_SHOWN {
+        each.push(format!("… ({} more)", refusals.len() - REFUSALS_SHOWN));
+    }
+    format!(
+        "the kernel refused {} {noun}: {}",
+        refusals.len(),
+        each.join("; ")
+    )
+}
+
+impl fmt::Debug for FakeKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("FakeKernel").field(&*self.state()).finish()
+    }
+}
+
 impl FakeKernel {
     /// An empty kernel: no kube-ipvs0, no sets, no virtual servers.
     pub fn new() -> Self {
@@ -107,7 +197,18 @@ impl FakeKernel {
 
     /// The shared state.
     pub fn state(&self) -> MutexGuard<'_, FakeState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Uses `users` to tell whether a rule still uses a set: destroying
+    /// such a set is refused, as ipset refuses it (`IPSET_ERR_BUSY`, "Set
+    /// cannot be destroyed: it is in use by a kernel component").
+    pub fn with_set_users(self, users: SetUsers) -> Self {
+        *self
+            .set_users
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(users);
+        self
     }
 
     /// The state of `family`.
@@ -198,32 +299,24 @@ impl IpvsKernel for FakeKernel {
             .collect())
     }
 
-    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), ApplyError> {
         let mut state = self.state();
-        for op in ops {
+        let mut refused = Vec::new();
+        for (index, op) in ops.iter().enumerate() {
             state.messages += 1;
-            if state.fail_ops > 0 {
-                state.fail_ops -= 1;
-                return Err(KernelError {
-                    attempted: op.to_string(),
-                    source: io::Error::other("injected failure"),
+            if let Err((error, drift)) = state.apply_one(family, op) {
+                refused.push(Refusal {
+                    index,
+                    error,
+                    drift,
                 });
             }
-            let link = state.link;
-            let target = state.families.entry(family).or_default();
-            target.link = link;
-            target
-                .apply(op)
-                .map_err(|error| KernelError::refused(op.to_string(), &error))?;
-            if matches!(op, Op::CreateLink) {
-                state.link = true;
-                for other in state.families.values_mut() {
-                    other.link = true;
-                }
-            }
-            state.log.push(op.clone());
         }
-        Ok(())
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(ApplyError::Refused(refused))
+        }
     }
 
     fn set_timeouts(
@@ -251,11 +344,30 @@ impl IpvsKernel for FakeKernel {
     }
 
     fn destroy_set(&mut self, name: &str) -> Result<bool, KernelError> {
+        let used = self
+            .set_users
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|users| users(name));
         let mut state = self.state();
         state.messages += 1;
         let Some((kind, family)) = SetKind::from_name(name) else {
             return Ok(false);
         };
+        let exists = state
+            .families
+            .get(&family)
+            .is_some_and(|f| f.sets.contains_key(&kind));
+        if exists && used {
+            return Err(KernelError {
+                attempted: format!("ipset destroy {name}"),
+                source: crate::netlink::ipset::describe_error(
+                    io::Error::from_raw_os_error(crate::netlink::ipset::IPSET_ERR_BUSY),
+                    None,
+                ),
+            });
+        }
         Ok(state
             .families
             .get_mut(&family)
@@ -264,6 +376,72 @@ impl IpvsKernel for FakeKernel {
 
     fn messages_sent(&self) -> u64 {
         self.messages()
+    }
+}
+
+impl FakeState {
+    /// One operation, refused where the kernel refuses it; the flag tells
+    /// a refusal that found the wanted state already there
+    /// ([`Refusal::drift`]).
+    fn apply_one(&mut self, family: IpFamily, op: &Op) -> Result<(), (KernelError, bool)> {
+        if self.fail_ops > 0 {
+            self.fail_ops -= 1;
+            let error = KernelError {
+                attempted: op.to_string(),
+                source: io::Error::other("injected failure"),
+            };
+            return Err((error, false));
+        }
+        if let Err(source) = self.refuse_as_the_kernel(op) {
+            let error = KernelError {
+                attempted: op.to_string(),
+                source,
+            };
+            return Err((error, false));
+        }
+        let link = self.link;
+        let target = self.families.entry(family).or_default();
+        target.link = link;
+        target.apply(op).map_err(|error| {
+            let drift = match error {
+                OpError::Exists => op.adds(),
+                OpError::Missing => op.deletes(),
+            };
+            (KernelError::refused(op.to_string(), &error), drift)
+        })?;
+        if matches!(op, Op::CreateLink) {
+            self.link = true;
+            for other in self.families.values_mut() {
+                other.link = true;
+            }
+        }
+        self.log.push(op.clone());
+        Ok(())
+    }
+
+    /// What IPVS refuses whatever it holds: a scheduler it cannot load
+    /// (`ENOENT`), a real server whose address is not unicast (`EINVAL`).
+    fn refuse_as_the_kernel(&self, op: &Op) -> io::Result<()> {
+        match op {
+            Op::AddService(_, server) | Op::UpdateService(_, server) => {
+                let name = server.scheduler.as_str();
+                if !KNOWN_SCHEDULERS.contains(&name) || self.missing_schedulers.contains(name) {
+                    return Err(io::Error::from_raw_os_error(ENOENT));
+                }
+            }
+            Op::AddReal(_, real, _) | Op::UpdateReal(_, real, _) => {
+                let ip = real.ip();
+                let not_unicast = ip.is_unspecified()
+                    || ip.is_multicast()
+                    || ip == IpAddr::V4(std::net::Ipv4Addr::BROADCAST)
+                    || self.broadcast.contains(&ip);
+                if not_unicast {
+                    return Err(io::Error::from_raw_os_error(EINVAL));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 

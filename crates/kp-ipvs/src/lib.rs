@@ -7,14 +7,15 @@
 //!   mode wants ([`state::KernelState`]: addresses on `kube-ipvs0`, virtual
 //!   servers with real servers, ipset members) and the iptables rules around
 //!   it ([`rules`]).
-//! - [`diff`]: the planned state against the current one, as the shortest
+//! - [`diff`](mod@diff): the planned state against the current one, as the shortest
 //!   list of operations ([`diff::Op`]).
 //! - [`kernel`]: the seam to the kernel ([`kernel::IpvsKernel`]) with an
 //!   in-memory fake; [`netlink`] is the real one (IPVS over generic
 //!   netlink, ipset over nfnetlink, the dummy link over rtnetlink).
-//! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode.
+//! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode;
+//!   [`refused`] names the Services whose operations the kernel refused.
 //! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
-//! - [`cleanup`]: `--cleanup`, which keeps foreign virtual servers.
+//! - [`cleanup`](mod@cleanup): `--cleanup`, which keeps foreign virtual servers.
 //! - [`setup`]: what the binary calls ([`setup::backend`],
 //!   [`setup::check_host`], [`setup::cleanup`]).
 
@@ -25,6 +26,7 @@ pub mod diff;
 pub mod kernel;
 pub mod netlink;
 pub mod planner;
+pub mod refused;
 pub mod rules;
 pub mod setup;
 pub mod state;
@@ -35,7 +37,7 @@ pub use backend::{IpvsBackend, IpvsOptions, MODE};
 pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};
 pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
 pub use diff::{diff, Op};
-pub use kernel::{FakeKernel, IpvsKernel, KernelError};
+pub use kernel::{ApplyError, FakeKernel, IpvsKernel, KernelError};
 pub use planner::{plan, Plan, PlanInput};
 pub use setup::{
     backend as build_backend, check_host, cleanup, has_leftovers, SetupError, DEPRECATION_WARNING,

@@ -70,6 +70,19 @@ pub fn plan<'p>(
     Plan { state, iptables }
 }
 
+/// The kernel objects of one service port alone (without the
+/// `KUBE-IPVS-IPS` members, which follow the addresses): what tells which
+/// Service an operation belongs to.
+pub fn plan_one(
+    input: &PlanInput<'_>,
+    name: &ServicePortName,
+    port_state: &ServicePortState,
+) -> KernelState {
+    let mut state = KernelState::default();
+    plan_service_port(input, name, port_state, &mut state, &mut Vec::new());
+    state
+}
+
 /// The virtual server settings every address of `port` shares.
 pub fn virtual_server(scheduler: &str, port: &ServicePort) -> VirtualServer {
     let mut flags = 0;

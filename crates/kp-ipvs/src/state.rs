@@ -1,7 +1,7 @@
 //! The kernel objects of the IPVS mode as values: virtual servers with
 //! their real servers, the addresses of `kube-ipvs0`, and ipset members.
 //! The planner produces a [`KernelState`]; the kernel (or its fake) lists
-//! one; [`crate::diff`] turns the difference into operations.
+//! one; [`crate::diff`](mod@crate::diff) turns the difference into operations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

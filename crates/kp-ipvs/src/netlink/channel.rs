@@ -28,8 +28,36 @@ pub struct Channel {
 pub struct BatchError {
     /// Its position in the batch.
     pub index: usize,
-    /// The kernel's answer.
+    /// The kernel's answer, or why the request could not be sent.
     pub error: io::Error,
+}
+
+/// What went wrong with a batch of requests.
+#[derive(Debug, Default)]
+pub struct BatchFailure {
+    /// Requests the kernel refused (or that could not be encoded), in
+    /// order; every other request before [`BatchFailure::broken`] was
+    /// applied.
+    pub refused: Vec<BatchError>,
+    /// The exchange itself failed at this position (a send or receive
+    /// error): whether the requests from here on were applied is unknown.
+    pub broken: Option<BatchError>,
+}
+
+impl BatchFailure {
+    /// The first thing that went wrong, for callers that send one request.
+    pub fn into_first(self) -> BatchError {
+        let refused = self.refused.into_iter().next();
+        match (refused, self.broken) {
+            (Some(refused), Some(broken)) if broken.index < refused.index => broken,
+            (Some(refused), _) => refused,
+            (None, Some(broken)) => broken,
+            (None, None) => BatchError {
+                index: 0,
+                error: io::Error::other("a netlink batch failed without an error"),
+            },
+        }
+    }
 }
 
 impl Channel {
@@ -62,43 +90,59 @@ impl Channel {
     }
 
     /// Sends `requests` (acknowledged), in batches, and waits for every
-    /// acknowledgement. Returns the first refusal.
-    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchError> {
-        let mut first_error: Option<BatchError> = None;
-        let mut index = 0;
-        let mut requests = requests.into_iter().peekable();
+    /// acknowledgement. A refused request does not stop the others: every
+    /// request is sent, and the refusals are returned together. A request
+    /// whose lengths do not fit their fields is not sent and counts as
+    /// refused.
+    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchFailure> {
+        let mut failure = BatchFailure::default();
+        let mut requests = requests.into_iter().enumerate().peekable();
         while requests.peek().is_some() {
             let mut datagram = Vec::new();
-            let mut seqs = Vec::new();
-            for request in requests.by_ref().take(BATCH) {
+            // (sequence number, position in `requests`)
+            let mut sent = Vec::new();
+            for (index, request) in requests.by_ref().take(BATCH) {
                 let seq = self.next_seq();
-                datagram.extend_from_slice(&request.finish(seq));
-                seqs.push(seq);
-            }
-            self.messages += seqs.len() as u64;
-            let result = self.send_batch(&datagram, &seqs);
-            match result {
-                Ok(errors) => {
-                    if first_error.is_none() {
-                        if let Some((at, error)) = errors.into_iter().next() {
-                            first_error = Some(BatchError {
-                                index: index + at,
-                                error,
-                            });
-                        }
+                match request.finish(seq) {
+                    Ok(bytes) => {
+                        datagram.extend_from_slice(&bytes);
+                        sent.push((seq, index));
                     }
+                    Err(error) => failure.refused.push(BatchError {
+                        index,
+                        error: io::Error::new(io::ErrorKind::InvalidInput, error),
+                    }),
                 }
+            }
+            if sent.is_empty() {
+                continue;
+            }
+            self.messages += sent.len() as u64;
+            let seqs: Vec<u32> = sent.iter().map(|(seq, _)| *seq).collect();
+            match self.send_batch(&datagram, &seqs) {
+                Ok(errors) => failure
+                    .refused
+                    .extend(errors.into_iter().map(|(at, error)| BatchError {
+                        index: sent[at].1,
+                        error,
+                    })),
                 Err(error) => {
                     self.socket = None;
-                    return Err(BatchError { index, error });
+                    failure.broken = Some(BatchError {
+                        // `sent` is not empty (checked above).
+                        index: sent[0].1,
+                        error,
+                    });
+                    break;
                 }
             }
-            index += seqs.len();
-            if first_error.is_some() {
-                break;
-            }
         }
-        first_error.map_or(Ok(()), Err)
+        failure.refused.sort_by_key(|refused| refused.index);
+        if failure.refused.is_empty() && failure.broken.is_none() {
+            Ok(())
+        } else {
+            Err(failure)
+        }
     }
 
     /// Sends one datagram of requests and collects their answers: the
@@ -141,7 +185,9 @@ impl Channel {
     fn dump_inner(&mut self, request: Message) -> io::Result<Vec<(u16, Vec<u8>)>> {
         let seq = self.next_seq();
         self.messages += 1;
-        let bytes = request.finish(seq);
+        let bytes = request
+            .finish(seq)
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
         self.socket()?.send(&bytes, 0)?;
         let mut answers = Vec::new();
         let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
@@ -171,7 +217,9 @@ impl Channel {
     pub fn ask(&mut self, request: Message) -> io::Result<Vec<u8>> {
         let seq = self.next_seq();
         self.messages += 1;
-        let bytes = request.finish(seq);
+        let bytes = request
+            .finish(seq)
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
         self.socket()?.send(&bytes, 0)?;
         let mut reply = None;
         let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);

@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use crate::netlink::channel::{BatchError, Channel};
+use crate::netlink::channel::{BatchError, BatchFailure, Channel};
 use crate::netlink::ipvs::protocol_number;
 use crate::netlink::wire::{
     self, Attributes, Message, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
@@ -64,6 +64,16 @@ const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 /// Upstream's `ipset create` defaults.
 const HASH_SIZE: u32 = 1024;
+/// The first of ipset's own error codes.
+const IPSET_ERR_PRIVATE: i32 = 4096;
+/// Destroying a set a rule uses.
+pub const IPSET_ERR_BUSY: i32 = 4100;
+/// Adding an element that is there, or deleting one that is not.
+pub const IPSET_ERR_EXIST: i32 = 4103;
+/// Destroying a set another set refers to.
+const IPSET_ERR_REFERENCED: i32 = 4108;
+/// The first type-specific code: a full hash, a port out of a bitmap.
+const IPSET_ERR_TYPE_SPECIFIC: i32 = 4352;
 const MAX_ELEM: u32 = 65536;
 /// `ENOENT`: the set does not exist.
 const ENOENT: i32 = 2;
@@ -194,17 +204,46 @@ impl IpsetNetlink {
         // tells whether there was a set.
         let message =
             request(CMD_DESTROY, NFPROTO_UNSPEC, NLM_F_ACK | NLM_F_EXCL).string(ATTR_SETNAME, name);
-        match self.channel.execute(vec![message]) {
+        match self
+            .channel
+            .execute(vec![message])
+            .map_err(BatchFailure::into_first)
+        {
             Ok(()) => Ok(true),
             Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENOENT) => Ok(false),
-            Err(BatchError { error, .. }) => Err(error),
+            Err(BatchError { error, .. }) => Err(describe_error(error, None)),
         }
     }
 
     /// Sends ipset requests in batches.
-    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchError> {
+    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchFailure> {
         self.channel.execute(requests)
     }
+}
+
+/// The kernel's answer to an ipset request in words: ipset answers with
+/// its own codes above 4096 (include/uapi/linux/netfilter/ipset/ip_set.h),
+/// which `strerror` does not know. `set_type` tells the type-specific codes
+/// apart. Other codes are left to the system's text.
+pub fn describe_error(error: io::Error, set_type: Option<SetType>) -> io::Error {
+    let Some(code) = error.raw_os_error() else {
+        return error;
+    };
+    let text = match (code, set_type) {
+        (IPSET_ERR_BUSY, _) => "the set is in use by a kernel component (an iptables rule)",
+        (IPSET_ERR_EXIST, _) => "the element is already in the set, or not in it for a delete",
+        (IPSET_ERR_REFERENCED, _) => "the set is referenced by another set",
+        (IPSET_ERR_TYPE_SPECIFIC, Some(SetType::BitmapPort)) => {
+            "the port is outside the bitmap's range"
+        }
+        (IPSET_ERR_TYPE_SPECIFIC, Some(_)) => "the set is full (it holds maxelem 65536 elements)",
+        (code, _) if code > IPSET_ERR_PRIVATE => "ipset refused the request",
+        _ => return error,
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{text} (ipset error {code})"),
+    )
 }
 
 fn request(cmd: u16, family: u8, flags: u16) -> Message {
@@ -318,11 +357,38 @@ mod tests {
             ),
         ];
         for (kind, entry) in entries {
-            let bytes = IpsetNetlink::entry_message(kind, IpFamily::V4, &entry, true).finish(1);
+            let bytes = IpsetNetlink::entry_message(kind, IpFamily::V4, &entry, true)
+                .finish(1)
+                .unwrap();
             let answer = wire::split(&bytes)[0];
             assert_eq!(answer.kind, SUBSYS_IPSET | CMD_ADD);
             let data = wire::find(&answer.payload[4..], ATTR_DATA).unwrap();
             assert_eq!(parse_entry(data, kind.set_type()), Some(entry), "{entry}");
         }
+    }
+
+    #[test]
+    fn ipsets_own_error_codes_are_said_in_words() {
+        let full = describe_error(
+            io::Error::from_raw_os_error(IPSET_ERR_TYPE_SPECIFIC),
+            Some(SetType::HashIpPortNet),
+        );
+        assert_eq!(
+            full.to_string(),
+            "the set is full (it holds maxelem 65536 elements) (ipset error 4352)"
+        );
+        let range = describe_error(
+            io::Error::from_raw_os_error(IPSET_ERR_TYPE_SPECIFIC),
+            Some(SetType::BitmapPort),
+        );
+        assert!(range.to_string().contains("bitmap's range"), "{range}");
+        let busy = describe_error(io::Error::from_raw_os_error(IPSET_ERR_BUSY), None);
+        assert!(busy.to_string().contains("in use"), "{busy}");
+        let plain = describe_error(io::Error::from_raw_os_error(2), None);
+        assert_eq!(
+            plain.raw_os_error(),
+            Some(2),
+            "errno codes keep their own text"
+        );
     }
 }

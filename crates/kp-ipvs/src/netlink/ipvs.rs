@@ -26,7 +26,7 @@ use std::time::Duration;
 use kp_model::{IpFamily, Protocol};
 use netlink_sys::protocols::NETLINK_GENERIC;
 
-use crate::netlink::channel::{BatchError, Channel};
+use crate::netlink::channel::{BatchFailure, Channel};
 use crate::netlink::wire::{self, Attributes, Message, NLM_F_ACK, NLM_F_DUMP};
 use crate::state::{ServiceKey, VirtualServer, FLAG_HASHED};
 
@@ -109,6 +109,16 @@ impl IpvsNetlink {
         }
     }
 
+    /// A handle that takes `id` for the `IPVS` family instead of asking
+    /// the kernel (tests of message building on a kernel without IPVS).
+    #[cfg(test)]
+    pub(crate) fn with_family_id(id: u16) -> Self {
+        Self {
+            channel: Channel::new(NETLINK_GENERIC),
+            family_id: Some(id),
+        }
+    }
+
     /// Requests sent so far.
     pub fn messages(&self) -> u64 {
         self.channel.messages
@@ -183,7 +193,7 @@ impl IpvsNetlink {
     }
 
     /// `ipvsadm -A/-E/-D` and `-a/-e/-d` as messages, sent in batches.
-    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchError> {
+    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchFailure> {
         self.channel.execute(requests)
     }
 
@@ -260,7 +270,9 @@ impl IpvsNetlink {
                 request = request.u32(attr, u32::try_from(value.as_secs()).unwrap_or(u32::MAX));
             }
         }
-        self.channel.execute(vec![request]).map_err(|e| e.error)
+        self.channel
+            .execute(vec![request])
+            .map_err(|failure| failure.into_first().error)
     }
 }
 
@@ -420,8 +432,9 @@ mod tests {
             flags: 0x11,
             timeout_secs: 600,
         };
-        let bytes =
-            service_attr(Message::new(30, 0).raw(&[1, 1, 0, 0]), &key, Some(&server)).finish(1);
+        let bytes = service_attr(Message::new(30, 0).raw(&[1, 1, 0, 0]), &key, Some(&server))
+            .finish(1)
+            .unwrap();
         let answer = wire::split(&bytes)[0];
         let service = wire::find(&answer.payload[4..], ATTR_SERVICE).unwrap();
         assert_eq!(parse_service(service), Some((key, server)));

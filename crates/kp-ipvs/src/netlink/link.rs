@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use kp_model::IpFamily;
 use netlink_sys::protocols::NETLINK_ROUTE;
 
-use crate::netlink::channel::{BatchError, Channel};
+use crate::netlink::channel::{BatchError, BatchFailure, Channel};
 use crate::netlink::wire::{
     self, Attributes, Message, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
 };
@@ -99,7 +99,11 @@ impl DummyLink {
             .begin(IFLA_LINKINFO)
             .string(IFLA_INFO_KIND, "dummy")
             .end();
-        match self.channel.execute(vec![request]) {
+        match self
+            .channel
+            .execute(vec![request])
+            .map_err(BatchFailure::into_first)
+        {
             Err(BatchError { error, .. }) if error.raw_os_error() == Some(EEXIST) => Ok(()),
             other => other,
         }
@@ -110,7 +114,11 @@ impl DummyLink {
         let request = Message::new(RTM_DELLINK, NLM_F_ACK)
             .raw(&[0u8; 16])
             .string(IFLA_IFNAME, DUMMY_LINK);
-        match self.channel.execute(vec![request]) {
+        match self
+            .channel
+            .execute(vec![request])
+            .map_err(BatchFailure::into_first)
+        {
             Ok(()) => Ok(true),
             Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENODEV) => Ok(false),
             Err(BatchError { error, .. }) => Err(error),
@@ -159,7 +167,7 @@ impl DummyLink {
     }
 
     /// Sends address requests in batches.
-    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchError> {
+    pub fn execute(&mut self, requests: Vec<Message>) -> Result<(), BatchFailure> {
         self.channel.execute(requests)
     }
 }

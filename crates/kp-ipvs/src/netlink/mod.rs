@@ -22,8 +22,8 @@ use std::time::Duration;
 use kp_model::IpFamily;
 
 use crate::diff::Op;
-use crate::kernel::{IpvsKernel, KernelError};
-use crate::netlink::channel::BatchError;
+use crate::kernel::{ApplyError, IpvsKernel, KernelError, Refusal};
+use crate::netlink::channel::{BatchError, BatchFailure};
 use crate::netlink::ipset::IpsetNetlink;
 use crate::netlink::ipvs::IpvsNetlink;
 use crate::netlink::link::DummyLink;
@@ -71,7 +71,9 @@ impl NetlinkKernel {
     /// `ipvsadm -D -t SERVICE` (cleanup).
     pub fn delete_service(&mut self, key: &ServiceKey) -> io::Result<()> {
         let message = self.ipvs.delete_service_message(key)?;
-        self.ipvs.execute(vec![message]).map_err(|e| e.error)
+        self.ipvs
+            .execute(vec![message])
+            .map_err(|failure| failure.into_first().error)
     }
 
     /// The real servers of every service: all at once from the kernel's
@@ -147,29 +149,85 @@ impl NetlinkKernel {
         })
     }
 
-    /// Sends a run of operations that go to one socket.
-    fn send_run(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+    /// Sends a run of operations that go to one socket; `offset` is the
+    /// position of its first operation in the whole apply. Refusals are
+    /// added to `refused`; a failed exchange ends the apply.
+    fn send_run(
+        &mut self,
+        family: IpFamily,
+        offset: usize,
+        ops: &[Op],
+        refused: &mut Vec<Refusal>,
+    ) -> Result<(), ApplyError> {
         let Some(first) = ops.first() else {
             return Ok(());
         };
         if *first == Op::CreateLink {
+            // Nothing of the mode works without kube-ipvs0.
             self.link_index = None;
-            return self.link.create().map_err(|e| failure(family, ops, e));
+            return self
+                .link
+                .create()
+                .map_err(|e| ApplyError::Broken(failure(family, ops, e)));
         }
         let mut messages = Vec::with_capacity(ops.len());
-        for op in ops {
-            let message = self.message(family, op).map_err(|source| KernelError {
-                attempted: describe(family, op),
-                source,
+        // The position in `ops` of each message.
+        let mut positions = Vec::with_capacity(ops.len());
+        for (at, op) in ops.iter().enumerate() {
+            let message = self.message(family, op).map_err(|source| {
+                ApplyError::Broken(KernelError {
+                    attempted: describe(family, op),
+                    source,
+                })
             })?;
+            // A value too long for its length field is this object's
+            // problem, not the node's: refuse it alone.
+            if let Err(error) = message.check() {
+                refused.push(Refusal {
+                    index: offset + at,
+                    error: KernelError {
+                        attempted: describe(family, op),
+                        source: io::Error::new(io::ErrorKind::InvalidInput, error),
+                    },
+                    drift: false,
+                });
+                continue;
+            }
             messages.push(message);
+            positions.push(at);
         }
         let result = match route(first) {
             Route::Link => self.link.execute(messages),
             Route::Ipset => self.ipset.execute(messages),
             Route::Ipvs => self.ipvs.execute(messages),
         };
-        result.map_err(|e| failure(family, ops, e))
+        let Err(BatchFailure {
+            refused: refusals,
+            broken,
+        }) = result
+        else {
+            return Ok(());
+        };
+        // Positions in `messages` back to positions in `ops`.
+        let at = |error: BatchError| BatchError {
+            index: positions.get(error.index).copied().unwrap_or(error.index),
+            error: error.error,
+        };
+        for refusal in refusals {
+            let refusal = at(refusal);
+            let drift = ops
+                .get(refusal.index)
+                .is_some_and(|op| is_drift(op, &refusal.error));
+            refused.push(Refusal {
+                index: offset + refusal.index,
+                error: failure(family, ops, refusal),
+                drift,
+            });
+        }
+        match broken {
+            Some(broken) => Err(ApplyError::Broken(failure(family, ops, at(broken)))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -226,7 +284,8 @@ impl IpvsKernel for NetlinkKernel {
         Ok(ipvs::connections(&dests))
     }
 
-    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), KernelError> {
+    fn apply(&mut self, family: IpFamily, ops: &[Op]) -> Result<(), ApplyError> {
+        let mut refused = Vec::new();
         let mut start = 0;
         while start < ops.len() {
             let kind = route(&ops[start]);
@@ -239,10 +298,15 @@ impl IpvsKernel for NetlinkKernel {
             {
                 end += 1;
             }
-            self.send_run(family, &ops[start..end])?;
+            self.send_run(family, start, &ops[start..end], &mut refused)?;
             start = end;
         }
-        Ok(())
+        refused.sort_by_key(|refusal| refusal.index);
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(ApplyError::Refused(refused))
+        }
     }
 
     fn set_timeouts(
@@ -284,6 +348,27 @@ impl IpvsKernel for NetlinkKernel {
     }
 }
 
+/// Whether the kernel refused `op` because it already held what `op`
+/// wanted: IPVS answers a delete of a missing service `ESRCH` and of a
+/// missing real server `ENOENT`, an add of a present one `EEXIST`;
+/// rtnetlink a delete of a missing address `EADDRNOTAVAIL`; ipset an add of
+/// a present element, or a delete of a missing one, `IPSET_ERR_EXIST`.
+fn is_drift(op: &Op, error: &io::Error) -> bool {
+    const ENOENT: i32 = 2;
+    const ESRCH: i32 = 3;
+    const EEXIST: i32 = 17;
+    const EADDRNOTAVAIL: i32 = 99;
+    let Some(code) = error.raw_os_error() else {
+        return false;
+    };
+    match op {
+        Op::AddEntry(..) | Op::DeleteEntry(..) => code == ipset::IPSET_ERR_EXIST,
+        _ if op.adds() => code == EEXIST,
+        _ if op.deletes() => matches!(code, ENOENT | ESRCH | EADDRNOTAVAIL),
+        _ => false,
+    }
+}
+
 fn route(op: &Op) -> Route {
     match op {
         Op::CreateLink | Op::AddAddress(_) | Op::DeleteAddress(_) => Route::Link,
@@ -307,12 +392,65 @@ fn describe(family: IpFamily, op: &Op) -> String {
 }
 
 fn failure(family: IpFamily, ops: &[Op], error: BatchError) -> KernelError {
-    let attempted = ops
-        .get(error.index)
+    let op = ops.get(error.index);
+    let attempted = op
         .map(|op| describe(family, op))
         .unwrap_or_else(|| "a netlink request".to_owned());
-    KernelError {
-        attempted,
-        source: error.error,
+    let set_type = match op {
+        Some(Op::CreateSet(kind) | Op::AddEntry(kind, _) | Op::DeleteEntry(kind, _)) => {
+            Some(kind.set_type())
+        }
+        _ => None,
+    };
+    let source = match op.map(route) {
+        Some(Route::Ipset) => ipset::describe_error(error.error, set_type),
+        _ => error.error,
+    };
+    KernelError { attempted, source }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::kernel::ApplyError;
+    use kp_model::Protocol;
+
+    #[test]
+    fn a_virtual_server_too_large_to_encode_is_refused_by_name_and_nothing_is_sent() {
+        let mut kernel = NetlinkKernel {
+            ipvs: IpvsNetlink::with_family_id(0x30),
+            ..NetlinkKernel::default()
+        };
+        let key = ServiceKey {
+            address: "10.96.0.41".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port: 80,
+        };
+        let server = VirtualServer {
+            scheduler: "x".repeat(70_000),
+            flags: 0,
+            timeout_secs: 0,
+        };
+        let Err(ApplyError::Refused(refused)) =
+            kernel.apply(IpFamily::V4, &[Op::AddService(key, server)])
+        else {
+            panic!("an oversized virtual server must be refused");
+        };
+        assert_eq!(refused.len(), 1);
+        let error = &refused[0].error;
+        assert!(
+            error
+                .attempted
+                .starts_with("ipvsadm -A TCP  10.96.0.41:80 -s xxx"),
+            "the error names the virtual server: {:.60}",
+            error.attempted
+        );
+        let cause = error.source.to_string();
+        assert!(
+            cause.contains("70005 bytes") && cause.contains("at most 65535"),
+            "{cause}"
+        );
+        assert_eq!(kernel.messages_sent(), 0, "nothing reached the kernel");
     }
 }

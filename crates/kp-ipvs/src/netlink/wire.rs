@@ -9,6 +9,11 @@
 //!           type bit 15 = nested, bit 14 = value in network byte order
 //! ```
 //! Integers are in host order unless the attribute carries bit 14.
+//!
+//! A length that does not fit its field (65,535 bytes for an attribute or
+//! a nest, 4 GiB for a message) is an error ([`LengthError`]), never a
+//! clamped value: a clamped length makes the kernel read a different
+//! message than the one built.
 
 use std::io;
 
@@ -37,11 +42,43 @@ const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 /// Length of `nlmsghdr`.
 pub const HEADER_LEN: usize = 16;
 
-/// Builds one request.
+/// Builds one request. The first length that does not fit its field is
+/// kept and returned by [`Message::check`] and [`Message::finish`].
 #[derive(Debug)]
 pub struct Message {
     buf: Vec<u8>,
-    nests: Vec<usize>,
+    /// Open nests: where each starts and its type.
+    nests: Vec<(usize, u16)>,
+    oversized: Option<LengthError>,
+}
+
+/// A length too large for the netlink field that carries it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LengthError {
+    /// An attribute's value is too long.
+    #[error("attribute type {kind} would be {len} bytes long; a netlink attribute holds at most 65535 bytes")]
+    Attribute {
+        /// The attribute type (without flag bits).
+        kind: u16,
+        /// Its length with the 4-byte header.
+        len: usize,
+    },
+    /// A nested attribute holds too much.
+    #[error("nested attribute type {kind} would be {len} bytes long; a netlink attribute holds at most 65535 bytes")]
+    Nest {
+        /// The nest's type (without flag bits).
+        kind: u16,
+        /// Its length with the 4-byte header.
+        len: usize,
+    },
+    /// The whole message is too long.
+    #[error(
+        "the message would be {len} bytes long; a netlink message holds at most 4294967295 bytes"
+    )]
+    Message {
+        /// Its length with the header.
+        len: usize,
+    },
 }
 
 /// One message of an answer.
@@ -75,6 +112,7 @@ impl Message {
         Self {
             buf,
             nests: Vec::new(),
+            oversized: None,
         }
     }
 
@@ -85,9 +123,16 @@ impl Message {
         self
     }
 
-    /// Appends an attribute.
+    /// Appends an attribute; a value longer than an attribute can hold is
+    /// left out and makes the message fail [`Message::check`].
     pub fn attr(mut self, kind: u16, value: &[u8]) -> Self {
-        let len = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
+        let Ok(len) = u16::try_from(4 + value.len()) else {
+            self.oversize(LengthError::Attribute {
+                kind: kind & NLA_TYPE_MASK,
+                len: 4 + value.len(),
+            });
+            return self;
+        };
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(value);
@@ -120,28 +165,52 @@ impl Message {
 
     /// Opens a nested attribute; close it with [`Message::end`].
     pub fn begin(mut self, kind: u16) -> Self {
-        self.nests.push(self.buf.len());
+        self.nests.push((self.buf.len(), kind & NLA_TYPE_MASK));
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
         self.buf
             .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
         self
     }
 
-    /// Closes the innermost nested attribute.
+    /// Closes the innermost nested attribute; one holding more than an
+    /// attribute can makes the message fail [`Message::check`].
     pub fn end(mut self) -> Self {
-        if let Some(start) = self.nests.pop() {
-            let len = u16::try_from(self.buf.len() - start).unwrap_or(u16::MAX);
-            self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        if let Some((start, kind)) = self.nests.pop() {
+            let len = self.buf.len() - start;
+            match u16::try_from(len) {
+                Ok(len) => self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes()),
+                Err(_) => self.oversize(LengthError::Nest { kind, len }),
+            }
         }
         self
     }
 
-    /// The finished message with sequence number `seq`.
-    pub fn finish(mut self, seq: u32) -> Vec<u8> {
-        let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
+    /// Whether every length fits its field.
+    pub fn check(&self) -> Result<(), LengthError> {
+        if let Some(error) = &self.oversized {
+            return Err(error.clone());
+        }
+        u32::try_from(self.buf.len())
+            .map(drop)
+            .map_err(|_| LengthError::Message {
+                len: self.buf.len(),
+            })
+    }
+
+    /// The finished message with sequence number `seq`, or the first length
+    /// that did not fit.
+    pub fn finish(mut self, seq: u32) -> Result<Vec<u8>, LengthError> {
+        self.check()?;
+        let len = u32::try_from(self.buf.len()).map_err(|_| LengthError::Message {
+            len: self.buf.len(),
+        })?;
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
         self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.buf
+        Ok(self.buf)
+    }
+
+    fn oversize(&mut self, error: LengthError) {
+        self.oversized.get_or_insert(error);
     }
 
     fn pad(&mut self) {
@@ -274,7 +343,8 @@ mod tests {
             .string(6, "rr")
             .end()
             .u32(4, 900)
-            .finish(7);
+            .finish(7)
+            .unwrap();
         assert_eq!(bytes.len() % 4, 0);
         let answers = split(&bytes);
         assert_eq!(answers.len(), 1);
@@ -292,10 +362,53 @@ mod tests {
 
     #[test]
     fn truncated_input_ends_the_iteration_instead_of_panicking() {
-        let bytes = Message::new(1, 0).u32(1, 5).finish(1);
+        let bytes = Message::new(1, 0).u32(1, 5).finish(1).unwrap();
         assert_eq!(split(&bytes[..bytes.len() - 2]).len(), 0);
         let broken = [8u8, 0, 1, 0, 1, 2];
         assert_eq!(Attributes::new(&broken).count(), 0);
         assert_eq!(error_code(&[0, 0]), Some(71));
+    }
+
+    #[test]
+    fn an_attribute_too_long_for_its_length_field_is_an_error_not_a_clamp() {
+        let fits = vec![7u8; 65_531];
+        let bytes = Message::new(1, 0).attr(3, &fits).finish(1).unwrap();
+        let value = Attributes::new(split(&bytes)[0].payload).next().unwrap().1;
+        assert_eq!(
+            value.len(),
+            65_531,
+            "the largest value that fits is sent whole"
+        );
+
+        let oversized = vec![7u8; 65_532];
+        let message = Message::new(1, 0).attr(3 | NLA_F_NET_BYTEORDER, &oversized);
+        let error = LengthError::Attribute {
+            kind: 3,
+            len: 65_536,
+        };
+        assert_eq!(message.check(), Err(error.clone()));
+        assert_eq!(message.finish(1), Err(error));
+    }
+
+    #[test]
+    fn a_nest_holding_more_than_an_attribute_can_is_an_error_not_a_clamp() {
+        let mut message = Message::new(1, 0).begin(2);
+        for _ in 0..2_000 {
+            message = message.attr(1, &[0u8; 32]);
+        }
+        let message = message.end().u32(4, 1);
+        assert_eq!(
+            message.finish(1),
+            Err(LengthError::Nest {
+                kind: 2,
+                len: 4 + 2_000 * 36
+            })
+        );
+        let error = LengthError::Nest {
+            kind: 2,
+            len: 72_004,
+        }
+        .to_string();
+        assert!(error.contains("72004 bytes"), "{error}");
     }
 }
