@@ -364,8 +364,8 @@ impl SyncObserver for ProxyMetrics {
                 );
             }
             // Upstream counts only rule sets that could not be applied: a
-            // failed listing or IPVS request fails our sync but is not a
-            // restore failure.
+            // failed listing or a broken netlink exchange fails our sync but
+            // is not a restore failure; requests the kernel refused are.
             Err(_) if stats.rejected => {
                 sync.restore_failures.get_or_create(&labels).inc();
                 sync.nftables_sync_failures.get_or_create(&labels).inc();
