@@ -112,25 +112,14 @@ pub async fn post_refused_rules_event(
     why: &str,
 ) -> Result<(), ApiError> {
     let event = refused_rules_event(service, node_name, &os_hostname(), Timestamp::now(), why);
-    let events: Api<Event> = Api::namespaced(client.clone(), &service.namespace);
-    match events.create(&PostParams::default(), &event).await {
-        Ok(_) => {
-            tracing::debug!(service = %service, "posted the event about refused rules");
-            Ok(())
+    post(client, &service.namespace, &event, |source| {
+        ApiError::PostServiceEvent {
+            service: service.to_string(),
+            reason: REFUSED_RULES_REASON.to_owned(),
+            source,
         }
-        Err(source) => {
-            let error = ApiError::PostServiceEvent {
-                service: service.to_string(),
-                reason: REFUSED_RULES_REASON.to_owned(),
-                source,
-            };
-            let cause = std::error::Error::source(&error)
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            tracing::warn!(error = %error, cause = %cause, "could not post an event");
-            Err(error)
-        }
-    }
+    })
+    .await
 }
 
 /// Posts the [`starting_event`] for `node_name`, reported from this host.
@@ -138,18 +127,32 @@ pub async fn post_refused_rules_event(
 /// events, and returns the error only for callers that want to report it.
 pub async fn post_starting_event(client: &Client, node_name: &str) -> Result<(), ApiError> {
     let event = starting_event(node_name, &os_hostname(), Timestamp::now());
-    let events: Api<Event> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
-    match events.create(&PostParams::default(), &event).await {
+    post(client, EVENT_NAMESPACE, &event, |source| {
+        ApiError::PostEvent {
+            node: node_name.to_owned(),
+            reason: "Starting".to_owned(),
+            source,
+        }
+    })
+    .await
+}
+
+/// Creates `event` in `namespace`; a refusal becomes the error `failed`
+/// makes of it, logged as a warning.
+async fn post(
+    client: &Client,
+    namespace: &str,
+    event: &Event,
+    failed: impl FnOnce(kube::Error) -> ApiError,
+) -> Result<(), ApiError> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    match events.create(&PostParams::default(), event).await {
         Ok(_) => {
-            tracing::debug!(node = node_name, "posted the Starting event");
+            tracing::debug!(namespace, reason = ?event.reason, "posted an event");
             Ok(())
         }
         Err(source) => {
-            let error = ApiError::PostEvent {
-                node: node_name.to_owned(),
-                reason: "Starting".to_owned(),
-                source,
-            };
+            let error = failed(source);
             let cause = std::error::Error::source(&error)
                 .map(ToString::to_string)
                 .unwrap_or_default();
