@@ -10,10 +10,14 @@
 //! | client | 192.168.99.10, outside the node |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::{self, ErrorKind};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::UdpClient;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -27,14 +31,12 @@ use kp_iptables::{
 use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
 use kp_sync::{Proxier, ProxierConfig, RunnerConfig};
 use kp_testkit::builders::{endpoint_slice, service};
-use kp_testkit::netns::{require_root, require_tool, Reply, Topology};
+use kp_testkit::netns::{require_root, require_tool, Topology};
 use kp_testkit::plan::{self, NODE_NAME};
 
 const SERVICE: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 20)), 53);
 const POD_UDP_PORT: u16 = 5353;
 const FLAVOR: IptablesFlavor = IptablesFlavor::Legacy;
-/// How long one datagram waits for its answer.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn require() {
     require_root();
@@ -103,69 +105,6 @@ fn sync(topology: &Topology, proxier: &Proxier, slice: EndpointSlice) {
     topology.node().run(|| proxier.sync_once()).unwrap();
 }
 
-/// A UDP client socket in the client namespace, connected to the Service:
-/// every datagram it sends has the same source port, so all of them belong
-/// to one conntrack entry.
-struct UdpClient {
-    socket: UdpSocket,
-    sent: usize,
-}
-
-impl UdpClient {
-    fn open(topology: &Topology) -> Self {
-        let socket = topology
-            .client()
-            .netns()
-            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
-            .unwrap();
-        socket.connect(SERVICE).unwrap();
-        Self { socket, sent: 0 }
-    }
-
-    /// Sends one datagram and returns the pod that answered it.
-    #[track_caller]
-    fn ask(&mut self) -> String {
-        self.try_ask()
-            .unwrap_or_else(|error| panic!("asking {SERVICE} failed: {error}"))
-    }
-
-    /// Sends one datagram and returns the pod that answered it, or the
-    /// error the socket reported (`ConnectionRefused` for an ICMP
-    /// unreachable).
-    fn try_ask(&mut self) -> io::Result<String> {
-        self.sent += 1;
-        let token = format!("question-{}", self.sent);
-        self.socket.send(token.as_bytes())?;
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        let mut buffer = [0u8; 2048];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    ErrorKind::TimedOut,
-                    format!("no answer to {token}"),
-                ));
-            }
-            self.socket.set_read_timeout(Some(left))?;
-            match self.socket.recv(&mut buffer) {
-                Ok(len) => {
-                    let answer = String::from_utf8_lossy(&buffer[..len]);
-                    let reply = Reply::parse(&answer).expect("an echo server's answer");
-                    if reply.text == token {
-                        return Ok(reply.backend);
-                    }
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn local_port(&self) -> u16 {
-        self.socket.local_addr().unwrap().port()
-    }
-}
-
 /// The node's UDP conntrack entries of the client's socket.
 fn client_flows(topology: &Topology, client: &UdpClient) -> Vec<Flow> {
     let port = client.local_port();
@@ -190,7 +129,7 @@ fn without_the_cleaner_the_flow_stays_pinned_to_the_removed_endpoint() {
     let topology = two_pods();
     let proxier = proxier(None);
     sync(&topology, &proxier, dns_slice(topology.pod("ep1").ip()));
-    let mut client = UdpClient::open(&topology);
+    let mut client = UdpClient::open("client", topology.client().netns(), SERVICE);
     assert_eq!(client.ask(), "ep1");
 
     sync(&topology, &proxier, dns_slice(topology.pod("ep2").ip()));
@@ -214,7 +153,7 @@ fn with_the_cleaner_the_flow_moves_to_the_new_endpoint() {
     let cleaner = Arc::new(ConntrackCleaner::new(IpFamily::V4, metrics.clone()));
     let proxier = proxier(Some(cleaner));
     sync(&topology, &proxier, dns_slice(topology.pod("ep1").ip()));
-    let mut client = UdpClient::open(&topology);
+    let mut client = UdpClient::open("client", topology.client().netns(), SERVICE);
     assert_eq!(client.ask(), "ep1");
 
     sync(&topology, &proxier, dns_slice(topology.pod("ep2").ip()));
@@ -236,7 +175,7 @@ fn ctnetlink_lists_and_deletes_an_entry_as_conntrack_does() {
     let topology = two_pods();
     let proxier = proxier(None);
     sync(&topology, &proxier, dns_slice(topology.pod("ep1").ip()));
-    let mut client = UdpClient::open(&topology);
+    let mut client = UdpClient::open("client", topology.client().netns(), SERVICE);
     client.ask();
 
     let flows = client_flows(&topology, &client);
@@ -269,7 +208,7 @@ fn when_the_last_endpoint_goes_the_client_is_refused_at_once() {
     let cleaner = Arc::new(ConntrackCleaner::new(IpFamily::V4, ConntrackMetrics::new()));
     let proxier = proxier(Some(cleaner));
     sync(&topology, &proxier, dns_slice(topology.pod("ep1").ip()));
-    let mut client = UdpClient::open(&topology);
+    let mut client = UdpClient::open("client", topology.client().netns(), SERVICE);
     assert_eq!(client.ask(), "ep1");
 
     let no_endpoints = endpoint_slice("ns1", "dns-1", "dns", |s| {

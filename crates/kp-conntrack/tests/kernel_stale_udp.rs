@@ -16,10 +16,13 @@
 //! it. Each step syncs once and then asks every client once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{self, ErrorKind};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::UdpClient;
 
 use k8s_openapi::api::core::v1::Service;
 use kp_conntrack::{ConntrackCleaner, ConntrackMetrics};
@@ -30,15 +33,13 @@ use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind}
 use kp_nftables::{NftablesBackend, NftablesOptions};
 use kp_sync::{Backend, Proxier, ProxierConfig, RunnerConfig};
 use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
-use kp_testkit::netns::{require_root, require_tool, Netns, Reply, Topology};
+use kp_testkit::netns::{require_root, require_tool, Topology};
 use kp_testkit::plan::{self, NODE_NAME, OTHER_NODE_NAME};
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
 const SERVICE_PORT: u16 = 53;
 const NODE_PORT: u16 = 30053;
 const POD_UDP_PORT: u16 = 5353;
-/// How long one datagram waits for its answer.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The data-plane modes whose flows the conntrack cleaner reconciles.
 #[derive(Debug, Clone, Copy)]
@@ -282,64 +283,6 @@ impl Clients {
                 "{}: {when}: answered by {answer}, wanted {pod}",
                 client.name
             );
-        }
-    }
-}
-
-/// A UDP socket connected to a Service address from one fixed source
-/// port, in some namespace.
-struct UdpClient {
-    name: &'static str,
-    socket: UdpSocket,
-    sent: usize,
-}
-
-impl UdpClient {
-    fn open(name: &'static str, netns: &Netns, to: SocketAddr) -> Self {
-        let socket = netns
-            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
-            .unwrap();
-        socket.connect(to).unwrap();
-        Self {
-            name,
-            socket,
-            sent: 0,
-        }
-    }
-
-    /// Sends one datagram and returns the pod that answered it, or the
-    /// error the socket reported (`ConnectionRefused` for an ICMP
-    /// unreachable, `TimedOut` when nothing came back).
-    fn try_ask(&mut self) -> io::Result<String> {
-        // A refusal of an earlier datagram may still be pending on the
-        // socket (the node's own datagram is refused twice: by the send
-        // call, EPERM, and by the ICMP unreachable that follows it).
-        self.socket.take_error()?;
-        self.sent += 1;
-        let token = format!("{}-{}", self.name, self.sent);
-        self.socket.send(token.as_bytes())?;
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        let mut buffer = [0u8; 2048];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    ErrorKind::TimedOut,
-                    format!("no answer to {token}"),
-                ));
-            }
-            self.socket.set_read_timeout(Some(left))?;
-            match self.socket.recv(&mut buffer) {
-                Ok(len) => {
-                    let answer = String::from_utf8_lossy(&buffer[..len]);
-                    let reply = Reply::parse(&answer).expect("an echo server's answer");
-                    if reply.text == token {
-                        return Ok(reply.backend);
-                    }
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => return Err(e),
-            }
         }
     }
 }
