@@ -851,6 +851,105 @@ fn vm_the_binary_serves_manifests_in_ipvs_mode_and_its_cleanup_keeps_a_foreign_s
     assert!(!nat.contains("KUBE-"), "no chain of ours is left:\n{nat}");
 }
 
+/// One Service the kernel refuses (an endpoint at 255.255.255.255, which
+/// the API server accepts and IPVS does not take as a real server) beside
+/// the web Service: the binary programs web, names the refused Service in
+/// its log and in `kubeproxy_rs_sync_refused_services`, and keeps it out
+/// until it changes; its next version, with a valid endpoint, is served.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_the_binary_leaves_out_a_service_the_kernel_refuses_and_serves_every_other() {
+    use kp_testkit::builders::{endpoint_slice, service};
+    use kp_testkit::files::{manifest, write_atomically};
+    use kp_testkit::netns::wait_until;
+    use std::time::Duration;
+    require_ipvs();
+    let binary = std::env::var(BINARY_VARIABLE).unwrap_or_else(|_| {
+        panic!("{BINARY_VARIABLE} does not name the kube-proxy binary: {NEEDS_IPVS}")
+    });
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_web_slice(&write_web_manifests(dir.path()), &[ip_of(&topology, "ep1")]);
+    let bad = service("demo", "bad", |s| {
+        s.cluster_ip("10.96.0.42")
+            .port("http", 80, "TCP")
+            .target_port(80)
+    });
+    write_atomically(&dir.path().join("bad.json"), &manifest(&bad));
+    let bad_slice = |address: &str| {
+        endpoint_slice("demo", "bad-1", "bad", |e| {
+            e.address_type("IPv4")
+                .port("http", 80, "TCP")
+                .endpoint(address, |ep| ep.ready(true).node("node-1"))
+        })
+    };
+    let bad_slice_file = dir.path().join("bad-slice.json");
+    write_atomically(&bad_slice_file, &manifest(&bad_slice("255.255.255.255")));
+    let log_path = dir.path().join("proxy.log");
+    let mut command = topology.node().command(&binary);
+    command
+        .args(["--proxy-mode", "ipvs"])
+        .args(["--manifests", dir.path().to_str().unwrap()])
+        .args(["--hostname-override", "node-1"])
+        .args(["--cluster-cidr", "10.244.0.0/16"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let _proxy = kp_testkit::netns::NsChild::spawn(&mut command).unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let web = at("10.96.0.41", 80);
+    let up = wait_until(Duration::from_secs(30), || {
+        connect(topology.pod("src"), web).is_ok()
+    });
+    assert!(up, "the web Service answers within 30 s\n{}", log());
+    let refused_gauge = || {
+        let metrics = topology
+            .node()
+            .run(|| kp_testkit::http::get("127.0.0.1:10249", "/metrics"))
+            .map(|reply| reply.body)
+            .unwrap_or_default();
+        metrics
+            .lines()
+            .find(|line| line.starts_with("kubeproxy_rs_sync_refused_services{ip_family=\"IPv4\"}"))
+            .map(str::to_owned)
+    };
+    let counted = wait_until(Duration::from_secs(30), || {
+        refused_gauge().is_some_and(|line| line.ends_with(" 1"))
+    });
+    assert!(
+        counted,
+        "one Service is left out: {:?}\n{}",
+        refused_gauge(),
+        log()
+    );
+    let log_text = log();
+    assert!(
+        log_text.contains("the kernel refused the rules of a Service")
+            && log_text.contains("demo/bad"),
+        "the log names the refused Service:\n{log_text}"
+    );
+    assert_eq!(connect(topology.pod("src"), web).unwrap().backend, "ep1");
+
+    // A change gives the Service another try; valid now, it is served.
+    write_atomically(
+        &bad_slice_file,
+        &manifest(&bad_slice(&ip_of(&topology, "ep1"))),
+    );
+    let served = wait_until(Duration::from_secs(30), || {
+        connect(topology.pod("src"), at("10.96.0.42", 80)).is_ok_and(|reply| reply.backend == "ep1")
+    });
+    assert!(served, "the changed Service is programmed\n{}", log());
+    assert!(
+        refused_gauge().is_some_and(|line| line.ends_with(" 0")),
+        "{:?}",
+        refused_gauge()
+    );
+}
+
 /// Every process with what its threads wait in, for a failure message.
 fn processes() -> String {
     let mut text = String::new();
