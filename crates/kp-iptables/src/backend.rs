@@ -418,8 +418,16 @@ impl Backend for IptablesBackend {
         } else {
             self.apply_partial(&input)
         };
-        let (mut rendered, rules_written) =
-            applied.map_err(|error| name_refused_services(error, request))?;
+        // A partial restore may meet chains someone else deleted: a line
+        // it refuses says nothing of the line itself. A full restore
+        // declares every chain it uses, so a line it refuses is at fault.
+        let (mut rendered, rules_written) = applied.map_err(|error| {
+            if full {
+                name_refused_services(error, request)
+            } else {
+                error
+            }
+        })?;
         self.applier
             .end_sync()
             .map_err(|e| apply_error("finishing the sync", e))?;

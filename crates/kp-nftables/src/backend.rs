@@ -387,8 +387,10 @@ impl NftablesBackend {
                 return Ok(None);
             }
             Err(error) => {
+                // Bound to a generation at which the table is exactly the
+                // record: the refused lines are at fault, not the table.
                 self.forget_kernel();
-                return Err(rejected(error, request.service_ports));
+                return Err(rejected(error, request.service_ports, Blame::Lines));
             }
         }
         self.generation = Some(current);
@@ -505,8 +507,12 @@ impl Backend for NftablesBackend {
                 // it (with a split sync: some Services rewritten, each
                 // whole), but someone else may have changed it behind the
                 // record (a deleted table fails a partial transaction).
+                // Only a transaction that built the table from nothing
+                // (the retry after a failure) tells that the refused lines
+                // themselves are at fault.
                 self.forget_kernel();
-                return Err(rejected(error, request.service_ports));
+                let blame = if reset { Blame::Lines } else { Blame::Nobody };
+                return Err(rejected(error, request.service_ports, blame));
             }
         };
         if reset {
@@ -614,19 +620,37 @@ fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutc
     }
 }
 
+/// Who a refused transaction is blamed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    /// The Services of the refused lines: the transaction met the table as
+    /// the proxy knew it (built from nothing, or bound to the generation
+    /// of its own last commit).
+    Lines,
+    /// Nobody: the table may have been changed by someone else since the
+    /// proxy's last commit (a deleted table refuses every line of a partial
+    /// transaction), so the refusal says nothing of the lines; the full
+    /// rebuild that follows tells.
+    Nobody,
+}
+
 /// A transaction the kernel (or the encoder) refused, as the sync loop's
 /// [`BackendError::Rejected`], naming the Services whose lines were
-/// refused: the sync loop leaves those out of the next syncs, so that the
-/// others are programmed.
+/// refused when they are to `blame`: the sync loop leaves those out of the
+/// next syncs, so that the others are programmed.
 fn rejected(
     error: ApplyError,
     service_ports: &std::collections::BTreeMap<
         kp_model::ServicePortName,
         kp_sync::ServicePortState,
     >,
+    blame: Blame,
 ) -> BackendError {
-    let services: BTreeSet<NamespacedName> = error
-        .refused_lines()
+    let refused_lines = match blame {
+        Blame::Lines => error.refused_lines(),
+        Blame::Nobody => Vec::new(),
+    };
+    let services: BTreeSet<NamespacedName> = refused_lines
         .into_iter()
         .filter_map(|line| {
             crate::names::service_of_line(line).or_else(|| service_of_address(line, service_ports))
@@ -724,7 +748,7 @@ mod tests {
                 line: Some((7, line.to_owned())),
                 also_refused: Vec::new(),
             };
-            match rejected(error, &ports) {
+            match rejected(error, &ports, Blame::Lines) {
                 BackendError::Rejected { services, .. } => services,
                 other => panic!("expected a rejected transaction, got {other:?}"),
             }
@@ -752,5 +776,25 @@ mod tests {
             BTreeSet::new(),
             "a fixed chain belongs to no Service"
         );
+    }
+
+    #[test]
+    fn a_refusal_of_a_table_someone_else_may_have_changed_names_no_service() {
+        let ports: std::collections::BTreeMap<_, _> =
+            [service("ns1", "web", "10.96.0.10", 80).build()]
+                .into_iter()
+                .collect();
+        let error = ApplyError::Kernel {
+            message: "No such file or directory (os error 2)".to_owned(),
+            line: Some((
+                7,
+                "add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http".to_owned(),
+            )),
+            also_refused: Vec::new(),
+        };
+        match rejected(error, &ports, Blame::Nobody) {
+            BackendError::Rejected { services, .. } => assert_eq!(services, BTreeSet::new()),
+            other => panic!("expected a rejected transaction, got {other:?}"),
+        }
     }
 }

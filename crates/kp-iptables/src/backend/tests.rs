@@ -177,6 +177,29 @@ fn a_refused_rule_names_its_service_and_a_refused_top_level_rule_names_none() {
 }
 
 #[test]
+fn a_line_a_partial_restore_refuses_names_no_service() {
+    let (mut backend, kernel, _) = backend();
+    let world = World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3"]),
+        service_port("big", "10.96.0.11", &["10.244.2.4"]),
+    ]);
+    world.sync(&mut backend, true, &[]).unwrap();
+    let changed = World::new(&[
+        service_port("web", "10.96.0.10", &["10.244.2.3"]),
+        service_port("big", "10.96.0.11", &["10.244.2.5"]),
+    ]);
+    // As if someone had deleted a chain the partial restore jumps to.
+    kernel.refuse_lines_with("10.244.2.5");
+
+    let error = changed.sync(&mut backend, false, &["big"]).unwrap_err();
+
+    let BackendError::Rejected { services, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(services.is_empty(), "{error}");
+}
+
+#[test]
 fn a_comment_names_the_service_of_its_rule() {
     for (line, expected) in [
         (
