@@ -27,7 +27,20 @@ use kp_model::{IpFamily, Protocol};
 use kp_sync::Backend;
 use kp_testkit::netns::{connect, expect_timeout, require_root, require_tool, Topology};
 
+/// Ordinary Services beside the hostile ones, unless
+/// `KP_IPVS_TEST_BACKGROUND_SERVICES` says otherwise (10,000 for the
+/// figures in docs/BENCHMARKS.md; `scripts/ipvs-vm/run` passes it on).
 const BACKGROUND_SERVICES: u32 = 1_000;
+
+fn background_services() -> u32 {
+    std::env::var("KP_IPVS_TEST_BACKGROUND_SERVICES")
+        .ok()
+        .map_or(BACKGROUND_SERVICES, |text| {
+            text.parse().unwrap_or_else(|_| {
+                panic!("KP_IPVS_TEST_BACKGROUND_SERVICES={text:?} is not a number")
+            })
+        })
+}
 const SOURCE_RANGES: u32 = 10_000;
 const ENDPOINTS: u32 = 1_000;
 const EXTERNAL_IPS: u32 = 100;
@@ -66,7 +79,7 @@ fn hostile_ports(family: IpFamily, topology: &Topology) -> Ports {
         ),
     };
     let mut ports = Ports::new();
-    for n in 0..BACKGROUND_SERVICES {
+    for n in 0..background_services() {
         ports = ports.with(
             service(
                 "bg",
