@@ -118,10 +118,10 @@ struct Tracked {
     carried_stale: StaleConntrack,
     /// Trigger times of the changes of failed syncs, handed to the next one.
     carried_trigger_times: Vec<SystemTime>,
-    /// Services whose rules the kernel refused, with the reason: left out
-    /// of every sync until they change, so that they do not keep every
-    /// other Service from being programmed.
-    refused: BTreeMap<NamespacedName, String>,
+    /// Services whose rules the kernel refused: left out of every sync
+    /// until they change, so that they do not keep every other Service
+    /// from being programmed.
+    refused: BTreeSet<NamespacedName>,
 }
 
 /// Failed sync attempts in a row. A failure that repeats the previous one
@@ -166,7 +166,7 @@ impl Proxier {
             needs_full_sync: true,
             carried_stale: StaleConntrack::default(),
             carried_trigger_times: Vec::new(),
-            refused: BTreeMap::new(),
+            refused: BTreeSet::new(),
         };
         Self {
             family: config.family,
@@ -414,7 +414,7 @@ impl Proxier {
         changed.extend(endpoints.changed);
         tracked.forgive_changed(&changed, self.family);
         self.status
-            .set_refused_services(tracked.refused.keys().cloned().collect());
+            .set_refused_services(tracked.refused.iter().cloned().collect());
         let mut stale = std::mem::take(&mut tracked.carried_stale);
         stale.merge(StaleConntrack {
             deleted_cluster_ips: services.deleted_cluster_ips,
@@ -428,7 +428,7 @@ impl Proxier {
             stale,
             queued_since: self.status.take_queued(),
             trigger_times,
-            refused: tracked.refused.keys().cloned().collect(),
+            refused: tracked.refused.clone(),
         })
     }
 
@@ -443,13 +443,10 @@ impl Proxier {
             let mut tracked = self.lock_tracked();
             let newly: Vec<&NamespacedName> = services
                 .iter()
-                .filter(|service| !tracked.refused.contains_key(*service))
+                .filter(|service| tracked.refused.insert((*service).clone()))
                 .collect();
-            for service in services {
-                tracked.refused.insert(service.clone(), reason.to_owned());
-            }
             self.status
-                .set_refused_services(tracked.refused.keys().cloned().collect());
+                .set_refused_services(tracked.refused.iter().cloned().collect());
             newly
         };
         for service in newly_refused {
@@ -586,7 +583,7 @@ impl Tracked {
             return;
         }
         for service in changed {
-            if self.refused.remove(service).is_some() {
+            if self.refused.remove(service) {
                 tracing::info!(
                     family = family_name(family),
                     service = %service,
@@ -673,10 +670,10 @@ struct Categorized {
 
 /// The categorized view of `drained`, without the refused Services: built
 /// anew for a full sync or a new node; for a partial sync, the last view
-/// with the changed Services' service ports categorized again. Categorizing every service port on
-/// every sync cost a partial sync at 10,000 Services more than the rest of
-/// the sync loop together (upstream does it per service port on every
-/// sync as well).
+/// with the changed Services' service ports categorized again.
+/// Categorizing every service port on every sync cost a partial sync at
+/// 10,000 Services more than the rest of the sync loop together (upstream
+/// does it per service port on every sync as well).
 fn categorize<'a>(
     categorized: &'a mut Option<Categorized>,
     drained: &Drained,
