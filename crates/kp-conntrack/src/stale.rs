@@ -157,13 +157,18 @@ impl<'a> Frontends<'a> {
         };
         for state in request.service_ports.values() {
             let port = &state.port;
-            let addresses = || {
-                std::iter::once(&port.cluster_ip)
-                    .chain(&port.external_ips)
+            let usable = |ip: &&IpAddr| family.matches(ip) && !ip.is_unspecified();
+            let external_addresses = || {
+                port.external_ips
+                    .iter()
                     .chain(&port.load_balancer_ips)
-                    .filter(|ip| family.matches(ip) && !ip.is_unspecified())
+                    .filter(usable)
             };
-            frontends.service_ips.extend(addresses());
+            frontends.service_ips.extend(
+                std::iter::once(&port.cluster_ip)
+                    .filter(usable)
+                    .chain(external_addresses()),
+            );
             let Some(protocol) = protocol_number(port.protocol) else {
                 continue;
             };
@@ -182,7 +187,7 @@ impl<'a> Frontends<'a> {
                 let frontend = SocketAddr::new(port.cluster_ip, port.port);
                 frontends.by_address.insert((protocol, frontend), internal);
             }
-            for ip in addresses().skip(1) {
+            for ip in external_addresses() {
                 let frontend = SocketAddr::new(*ip, port.port);
                 frontends
                     .by_address
