@@ -7,9 +7,9 @@
 //! |---|---|
 //! | ns1/web (the ordinary Service), port http 80 | 10.96.0.10, fd00:10:96::10 → ep1 |
 //! | ns1/lb, LoadBalancer, 10,000 source ranges | 10.96.0.20, LB 203.0.113.9; fd00:10:96::20, LB 2001:db8:203:113::9 |
-//! | ns1/many, 1,000 endpoints | 10.96.0.30 → 10.244.8.1 … (addresses of pod ep3) |
-//! | ns1/ext, 100 external IPs | 10.96.0.40, 203.0.113.101 … 203.0.113.200 |
-//! | ns1/ports, 200 ports 10001 … 10200 | 10.96.0.50 → 8080 |
+//! | ns1/many, 1,000 endpoints | 10.96.0.30 → 10.244.8.1 … .11.232; fd00:10:96::30 → fd00:10:244:8::1 … ::3e8 (all answered by pod ep3) |
+//! | ns1/ext, 100 external IPs | 10.96.0.40, 203.0.113.101 … .200; fd00:10:96::40, 2001:db8:203:113::65 … ::c8 |
+//! | ns1/ports, 200 ports 10001 … 10200 | 10.96.0.50, fd00:10:96::50 → 8080 |
 //! | client (inside the ranges), client2 (outside) | 192.168.99.10, .11 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -107,8 +107,11 @@ fn ten_thousand_ipv4_source_ranges_admit_one_client_and_drop_another(flavor: Ipt
         s
     });
     let ep1 = pod_ip(&topology, "ep1");
+    let plan = Plan {
+        family: IpFamily::V4,
+    };
     proxy.apply(
-        &[web(), lb],
+        &[plan.web(), lb],
         &[slice("web", &[ep1], &[]), slice("lb", &[ep1], &[])],
     );
     proxy.sync();
@@ -121,42 +124,129 @@ fn ten_thousand_ipv4_source_ranges_admit_one_client_and_drop_another(flavor: Ipt
         "ep1"
     );
     expect_timeout(topology.client_named("client2"), lb_ip);
-    assert_ordinary_service_answers(&topology);
+    plan.assert_ordinary_service_answers(&topology);
     assert_source_ranges_in_kernel(&proxy, SOURCE_RANGES);
 }
 
-#[test]
-fn a_thousand_endpoints_behind_one_service_are_all_used() {
+/// The addresses of `family` used by the one-Service tests: the
+/// Service's ClusterIP, the external IPs' prefix, and how one is written.
+struct Plan {
+    family: IpFamily,
+}
+
+impl Plan {
+    fn families(&self) -> &'static [&'static str] {
+        match self.family {
+            IpFamily::V4 => &["IPv4"],
+            IpFamily::V6 => &["IPv6"],
+        }
+    }
+
+    /// ClusterIP number `n` of the plan: 10.96.0.n or fd00:10:96::n.
+    fn cluster_ip(&self, n: u8) -> String {
+        match self.family {
+            IpFamily::V4 => format!("10.96.0.{n}"),
+            IpFamily::V6 => format!("fd00:10:96::{n}"),
+        }
+    }
+
+    /// External IP number `i`: 203.0.113.i or 2001:db8:203:113::i (hex).
+    fn external_ip(&self, i: usize) -> String {
+        match self.family {
+            IpFamily::V4 => format!("203.0.113.{i}"),
+            IpFamily::V6 => format!("2001:db8:203:113::{i:x}"),
+        }
+    }
+
+    /// `iptables-save` writes a host address with its full prefix.
+    fn host(&self, ip: &str) -> String {
+        match self.family {
+            IpFamily::V4 => format!("{ip}/32"),
+            IpFamily::V6 => format!("{ip}/128"),
+        }
+    }
+
+    /// The address of `pod` in the family.
+    fn pod(&self, topology: &Topology, pod: &str) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => pod_ip(topology, pod),
+            IpFamily::V6 => pod_ip_v6(topology, pod),
+        }
+    }
+
+    /// The ordinary Service of the family, answered by ep1.
+    fn web(&self) -> Service {
+        let families = self.families();
+        let cluster_ip = self.cluster_ip(10);
+        service("ns1", "web", |s| {
+            s.ip_families(families)
+                .cluster_ip(cluster_ip)
+                .port("http", 80, "TCP")
+        })
+    }
+
+    #[track_caller]
+    fn assert_ordinary_service_answers(&self, topology: &Topology) {
+        let reply = connect(topology.pod("ep2"), at(&self.cluster_ip(10), 80)).unwrap();
+        assert_eq!(reply.backend, "ep1", "the ordinary Service answers");
+    }
+}
+
+fn a_thousand_endpoints_behind_one_service_are_all_used(family: IpFamily) {
     let flavor = IptablesFlavor::Legacy;
     require(flavor);
+    let plan = Plan { family };
     let topology = build(three_pods());
-    // Pod ep3 answers on 1,000 addresses of 10.244.8.0/22, routed to it.
-    let addresses: Vec<IpAddr> = (1..=ENDPOINTS as u32)
-        .map(|i| IpAddr::V4(Ipv4Addr::from(0x0af4_0800 + i)))
-        .collect();
-    give_pod_addresses(&topology, "ep3", &addresses, "10.244.8.0/22");
-    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    // Pod ep3 answers on 1,000 addresses of a range of its own (its echo
+    // servers listen on the wildcard address), routed to it by the node.
+    let (range, addresses): (&str, Vec<IpAddr>) = match family {
+        IpFamily::V4 => (
+            "10.244.8.0/22",
+            (1..=ENDPOINTS as u32)
+                .map(|i| IpAddr::V4(Ipv4Addr::from(0x0af4_0800 + i)))
+                .collect(),
+        ),
+        IpFamily::V6 => (
+            "fd00:10:244:8::/64",
+            (1..=ENDPOINTS as u16)
+                .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 8, 0, 0, 0, i)))
+                .collect(),
+        ),
+    };
+    route_range_to_pod(&topology, "ep3", range, plan.pod(&topology, "ep3"));
+    let proxy = Proxy::start(&topology, flavor, family);
+    let cluster_ip = plan.cluster_ip(30);
     let many = service("ns1", "many", |s| {
-        s.cluster_ip("10.96.0.30").port("http", 80, "TCP")
+        s.ip_families(plan.families())
+            .cluster_ip(&cluster_ip)
+            .port("http", 80, "TCP")
     });
-    let ep1 = pod_ip(&topology, "ep1");
+    let ep1 = plan.pod(&topology, "ep1");
     proxy.apply(
-        &[web(), many],
+        &[plan.web(), many],
         &[slice("web", &[ep1], &[]), slice("many", &[], &addresses)],
     );
     proxy.sync();
 
+    // An IPv6 ClusterIP is not routed from the clients: pod ep2 asks.
+    let from = match family {
+        IpFamily::V4 => topology.client_named("client"),
+        IpFamily::V6 => topology.pod("ep2"),
+    };
     for _ in 0..20 {
-        let reply = connect(topology.client_named("client"), at("10.96.0.30", 80)).unwrap();
+        let reply = connect(from, at(&cluster_ip, 80)).unwrap();
         assert_eq!(reply.backend, "ep3");
     }
-    assert_ordinary_service_answers(&topology);
+    plan.assert_ordinary_service_answers(&topology);
     // Past 1,000 endpoints the rules carry no comments (upstream's large
     // cluster mode): the Service's chain is found by its ClusterIP.
     let save = proxy.save();
     let service_chain = save
         .lines()
-        .find(|line| line.starts_with("-A KUBE-SERVICES") && line.contains("-d 10.96.0.30/32"))
+        .find(|line| {
+            line.starts_with("-A KUBE-SERVICES")
+                && line.contains(&format!("-d {} ", plan.host(&cluster_ip)))
+        })
         .and_then(|line| line.split("-j ").nth(1))
         .unwrap()
         .trim()
@@ -170,35 +260,51 @@ fn a_thousand_endpoints_behind_one_service_are_all_used() {
 }
 
 #[test]
-fn a_hundred_external_ips_and_two_hundred_ports_each_answer() {
+fn a_thousand_ipv4_endpoints_behind_one_service_are_all_used() {
+    a_thousand_endpoints_behind_one_service_are_all_used(IpFamily::V4);
+}
+
+#[test]
+fn a_thousand_ipv6_endpoints_behind_one_service_are_all_used() {
+    a_thousand_endpoints_behind_one_service_are_all_used(IpFamily::V6);
+}
+
+fn a_hundred_external_ips_and_two_hundred_ports_each_answer(family: IpFamily) {
     let flavor = IptablesFlavor::Legacy;
     require(flavor);
+    let plan = Plan { family };
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    let proxy = Proxy::start(&topology, flavor, family);
+    let ext_cluster_ip = plan.cluster_ip(40);
     let ext = service("ns1", "ext", |mut s| {
-        s = s.cluster_ip("10.96.0.40").port("http", 80, "TCP");
+        s = s
+            .ip_families(plan.families())
+            .cluster_ip(&ext_cluster_ip)
+            .port("http", 80, "TCP");
         for i in 0..EXTERNAL_IPS {
-            s = s.external_ip(format!("203.0.113.{}", 101 + i));
+            s = s.external_ip(plan.external_ip(101 + i));
         }
         s
     });
+    let ports_cluster_ip = plan.cluster_ip(50);
     let ports = service("ns1", "ports", |mut s| {
-        s = s.cluster_ip("10.96.0.50");
+        s = s.ip_families(plan.families()).cluster_ip(&ports_cluster_ip);
         for i in 0..PORTS {
             let port = 10_001 + i as i32;
             s = s.port(&format!("p{port}"), port, "TCP").target_port(8080);
         }
         s
     });
-    let ep1 = pod_ip(&topology, "ep1");
+    let ep1 = plan.pod(&topology, "ep1");
     let ports_slice = endpoint_slice("ns1", "ports-1", "ports", |mut s| {
+        s = s.address_type(plan.families()[0]);
         for i in 0..PORTS {
             s = s.port(&format!("p{}", 10_001 + i), 8080, "TCP");
         }
         s.endpoint(ep1, |e| e.ready(true).node(kp_testkit::plan::NODE_NAME))
     });
     proxy.apply(
-        &[web(), ext, ports],
+        &[plan.web(), ext, ports],
         &[
             slice("web", &[ep1], &[]),
             slice("ext", &[ep1], &[]),
@@ -207,32 +313,46 @@ fn a_hundred_external_ips_and_two_hundred_ports_each_answer() {
     );
     proxy.sync();
 
-    for last_octet in [101, 150, 200] {
-        let reply = connect(
-            topology.client_named("client"),
-            at(&format!("203.0.113.{last_octet}"), 80),
-        )
-        .unwrap();
-        assert_eq!(reply.backend, "ep1", "external IP 203.0.113.{last_octet}");
+    for i in [101, 150, 200] {
+        let external_ip = plan.external_ip(i);
+        let reply = connect(topology.client_named("client"), at(&external_ip, 80)).unwrap();
+        assert_eq!(reply.backend, "ep1", "external IP {external_ip}");
     }
     for port in [10_001, 10_100, 10_200] {
-        let reply = connect(topology.pod("ep2"), at("10.96.0.50", port)).unwrap();
+        let reply = connect(topology.pod("ep2"), at(&ports_cluster_ip, port)).unwrap();
         assert_eq!(reply.backend, "ep1", "port {port}");
     }
-    assert_ordinary_service_answers(&topology);
+    plan.assert_ordinary_service_answers(&topology);
+    // Read back from the kernel: one rule per external IP and one per
+    // port of the ClusterIP in KUBE-SERVICES.
+    let save = proxy.save();
+    let services = |prefix: &str| {
+        save.lines()
+            .filter(|line| line.starts_with("-A KUBE-SERVICES"))
+            .filter(|line| line.contains(&format!("-d {prefix}")))
+            .count()
+    };
+    let external_prefix = plan.external_ip(0).trim_end_matches('0').to_owned();
+    assert_eq!(
+        services(&external_prefix),
+        EXTERNAL_IPS,
+        "one rule per external IP"
+    );
+    assert_eq!(
+        services(&format!("{} ", plan.host(&ports_cluster_ip))),
+        PORTS,
+        "one rule per port"
+    );
 }
 
-/// The ordinary Service next to the hostile one.
-fn web() -> Service {
-    service("ns1", "web", |s| {
-        s.cluster_ip("10.96.0.10").port("http", 80, "TCP")
-    })
+#[test]
+fn a_hundred_ipv4_external_ips_and_two_hundred_ports_each_answer() {
+    a_hundred_external_ips_and_two_hundred_ports_each_answer(IpFamily::V4);
 }
 
-#[track_caller]
-fn assert_ordinary_service_answers(topology: &Topology) {
-    let reply = connect(topology.pod("ep2"), at("10.96.0.10", 80)).unwrap();
-    assert_eq!(reply.backend, "ep1", "the ordinary Service answers");
+#[test]
+fn a_hundred_ipv6_external_ips_and_two_hundred_ports_each_answer() {
+    a_hundred_external_ips_and_two_hundred_ports_each_answer(IpFamily::V6);
 }
 
 /// The kernel holds one firewall rule per source range (read back with
@@ -247,29 +367,25 @@ fn assert_source_ranges_in_kernel(proxy: &Proxy<'_>, ranges: usize) {
     assert_eq!(firewall_rules, ranges);
 }
 
-/// Adds `addresses` to pod `pod`'s interface and routes `cidr` to it from
-/// the node, so that the pod's echo servers answer on each of them.
-fn give_pod_addresses(topology: &Topology, pod: &str, addresses: &[IpAddr], cidr: &str) {
+/// Routes `range` to pod `pod`: inside the pod, every address of the
+/// range is local (its echo servers listen on the wildcard address); the
+/// node routes the range through the pod's own address `via` (a pod
+/// answers neighbour solicitations only for its interface's addresses).
+fn route_range_to_pod(topology: &Topology, pod: &str, range: &str, via: IpAddr) {
     let host = topology.pod(pod);
-    let link = pod_interface(host);
-    let commands: Vec<String> = addresses
-        .iter()
-        .map(|address| format!("address add {address}/32 dev {link}"))
-        .collect();
-    host.netns().ip_batch(&commands).unwrap();
+    host.netns()
+        .ip(&["route", "add", "local", range, "dev", "lo"])
+        .unwrap();
     topology
         .node()
-        .ip(&["route", "add", cidr, "dev", host.node_interface()])
+        .ip(&[
+            "route",
+            "add",
+            range,
+            "via",
+            &via.to_string(),
+            "dev",
+            host.node_interface(),
+        ])
         .unwrap();
-}
-
-/// The pod's own end of its link: its only interface besides `lo`.
-fn pod_interface(host: &kp_testkit::netns::Host) -> String {
-    let links = host.netns().exec_ok("ip", &["-o", "link", "show"]);
-    links
-        .lines()
-        .filter_map(|line| line.split(": ").nth(1))
-        .map(|name| name.split('@').next().unwrap_or(name).to_owned())
-        .find(|name| name != "lo")
-        .unwrap()
 }
