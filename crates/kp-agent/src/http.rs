@@ -28,9 +28,9 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// The longest wait after a failed accept.
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// What one listening socket of a server allows its clients: the healthz,
-/// metrics and health-check node port servers all use
-/// [`ConnectionLimits::DEFAULT`]. A client can hold a connection only while
+/// What a server allows its clients: the healthz, metrics and health-check
+/// node port servers all use [`ConnectionLimits::DEFAULT`] (the health-check
+/// node ports together, as one server). A client can hold a connection only while
 /// it sends requests and reads the answers; none holds one for ever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -137,9 +137,23 @@ pub async fn serve_within(
     listener: TcpListener,
     handler: Handler,
     limits: ConnectionLimits,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let connections = Connections::new(limits.max_connections);
+    serve_sharing(listener, handler, limits, connections, stop).await;
+}
+
+/// Like [`serve_within`], with the connection bound of `connections`
+/// (made with `limits.max_connections`) shared with every other listener
+/// served with it: the health-check node ports share one bound, so that a
+/// node with many of them does not multiply what a flood may hold.
+pub(crate) async fn serve_sharing(
+    listener: TcpListener,
+    handler: Handler,
+    limits: ConnectionLimits,
+    connections: Arc<Connections>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut accept_backoff = None;
     loop {
         let accepted = tokio::select! {

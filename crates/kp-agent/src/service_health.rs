@@ -24,8 +24,13 @@ use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use crate::connections::Connections;
 use crate::health::ProxyHealth;
-use crate::http::{serve, Handler, Response};
+use crate::http::{serve_sharing, ConnectionLimits, Handler, Response};
+
+/// What the health-check node ports allow their clients, all ports
+/// together.
+const LIMITS: ConnectionLimits = ConnectionLimits::DEFAULT;
 
 /// The health-check servers of one proxy process.
 #[derive(Clone)]
@@ -41,6 +46,10 @@ struct Inner {
     runtime: Handle,
     health: OnceLock<ProxyHealth>,
     listen: ListenAddresses,
+    /// One connection bound for every health-check port and address: a
+    /// node may serve hundreds of ports, and a flood of all of them holds
+    /// no more descriptors than a flood of one.
+    connections: Arc<Connections>,
     state: Mutex<State>,
 }
 
@@ -71,6 +80,7 @@ impl ServiceHealthServers {
                 runtime,
                 health: OnceLock::new(),
                 listen,
+                connections: Connections::new(LIMITS.max_connections),
                 state: Mutex::new(State::default()),
             }),
         }
@@ -195,9 +205,13 @@ impl ServiceHealthServers {
             listener.set_nonblocking(true)?;
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let handler = Arc::clone(&handler);
-            self.inner
-                .runtime
-                .spawn(serve(listener, handler, stopped.clone()));
+            self.inner.runtime.spawn(serve_sharing(
+                listener,
+                handler,
+                LIMITS,
+                Arc::clone(&self.inner.connections),
+                stopped.clone(),
+            ));
         }
         Ok(stop)
     }

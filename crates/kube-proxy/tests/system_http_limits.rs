@@ -1,43 +1,53 @@
 //! The `kube-proxy` binary's HTTP servers under a flood of idle
-//! connections, in a node network namespace: 2,000 connections to the
-//! healthz port (10256) that send nothing, or a partial request head, and
-//! never close. The proxy runs with 1,024 descriptors, soft and hard, as in
-//! a container that allows no more; a server without a connection bound
-//! would spend them all on the flood.
+//! connections, in a node network namespace: 2,000 connections that send
+//! nothing, or a partial request head, and never close, either to the
+//! healthz port (10256) or spread over two health-check node ports. The
+//! proxy runs with 1,024 descriptors, soft and hard, as in a container that
+//! allows no more; a server without a connection bound would spend them
+//! all on the flood.
 //!
 //! While the flood holds its connections, the proxy must keep its
-//! descriptors below its bound (512 connections per server) plus what it
-//! held before, answer `/healthz` and `/metrics`, and program an endpoint
-//! change into the kernel (read back with `iptables-save`) within
-//! [`SYNC_DEADLINE`]. The server then closes every flood connection within
-//! its 32 s header read timeout (plus [`CLOSE_MARGIN`]).
+//! descriptors below the bound (512 connections for the healthz server,
+//! 512 for all health-check node ports together) plus what it held before,
+//! answer every probe (`/healthz`, `/metrics`, each health-check port), and
+//! program an endpoint change into the kernel (read back with
+//! `iptables-save`) within [`SYNC_DEADLINE`]. The server then closes every
+//! flood connection within its 32 s header read timeout (plus
+//! [`CLOSE_MARGIN`]).
 //!
 //! Address plan: the Service `demo/web` at 10.96.0.44:80, its endpoint
-//! 10.244.1.2:8080 and then 10.244.1.3:8080; the flood and the probes go to
-//! the node namespace's loopback.
+//! 10.244.1.2:8080 and then 10.244.1.3:8080; the LoadBalancer Services
+//! `demo/lb1` and `demo/lb2` (`externalTrafficPolicy: Local`) at
+//! 10.96.0.45 and .46, health-check node ports 32001 and 32002, endpoint
+//! 10.244.1.4:8080 on this node; the flood and the probes go to the node
+//! namespace's loopback.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::files::{manifest, write_atomically};
 use kp_testkit::http::{self, HttpReply};
 use kp_testkit::netns::{require_root, wait_until, Netns, NsChild};
 
-/// Idle connections opened to the healthz port.
+/// Idle connections opened, spread over the flooded ports.
 const FLOOD: usize = 2_000;
+/// The health-check node ports of `demo/lb1` and `demo/lb2`.
+const HEALTH_CHECK_PORTS: [u16; 2] = [32_001, 32_002];
 /// Every this many flood connections, one sends a partial request head.
 const PARTIAL_EVERY: usize = 4;
 /// The proxy's descriptor limit, soft and hard.
 const NOFILE: u64 = 1_024;
-/// The connection bound of each server (`ConnectionLimits::DEFAULT`).
+/// The connection bound of the healthz server, and of the health-check
+/// node ports together (`ConnectionLimits::DEFAULT`).
 const MAX_CONNECTIONS: usize = 512;
 /// Descriptors the proxy may open besides the flood's connections while
 /// the flood lasts (a sync's pipes, a probe's connection, the log).
@@ -96,17 +106,17 @@ fn get(node: &Netns, port: u16, path: &str) -> std::io::Result<HttpReply> {
     node.run(|| http::get(("127.0.0.1", port), path))
 }
 
-/// Opens the flood: [`FLOOD`] connections to the node's healthz port,
-/// every [`PARTIAL_EVERY`]th sending part of a request head. Returns the
-/// connections and how many could not be opened within 2 s (a server that
-/// stops accepting fills its listen backlog).
-fn flood(node: &Netns) -> (Vec<TcpStream>, usize) {
+/// Opens the flood: [`FLOOD`] connections to `ports` of the node's
+/// loopback, in turn, every [`PARTIAL_EVERY`]th sending part of a request
+/// head. Returns the connections and how many could not be opened within
+/// 2 s (a server that stops accepting fills its listen backlog).
+fn flood(node: &Netns, ports: &[u16]) -> (Vec<TcpStream>, usize) {
     node.run(|| {
-        let healthz = "127.0.0.1:10256".parse().unwrap();
         let mut connections = Vec::with_capacity(FLOOD);
         let mut failed = 0;
         for n in 0..FLOOD {
-            let Ok(mut stream) = TcpStream::connect_timeout(&healthz, Duration::from_secs(2))
+            let address = SocketAddr::from(([127, 0, 0, 1], ports[n % ports.len()]));
+            let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_secs(2))
             else {
                 failed += 1;
                 if failed == 3 {
@@ -143,10 +153,35 @@ fn closed(mut stream: &TcpStream) -> bool {
 
 #[test]
 fn idle_connections_to_the_healthz_port_neither_delay_a_sync_nor_exhaust_descriptors() {
+    flood_while_syncing("httplim", &[10256]);
+}
+
+#[test]
+fn idle_connections_to_health_check_node_ports_share_one_bound() {
+    flood_while_syncing("hcplim", &HEALTH_CHECK_PORTS);
+}
+
+/// `demo/lb1` or `demo/lb2`: a LoadBalancer Service of local policy with
+/// health-check node port `health_check_port`.
+fn local_load_balancer(name: &str, cluster_ip: &str, health_check_port: u16) -> Service {
+    service("demo", name, |s| {
+        s.service_type("LoadBalancer")
+            .cluster_ip(cluster_ip)
+            .port("http", 80, "TCP")
+            .target_port(8080)
+            .node_port(i32::from(health_check_port) - 1_000)
+            .external_traffic_policy_local()
+            .health_check_node_port(i32::from(health_check_port))
+    })
+}
+
+/// The flood of `flooded` ports while an endpoint change is synced, in a
+/// node namespace called `name`.
+fn flood_while_syncing(name: &str, flooded: &[u16]) {
     require_root();
     // The test itself holds the flood's 2,000 sockets.
     kp_agent::descriptors::raise_nofile_soft_limit().unwrap();
-    let node = Netns::create("httplim").unwrap();
+    let node = Netns::create(name).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     fs::create_dir(&manifests).unwrap();
@@ -156,30 +191,58 @@ fn idle_connections_to_the_healthz_port_neither_delay_a_sync_nor_exhaust_descrip
             .target_port(8080)
     });
     fs::write(manifests.join("web.json"), manifest(&web)).unwrap();
+    let [first, second] = HEALTH_CHECK_PORTS;
+    for (service, slice) in [
+        (local_load_balancer("lb1", "10.96.0.45", first), "lb1"),
+        (local_load_balancer("lb2", "10.96.0.46", second), "lb2"),
+    ] {
+        fs::write(manifests.join(format!("{slice}.json")), manifest(&service)).unwrap();
+        let endpoints = endpoint_slice("demo", &format!("{slice}-1"), slice, |e| {
+            e.address_type("IPv4")
+                .port("http", 8080, "TCP")
+                .endpoint("10.244.1.4", |ep| ep.ready(true).node("node-1"))
+        });
+        fs::write(
+            manifests.join(format!("{slice}-slice.json")),
+            manifest(&endpoints),
+        )
+        .unwrap();
+    }
     let slice_file = manifests.join("slice.json");
     fs::write(&slice_file, manifest(&slice("10.244.1.2"))).unwrap();
     let proxy = proxy(&node, dir.path());
     let log = || fs::read_to_string(dir.path().join("stderr")).unwrap();
+    let probes: [(u16, &str); 4] = [
+        (10256, "/healthz"),
+        (10249, "/metrics"),
+        (first, "/"),
+        (second, "/"),
+    ];
+    let answers = |expected: u16| {
+        probes
+            .iter()
+            .all(|(port, path)| get(&node, *port, path).is_ok_and(|r| r.code == expected))
+    };
     let up = wait_until(Duration::from_secs(20), || {
-        programmed(&node, "10.244.1.2:8080")
-            && get(&node, 10256, "/healthz").is_ok_and(|r| r.code == 200)
+        programmed(&node, "10.244.1.2:8080") && answers(200)
     });
     assert!(
         up,
-        "the proxy synced and serves healthz; its log:\n{}",
+        "the proxy synced and every probe answers 200; its log:\n{}",
         log()
     );
     let before = descriptors(proxy.id());
 
-    let (connections, not_accepted) = flood(&node);
+    let (connections, not_accepted) = flood(&node, flooded);
     let flooded_at = Instant::now();
     let mut most = descriptors(proxy.id());
     let mut sample = || most = most.max(descriptors(proxy.id()));
 
-    let healthz = get(&node, 10256, "/healthz").map(|r| r.code);
-    sample();
-    let metrics = get(&node, 10249, "/metrics").map(|r| r.code);
-    sample();
+    let mut probed = Vec::new();
+    for (port, path) in probes {
+        probed.push((port, get(&node, port, path).map(|r| r.code).ok()));
+        sample();
+    }
     write_atomically(&slice_file, &manifest(&slice("10.244.1.3")));
     let changed_at = Instant::now();
     let synced = wait_until(SYNC_DEADLINE, || {
@@ -196,8 +259,9 @@ fn idle_connections_to_the_healthz_port_neither_delay_a_sync_nor_exhaust_descrip
         "every flood connection was accepted; the proxy's log:\n{}",
         log()
     );
-    assert_eq!(healthz.ok(), Some(200), "/healthz answers during the flood");
-    assert_eq!(metrics.ok(), Some(200), "/metrics answers during the flood");
+    for (port, code) in probed {
+        assert_eq!(code, Some(200), "port {port} answers during the flood");
+    }
     assert!(
         synced,
         "the endpoint change reached the kernel within {SYNC_DEADLINE:?}; the proxy's log:\n{}",
@@ -205,7 +269,7 @@ fn idle_connections_to_the_healthz_port_neither_delay_a_sync_nor_exhaust_descrip
     );
     assert!(
         most <= before + MAX_CONNECTIONS + OTHER_DESCRIPTORS,
-        "the proxy held {most} descriptors during the flood, {before} before"
+        "the proxy held {most} descriptors during the flood of {flooded:?}, {before} before"
     );
     assert!(
         open_after_flood <= MAX_CONNECTIONS,
