@@ -317,13 +317,8 @@ impl SyncObserver for ProxyMetrics {
     fn on_synced(&self, request: &SyncRequest<'_>, _outcome: &SyncOutcome) {
         let (mut internal, mut external) = (0, 0);
         for state in request.service_ports.values() {
-            let no_local = state.endpoints.local.is_empty();
-            if state.port.internal_policy_local && no_local {
-                internal += 1;
-            }
-            if state.port.external_policy_local && no_local {
-                external += 1;
-            }
+            internal += i64::from(state.plan.no_local_endpoints_internal());
+            external += i64::from(state.plan.no_local_endpoints_external());
         }
         let sync = &self.inner.sync;
         for (policy, count) in [("internal", internal), ("external", external)] {

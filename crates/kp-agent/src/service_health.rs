@@ -241,18 +241,14 @@ impl SyncObserver for ServiceHealthServers {
     fn on_synced(&self, request: &SyncRequest<'_>, _outcome: &SyncOutcome) {
         let mut ports = BTreeMap::new();
         for (name, state) in request.service_ports {
-            let port = &state.port;
-            let Some(health_port) = port
+            let Some(health_port) = state
+                .port
                 .health_check_node_port
-                .filter(|_| port.external_policy_local)
+                .filter(|_| state.plan.external_policy_local)
             else {
                 continue;
             };
-            let local = state
-                .all_endpoints
-                .iter()
-                .filter(|endpoint| endpoint.is_local && endpoint.ready)
-                .count();
+            let local = state.endpoints.local_ready;
             ports.insert(health_port, (name.service.clone(), local));
         }
         let listen = (self.inner.listen)(request.family, request.node);

@@ -4,13 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    categorize_endpoints, endpoints_from_slices, service_ports_from_service, IpFamily,
-    NamespacedName, NodeInfo, ServicePortName,
+    endpoints_from_slices, service_ports_from_service, IpFamily, NamespacedName, NodeInfo,
+    ServicePortName,
 };
 use kp_sync::{ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
@@ -96,13 +95,7 @@ pub(crate) fn synced(services: &[Service], slices: &[EndpointSlice]) -> Synced {
     for service in services {
         for (name, port) in service_ports_from_service(service, IpFamily::V4).unwrap() {
             let all_endpoints = endpoints.get(&name).cloned().unwrap_or_default();
-            let categorized =
-                categorize_endpoints(&all_endpoints, &port, NODE_NAME, &BTreeMap::new());
-            let state = ServicePortState {
-                port: Arc::new(port),
-                endpoints: categorized,
-                all_endpoints,
-            };
+            let state = kp_sync::testing::planned(port, all_endpoints);
             ports.insert(name, state);
         }
     }

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use kp_iptables::{IptablesOptions, LocalDetector, NatChains, RenderInput, Renderer};
 use kp_model::{
-    CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_sync::ServicePortState;
 
@@ -47,16 +46,7 @@ fn state(i: u32, endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
         traffic_distribution: None,
         topology_mode: None,
     };
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints: CategorizedEndpoints {
-            cluster: endpoints.clone(),
-            local: Vec::new(),
-            all_reachable: endpoints.clone(),
-            has_any_endpoints: true,
-        },
-        all_endpoints: endpoints,
-    }
+    kp_sync::testing::planned(port, endpoints)
 }
 
 fn name(i: u32) -> ServicePortName {

@@ -21,8 +21,7 @@ use kp_iptables::{
     NodePortAddresses, RenderInput, Renderer, SystemApplier,
 };
 use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
@@ -73,12 +72,7 @@ fn state(i: u32, mut all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
         topology_mode: None,
     };
     all_endpoints.sort_by_key(|e| (e.ip, e.port));
-    let endpoints = categorize_endpoints(&all_endpoints, &port, "node-1", &BTreeMap::new());
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints,
-        all_endpoints,
-    }
+    kp_sync::testing::planned(port, all_endpoints)
 }
 
 fn services(count: u32) -> BTreeMap<ServicePortName, ServicePortState> {

@@ -176,10 +176,6 @@ pub struct RenderStats {
     pub nat_rules_total: usize,
     /// Stale chains deleted with `-X`.
     pub deleted_chains: usize,
-    /// Service ports with `internalTrafficPolicy: Local` and no local endpoint.
-    pub no_local_endpoints_internal: usize,
-    /// Service ports with `externalTrafficPolicy: Local` and no local endpoint.
-    pub no_local_endpoints_external: usize,
 }
 
 /// The result of a render.
@@ -248,7 +244,6 @@ pub(crate) struct Context<'a> {
     pub localhost_node_ports: bool,
     pub nfacct_localhost_node_ports: bool,
     pub large_cluster_mode: bool,
-    pub node_ip: Option<IpAddr>,
     pub probabilities: &'a [String],
 }
 
@@ -291,7 +286,8 @@ impl Renderer {
             last => last,
         };
         let mut buffers = Buffers::with_capacity(hint);
-        let (mut stats, active, deleted) = render_lines(
+        let mut stats = RenderStats::default();
+        let (active, deleted) = render_lines(
             &ctx,
             &mut self.names,
             input,
@@ -345,7 +341,8 @@ impl Renderer {
 
         // First pass: everything but the nat rules.
         let mut head = Buffers::for_head(input.service_ports.len(), total_endpoints);
-        let (mut stats, active, deleted) = render_lines(
+        let mut stats = RenderStats::default();
+        let (active, deleted) = render_lines(
             &ctx,
             &mut self.names,
             input,
@@ -370,9 +367,8 @@ impl Renderer {
         let mut rules = Buffers::for_nat_rules(STREAM_CHUNK_BYTES + STREAM_CHUNK_BYTES / 4);
         write_head(&ctx, &mut rules, &mark, self.options.random_fully);
         let mut scratch_active = Vec::new();
-        let mut scratch_stats = RenderStats::default();
         render_service_ports::<io::Error>(&mut self.names, input, &mut rules, |buffers, view| {
-            service::render_service(&ctx, buffers, view, &mut scratch_active, &mut scratch_stats);
+            service::render_service(&ctx, buffers, view, &mut scratch_active);
             scratch_active.clear();
             let text = &mut buffers.nat_rules.text;
             if text.len() >= STREAM_CHUNK_BYTES {
@@ -526,8 +522,7 @@ fn render_service_ports<E>(
 
 /// Every line of a render, into those of `buffers` that are not muted:
 /// the head, each service port, the deletions of stale chains and the
-/// tail. Returns the counts of the service ports, the active chains
-/// (sorted) and the stale chains deleted.
+/// tail. Returns the active chains (sorted) and the stale chains deleted.
 fn render_lines(
     ctx: &Context<'_>,
     names: &mut ChainNameCache,
@@ -535,14 +530,13 @@ fn render_lines(
     buffers: &mut Buffers,
     options: &IptablesOptions,
     total_endpoints: usize,
-) -> (RenderStats, Vec<ChainName>, Vec<String>) {
+) -> (Vec<ChainName>, Vec<String>) {
     let mark = options.masquerade_mark();
     write_head(ctx, buffers, &mark, options.random_fully);
-    let mut stats = RenderStats::default();
     let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
     let walked: Result<(), std::convert::Infallible> =
         render_service_ports(names, input, buffers, |buffers, view| {
-            service::render_service(ctx, buffers, view, &mut active, &mut stats);
+            service::render_service(ctx, buffers, view, &mut active);
             Ok(())
         });
     let Ok(()) = walked;
@@ -550,7 +544,7 @@ fn render_lines(
     active.dedup();
     let deleted = delete_stale_chains(buffers, input.existing_nat_chains, &active);
     write_tail(ctx, buffers, input, &mark, options);
-    (stats, active, deleted)
+    (active, deleted)
 }
 
 /// What every service port's rendering needs to know about this render.
@@ -567,7 +561,6 @@ fn context<'a>(
         localhost_node_ports: localhost_node_ports(options, input),
         nfacct_localhost_node_ports: options.nfacct_localhost_node_ports,
         large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
-        node_ip: first_of_family(&input.node.addresses, input.family),
         probabilities,
     }
 }
@@ -602,13 +595,6 @@ fn localhost_node_ports(options: &IptablesOptions, input: &RenderInput<'_>) -> b
         && input
             .node_port_addresses
             .is_none_or(|addresses| addresses.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()))
-}
-
-fn first_of_family(addresses: &[IpAddr], family: IpFamily) -> Option<IpAddr> {
-    addresses
-        .iter()
-        .copied()
-        .find(|ip| ip.is_ipv4() == (family == IpFamily::V4))
 }
 
 /// Top-level chain declarations and the rules that do not depend on

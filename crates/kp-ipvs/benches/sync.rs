@@ -148,7 +148,6 @@ fn phases(size: usize) {
         scheduler: "rr",
         node_addresses: &node,
         node_port_addresses: &node,
-        node_ip: Some(node[0]),
         rules: &rules,
     };
     let start = Instant::now();

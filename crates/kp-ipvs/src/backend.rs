@@ -280,7 +280,6 @@ impl Backend for IpvsBackend {
             scheduler: &scheduler,
             node_addresses: &node_addresses,
             node_port_addresses: &node_port_addresses,
-            node_ip: request.node.addresses_of(self.family).next(),
             rules: &rule_options,
         };
         let planned = plan(&input, request.service_ports);

@@ -35,9 +35,6 @@ pub struct PlanInput<'a> {
     pub node_addresses: &'a [IpAddr],
     /// The addresses NodePorts answer on (virtual servers per address).
     pub node_port_addresses: &'a [IpAddr],
-    /// The node's primary address of this family, for source ranges that
-    /// allow the node itself.
-    pub node_ip: Option<IpAddr>,
     /// Masquerade and local-traffic settings of the iptables rules.
     pub rules: &'a RuleOptions,
 }
@@ -110,7 +107,7 @@ fn plan_service_port(
 ) {
     let port = &*port_state.port;
     let endpoints = &port_state.endpoints;
-    let traffic = TrafficPlan::new(port, endpoints);
+    let traffic = port_state.plan;
     let server = virtual_server(input.scheduler, port);
     let internal = if traffic.internal_policy_local {
         &endpoints.local
@@ -154,7 +151,7 @@ fn plan_service_port(
     }
 
     for &address in &port.load_balancer_ips {
-        plan_load_balancer_ip(input, port, address, traffic, state, no_node_access);
+        plan_load_balancer_ip(port, address, traffic, state, no_node_access);
         let key = ServiceKey { address, ..cluster };
         let bind = !input.node_addresses.contains(&address);
         add_service(state, key, &server, external, bind);
@@ -177,7 +174,6 @@ fn plan_service_port(
 }
 
 fn plan_load_balancer_ip(
-    input: &PlanInput<'_>,
     port: &ServicePort,
     address: IpAddr,
     traffic: TrafficPlan,
@@ -194,15 +190,13 @@ fn plan_load_balancer_ip(
         return;
     }
     state.add_entry(SetKind::LoadBalancerFw, entry);
-    let mut allow_from_node = false;
     for range in &port.load_balancer_source_ranges {
         state.add_entry(
             SetKind::LoadBalancerSourceCidr,
             SetEntry::IpPortNet(address, protocol, port.port, range.trunc()),
         );
-        allow_from_node |= input.node_ip.is_some_and(|ip| range.contains(&ip));
     }
-    if allow_from_node {
+    if traffic.source_ranges_admit_node {
         state.add_entry(
             SetKind::LoadBalancerSourceIp,
             SetEntry::IpPortIp(address, protocol, port.port, address),

@@ -33,7 +33,6 @@ fn plan_of(ports: &BTreeMap<ServicePortName, ServicePortState>, scheduler: &str)
         scheduler,
         node_addresses: &node,
         node_port_addresses: &node,
-        node_ip: Some(ip("192.168.99.2")),
         rules: &options,
     };
     plan(&input, ports)
@@ -298,7 +297,6 @@ fn ipv6_sets_are_named_kube_6_and_fit_the_kernel_limit() {
         scheduler: "rr",
         node_addresses: &node,
         node_port_addresses: &node,
-        node_ip: Some(node[0]),
         rules: &options,
     };
     let planned = plan(&input, &ports);

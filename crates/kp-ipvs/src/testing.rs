@@ -7,10 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kp_model::{
-    categorize_endpoints, Endpoint, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
-};
+use kp_model::{Endpoint, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName};
 use kp_sync::{ServicePortState, StaleConntrack, SyncRequest};
 
 /// The node the builders categorize for.
@@ -146,13 +143,7 @@ impl ServiceBuilder {
     fn build(mut self) -> (ServicePortName, ServicePortState) {
         self.endpoints.sort_by_key(|e| (e.ip, e.port));
         let all: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
-        let endpoints = categorize_endpoints(&all, &self.port, NODE_NAME, &BTreeMap::new());
-        let state = ServicePortState {
-            port: Arc::new(self.port),
-            endpoints,
-            all_endpoints: all,
-        };
-        (self.name, state)
+        (self.name, kp_sync::testing::planned(self.port, all))
     }
 }
 

@@ -21,6 +21,12 @@ pub struct CategorizedEndpoints {
     /// Some usable endpoint exists anywhere in the cluster, even one this
     /// node's traffic policy cannot reach (decides REJECT versus DROP).
     pub has_any_endpoints: bool,
+    /// How many endpoints on this node are ready: what a health-check node
+    /// port reports. Serving terminating endpoints do not count, even when
+    /// `local` falls back to them, so that a load balancer stops sending
+    /// new connections to a node whose endpoints are all going away (as
+    /// upstream's `LocalReadyEndpoints`).
+    pub local_ready: usize,
 }
 
 impl CategorizedEndpoints {
@@ -125,7 +131,13 @@ pub fn categorize_endpoints_with(
     node_labels: &BTreeMap<String, String>,
     options: TopologyOptions,
 ) -> CategorizedEndpoints {
-    let mut result = CategorizedEndpoints::default();
+    let mut result = CategorizedEndpoints {
+        local_ready: endpoints
+            .iter()
+            .filter(|ep| ep.is_local && ep.ready)
+            .count(),
+        ..CategorizedEndpoints::default()
+    };
     if endpoints.is_empty() {
         return result;
     }

@@ -2,6 +2,8 @@
 //! mode shares (upstream's `usesClusterPolicyChain`, `hasInternalEndpoints`,
 //! …), made once here so the modes only turn them into kernel objects.
 
+use std::net::IpAddr;
+
 use crate::categorize::CategorizedEndpoints;
 use crate::service::ServicePort;
 
@@ -34,6 +36,11 @@ pub struct TrafficPlan {
     /// Traffic to the load balancer IPs is filtered by
     /// `loadBalancerSourceRanges` first (`KUBE-FW-…`).
     pub uses_source_ranges_filter: bool,
+    /// A `loadBalancerSourceRanges` range contains the node's own address
+    /// (whether or not the filter is used), so the filter also lets in the load balancer IPs themselves as
+    /// sources: a load balancer IP is often local to the node (a VIP), and
+    /// the node's own requests to it then arrive with it as their source.
+    pub source_ranges_admit_node: bool,
 }
 
 /// What happens to traffic that has no endpoint to go to.
@@ -48,13 +55,21 @@ pub enum Refusal {
 }
 
 impl TrafficPlan {
-    /// The plan for `port` with `endpoints` (categorized for this node).
-    pub fn new(port: &ServicePort, endpoints: &CategorizedEndpoints) -> Self {
+    /// The plan for `port` with `endpoints` (categorized for this node),
+    /// on a node whose address of the port's family is `node_ip`.
+    pub fn new(
+        port: &ServicePort,
+        endpoints: &CategorizedEndpoints,
+        node_ip: Option<IpAddr>,
+    ) -> Self {
         let externally_accessible = port.externally_accessible();
         let internal_policy_local = port.internal_policy_local;
         let external_policy_local = port.external_policy_local && externally_accessible;
         let has_endpoints = endpoints.has_any_endpoints;
         let local_is_empty = endpoints.local.is_empty();
+        let uses_source_ranges_filter = has_endpoints
+            && !port.load_balancer_ips.is_empty()
+            && !port.load_balancer_source_ranges.is_empty();
         Self {
             externally_accessible,
             internal_policy_local,
@@ -65,10 +80,27 @@ impl TrafficPlan {
             uses_cluster_endpoints: !endpoints.cluster.is_empty() && port.uses_cluster_endpoints(),
             uses_local_endpoints: !local_is_empty && port.uses_local_endpoints(),
             uses_external_path: has_endpoints && externally_accessible,
-            uses_source_ranges_filter: has_endpoints
-                && !port.load_balancer_ips.is_empty()
-                && !port.load_balancer_source_ranges.is_empty(),
+            uses_source_ranges_filter,
+            source_ranges_admit_node: node_ip.is_some_and(|ip| {
+                port.load_balancer_source_ranges
+                    .iter()
+                    .any(|range| range.trunc().contains(&ip))
+            }),
         }
+    }
+
+    /// Internal traffic is dropped because `internalTrafficPolicy: Local`
+    /// leaves it no endpoint while endpoints exist elsewhere (upstream's
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"}`).
+    pub fn no_local_endpoints_internal(&self) -> bool {
+        self.has_endpoints && !self.has_internal_endpoints
+    }
+
+    /// External traffic from outside the node is dropped because
+    /// `externalTrafficPolicy: Local` leaves it no endpoint while endpoints
+    /// exist elsewhere (`…{traffic_policy="external"}`).
+    pub fn no_local_endpoints_external(&self) -> bool {
+        self.has_endpoints && !self.has_external_endpoints
     }
 
     /// How traffic without an endpoint is refused. The same answer holds for

@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_nftables::{Applier, NetlinkApplier, NftablesBackend, NftablesOptions};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
@@ -84,12 +83,7 @@ fn service_port(cluster_ip: IpAddr, port: u16) -> ServicePort {
 
 fn state(port: ServicePort, mut endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
     endpoints.sort_by_key(|e| (e.ip, e.port));
-    let categorized = categorize_endpoints(&endpoints, &port, "node-1", &BTreeMap::new());
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints: categorized,
-        all_endpoints: endpoints,
-    }
+    kp_sync::testing::planned(port, endpoints)
 }
 
 fn port_name(ns: &str, svc: &str, port: &str) -> ServicePortName {

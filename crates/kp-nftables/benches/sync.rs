@@ -32,8 +32,7 @@ use std::time::{Duration, Instant};
 
 use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_nftables::{
     Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer,
@@ -84,12 +83,7 @@ fn state(i: u32, mut all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
         topology_mode: None,
     };
     all_endpoints.sort_by_key(|e| (e.ip, e.port));
-    let endpoints = categorize_endpoints(&all_endpoints, &port, "node-1", &BTreeMap::new());
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints,
-        all_endpoints,
-    }
+    kp_sync::testing::planned(port, all_endpoints)
 }
 
 /// Endpoints per Service port (`KP_BENCH_ENDPOINTS`, default 2).

@@ -112,10 +112,6 @@ pub struct RenderStats {
     pub elements_deleted: usize,
     /// Chains flushed because they became stale.
     pub chains_flushed: usize,
-    /// Service ports with `internalTrafficPolicy: Local` and no local endpoint.
-    pub no_local_endpoints_internal: usize,
-    /// Service ports with `externalTrafficPolicy: Local` and no local endpoint.
-    pub no_local_endpoints_external: usize,
 }
 
 /// The result of a render.
@@ -204,9 +200,6 @@ pub(crate) struct Context {
     pub table: String,
     pub masquerade_all: bool,
     pub detector: Option<NftDetector>,
-    /// The node's first address of the family (a source range holding it
-    /// also admits the load balancer IPs, for VIP-like load balancers).
-    pub node_ip: Option<IpAddr>,
 }
 
 /// The text of a transaction, by section.
@@ -419,7 +412,6 @@ impl Renderer {
             detector: self
                 .options
                 .resolve_detector(input.family, &input.node.pod_cidrs),
-            node_ip: input.node.addresses_of(input.family).next(),
         }
     }
 
@@ -437,7 +429,7 @@ impl Renderer {
         for (name, state) in ports_of(input.service_ports, service) {
             any = true;
             stats.service_ports_written += 1;
-            service::render_port(ctx, name, state, &mut record, out, stats);
+            service::render_port(ctx, name, state, &mut record, out);
         }
         if !any {
             return None;

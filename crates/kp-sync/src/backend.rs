@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kp_model::{
-    CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, ServicePort,
-    ServicePortName,
+    categorize_endpoints_with, CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, NodeInfo,
+    ServicePort, ServicePortName, TopologyOptions, TrafficPlan,
 };
 
 /// Renders and applies the proxy rules of one IP family.
@@ -50,7 +50,9 @@ pub struct SyncRequest<'a> {
     pub stale_conntrack: &'a StaleConntrack,
 }
 
-/// One service port with its endpoints, as a backend renders it.
+/// One service port with its endpoints and every decision about its
+/// traffic, made once per sync for every mode and the agent: a backend
+/// only renders it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServicePortState {
     /// The service port.
@@ -61,6 +63,31 @@ pub struct ServicePortState {
     /// Every endpoint of the service port, sorted by (ip, port), whether
     /// usable or not.
     pub all_endpoints: Vec<Arc<Endpoint>>,
+    /// Where each kind of traffic goes, and whether the node's own address
+    /// passes the source ranges.
+    pub plan: TrafficPlan,
+}
+
+impl ServicePortState {
+    /// `port` with `all_endpoints` (sorted by (ip, port)), categorized and
+    /// planned for `node` in `family`, as the sync loop does.
+    pub fn new(
+        port: Arc<ServicePort>,
+        all_endpoints: Vec<Arc<Endpoint>>,
+        node: &NodeInfo,
+        family: IpFamily,
+        topology: TopologyOptions,
+    ) -> Self {
+        let endpoints =
+            categorize_endpoints_with(&all_endpoints, &port, &node.name, &node.labels, topology);
+        let plan = TrafficPlan::new(&port, &endpoints, node.addresses_of(family).next());
+        Self {
+            port,
+            endpoints,
+            all_endpoints,
+            plan,
+        }
+    }
 }
 
 /// What the changes behind a sync removed that the conntrack cleaner cannot

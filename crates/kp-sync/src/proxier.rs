@@ -15,9 +15,9 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    categorize_endpoints_with, EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName,
-    NodeInfo, ObjectEvent, Protocol, ProxyEventHandler, ResourceKind, ServiceChangeTracker,
-    ServicePort, ServicePortMap, ServicePortName, TopologyOptions,
+    EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName, NodeInfo, ObjectEvent,
+    Protocol, ProxyEventHandler, ResourceKind, ServiceChangeTracker, ServicePort, ServicePortMap,
+    ServicePortName, TopologyOptions,
 };
 use tokio::time::Instant;
 
@@ -327,7 +327,7 @@ impl Proxier {
         } = &mut *applying;
         let started = Instant::now();
         let drained = self.drain(force_full)?;
-        let service_ports = categorize(categorized, &drained, self.topology);
+        let service_ports = categorize(categorized, &drained, self.family, self.topology);
         let request = SyncRequest {
             family: self.family,
             full: drained.full,
@@ -677,6 +677,7 @@ struct Categorized {
 fn categorize<'a>(
     categorized: &'a mut Option<Categorized>,
     drained: &Drained,
+    family: IpFamily,
     topology: TopologyOptions,
 ) -> &'a BTreeMap<ServicePortName, ServicePortState> {
     let reusable = categorized
@@ -692,7 +693,7 @@ fn categorize<'a>(
                 drained.changed.contains(&name.service) && !drained.refused.contains(&name.service)
             });
             last.service_ports
-                .extend(categorize_each(changed, drained, topology));
+                .extend(categorize_each(changed, drained, family, topology));
             last
         }
         None => {
@@ -702,7 +703,7 @@ fn categorize<'a>(
                 .filter(|(name, _)| !drained.refused.contains(&name.service));
             Categorized {
                 node: drained.node.clone(),
-                service_ports: categorize_each(programmed, drained, topology).collect(),
+                service_ports: categorize_each(programmed, drained, family, topology).collect(),
             }
         }
     };
@@ -731,22 +732,18 @@ fn remove_service(
     }
 }
 
-/// Categorizes the endpoints of each of `service_ports`.
+/// Categorizes the endpoints of each of `service_ports` and plans its
+/// traffic.
 fn categorize_each<'a>(
     service_ports: impl Iterator<Item = (&'a ServicePortName, &'a Arc<ServicePort>)> + 'a,
     drained: &'a Drained,
+    family: IpFamily,
     topology: TopologyOptions,
 ) -> impl Iterator<Item = (ServicePortName, ServicePortState)> + 'a {
     let node = &drained.node;
     service_ports.map(move |(name, port)| {
         let all_endpoints = drained.endpoints.get(name).cloned().unwrap_or_default();
-        let endpoints =
-            categorize_endpoints_with(&all_endpoints, port, &node.name, &node.labels, topology);
-        let state = ServicePortState {
-            port: Arc::clone(port),
-            endpoints,
-            all_endpoints,
-        };
+        let state = ServicePortState::new(Arc::clone(port), all_endpoints, node, family, topology);
         (name.clone(), state)
     })
 }

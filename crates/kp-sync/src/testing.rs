@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
+    TopologyOptions,
 };
 use tokio::sync::watch;
 
@@ -290,6 +290,34 @@ pub fn fake_proxier(
 /// The node [`ServiceBuilder`] categorizes endpoints for, and where its
 /// local endpoints run (kp-testkit's address plan names the same nodes).
 pub const BUILDER_NODE: &str = "node-1";
+/// The addresses of [`BUILDER_NODE`] (kp-testkit's address plan).
+pub const BUILDER_NODE_ADDRESSES: [&str; 2] = ["192.168.99.2", "fd00:192:168:99::2"];
+
+/// [`BUILDER_NODE`] with its addresses, as [`ServiceBuilder`] plans for it.
+pub fn builder_node() -> NodeInfo {
+    NodeInfo {
+        name: BUILDER_NODE.to_owned(),
+        addresses: BUILDER_NODE_ADDRESSES
+            .iter()
+            .map(|ip| test_ip(ip))
+            .collect(),
+        ..NodeInfo::default()
+    }
+}
+
+/// `port` with `all_endpoints` (sorted by (ip, port)) categorized and
+/// planned for [`builder_node`], as the sync loop does.
+pub fn planned(port: ServicePort, all_endpoints: Vec<Arc<Endpoint>>) -> ServicePortState {
+    let family = IpFamily::of(&port.cluster_ip);
+    ServicePortState::new(
+        Arc::new(port),
+        all_endpoints,
+        &builder_node(),
+        family,
+        TopologyOptions::default(),
+    )
+}
+
 /// Where [`ServiceBuilder`]'s remote endpoints run.
 pub const BUILDER_OTHER_NODE: &str = "node-2";
 
@@ -449,15 +477,6 @@ impl ServiceBuilder {
         self.endpoints.sort_by_key(|e| (e.ip, e.port));
         self.endpoints.dedup_by_key(|e| (e.ip, e.port));
         let all_endpoints: Vec<Arc<Endpoint>> = self.endpoints.into_iter().map(Arc::new).collect();
-        let endpoints =
-            categorize_endpoints(&all_endpoints, &self.port, BUILDER_NODE, &BTreeMap::new());
-        (
-            self.name,
-            ServicePortState {
-                port: Arc::new(self.port),
-                endpoints,
-                all_endpoints,
-            },
-        )
+        (self.name, planned(self.port, all_endpoints))
     }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kp_iptables::{JumpRule, SavedTable, Table};
-use kp_model::{categorize_endpoints, Endpoint, NamespacedName, NodeInfo, ServicePort};
+use kp_model::{Endpoint, NamespacedName, NodeInfo, ServicePort};
 use kp_sync::{ServicePortState, StaleConntrack};
 
 use super::*;
@@ -108,12 +108,7 @@ fn state(cluster_ip: &str, protocol: Protocol, endpoints: &[&str]) -> ServicePor
             })
         })
         .collect();
-    let categorized = categorize_endpoints(&all, &port, "node-1", &BTreeMap::new());
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints: categorized,
-        all_endpoints: all,
-    }
+    kp_sync::testing::planned(port, all)
 }
 
 fn node() -> NodeInfo {

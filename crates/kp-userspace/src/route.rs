@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use kp_model::{ServicePort, TrafficPlan};
+use kp_model::ServicePort;
 use kp_sync::ServicePortState;
 
 /// The routing decisions of one service port.
@@ -29,6 +29,10 @@ pub struct Route {
     /// `loadBalancerSourceRanges`: when not empty, only clients in these
     /// ranges may connect through a load balancer IP.
     pub source_ranges: Vec<IpNet>,
+    /// A source range holds the node's own address, so the load balancer
+    /// IPs themselves are allowed sources too (the node's own connections
+    /// to a load balancer IP that is local to it come from that IP).
+    pub source_ranges_admit_node: bool,
     /// Endpoints for traffic to the ClusterIP.
     pub internal: Arc<[SocketAddr]>,
     /// Endpoints for traffic to a NodePort, external IP or load balancer IP.
@@ -73,7 +77,7 @@ impl Route {
     /// as categorized by the sync loop.
     pub fn from_state(state: &ServicePortState) -> Self {
         let port: &ServicePort = &state.port;
-        let plan = TrafficPlan::new(port, &state.endpoints);
+        let plan = state.plan;
         let addresses = |local: bool| -> Arc<[SocketAddr]> {
             let list = if local {
                 &state.endpoints.local
@@ -98,6 +102,7 @@ impl Route {
             external_ips: port.external_ips.clone(),
             load_balancer_ips: port.load_balancer_ips.clone(),
             source_ranges: port.load_balancer_source_ranges.clone(),
+            source_ranges_admit_node: plan.source_ranges_admit_node,
             internal,
             external,
             affinity_timeout: port.session_affinity_timeout,
@@ -149,7 +154,8 @@ impl Route {
         let on_service_port = destination.port() == self.cluster.port();
         if on_service_port && self.load_balancer_ips.contains(&destination.ip()) {
             let allowed = self.source_ranges.is_empty()
-                || self.source_ranges.iter().any(|net| net.contains(&client));
+                || self.source_ranges.iter().any(|net| net.contains(&client))
+                || (self.source_ranges_admit_node && self.load_balancer_ips.contains(&client));
             return if allowed {
                 Ok(TrafficKind::External)
             } else {
@@ -184,6 +190,7 @@ impl Route {
             external_ips: Vec::new(),
             load_balancer_ips: Vec::new(),
             source_ranges: Vec::new(),
+            source_ranges_admit_node: false,
             internal: Arc::clone(&list),
             external: list,
             affinity_timeout: None,

@@ -7,10 +7,9 @@
 //! | clients | 192.168.99.10 (allowed by the source ranges), 192.168.99.11 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kp_model::{categorize_endpoints, Endpoint, Protocol};
+use kp_model::{Endpoint, Protocol};
 
 use super::*;
 
@@ -56,12 +55,7 @@ fn state(port: ServicePort) -> ServicePortState {
             })
         })
         .collect();
-    let categorized = categorize_endpoints(&endpoints, &port, "node-1", &BTreeMap::new());
-    ServicePortState {
-        port: Arc::new(port),
-        endpoints: categorized,
-        all_endpoints: endpoints,
-    }
+    kp_sync::testing::planned(port, endpoints)
 }
 
 fn addrs(list: &[&str]) -> Vec<SocketAddr> {
@@ -164,6 +158,31 @@ fn load_balancer_source_ranges_turn_other_clients_away_from_the_load_balancer_ip
     assert_eq!(
         route.classify(at("10.96.0.10:80"), outsider),
         Ok(TrafficKind::Internal)
+    );
+}
+
+#[test]
+fn a_source_range_holding_the_node_lets_the_load_balancer_ip_itself_connect() {
+    // The builder's node is 192.168.99.2: outside 192.168.99.10/32, inside
+    // 192.168.99.0/24.
+    let lb_ip = client("203.0.113.9");
+    let narrow = Route::from_state(&state(port(|_| {})));
+    assert_eq!(
+        narrow.classify(at("203.0.113.9:80"), lb_ip),
+        Err(Denied::SourceRange)
+    );
+    let wide = Route::from_state(&state(port(|p| {
+        p.load_balancer_source_ranges = vec!["192.168.99.0/24".parse().unwrap()];
+    })));
+    assert!(wide.source_ranges_admit_node);
+    assert_eq!(
+        wide.classify(at("203.0.113.9:80"), lb_ip),
+        Ok(TrafficKind::External),
+        "the node's own connection to a load balancer IP local to it"
+    );
+    assert_eq!(
+        wide.classify(at("203.0.113.9:80"), client("198.51.100.7")),
+        Err(Denied::SourceRange)
     );
 }
 

@@ -7,8 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kp_model::{
-    categorize_endpoints, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_sync::{Backend, BackendError, ServicePortState, StaleConntrack, SyncRequest};
 
@@ -68,17 +67,12 @@ fn service_port(
             })
         })
         .collect();
-    let endpoints = categorize_endpoints(&all_endpoints, &port, "node-1", &BTreeMap::new());
     let name = ServicePortName {
         service: svc(name),
         port: "http".into(),
         protocol: Protocol::Tcp,
     };
-    let state = ServicePortState {
-        port: Arc::new(port),
-        endpoints,
-        all_endpoints,
-    };
+    let state = kp_sync::testing::planned(port, all_endpoints);
     (name, state)
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kp_model::{Endpoint, Refusal, TrafficPlan};
 
-use super::{Buffers, Context, Out, RenderStats, ServicePortState, NFACCT_LOCALHOST_NODE_PORTS};
+use super::{Buffers, Context, Out, ServicePortState, NFACCT_LOCALHOST_NODE_PORTS};
 use crate::names::{
     CachedService, ChainKind, ChainName, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -68,15 +68,8 @@ pub(super) fn render_service(
     buffers: &mut Buffers,
     service: &ServiceView<'_>,
     active: &mut Vec<ChainName>,
-    stats: &mut RenderStats,
 ) {
     let plan = Plan::new(service);
-    if plan.traffic.has_endpoints && !plan.traffic.has_internal_endpoints {
-        stats.no_local_endpoints_internal += 1;
-    }
-    if plan.traffic.has_endpoints && !plan.traffic.has_external_endpoints {
-        stats.no_local_endpoints_external += 1;
-    }
     write_cluster_ip_rules(buffers, service, &plan);
     write_external_ip_rules(buffers, service, &plan);
     write_load_balancer_rules(buffers, service, &plan);
@@ -86,7 +79,7 @@ pub(super) fn render_service(
     buffers.nat_rules.discard = !service.rewrite;
     write_internal_masquerade(ctx, &mut buffers.nat_rules, service, &plan);
     write_external_chain(ctx, buffers, service, &plan, active);
-    write_firewall_chain(ctx, buffers, service, &plan, active);
+    write_firewall_chain(buffers, service, &plan, active);
     let endpoints = &service.state.endpoints;
     if plan.traffic.uses_cluster_endpoints {
         write_policy_chain(
@@ -115,7 +108,7 @@ pub(super) fn render_service(
 
 impl Plan {
     fn new(service: &ServiceView<'_>) -> Plan {
-        let traffic = TrafficPlan::new(&service.state.port, &service.state.endpoints);
+        let traffic = service.state.plan;
         let names = service.names;
         let cluster_chain = names.chain(ChainKind::Cluster);
         let local_chain = names.chain(ChainKind::Local);
@@ -338,7 +331,6 @@ fn write_external_chain(
 }
 
 fn write_firewall_chain(
-    ctx: &Context<'_>,
     buffers: &mut Buffers,
     service: &ServiceView<'_>,
     plan: &Plan,
@@ -352,18 +344,14 @@ fn write_firewall_chain(
     active.push(fw);
     let port = &*service.state.port;
     let nat = &mut buffers.nat_rules;
-    let mut allow_from_node = false;
     for range in &port.load_balancer_source_ranges {
         let range = range.trunc();
         emit!(
             nat,
             "-A {fw} -m comment --comment \"{name} loadbalancer IP\" -s {range} -j {ext}"
         );
-        allow_from_node |= ctx.node_ip.is_some_and(|ip| range.contains(&ip));
     }
-    if allow_from_node {
-        // A VIP-like load balancer IP is often local to the node, so the
-        // node's own requests to it loop back with the VIP as source.
+    if plan.traffic.source_ranges_admit_node {
         for ip in &port.load_balancer_ips {
             emit!(
                 nat,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kp_model::{Endpoint, Refusal, ServicePortName, TrafficPlan};
 use kp_sync::ServicePortState;
 
-use super::{Context, RenderStats, Sections};
+use super::{Context, Sections};
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
@@ -53,9 +53,8 @@ pub(super) fn render_port(
     state: &ServicePortState,
     record: &mut ServiceRecord,
     out: &mut Sections,
-    stats: &mut RenderStats,
 ) {
-    let plan = TrafficPlan::new(&state.port, &state.endpoints);
+    let plan = state.plan;
     let endpoints = state
         .endpoints
         .all_reachable
@@ -73,12 +72,6 @@ pub(super) fn render_port(
         comment: Arc::from(kp_model::rule_text::comment_safe(&name.to_string())),
         protocol: protocol_name(name),
     };
-    if plan.has_endpoints && !plan.has_internal_endpoints {
-        stats.no_local_endpoints_internal += 1;
-    }
-    if plan.has_endpoints && !plan.has_external_endpoints {
-        stats.no_local_endpoints_external += 1;
-    }
     write_elements(&port, &mut record.elements);
     let mut writer = ChainWriter::default();
     write_affinity_sets(ctx, &port, record, &mut writer);
@@ -340,16 +333,12 @@ fn write_firewall_chain(
     let sp = &port.state.port;
     let fw = &port.chains.firewall;
     writer.declare(ctx, fw, record);
-    let mut sources: Vec<String> = Vec::new();
-    let mut allow_from_node = false;
-    for range in &sp.load_balancer_source_ranges {
-        let range = range.trunc();
-        allow_from_node |= ctx.node_ip.is_some_and(|ip| range.contains(&ip));
-        sources.push(range.to_string());
-    }
-    if allow_from_node {
-        // A VIP-like load balancer IP is often local to the node, so the
-        // node's own requests to it loop back with the VIP as source.
+    let mut sources: Vec<String> = sp
+        .load_balancer_source_ranges
+        .iter()
+        .map(|range| range.trunc().to_string())
+        .collect();
+    if port.plan.source_ranges_admit_node {
         sources.extend(sp.load_balancer_ips.iter().map(ToString::to_string));
     }
     writer.rule(
