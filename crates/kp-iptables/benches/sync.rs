@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kp_iptables::{
-    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, MemorySysctl, NatChains,
-    NodePortAddresses, RenderInput, Renderer, SystemApplier,
+    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NatChains, NodePortAddresses,
+    RenderInput, Renderer, SystemApplier,
 };
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
@@ -152,7 +152,9 @@ fn measure_here(flavor: IptablesFlavor, size: u32) -> Row {
         Box::new(applier),
     );
     // Sysctls stay in memory: nothing the sync time depends on.
-    let mut backend = backend.unwrap().with_sysctl(Box::new(MemorySysctl::new()));
+    let mut backend = backend
+        .unwrap()
+        .with_sysctl(Box::new(kp_node::MemorySysctl::new()));
     let mut sync = |services: &BTreeMap<_, _>, full: bool, changed: &BTreeSet<_>| {
         let request = SyncRequest {
             family: IpFamily::V4,

@@ -28,7 +28,6 @@
 use std::io;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
 use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
@@ -36,12 +35,15 @@ use crate::applier::{
     lines_around, Applier, ApplyError, DryRunApplier, IptablesFlavor, RestoreSink, SavedTable,
     SystemApplier,
 };
-use crate::host::{FromFn, LocalAddresses, MemorySysctl, ProcSysctl, Sysctl};
+use crate::host::{FromFn, LocalAddresses};
 use crate::jumps::{JumpRule, Table, JUMP_RULES};
 use crate::names::{ChainName, KUBE_FIREWALL, KUBE_PROXY_CANARY};
 use crate::options::IptablesOptions;
-use crate::render::{ListedChains, NatChains, RenderInput, Rendered, Renderer};
+use crate::render::{
+    localhost_node_ports, ListedChains, NatChains, RenderInput, Rendered, Renderer,
+};
 use crate::IptablesError;
+use kp_node::{ensure_sysctl, MemorySysctl, NodePortAddresses, ProcSysctl, Sysctl, SysctlSetting};
 
 use self::unchanged::{ChainDigests, Recording};
 
@@ -51,6 +53,35 @@ pub const MODE: &str = "iptables";
 /// `net.ipv4.conf.all.route_localnet`: lets packets to 127.0.0.0/8 be
 /// routed (DNATed) off the host, which localhost NodePorts need.
 pub const SYSCTL_ROUTE_LOCALNET: &str = "net.ipv4.conf.all.route_localnet";
+
+/// [`SYSCTL_ROUTE_LOCALNET`] as the mode ensures it.
+const ROUTE_LOCALNET: SysctlSetting = SysctlSetting {
+    name: SYSCTL_ROUTE_LOCALNET,
+    value: 1,
+    reason: "NodePorts on localhost, iptables.localhostNodePorts",
+};
+
+/// The kernel parameters the iptables mode needs with `options` and
+/// `node_port_addresses`: what it ensures at its first sync and
+/// `--init-only` sets. `route_localnet` when NodePorts answer on IPv4
+/// loopback: for [`NodePortAddresses::All`], or a selection whose IPv4
+/// CIDRs hold 127.0.0.1 (the address of `lo`).
+pub fn node_sysctls(
+    options: &IptablesOptions,
+    node_port_addresses: &NodePortAddresses,
+) -> Vec<SysctlSetting> {
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    let resolved = node_port_addresses.resolve(IpFamily::V4, &NodeInfo::default(), &loopback);
+    if localhost_node_ports(
+        options.localhost_node_ports,
+        IpFamily::V4,
+        resolved.as_deref(),
+    ) {
+        vec![ROUTE_LOCALNET]
+    } else {
+        Vec::new()
+    }
+}
 /// `net.bridge.bridge-nf-call-iptables`: bridged IPv4 traffic (pod to pod
 /// on one node) goes through iptables, so Service DNAT applies to it.
 pub const SYSCTL_BRIDGE_CALL_IPTABLES: &str = "net.bridge.bridge-nf-call-iptables";
@@ -59,26 +90,6 @@ pub const SYSCTL_BRIDGE_CALL_IP6TABLES: &str = "net.bridge.bridge-nf-call-ip6tab
 
 /// The tables holding a canary chain.
 const CANARY_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Filter];
-
-/// Where NodePorts answer (`nodePortAddresses`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// On every local address (`-m addrtype --dst-type LOCAL`): no
-    /// `nodePortAddresses`, or a CIDR of length 0 for the family.
-    #[default]
-    All,
-    /// On the host's addresses inside `cidrs`, looked up again on every
-    /// sync (interfaces come and go), plus, with `primary`, the node's
-    /// primary address of the family: the first address of that family in
-    /// the Node's `status.addresses` (upstream's `primary` keyword, which
-    /// it resolves to the node IPs it detected at start).
-    Select {
-        /// CIDRs of both families; those of the other family are ignored.
-        cidrs: Vec<IpNet>,
-        /// The `primary` keyword was given.
-        primary: bool,
-    },
-}
 
 /// The iptables mode for one IP family: renders with a [`Renderer`] and
 /// programs through an [`Applier`].
@@ -99,67 +110,6 @@ pub struct IptablesBackend {
     recorded_chains: Option<Vec<ChainName>>,
 }
 
-impl NodePortAddresses {
-    /// Parses `nodePortAddresses` as configured: CIDRs and the keyword
-    /// `primary`; an empty list means [`NodePortAddresses::All`].
-    pub fn parse(values: &[String]) -> Result<Self, IptablesError> {
-        if values.is_empty() {
-            return Ok(NodePortAddresses::All);
-        }
-        let mut cidrs = Vec::new();
-        let mut primary = false;
-        for value in values {
-            if value == "primary" {
-                primary = true;
-                continue;
-            }
-            let cidr = value
-                .parse::<IpNet>()
-                .map_err(|_| IptablesError::InvalidOption {
-                    field: "nodePortAddresses",
-                    value: value.clone(),
-                    valid: "CIDRs such as 192.168.99.0/24, or the keyword primary",
-                })?;
-            cidrs.push(cidr);
-        }
-        Ok(NodePortAddresses::Select { cidrs, primary })
-    }
-
-    /// The addresses NodePorts answer on for `family`, among the host's
-    /// `local` addresses; `None` means every local address. As upstream,
-    /// a selection with no CIDR of the family (and no `primary`) selects
-    /// everything.
-    pub fn resolve(
-        &self,
-        family: IpFamily,
-        node: &NodeInfo,
-        local: &[IpAddr],
-    ) -> Option<Vec<IpAddr>> {
-        let NodePortAddresses::Select { cidrs, primary } = self else {
-            return None;
-        };
-        let of_family: Vec<&IpNet> = cidrs
-            .iter()
-            .filter(|c| is_family(&c.addr(), family))
-            .collect();
-        if (of_family.is_empty() && !primary) || of_family.iter().any(|c| c.prefix_len() == 0) {
-            return None;
-        }
-        let mut selected: Vec<IpAddr> = local
-            .iter()
-            .copied()
-            .filter(|ip| is_family(ip, family) && of_family.iter().any(|c| c.contains(ip)))
-            .collect();
-        if *primary {
-            let node_ip = node.addresses.iter().find(|ip| is_family(ip, family));
-            selected.extend(node_ip.copied());
-        }
-        selected.sort_unstable();
-        selected.dedup();
-        Some(selected)
-    }
-}
-
 impl IptablesBackend {
     /// A backend for `family` programming through `applier`, with sysctls
     /// under `/proc/sys` (of the calling thread's network namespace) and the
@@ -176,7 +126,7 @@ impl IptablesBackend {
             renderer: Renderer::new(options)?,
             node_port_addresses,
             applier,
-            sysctl: Box::new(ProcSysctl),
+            sysctl: Box::new(ProcSysctl::default()),
             local_addresses: Box::new(kp_host::HostAddresses::new()),
             needs_full_sync: true,
             host_checked: false,
@@ -291,20 +241,18 @@ impl IptablesBackend {
     /// Sets route_localnet when localhost NodePorts need it, and warns when
     /// bridged traffic bypasses iptables.
     fn check_host(&mut self, node_ports: Option<&[IpAddr]>) -> Result<(), BackendError> {
-        let loopback_allowed =
-            node_ports.is_none_or(|ips| ips.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()));
         let options = self.renderer.options();
-        if self.family == IpFamily::V4 && options.localhost_node_ports && loopback_allowed {
-            self.sysctl
-                .set(SYSCTL_ROUTE_LOCALNET, "1")
-                .map_err(|source| BackendError::Apply {
+        if localhost_node_ports(options.localhost_node_ports, self.family, node_ports) {
+            ensure_sysctl(self.sysctl.as_mut(), &ROUTE_LOCALNET).map_err(|source| {
+                BackendError::Apply {
                     mode: MODE,
                     attempted: format!(
                         "setting sysctl {SYSCTL_ROUTE_LOCALNET}=1 (needed by localhost NodePorts; \
                          set iptables.localhostNodePorts: false to do without)"
                     ),
                     source: Box::new(source),
-                })?;
+                }
+            })?;
             if self.dry_run {
                 tracing::info!(
                     sysctl = SYSCTL_ROUTE_LOCALNET,
@@ -719,10 +667,6 @@ fn commented_service(line: &str) -> Option<(&str, &str)> {
     let (namespace, rest) = first.split_once('/')?;
     let name = rest.split(':').next()?;
     (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
-}
-
-fn is_family(ip: &IpAddr, family: IpFamily) -> bool {
-    ip.is_ipv4() == (family == IpFamily::V4)
 }
 
 fn family_name(family: IpFamily) -> &'static str {

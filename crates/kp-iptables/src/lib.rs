@@ -32,13 +32,14 @@ pub use applier::{
     Applier, ApplyError, DryRunApplier, FakeApplier, FakeCall, FakeKernel, IptablesFlavor,
     RestoreSink, SavedTable, SystemApplier,
 };
-pub use backend::{IptablesBackend, NodePortAddresses, MODE};
+pub use backend::{node_sysctls, IptablesBackend, MODE};
 pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};
-pub use host::{local_addresses, MemorySysctl, ProcSysctl, Sysctl};
+pub use host::local_addresses;
 pub use jumps::{JumpRule, Table, JUMP_RULES};
+pub use kp_node::{LocalDetector, NodePortAddresses};
 pub use kp_sync::ServicePortState;
 pub use names::{ChainKind, ChainName, ChainNameCache};
-pub use options::{IptablesOptions, LocalDetector, ResolvedDetector};
+pub use options::{IptablesOptions, ResolvedDetector};
 pub use render::{
     is_large_cluster, stale_chains, ListedChains, NatChains, RenderInput, RenderStats, Rendered,
     Renderer, LARGE_CLUSTER_ENDPOINTS_THRESHOLD, NFACCT_INVALID_DROPPED,
@@ -59,4 +60,14 @@ pub enum IptablesError {
         /// What would be valid.
         valid: &'static str,
     },
+}
+
+impl From<kp_node::InvalidValue> for IptablesError {
+    fn from(error: kp_node::InvalidValue) -> Self {
+        Self::InvalidOption {
+            field: error.field,
+            value: error.value,
+            valid: error.expected,
+        }
+    }
 }

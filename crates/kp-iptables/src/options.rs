@@ -1,34 +1,12 @@
 //! Settings of the iptables renderer that come from configuration or from
-//! what the host supports, and the local-traffic detector.
+//! what the host supports, and the local-traffic detector in iptables
+//! arguments.
 
 use ipnet::IpNet;
 use kp_model::IpFamily;
+use kp_node::{LocalDetector, LocalMatch, MasqueradeMark};
 
 use crate::IptablesError;
-
-/// Longest interface name Linux accepts (IFNAMSIZ − 1).
-const MAX_INTERFACE_NAME_LEN: usize = 15;
-
-/// How the renderer tells traffic from this cluster's pods apart from other
-/// traffic (`--detect-local-mode`). Upstream `proxyutil.LocalTrafficDetector`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum LocalDetector {
-    /// No detection: ClusterIP traffic is never masqueraded unless
-    /// `masquerade_all`, and eTP Local gets no pod short-circuit.
-    #[default]
-    None,
-    /// `ClusterCIDR`: the first CIDR of the render's family (`-s cidr`).
-    ClusterCidr(Vec<IpNet>),
-    /// `NodeCIDR`: the first of the node's pod CIDRs (`spec.podCIDRs`) of
-    /// the render's family, taken from the Node of each sync, so a change of
-    /// the Node's CIDRs reaches the rules with the next (full) sync.
-    NodeCidr,
-    /// `BridgeInterface`: traffic entering from this bridge (`-i cbr0`).
-    BridgeInterface(String),
-    /// `InterfaceNamePrefix`: traffic entering from interfaces with this
-    /// prefix (`-i veth+`).
-    InterfaceNamePrefix(String),
-}
 
 /// Renderer settings. See [`IptablesOptions::default`] for the defaults,
 /// which match upstream's on a current iptables.
@@ -84,26 +62,20 @@ impl Default for IptablesOptions {
 impl IptablesOptions {
     /// Checks values a user can get wrong.
     pub fn validate(&self) -> Result<(), IptablesError> {
-        if self.masquerade_bit > 31 {
-            return Err(IptablesError::InvalidOption {
-                field: "iptables.masqueradeBit",
-                value: self.masquerade_bit.to_string(),
-                valid: "an integer from 0 to 31",
-            });
-        }
-        match &self.local_detector {
-            LocalDetector::BridgeInterface(name) => check_interface(name, "bridgeInterface"),
-            LocalDetector::InterfaceNamePrefix(name) => {
-                check_interface(name, "interfaceNamePrefix")
-            }
-            _ => Ok(()),
-        }
+        MasqueradeMark::from_config(
+            Some(i32::from(self.masquerade_bit)),
+            "iptables.masqueradeBit",
+        )?;
+        self.local_detector.validate()?;
+        Ok(())
     }
 
     /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
     /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
     pub fn masquerade_mark(&self) -> String {
-        format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
+        MasqueradeMark::new(self.masquerade_bit & 31)
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
@@ -113,58 +85,29 @@ impl IptablesOptions {
         family: IpFamily,
         node_pod_cidrs: &[IpNet],
     ) -> Option<ResolvedDetector> {
-        self.local_detector.resolve(family, node_pod_cidrs)
+        ResolvedDetector::resolve(&self.local_detector, family, node_pod_cidrs)
     }
 }
 
-impl LocalDetector {
+impl ResolvedDetector {
     /// The `iptables` arguments that tell local traffic from other traffic
-    /// for `family` (every mode's rules use them); `node_pod_cidrs` are the
-    /// Node's `spec.podCIDRs` for [`LocalDetector::NodeCidr`]. `None` when
-    /// the detector has nothing for `family`.
-    pub fn resolve(&self, family: IpFamily, node_pod_cidrs: &[IpNet]) -> Option<ResolvedDetector> {
-        let of_family = |cidrs: &[IpNet]| {
-            cidrs
-                .iter()
-                .find(|cidr| family_of(cidr) == family)
-                .map(|cidr| cidr.trunc())
+    /// for `family` (the IPVS mode's iptables rules use them too);
+    /// `node_pod_cidrs` are the Node's `spec.podCIDRs` for
+    /// [`LocalDetector::NodeCidr`]. `None` when the detector has nothing
+    /// for `family`.
+    pub fn resolve(
+        detector: &LocalDetector,
+        family: IpFamily,
+        node_pod_cidrs: &[IpNet],
+    ) -> Option<Self> {
+        let (flag, value) = match detector.resolve(family, node_pod_cidrs)? {
+            LocalMatch::Source(cidr) => ("-s", cidr.to_string()),
+            LocalMatch::Interface(name) => ("-i", name),
+            LocalMatch::InterfacePrefix(prefix) => ("-i", format!("{prefix}+")),
         };
-        let (flag, value) = match self {
-            LocalDetector::None => return None,
-            LocalDetector::ClusterCidr(cidrs) => ("-s", of_family(cidrs)?.to_string()),
-            LocalDetector::NodeCidr => ("-s", of_family(node_pod_cidrs)?.to_string()),
-            LocalDetector::BridgeInterface(name) => ("-i", name.clone()),
-            LocalDetector::InterfaceNamePrefix(prefix) => ("-i", format!("{prefix}+")),
-        };
-        Some(ResolvedDetector {
+        Some(Self {
             if_local: format!("{flag} {value}"),
             if_not_local: format!("! {flag} {value}"),
-        })
-    }
-}
-
-fn family_of(cidr: &IpNet) -> IpFamily {
-    match cidr {
-        IpNet::V4(_) => IpFamily::V4,
-        IpNet::V6(_) => IpFamily::V6,
-    }
-}
-
-fn check_interface(name: &str, field: &'static str) -> Result<(), IptablesError> {
-    let valid = !name.is_empty()
-        && name.len() <= MAX_INTERFACE_NAME_LEN
-        && !name.contains(|c: char| c.is_whitespace() || c == '/' || c == '+');
-    if valid {
-        Ok(())
-    } else {
-        Err(IptablesError::InvalidOption {
-            field: if field == "bridgeInterface" {
-                "detectLocal.bridgeInterface"
-            } else {
-                "detectLocal.interfaceNamePrefix"
-            },
-            value: name.to_owned(),
-            valid: "an interface name of 1 to 15 characters without whitespace, '/' or '+'",
         })
     }
 }

@@ -558,7 +558,11 @@ fn context<'a>(
         family: input.family,
         masquerade_all: options.masquerade_all,
         detector: options.resolve_detector(input.family, &input.node.pod_cidrs),
-        localhost_node_ports: localhost_node_ports(options, input),
+        localhost_node_ports: localhost_node_ports(
+            options.localhost_node_ports,
+            input.family,
+            input.node_port_addresses,
+        ),
         nfacct_localhost_node_ports: options.nfacct_localhost_node_ports,
         large_cluster_mode: total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
         probabilities,
@@ -587,13 +591,18 @@ fn endpoint_counts(service_ports: &BTreeMap<ServicePortName, ServicePortState>) 
     })
 }
 
-/// Localhost NodePorts work only for IPv4, and only when the node port
-/// addresses include loopback (upstream turns the option off otherwise).
-fn localhost_node_ports(options: &IptablesOptions, input: &RenderInput<'_>) -> bool {
-    options.localhost_node_ports
-        && input.family == IpFamily::V4
-        && input
-            .node_port_addresses
+/// Whether NodePorts answer on 127.0.0.0/8: `iptables.localhostNodePorts`
+/// is on (`enabled`), the family is IPv4, and the node port addresses
+/// (`None`: every address) include IPv4 loopback (upstream turns the
+/// option off otherwise).
+pub(crate) fn localhost_node_ports(
+    enabled: bool,
+    family: IpFamily,
+    node_port_addresses: Option<&[IpAddr]>,
+) -> bool {
+    enabled
+        && family == IpFamily::V4
+        && node_port_addresses
             .is_none_or(|addresses| addresses.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()))
 }
 

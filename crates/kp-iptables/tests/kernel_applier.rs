@@ -12,8 +12,8 @@ use kp_iptables::applier::{Applier, ApplyError, Tool};
 use std::collections::{BTreeMap, BTreeSet};
 
 use kp_iptables::{
-    IptablesBackend, IptablesFlavor, IptablesOptions, JumpRule, MemorySysctl, NodePortAddresses,
-    SystemApplier, Table, JUMP_RULES,
+    IptablesBackend, IptablesFlavor, IptablesOptions, JumpRule, NodePortAddresses, SystemApplier,
+    Table, JUMP_RULES,
 };
 use kp_model::{IpFamily, NodeInfo};
 use kp_sync::testing::service;
@@ -225,7 +225,7 @@ fn a_line_rejected_in_a_streamed_full_sync_is_named_and_nothing_is_applied(flavo
         flavor,
     )
     .unwrap()
-    .with_sysctl(Box::new(MemorySysctl::new()));
+    .with_sysctl(Box::new(kp_node::MemorySysctl::new()));
 
     let error = node.run(|| backend.sync(&request)).unwrap_err();
 

@@ -107,7 +107,7 @@ fn measure(size: usize, real: bool) -> Sample {
         kernel,
         Box::new(NoIptables),
     )
-    .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+    .with_sysctl(Box::new(kp_node::MemorySysctl::new()))
     .with_local_addresses(Box::new(|| Ok(vec!["192.168.99.2".parse().unwrap()])));
     let mut step = |parts: &RequestParts, full: bool| {
         let before = backend.kernel_messages();

@@ -13,8 +13,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use kp_iptables::{Applier, LocalDetector, NodePortAddresses, Sysctl, Table};
+use kp_iptables::{Applier, ResolvedDetector, Table};
 use kp_model::{IpFamily, NodeInfo, ServicePortName};
+use kp_node::{
+    ensure_sysctl, LocalDetector, MasqueradeMark, NodePortAddresses, Sysctl, SysctlSetting,
+};
 use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest};
 
 use crate::capability::KernelVersion;
@@ -41,6 +44,73 @@ const CONN_REUSE_FIXED: KernelVersion = KernelVersion {
     minor: 9,
     patch: 0,
 };
+
+/// `net.ipv4.vs.conntrack`: IPVS connections visible to conntrack.
+const SYSCTL_VS_CONNTRACK: SysctlSetting = SysctlSetting {
+    name: "net.ipv4.vs.conntrack",
+    value: 1,
+    reason: "IPVS connections visible to conntrack, for masquerading",
+};
+
+/// The sysctls the IPVS mode always ensures, in upstream's order.
+const SYSCTLS: [SysctlSetting; 4] = [
+    SYSCTL_VS_CONNTRACK,
+    SysctlSetting {
+        name: "net.ipv4.vs.expire_nodest_conn",
+        value: 1,
+        reason: "IPVS drops connections to removed real servers",
+    },
+    SysctlSetting {
+        name: "net.ipv4.vs.expire_quiescent_template",
+        value: 1,
+        reason: "IPVS session affinity leaves real servers of weight 0",
+    },
+    SysctlSetting {
+        name: "net.ipv4.ip_forward",
+        value: 1,
+        reason: "IPVS forwards to endpoints",
+    },
+];
+
+/// `net.ipv4.vs.conn_reuse_mode` 0 on kernels from 4.1 to 5.8, whose
+/// connection reuse drops packets (upstream issue 81775).
+const SYSCTL_CONN_REUSE: SysctlSetting = SysctlSetting {
+    name: "net.ipv4.vs.conn_reuse_mode",
+    value: 0,
+    reason: "IPVS connection reuse on kernels before 5.9",
+};
+
+/// The sysctls of `ipvs.strictARP`: the node does not answer ARP for the
+/// Service addresses on `kube-ipvs0`.
+const STRICT_ARP_SYSCTLS: [SysctlSetting; 2] = [
+    SysctlSetting {
+        name: "net.ipv4.conf.all.arp_ignore",
+        value: 1,
+        reason: "ipvs.strictARP",
+    },
+    SysctlSetting {
+        name: "net.ipv4.conf.all.arp_announce",
+        value: 2,
+        reason: "ipvs.strictARP",
+    },
+];
+
+/// The kernel parameters the IPVS mode needs with `options`, in upstream's
+/// order: what the backend ensures at start and `--init-only` sets. The
+/// connection-reuse fix needs the kernel's version; without one it is left
+/// alone.
+pub fn node_sysctls(options: &IpvsOptions) -> Vec<SysctlSetting> {
+    let mut settings = SYSCTLS.to_vec();
+    if let Some(version) = options.kernel_version {
+        if version >= CONN_REUSE_MIN && version < CONN_REUSE_FIXED {
+            settings.push(SYSCTL_CONN_REUSE);
+        }
+    }
+    if options.strict_arp {
+        settings.extend(STRICT_ARP_SYSCTLS);
+    }
+    settings
+}
 
 /// Settings of the IPVS mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +202,7 @@ impl IpvsBackend {
     /// A backend that prints each sync's plan to `out` (`--dry-run`).
     pub fn dry_run(family: IpFamily, options: IpvsOptions, out: Box<dyn Write + Send>) -> Self {
         Self::with_target(family, options, Target::DryRun(out))
-            .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+            .with_sysctl(Box::new(kp_node::MemorySysctl::new()))
     }
 
     fn with_target(family: IpFamily, options: IpvsOptions, target: Target) -> Self {
@@ -140,7 +210,7 @@ impl IpvsBackend {
             family,
             options,
             target,
-            sysctl: Box::new(kp_iptables::ProcSysctl),
+            sysctl: Box::new(kp_node::ProcSysctl::default()),
             local_addresses: Box::new(|| Ok(Vec::new())),
             applied: None,
             iptables_written: None,
@@ -174,13 +244,13 @@ impl IpvsBackend {
     }
 
     fn rule_options(&self, node: &NodeInfo) -> RuleOptions {
-        let not_local = self
-            .options
-            .local_detector
-            .resolve(self.family, &node.pod_cidrs)
-            .map(|detector| detector.if_not_local);
+        let not_local =
+            ResolvedDetector::resolve(&self.options.local_detector, self.family, &node.pod_cidrs)
+                .map(|detector| detector.if_not_local);
         RuleOptions {
-            masquerade_mark: format!("0x{:08x}", 1u32 << (self.options.masquerade_bit & 31)),
+            masquerade_mark: MasqueradeMark::new(self.options.masquerade_bit & 31)
+                .unwrap_or_default()
+                .to_string(),
             masquerade_all: self.options.masquerade_all,
             not_local,
             random_fully: true,
@@ -189,32 +259,14 @@ impl IpvsBackend {
 
     /// Upstream's start-up settings: the IPVS sysctls and timeouts, once.
     fn prepare_host(&mut self) -> Result<(), BackendError> {
-        let mut settings = vec![
-            ("net.ipv4.vs.conntrack", "1"),
-            ("net.ipv4.vs.expire_nodest_conn", "1"),
-            ("net.ipv4.vs.expire_quiescent_template", "1"),
-            ("net.ipv4.ip_forward", "1"),
-        ];
-        if let Some(version) = self.options.kernel_version {
-            if version >= CONN_REUSE_MIN && version < CONN_REUSE_FIXED {
-                settings.push(("net.ipv4.vs.conn_reuse_mode", "0"));
-            }
-        }
-        if self.options.strict_arp {
-            settings.push(("net.ipv4.conf.all.arp_ignore", "1"));
-            settings.push(("net.ipv4.conf.all.arp_announce", "2"));
-        }
-        for (name, value) in settings {
-            if self.sysctl.get(name).is_ok_and(|current| current == value) {
-                continue;
-            }
-            self.sysctl
-                .set(name, value)
-                .map_err(|source| BackendError::Apply {
+        for setting in node_sysctls(&self.options) {
+            ensure_sysctl(self.sysctl.as_mut(), &setting).map_err(|source| {
+                BackendError::Apply {
                     mode: MODE,
-                    attempted: format!("setting sysctl {name}={value}"),
+                    attempted: format!("setting sysctl {}={}", setting.name, setting.value),
                     source: Box::new(source),
-                })?;
+                }
+            })?;
         }
         let timeouts = self.options.timeouts;
         if timeouts.iter().any(|t| !t.is_zero()) {

@@ -6,8 +6,9 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use kp_iptables::{ApplyError, JumpRule, MemorySysctl, SavedTable};
+use kp_iptables::{ApplyError, JumpRule, SavedTable};
 use kp_model::{IpFamily, Protocol};
+use kp_node::MemorySysctl;
 use pretty_assertions::assert_eq;
 
 use super::*;

@@ -171,7 +171,7 @@ mod tests {
             Box::new(kernel.clone()),
             Box::new(NullApplier),
         )
-        .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+        .with_sysctl(Box::new(kp_node::MemorySysctl::new()))
         .with_local_addresses(Box::new(|| Ok(vec![ip("192.168.99.2")])));
         let parts = RequestParts::new(
             Ports::new()
@@ -222,7 +222,7 @@ mod tests {
             Box::new(kernel.clone()),
             Box::new(NullApplier),
         )
-        .with_sysctl(Box::new(kp_iptables::MemorySysctl::new()))
+        .with_sysctl(Box::new(kp_node::MemorySysctl::new()))
         .with_local_addresses(Box::new(|| Ok(vec![ip("192.168.99.2")])));
         let parts = RequestParts::new(
             Ports::new()

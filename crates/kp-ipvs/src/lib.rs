@@ -33,7 +33,7 @@ pub mod state;
 pub mod testing;
 pub mod text;
 
-pub use backend::{IpvsBackend, IpvsOptions, MODE};
+pub use backend::{node_sysctls, IpvsBackend, IpvsOptions, MODE};
 pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};
 pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
 pub use diff::{diff, Op};

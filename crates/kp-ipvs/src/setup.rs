@@ -4,9 +4,10 @@
 use std::io;
 
 use ipnet::IpNet;
-use kp_config::{KubeProxyConfiguration, LocalMode};
-use kp_iptables::{Applier, IptablesFlavor, LocalDetector, NodePortAddresses, SystemApplier};
+use kp_config::KubeProxyConfiguration;
+use kp_iptables::{Applier, IptablesFlavor, SystemApplier};
 use kp_model::IpFamily;
+use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
 use kp_sync::Backend;
 
 use crate::backend::{IpvsBackend, IpvsOptions};
@@ -34,6 +35,16 @@ pub enum SetupError {
         /// What would be valid.
         valid: &'static str,
     },
+}
+
+impl From<kp_node::InvalidValue> for SetupError {
+    fn from(error: kp_node::InvalidValue) -> Self {
+        Self::InvalidOption {
+            field: error.field,
+            value: error.value,
+            valid: error.expected,
+        }
+    }
 }
 
 /// Upstream's start-up check on this host: kernel modules (loading missing
@@ -69,50 +80,11 @@ pub fn options(
         exclude_cidrs.push(cidr);
     }
     let scheduler = crate::capability::scheduler_or_default(&config.ipvs.scheduler)?.to_owned();
-    let local_detector = match config.effective_detect_local_mode().map_err(|e| {
-        invalid(
-            "detectLocalMode",
-            e.to_string(),
-            "ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix",
-        )
-    })? {
-        LocalMode::ClusterCidr => {
-            let cidrs = config
-                .cluster_cidrs()
-                .map_err(|e| invalid("clusterCIDR", e.to_string(), "one CIDR per family"))?;
-            if cidrs.is_empty() {
-                LocalDetector::None
-            } else {
-                LocalDetector::ClusterCidr(cidrs)
-            }
-        }
-        LocalMode::NodeCidr => LocalDetector::NodeCidr,
-        LocalMode::BridgeInterface => {
-            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
-        }
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-        }
-    };
-    let masquerade_bit = config.iptables.masquerade_bit.unwrap_or(14);
-    let masquerade_bit = u8::try_from(masquerade_bit)
-        .ok()
-        .filter(|bit| *bit <= 31)
-        .ok_or_else(|| {
-            invalid(
-                "iptables.masqueradeBit",
-                masquerade_bit.to_string(),
-                "an integer from 0 to 31",
-            )
-        })?;
-    let node_port_addresses = NodePortAddresses::parse(&config.effective_node_port_addresses())
-        .map_err(|e| {
-            invalid(
-                "nodePortAddresses",
-                e.to_string(),
-                "CIDRs, or the keyword primary",
-            )
-        })?;
+    let local_detector = LocalDetector::from_config(config)?;
+    let masquerade_bit =
+        MasqueradeMark::from_config(config.iptables.masquerade_bit, "iptables.masqueradeBit")?
+            .bit();
+    let node_port_addresses = NodePortAddresses::from_config(config)?;
     let duration = |value: kp_config::GoDuration| value.to_std().unwrap_or_default();
     Ok(IpvsOptions {
         scheduler,

@@ -30,9 +30,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_config::{KubeProxyConfiguration, LocalMode};
-use kp_iptables::{IptablesError, LocalDetector, NodePortAddresses};
+use kp_config::KubeProxyConfiguration;
 use kp_model::{IpFamily, NamespacedName, NodeInfo};
+use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{next_generation, Applier, ApplyError, DryRunApplier, NftApplier};
@@ -88,8 +88,7 @@ pub fn from_config(
     dry_run: bool,
 ) -> Result<NftablesBackend, NftablesError> {
     let options = options_from_config(config)?;
-    let addresses = NodePortAddresses::parse(&config.effective_node_port_addresses())
-        .map_err(from_iptables_error)?;
+    let addresses = NodePortAddresses::from_config(config)?;
     if dry_run {
         NftablesBackend::dry_run(family, options, addresses, Box::new(io::stdout()))
     } else {
@@ -554,55 +553,15 @@ impl std::fmt::Debug for NftablesBackend {
 }
 
 fn options_from_config(config: &KubeProxyConfiguration) -> Result<NftablesOptions, NftablesError> {
-    let invalid = |e: kp_config::InvalidValue| NftablesError::InvalidOption {
-        field: e.field,
-        value: e.value,
-        valid: e.expected,
-    };
-    let local_detector = match config.effective_detect_local_mode().map_err(invalid)? {
-        LocalMode::ClusterCidr => {
-            let cidrs = config.cluster_cidrs().map_err(invalid)?;
-            if cidrs.is_empty() {
-                LocalDetector::None
-            } else {
-                LocalDetector::ClusterCidr(cidrs)
-            }
-        }
-        LocalMode::NodeCidr => LocalDetector::NodeCidr,
-        LocalMode::BridgeInterface => {
-            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
-        }
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-        }
-    };
-    let bit = config.nftables.masquerade_bit.unwrap_or(14);
-    let masquerade_bit = u8::try_from(bit).map_err(|_| NftablesError::InvalidOption {
-        field: "nftables.masqueradeBit",
-        value: bit.to_string(),
-        valid: "an integer from 0 to 31",
-    })?;
+    let mark =
+        MasqueradeMark::from_config(config.nftables.masquerade_bit, "nftables.masqueradeBit")?;
     let options = NftablesOptions {
-        masquerade_bit,
+        masquerade_bit: mark.bit(),
         masquerade_all: config.nftables.masquerade_all,
-        local_detector,
+        local_detector: LocalDetector::from_config(config)?,
     };
     options.validate()?;
     Ok(options)
-}
-
-fn from_iptables_error(error: IptablesError) -> NftablesError {
-    match error {
-        IptablesError::InvalidOption {
-            field,
-            value,
-            valid,
-        } => NftablesError::InvalidOption {
-            field,
-            value,
-            valid,
-        },
-    }
 }
 
 /// Counts after the transaction, for logs and metrics, from the record

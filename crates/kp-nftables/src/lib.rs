@@ -55,3 +55,13 @@ pub enum NftablesError {
         valid: &'static str,
     },
 }
+
+impl From<kp_node::InvalidValue> for NftablesError {
+    fn from(error: kp_node::InvalidValue) -> Self {
+        Self::InvalidOption {
+            field: error.field,
+            value: error.value,
+            valid: error.expected,
+        }
+    }
+}

@@ -2,8 +2,8 @@
 //! local-traffic detector in nft syntax.
 
 use ipnet::IpNet;
-use kp_iptables::LocalDetector;
 use kp_model::IpFamily;
+use kp_node::{LocalDetector, LocalMatch, MasqueradeMark};
 
 use crate::NftablesError;
 
@@ -42,41 +42,20 @@ impl Default for NftablesOptions {
 impl NftablesOptions {
     /// Checks values a user can get wrong.
     pub fn validate(&self) -> Result<(), NftablesError> {
-        if self.masquerade_bit > 31 {
-            return Err(NftablesError::InvalidOption {
-                field: "nftables.masqueradeBit",
-                value: self.masquerade_bit.to_string(),
-                valid: "an integer from 0 to 31",
-            });
-        }
-        let interface = match &self.local_detector {
-            LocalDetector::BridgeInterface(name) => Some(("detectLocal.bridgeInterface", name)),
-            LocalDetector::InterfaceNamePrefix(name) => {
-                Some(("detectLocal.interfaceNamePrefix", name))
-            }
-            _ => None,
-        };
-        if let Some((field, name)) = interface {
-            let valid = !name.is_empty()
-                && name.len() <= 15
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if !valid {
-                return Err(NftablesError::InvalidOption {
-                    field,
-                    value: name.clone(),
-                    valid: "an interface name of 1 to 15 letters, digits, '-', '_' or '.'",
-                });
-            }
-        }
+        MasqueradeMark::from_config(
+            Some(i32::from(self.masquerade_bit)),
+            "nftables.masqueradeBit",
+        )?;
+        self.local_detector.validate()?;
         Ok(())
     }
 
     /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
     /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
     pub fn masquerade_mark(&self) -> String {
-        format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
+        MasqueradeMark::new(self.masquerade_bit & 31)
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
@@ -87,29 +66,15 @@ impl NftablesOptions {
         node_pod_cidrs: &[IpNet],
     ) -> Option<NftDetector> {
         let ipx = family_keyword(family);
-        let of_family = |cidrs: &[IpNet]| {
-            cidrs
-                .iter()
-                .find(|cidr| IpFamily::of(&cidr.addr()) == family)
-                .map(|cidr| cidr.trunc())
+        let (left, value) = match self.local_detector.resolve(family, node_pod_cidrs)? {
+            LocalMatch::Source(cidr) => (format!("{ipx} saddr"), cidr.to_string()),
+            LocalMatch::Interface(name) => ("iifname".to_owned(), name),
+            LocalMatch::InterfacePrefix(prefix) => ("iifname".to_owned(), format!("{prefix}*")),
         };
-        let cidr_matches = |cidr: IpNet| NftDetector {
-            if_local: format!("{ipx} saddr {cidr}"),
-            if_not_local: format!("{ipx} saddr != {cidr}"),
-        };
-        let interface_matches = |name: String| NftDetector {
-            if_local: format!("iifname {name}"),
-            if_not_local: format!("iifname != {name}"),
-        };
-        match &self.local_detector {
-            LocalDetector::None => None,
-            LocalDetector::ClusterCidr(cidrs) => of_family(cidrs).map(cidr_matches),
-            LocalDetector::NodeCidr => of_family(node_pod_cidrs).map(cidr_matches),
-            LocalDetector::BridgeInterface(name) => Some(interface_matches(name.clone())),
-            LocalDetector::InterfaceNamePrefix(prefix) => {
-                Some(interface_matches(format!("{prefix}*")))
-            }
-        }
+        Some(NftDetector {
+            if_local: format!("{left} {value}"),
+            if_not_local: format!("{left} != {value}"),
+        })
     }
 }
 

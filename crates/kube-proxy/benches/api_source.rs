@@ -34,8 +34,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_iptables::{
-    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, MemorySysctl,
-    NodePortAddresses, SystemApplier,
+    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NodePortAddresses,
+    SystemApplier,
 };
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ProxyEventHandler};
 use kp_source::api::{client_from, ApiSource};
@@ -117,7 +117,11 @@ fn backend() -> Box<IptablesBackend> {
     };
     let applier = Box::new(SystemApplier::new(IptablesFlavor::Legacy));
     let backend = IptablesBackend::new(IpFamily::V4, options, NodePortAddresses::All, applier);
-    Box::new(backend.unwrap().with_sysctl(Box::new(MemorySysctl::new())))
+    Box::new(
+        backend
+            .unwrap()
+            .with_sysctl(Box::new(kp_node::MemorySysctl::new())),
+    )
 }
 
 async fn wait_for(what: &str, timeout: Duration, condition: impl Fn() -> bool) {

@@ -88,7 +88,7 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
 /// `--init-only`: the privileged node setup (conntrack sysctls, the mode's
 /// sysctls), then exit.
 fn init_only(config: &KubeProxyConfiguration) -> anyhow::Result<()> {
-    for step in node_setup::init_only_steps(config) {
+    for step in node_setup::init_only_steps(config).context("--init-only")? {
         tracing::info!(%step, "Initializing the node");
         match step {
             InitStep::ConntrackSysctls => {

@@ -11,71 +11,20 @@
 //! reaches, and the adjustment belongs to the process that keeps running.
 
 use std::fmt;
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
-use ipnet::IpNet;
-use kp_config::{GoDuration, KubeProxyConfiguration, ProxyMode};
+use kp_config::{GoDuration, KubeProxyConfiguration};
+use kp_node::{ProcSysctl, SysctlOutcome, SysctlSetting};
 
 /// `/proc/self`, where [`apply_oom_score`] finds `oom_score_adj`.
 pub const PROC_SELF: &str = "/proc/self";
 /// `/proc/sys`, under which [`ensure_sysctl`] finds kernel parameters.
-pub const PROC_SYS: &str = "/proc/sys";
+pub const PROC_SYS: &str = ProcSysctl::ROOT;
 /// The values the kernel accepts in `oom_score_adj`.
 pub const OOM_SCORE_ADJ_RANGE: RangeInclusive<i32> = -1000..=1000;
-
-/// `net.ipv4.conf.all.route_localnet`: lets NodePorts answer on 127.0.0.1
-/// (iptables mode, kubernetes issue 90259).
-const ROUTE_LOCALNET: SysctlSetting = SysctlSetting {
-    name: "net.ipv4.conf.all.route_localnet",
-    value: 1,
-    reason: "NodePorts on localhost, iptables.localhostNodePorts",
-};
-
-/// The sysctls the IPVS mode always ensures, in upstream's order. Upstream
-/// also sets `net.ipv4.vs.conn_reuse_mode` to 0, but only on kernels older
-/// than 5.9, and the IPVS timeouts through netlink (`ipvsadm --set`); both
-/// belong with the IPVS backend, which knows the kernel.
-const IPVS_SYSCTLS: [SysctlSetting; 4] = [
-    SysctlSetting {
-        name: "net.ipv4.vs.conntrack",
-        value: 1,
-        reason: "IPVS connections visible to conntrack, for masquerading",
-    },
-    SysctlSetting {
-        name: "net.ipv4.vs.expire_nodest_conn",
-        value: 1,
-        reason: "IPVS drops connections to removed real servers",
-    },
-    SysctlSetting {
-        name: "net.ipv4.vs.expire_quiescent_template",
-        value: 1,
-        reason: "IPVS session affinity leaves real servers of weight 0",
-    },
-    SysctlSetting {
-        name: "net.ipv4.ip_forward",
-        value: 1,
-        reason: "IPVS forwards to endpoints",
-    },
-];
-
-/// The sysctls of `ipvs.strictARP`: the node does not answer ARP for the
-/// Service addresses on `kube-ipvs0`.
-const STRICT_ARP_SYSCTLS: [SysctlSetting; 2] = [
-    SysctlSetting {
-        name: "net.ipv4.conf.all.arp_ignore",
-        value: 1,
-        reason: "ipvs.strictARP",
-    },
-    SysctlSetting {
-        name: "net.ipv4.conf.all.arp_announce",
-        value: 2,
-        reason: "ipvs.strictARP",
-    },
-];
 
 /// One privileged change `--init-only` makes to the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,26 +35,6 @@ pub enum InitStep {
     ConntrackSysctls,
     /// One kernel parameter the proxy mode needs; see [`ensure_sysctl`].
     Sysctl(SysctlSetting),
-}
-
-/// A kernel parameter and the value the proxy needs in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SysctlSetting {
-    /// Dotted name, as `sysctl` takes it: `net.ipv4.conf.all.route_localnet`.
-    pub name: &'static str,
-    /// The value to ensure.
-    pub value: u32,
-    /// What needs it.
-    pub reason: &'static str,
-}
-
-/// What [`ensure_sysctl`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SysctlOutcome {
-    /// The parameter had another value and was written.
-    Written,
-    /// The parameter already had the value.
-    AlreadySet,
 }
 
 /// A privileged setting could not be applied.
@@ -161,25 +90,21 @@ pub fn apply_oom_score(value: i32, proc_self: &Path) -> Result<(), NodeSetupErro
 }
 
 /// The privileged changes `--init-only` makes for `config`, in the order
-/// upstream makes them. Pure: nothing is read or written.
-pub fn init_only_steps(config: &KubeProxyConfiguration) -> Vec<InitStep> {
+/// upstream makes them: the conntrack sysctls, then the sysctls the
+/// configured mode lists for itself ([`crate::modes::node_sysctls`]).
+/// Pure: nothing is read or written.
+pub fn init_only_steps(config: &KubeProxyConfiguration) -> anyhow::Result<Vec<InitStep>> {
     let mut steps = Vec::new();
     if conntrack_configured(config) {
         steps.push(InitStep::ConntrackSysctls);
     }
-    match config.effective_mode() {
-        Ok(ProxyMode::Iptables) if localhost_node_ports(config) => {
-            steps.push(InitStep::Sysctl(ROUTE_LOCALNET));
-        }
-        Ok(ProxyMode::Ipvs) => {
-            steps.extend(IPVS_SYSCTLS.map(InitStep::Sysctl));
-            if config.ipvs.strict_arp {
-                steps.extend(STRICT_ARP_SYSCTLS.map(InitStep::Sysctl));
-            }
-        }
-        _ => {}
-    }
-    steps
+    let mode = config.effective_mode()?;
+    steps.extend(
+        crate::modes::node_sysctls(mode, config)?
+            .into_iter()
+            .map(InitStep::Sysctl),
+    );
+    Ok(steps)
 }
 
 /// Gives the kernel parameter `setting.name` its value unless it already
@@ -188,18 +113,13 @@ pub fn ensure_sysctl(
     setting: &SysctlSetting,
     proc_sys: &Path,
 ) -> Result<SysctlOutcome, NodeSetupError> {
-    let path = proc_sys.join(setting.name.replace('.', "/"));
-    let current = fs::read_to_string(&path).ok();
-    if current.and_then(|text| text.trim().parse::<u32>().ok()) == Some(setting.value) {
-        return Ok(SysctlOutcome::AlreadySet);
-    }
-    write_existing(&path, &setting.value.to_string()).map_err(|source| NodeSetupError::Sysctl {
+    let mut sysctl = ProcSysctl::under(proc_sys);
+    kp_node::ensure_sysctl(&mut sysctl, setting).map_err(|source| NodeSetupError::Sysctl {
         name: setting.name,
         value: setting.value,
-        path,
+        path: sysctl.path(setting.name),
         source,
-    })?;
-    Ok(SysctlOutcome::Written)
+    })
 }
 
 impl fmt::Display for InitStep {
@@ -208,11 +128,7 @@ impl fmt::Display for InitStep {
             InitStep::ConntrackSysctls => f.write_str(
                 "set the conntrack sysctls (net.netfilter.nf_conntrack_*) of the conntrack configuration",
             ),
-            InitStep::Sysctl(setting) => write!(
-                f,
-                "set sysctl {}={} ({})",
-                setting.name, setting.value, setting.reason
-            ),
+            InitStep::Sysctl(setting) => write!(f, "set sysctl {setting}"),
         }
     }
 }
@@ -230,30 +146,6 @@ fn conntrack_configured(config: &KubeProxyConfiguration) -> bool {
         || conntrack.tcp_be_liberal
 }
 
-/// Whether iptables mode serves NodePorts on 127.0.0.1: localhost NodePorts
-/// are on (the default) and `nodePortAddresses` covers IPv4 loopback. As
-/// upstream, a list without IPv4 CIDRs means every IPv4 address; `primary`
-/// means the node's own address, taken not to be loopback.
-fn localhost_node_ports(config: &KubeProxyConfiguration) -> bool {
-    if !config.iptables.localhost_node_ports.unwrap_or(true) {
-        return false;
-    }
-    let addresses = config.effective_node_port_addresses();
-    if addresses.iter().any(|address| address == "primary") {
-        return false;
-    }
-    let ipv4: Vec<IpNet> = addresses
-        .iter()
-        .filter_map(|address| address.parse::<IpNet>().ok())
-        .filter(|cidr| matches!(cidr, IpNet::V4(_)))
-        .collect();
-    let loopback = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0));
-    ipv4.is_empty()
-        || ipv4
-            .iter()
-            .any(|cidr| cidr.addr().is_loopback() || cidr.contains(&loopback))
-}
-
 /// Writes `text` to a file that must already exist, as kernel files do.
 fn write_existing(path: &Path, text: &str) -> io::Result<()> {
     OpenOptions::new()
@@ -267,12 +159,29 @@ fn write_existing(path: &Path, text: &str) -> io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::fs;
+
     use super::*;
 
     fn config(edit: impl FnOnce(&mut KubeProxyConfiguration)) -> KubeProxyConfiguration {
         let mut config = KubeProxyConfiguration::defaulted();
         edit(&mut config);
         config
+    }
+
+    /// `route_localnet` as the iptables mode lists it.
+    fn route_localnet() -> SysctlSetting {
+        let options = kp_iptables::IptablesOptions::default();
+        kp_iptables::node_sysctls(&options, &kp_node::NodePortAddresses::All)[0]
+    }
+
+    /// The IPVS mode's first sysctl.
+    fn ipvs_conntrack() -> SysctlSetting {
+        kp_ipvs::node_sysctls(&kp_ipvs::IpvsOptions::default())[0]
+    }
+
+    fn init_only_steps(config: &KubeProxyConfiguration) -> Vec<InitStep> {
+        super::init_only_steps(config).unwrap()
     }
 
     fn sysctl_names(steps: &[InitStep]) -> Vec<&'static str> {
@@ -333,12 +242,12 @@ mod tests {
         fs::write(&file, "0\n").unwrap();
 
         assert_eq!(
-            ensure_sysctl(&ROUTE_LOCALNET, proc_sys.path()).unwrap(),
+            ensure_sysctl(&route_localnet(), proc_sys.path()).unwrap(),
             SysctlOutcome::Written
         );
         assert_eq!(fs::read_to_string(&file).unwrap(), "1");
         assert_eq!(
-            ensure_sysctl(&ROUTE_LOCALNET, proc_sys.path()).unwrap(),
+            ensure_sysctl(&route_localnet(), proc_sys.path()).unwrap(),
             SysctlOutcome::AlreadySet
         );
     }
@@ -347,7 +256,7 @@ mod tests {
     fn a_missing_sysctl_is_an_error_naming_it() {
         let proc_sys = tempfile::tempdir().unwrap();
 
-        let error = ensure_sysctl(&IPVS_SYSCTLS[0], proc_sys.path()).unwrap_err();
+        let error = ensure_sysctl(&ipvs_conntrack(), proc_sys.path()).unwrap_err();
 
         assert!(
             error.to_string().contains("net.ipv4.vs.conntrack=1"),
@@ -361,7 +270,10 @@ mod tests {
 
         assert_eq!(
             steps,
-            [InitStep::ConntrackSysctls, InitStep::Sysctl(ROUTE_LOCALNET)]
+            [
+                InitStep::ConntrackSysctls,
+                InitStep::Sysctl(route_localnet())
+            ]
         );
         assert!(steps[1]
             .to_string()
@@ -400,7 +312,15 @@ mod tests {
     fn ipvs_mode_sets_its_sysctls_and_strict_arp_when_asked() {
         let ipvs = config(|c| c.mode = "ipvs".to_owned());
         let names = sysctl_names(&init_only_steps(&ipvs));
-        assert_eq!(names, IPVS_SYSCTLS.map(|s| s.name));
+        assert_eq!(
+            names,
+            [
+                "net.ipv4.vs.conntrack",
+                "net.ipv4.vs.expire_nodest_conn",
+                "net.ipv4.vs.expire_quiescent_template",
+                "net.ipv4.ip_forward"
+            ]
+        );
         let strict = config(|c| {
             c.mode = "ipvs".to_owned();
             c.ipvs.strict_arp = true;

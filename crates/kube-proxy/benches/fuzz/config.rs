@@ -5,7 +5,7 @@
 //! loads and validates must give iptables options the renderer takes, or
 //! an error naming the field it refuses.
 
-use kp_config::{load_str, to_yaml, validate, ConfigError, KubeProxyConfiguration, LocalMode};
+use kp_config::{load_str, to_yaml, validate, ConfigError, KubeProxyConfiguration};
 use kp_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, Renderer};
 
 use crate::mutate;
@@ -150,8 +150,17 @@ fn check(text: &str) -> Result<(), Problem> {
     // the backend is built, naming the field.
     // Validation checks the mode and the CIDRs these read: no excuse here.
     let options = iptables_options(&cfg).map_err(Problem::Unusable)?;
-    let built = NodePortAddresses::parse(&cfg.effective_node_port_addresses())
-        .and_then(|_| Renderer::new(options))
+    let built = LocalDetector::from_config(&cfg)
+        .and_then(|local_detector| {
+            NodePortAddresses::parse(&cfg.effective_node_port_addresses()).map(|_| {
+                IptablesOptions {
+                    local_detector,
+                    ..options
+                }
+            })
+        })
+        .map_err(kp_iptables::IptablesError::from)
+        .and_then(Renderer::new)
         .map_err(|e| e.to_string());
     match built {
         Ok(_) => Ok(()),
@@ -175,31 +184,14 @@ fn load_error_unnamed(error: &ConfigError) -> Option<(&'static str, String)> {
 
 /// The renderer's options as the binary builds them (`modes::iptables`).
 fn iptables_options(cfg: &KubeProxyConfiguration) -> Result<IptablesOptions, String> {
-    let local_detector = match cfg
-        .effective_detect_local_mode()
-        .map_err(|e| e.to_string())?
-    {
-        LocalMode::ClusterCidr => {
-            let cidrs = cfg.cluster_cidrs().map_err(|e| e.to_string())?;
-            if cidrs.is_empty() {
-                LocalDetector::None
-            } else {
-                LocalDetector::ClusterCidr(cidrs)
-            }
-        }
-        LocalMode::NodeCidr => LocalDetector::NodeCidr,
-        LocalMode::BridgeInterface => {
-            LocalDetector::BridgeInterface(cfg.detect_local.bridge_interface.clone())
-        }
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfaceNamePrefix(cfg.detect_local.interface_name_prefix.clone())
-        }
-    };
+    // Validation checks the mode and the CIDRs the detector reads.
+    cfg.effective_detect_local_mode()
+        .map_err(|e| e.to_string())?;
+    cfg.cluster_cidrs().map_err(|e| e.to_string())?;
     let masquerade_bit = cfg.iptables.masquerade_bit.unwrap_or(14);
     Ok(IptablesOptions {
         masquerade_bit: u8::try_from(masquerade_bit).map_err(|e| e.to_string())?,
         masquerade_all: cfg.iptables.masquerade_all,
-        local_detector,
         localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
         conntrack_tcp_be_liberal: cfg.conntrack.tcp_be_liberal,
         ..IptablesOptions::default()

@@ -1,46 +1,27 @@
 //! The iptables mode as the binary builds it: its settings from the
 //! configuration, the backend, and `--cleanup`.
 
-use kp_config::{KubeProxyConfiguration, LocalMode};
+use kp_config::KubeProxyConfiguration;
 use std::sync::OnceLock;
 
 use kp_iptables::{
-    IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NodePortAddresses,
-    NFACCT_INVALID_DROPPED, NFACCT_LOCALHOST_NODE_PORTS,
+    IptablesBackend, IptablesFlavor, IptablesOptions, NFACCT_INVALID_DROPPED,
+    NFACCT_LOCALHOST_NODE_PORTS,
 };
 use kp_model::IpFamily;
 use kp_nfacct::NfacctClient;
+use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
 use kp_sync::Backend;
 
 /// Renderer options from the configuration. With `detectLocalMode:
 /// NodeCIDR` the renderer takes the pod CIDRs from the Node of each sync.
 pub fn options(config: &KubeProxyConfiguration) -> anyhow::Result<IptablesOptions> {
-    let local_detector = match config.effective_detect_local_mode()? {
-        LocalMode::ClusterCidr => {
-            let cidrs = config.cluster_cidrs()?;
-            if cidrs.is_empty() {
-                tracing::info!(
-                    "clusterCIDR not set: traffic from pods cannot be told from other traffic"
-                );
-                LocalDetector::None
-            } else {
-                LocalDetector::ClusterCidr(cidrs)
-            }
-        }
-        LocalMode::NodeCidr => LocalDetector::NodeCidr,
-        LocalMode::BridgeInterface => {
-            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
-        }
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-        }
-    };
-    let masquerade_bit = config.iptables.masquerade_bit.unwrap_or(14);
+    let mark =
+        MasqueradeMark::from_config(config.iptables.masquerade_bit, "iptables.masqueradeBit")?;
     let options = IptablesOptions {
-        // Validation keeps the bit within 0..=31.
-        masquerade_bit: u8::try_from(masquerade_bit)?,
+        masquerade_bit: mark.bit(),
         masquerade_all: config.iptables.masquerade_all,
-        local_detector,
+        local_detector: LocalDetector::from_config(config)?,
         localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
         conntrack_tcp_be_liberal: config.conntrack.tcp_be_liberal,
         ..IptablesOptions::default()
@@ -52,9 +33,7 @@ pub fn options(config: &KubeProxyConfiguration) -> anyhow::Result<IptablesOption
 /// `nodePortAddresses` as the backend takes it (`all` and unset mean every
 /// local address, except in nftables mode where unset means `primary`).
 pub fn node_port_addresses(config: &KubeProxyConfiguration) -> anyhow::Result<NodePortAddresses> {
-    Ok(NodePortAddresses::parse(
-        &config.effective_node_port_addresses(),
-    )?)
+    Ok(NodePortAddresses::from_config(config)?)
 }
 
 /// The iptables backend of `family`: printing to stdout with `dry_run`,

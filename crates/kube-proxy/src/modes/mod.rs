@@ -9,6 +9,7 @@ pub use iptables::node_port_addresses;
 
 use kp_config::{KubeProxyConfiguration, ProxyMode};
 use kp_model::IpFamily;
+use kp_node::SysctlSetting;
 use kp_sync::Backend;
 
 /// A mode the operator asked for cannot run.
@@ -76,6 +77,23 @@ pub fn backend(
         }
         _ => Err(unavailable(mode)),
     }
+}
+
+/// The kernel parameters `mode` needs with `config`, as the mode lists
+/// them (it ensures them itself when it starts; `--init-only` sets them
+/// before): `route_localnet` for localhost NodePorts in the iptables mode,
+/// the IPVS mode's own, none for the others.
+pub fn node_sysctls(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+) -> anyhow::Result<Vec<SysctlSetting>> {
+    Ok(match mode {
+        ProxyMode::Iptables => {
+            kp_iptables::node_sysctls(&iptables::options(config)?, &node_port_addresses(config)?)
+        }
+        ProxyMode::Ipvs => kp_ipvs::node_sysctls(&kp_ipvs::setup::options(config, None)?),
+        _ => Vec::new(),
+    })
 }
 
 /// The IP families `mode` serves on this host: for a dry run both, which
