@@ -320,8 +320,8 @@ impl Backend for IptablesBackend {
                 mode: MODE,
                 reason: format!(
                     "a sync of {} rules reached the {} backend",
-                    family_name(request.family),
-                    family_name(self.family)
+                    request.family.as_api_str(),
+                    self.family.as_api_str()
                 ),
             });
         }
@@ -452,7 +452,7 @@ impl IptablesBackend {
     ) -> Result<(Rendered, Vec<(String, usize)>), BackendError> {
         let rendered = self.renderer.render(input);
         let text = self.written.without_unchanged(&rendered.restore);
-        tracing::trace!(family = family_name(self.family), rules = %text, "applying iptables rules");
+        tracing::trace!(family = self.family.as_api_str(), rules = %text, "applying iptables rules");
         self.applier
             .restore(self.family, &text)
             .map_err(|e| apply_error("applying the rules", e).rejected())?;
@@ -473,7 +473,7 @@ struct FullSyncSink<'a, 'd> {
 
 impl RestoreSink for FullSyncSink<'_, '_> {
     fn write_lines(&mut self, lines: &str) -> io::Result<()> {
-        tracing::trace!(family = family_name(self.family), rules = %lines, "applying iptables rules");
+        tracing::trace!(family = self.family.as_api_str(), rules = %lines, "applying iptables rules");
         self.recording.lines(lines);
         self.rules.lines(lines);
         self.sink.write_lines(lines)
@@ -667,13 +667,6 @@ fn commented_service(line: &str) -> Option<(&str, &str)> {
     let (namespace, rest) = first.split_once('/')?;
     let name = rest.split(':').next()?;
     (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
-}
-
-fn family_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
-    }
 }
 
 mod unchanged;

@@ -81,7 +81,7 @@ pub fn cleanup_with(
         let filter = match applier.save_table(family, Table::Filter) {
             Ok(saved) => saved.kube_chains,
             Err(error) => {
-                tracing::warn!(family = family_name(family), error = %error, "skipping cleanup of a family whose iptables does not work");
+                tracing::warn!(family = family.as_api_str(), error = %error, "skipping cleanup of a family whose iptables does not work");
                 report.skipped_families.push((family, error.to_string()));
                 continue;
             }
@@ -104,7 +104,7 @@ fn cleanup_family(
 ) -> Result<(), CleanupError> {
     let step = |attempted| {
         move |source| CleanupError {
-            family: family_name(family),
+            family: family.as_api_str(),
             attempted,
             source,
         }
@@ -164,13 +164,6 @@ fn delete_chains_text(tables: &[(Table, &Vec<String>)]) -> String {
         text.push_str("COMMIT\n");
     }
     text
-}
-
-fn family_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
-    }
 }
 
 #[cfg(test)]

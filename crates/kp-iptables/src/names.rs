@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 
-use kp_model::{Protocol, ServicePortName};
+use kp_model::ServicePortName;
 use sha2::{Digest, Sha256};
 
 /// nat and filter: entry chain for Service traffic (`-j KUBE-SERVICES` from
@@ -171,7 +171,7 @@ impl ChainNameCache {
         }
         let entry = self.services.get_mut(service_port)?;
         entry.seen = generation;
-        let protocol = protocol_name(service_port.protocol);
+        let protocol = service_port.protocol.as_rule_str();
         // Written only when an endpoint is new, to hash its chain name.
         let mut name: Option<String> = None;
         for address in endpoints {
@@ -217,7 +217,7 @@ impl CachedService {
         let name = service_port_name_string(service_port);
         let hash = hash16(&[
             name.as_bytes(),
-            protocol_name(service_port.protocol).as_bytes(),
+            service_port.protocol.as_rule_str().as_bytes(),
         ]);
         CachedService {
             hash,
@@ -275,15 +275,6 @@ pub fn service_port_name_string(name: &ServicePortName) -> String {
     }
 }
 
-/// The protocol as iptables writes it: `tcp`, `udp`, `sctp`.
-pub fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
 /// The name of `kind`'s chain for `service_port`, computed without a cache.
 pub fn service_chain_name(service_port: &ServicePortName, kind: ChainKind) -> ChainName {
     CachedService::new(service_port).chain(kind)
@@ -293,7 +284,7 @@ pub fn service_chain_name(service_port: &ServicePortName, kind: ChainKind) -> Ch
 /// cache.
 pub fn endpoint_chain_name(service_port: &ServicePortName, endpoint: SocketAddr) -> ChainName {
     let name = service_port_name_string(service_port);
-    CachedEndpoint::new(&name, protocol_name(service_port.protocol), endpoint).chain
+    CachedEndpoint::new(&name, service_port.protocol.as_rule_str(), endpoint).chain
 }
 
 /// `true` for the names of per-service and per-endpoint chains (upstream

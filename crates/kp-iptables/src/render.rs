@@ -23,9 +23,9 @@ use kp_sync::ServicePortState;
 use crate::applier::RestoreSink;
 use crate::jumps::{JumpRule, Table};
 use crate::names::{
-    is_service_chain_name, protocol_name, ChainName, ChainNameCache, KUBE_EXTERNAL_SERVICES,
-    KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
-    KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+    is_service_chain_name, ChainName, ChainNameCache, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL,
+    KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL,
+    KUBE_SERVICES,
 };
 use crate::options::{IptablesOptions, ResolvedDetector};
 use crate::IptablesError;
@@ -512,7 +512,7 @@ fn render_service_ports<E>(
             state,
             name: &name_text,
             names: cached,
-            protocol: protocol_name(name.protocol),
+            protocol: name.protocol.as_rule_str(),
             rewrite: input.full || input.changed_services.contains(&name.service),
         };
         each(buffers, &view)?;

@@ -20,7 +20,6 @@ use std::net::{IpAddr, SocketAddr};
 use kp_model::Protocol;
 
 use crate::jumps::{Table, JUMP_RULES};
-use crate::names::protocol_name;
 
 mod parse;
 
@@ -261,7 +260,7 @@ impl Ruleset {
     /// hooks a packet takes.
     pub fn trace(&self, packet: &Packet, local_ips: &[IpAddr]) -> Trace {
         let env = Env {
-            protocol: protocol_name(packet.protocol),
+            protocol: packet.protocol.as_rule_str(),
             in_interface: packet
                 .in_interface
                 .as_deref()

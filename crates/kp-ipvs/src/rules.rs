@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use kp_iptables::{JumpRule, Table};
 use kp_model::{IpFamily, Protocol};
 
-use crate::state::{protocol_name, KernelState, SetKind};
+use crate::state::{KernelState, SetKind};
 
 /// `KUBE-SERVICES` (nat): entry from PREROUTING and OUTPUT.
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -278,7 +278,7 @@ pub fn render(
         };
         let protocol = jump
             .protocol
-            .map(|p| format!(" -p {}", protocol_name(p)))
+            .map(|p| format!(" -p {}", p.as_rule_str()))
             .unwrap_or_default();
         line(
             out,
@@ -447,7 +447,7 @@ fn render_filter(
             format_args!(
                 "-A {KUBE_IPVS_OUT_FILTER} -s {ip} -m ipvs --vaddr {ip} --vproto {proto} --vport {port} -j DROP",
                 ip = entry.address,
-                proto = protocol_name(entry.protocol),
+                proto = entry.protocol.as_rule_str(),
                 port = entry.port
             ),
         );

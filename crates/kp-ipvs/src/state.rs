@@ -311,15 +311,6 @@ impl KernelState {
     }
 }
 
-/// Lower-case protocol name as ipset and ipvsadm print it.
-pub fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
 impl fmt::Display for ServiceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let prefix = match self.protocol {
@@ -336,13 +327,13 @@ impl fmt::Display for SetEntry {
         match self {
             SetEntry::Ip(ip) => write!(f, "{ip}"),
             SetEntry::IpPort(ip, protocol, port) => {
-                write!(f, "{ip},{}:{port}", protocol_name(*protocol))
+                write!(f, "{ip},{}:{port}", protocol.as_rule_str())
             }
             SetEntry::IpPortIp(ip, protocol, port, ip2) => {
-                write!(f, "{ip},{}:{port},{ip2}", protocol_name(*protocol))
+                write!(f, "{ip},{}:{port},{ip2}", protocol.as_rule_str())
             }
             SetEntry::IpPortNet(ip, protocol, port, net) => {
-                write!(f, "{ip},{}:{port},{net}", protocol_name(*protocol))
+                write!(f, "{ip},{}:{port},{net}", protocol.as_rule_str())
             }
             SetEntry::Port(port) => write!(f, "{port}"),
         }

@@ -262,16 +262,21 @@ impl Protocol {
             Self::Sctp => "SCTP",
         }
     }
-}
 
-/// Lower case (`tcp`, `udp`, `sctp`), as iptables, nft and conntrack spell it.
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+    /// Lower case (`tcp`, `udp`, `sctp`), as iptables, nft, ipvsadm and
+    /// conntrack spell it; also the [`Display`](fmt::Display) form.
+    pub fn as_rule_str(self) -> &'static str {
+        match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
             Self::Sctp => "sctp",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_rule_str())
     }
 }
 

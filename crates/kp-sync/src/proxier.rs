@@ -276,7 +276,7 @@ impl Proxier {
                 let failures = std::mem::take(&mut *lock(&self.failures));
                 if failures.attempts > 0 {
                     tracing::info!(
-                        family = family_name(self.family),
+                        family = self.family.as_api_str(),
                         mode = self.mode,
                         failed_attempts = failures.attempts,
                         "syncing proxy rules works again"
@@ -299,14 +299,14 @@ impl Proxier {
                 let error = error_chain(&error);
                 if lock(&self.failures).repeats(&error) {
                     tracing::debug!(
-                        family = family_name(self.family),
+                        family = self.family.as_api_str(),
                         mode = self.mode,
                         %error,
                         "syncing proxy rules failed again in the same way"
                     );
                 } else {
                     tracing::error!(
-                        family = family_name(self.family),
+                        family = self.family.as_api_str(),
                         mode = self.mode,
                         %error,
                         "syncing proxy rules failed; a full sync is scheduled"
@@ -386,7 +386,7 @@ impl Proxier {
                 }
                 self.restore_after_failure(drained);
                 Err(SyncError::Backend {
-                    family: family_name(self.family),
+                    family: self.family.as_api_str(),
                     source,
                 })
             }
@@ -398,7 +398,7 @@ impl Proxier {
         let mut tracked = self.lock_tracked();
         if let Some(waiting_for) = tracked.waiting_for() {
             return Err(SyncError::NotSynced {
-                family: family_name(self.family),
+                family: self.family.as_api_str(),
                 waiting_for,
             });
         }
@@ -451,7 +451,7 @@ impl Proxier {
         };
         for service in newly_refused {
             tracing::error!(
-                family = family_name(self.family),
+                family = self.family.as_api_str(),
                 mode = self.mode,
                 service = %service,
                 reason,
@@ -492,7 +492,7 @@ impl Proxier {
     fn log_success(&self, stats: &SyncStats, changed: &BTreeSet<NamespacedName>) {
         tracing::debug!(
             elapsed = %go_duration(stats.duration),
-            ipFamily = family_name(self.family),
+            ipFamily = self.family.as_api_str(),
             mode = self.mode,
             full = stats.full,
             service_ports = stats.service_ports,
@@ -585,7 +585,7 @@ impl Tracked {
         for service in changed {
             if self.refused.remove(service) {
                 tracing::info!(
-                    family = family_name(family),
+                    family = family.as_api_str(),
                     service = %service,
                     "a Service whose rules the kernel refused changed; programming it again"
                 );
@@ -746,14 +746,6 @@ fn categorize_each<'a>(
         let state = ServicePortState::new(Arc::clone(port), all_endpoints, node, family, topology);
         (name.clone(), state)
     })
-}
-
-/// `IPv4` or `IPv6`, as Kubernetes spells the families.
-pub(crate) fn family_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
-    }
 }
 
 /// `error: cause: cause …`, for logs and the sync status.

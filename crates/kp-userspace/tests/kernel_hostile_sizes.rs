@@ -105,7 +105,7 @@ fn source_ranges_admit_one_client_and_turn_away_another(flavor: IptablesFlavor, 
     let ranges = foreign_ranges(family, SOURCE_RANGES - 1).chain([client_range]);
     let lb = service("ns1", "lb", |mut s| {
         s = s
-            .ip_families(&[family_name(family)])
+            .ip_families(&[family.as_api_str()])
             .service_type("LoadBalancer")
             .cluster_ip(cluster_ip)
             .port("http", 80, "TCP")
@@ -215,7 +215,7 @@ fn a_thousand_endpoints_all_answer(flavor: IptablesFlavor, family: IpFamily) {
         &[
             web,
             service("ns1", "big", |s| {
-                s.ip_families(&[family_name(family)])
+                s.ip_families(&[family.as_api_str()])
                     .cluster_ip(cluster_ip)
                     .port("http", 80, "TCP")
             }),
@@ -266,7 +266,7 @@ fn a_hundred_external_ips_answer(flavor: IptablesFlavor, family: IpFamily) {
     };
     let ext = service("ns1", "ext", |mut s| {
         s = s
-            .ip_families(&[family_name(family)])
+            .ip_families(&[family.as_api_str()])
             .cluster_ip(cluster_ip)
             .port("http", 80, "TCP");
         for i in 0..EXTERNAL_IPS {
@@ -317,7 +317,7 @@ fn two_hundred_ports_answer(flavor: IptablesFlavor, family: IpFamily) {
     };
     let port_of = |i: usize| 10_001 + u16::try_from(i).unwrap();
     let ports = service("ns1", "ports", |mut s| {
-        s = s.ip_families(&[family_name(family)]).cluster_ip(cluster_ip);
+        s = s.ip_families(&[family.as_api_str()]).cluster_ip(cluster_ip);
         for i in 0..PORTS {
             let port = port_of(i);
             s = s
@@ -328,7 +328,7 @@ fn two_hundred_ports_answer(flavor: IptablesFlavor, family: IpFamily) {
     });
     let ep2 = pod_address(&topology, "ep2", family);
     let ports_slice = endpoint_slice("ns1", "ports-1", "ports", |mut s| {
-        s = s.address_type(family_name(family));
+        s = s.address_type(family.as_api_str());
         for i in 0..PORTS {
             s = s.port(&format!("p{}", port_of(i)), i32::from(POD_TCP_PORT), "TCP");
         }
@@ -373,7 +373,7 @@ fn ordinary(topology: &Topology, family: IpFamily) -> (Service, EndpointSlice) {
     };
     (
         service("ns1", "web", |s| {
-            s.ip_families(&[family_name(family)])
+            s.ip_families(&[family.as_api_str()])
                 .cluster_ip(cluster_ip)
                 .port("http", 80, "TCP")
         }),
@@ -485,13 +485,5 @@ fn cluster_client(topology: &Topology, family: IpFamily) -> &Netns {
     match family {
         IpFamily::V4 => topology.client().netns(),
         IpFamily::V6 => topology.pod("ep2").netns(),
-    }
-}
-
-/// The family as `ipFamilies` and `addressType` spell it.
-fn family_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
     }
 }
