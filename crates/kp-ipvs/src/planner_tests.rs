@@ -95,7 +95,7 @@ fn session_affinity_is_persistence_with_its_timeout() {
     let ports = Ports::new()
         .with(
             service("ns1", "svc1", "10.96.0.41", 80)
-                .affinity(600)
+                .affinity_secs(600)
                 .endpoint("10.244.1.2", 80, false),
         )
         .build();
@@ -137,7 +137,8 @@ fn node_ports_get_a_virtual_server_per_node_address_and_their_set() {
             service("ns1", "npu", "10.96.0.43", 53)
                 .protocol(Protocol::Udp)
                 .node_port(30053)
-                .local_policy()
+                .etp_local()
+                .health_check_node_port(30999)
                 .endpoint("10.244.1.5", 53, true)
                 .endpoint("10.244.2.5", 53, false),
         )
@@ -176,13 +177,13 @@ fn load_balancer_source_ranges_fill_the_firewall_sets() {
     let ports = Ports::new()
         .with(
             service("ns1", "lb", "10.96.0.44", 80)
-                .load_balancer("203.0.113.7")
+                .lb_ip("203.0.113.7")
                 .source_range("192.168.99.0/28")
                 .endpoint("10.244.2.3", 80, false),
         )
         .with(
             service("ns1", "lb2", "10.96.0.45", 80)
-                .load_balancer("203.0.113.8")
+                .lb_ip("203.0.113.8")
                 .source_range("198.51.100.0/24")
                 .endpoint("10.244.2.4", 80, false),
         )
@@ -229,7 +230,8 @@ fn external_ips_on_the_node_are_not_bound_and_local_policy_uses_its_own_set() {
             service("ns1", "ext", "10.96.0.46", 80)
                 .external_ip("203.0.113.9")
                 .external_ip("192.168.99.2")
-                .local_policy()
+                .etp_local()
+                .health_check_node_port(30999)
                 .endpoint("10.244.1.2", 80, true),
         )
         .build();
@@ -251,7 +253,7 @@ fn internal_traffic_policy_local_narrows_the_cluster_ip_only() {
     let ports = Ports::new()
         .with(
             service("ns1", "itp", "10.96.0.47", 80)
-                .internal_local()
+                .itp_local()
                 .node_port(30081)
                 .endpoint("10.244.1.2", 80, true)
                 .endpoint("10.244.2.2", 80, false),
@@ -324,11 +326,12 @@ fn golden_dry_run_of_every_service_kind() {
         )
         .with(
             service("ns1", "lb", "10.96.0.44", 443)
-                .load_balancer("203.0.113.7")
+                .lb_ip("203.0.113.7")
                 .source_range("198.51.100.0/24")
-                .local_policy()
+                .etp_local()
+                .health_check_node_port(30999)
                 .node_port(30443)
-                .affinity(600)
+                .affinity_secs(600)
                 .endpoint("10.244.1.3", 8443, true),
         )
         .with(

@@ -231,14 +231,15 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
             service("ns1", "np", "10.96.0.11", 80)
                 .node_port(30080)
                 .external_ip("203.0.113.5")
-                .load_balancer("203.0.113.9")
+                .lb_ip("203.0.113.9")
                 .endpoint(&ip_of(&topology, "ep1"), 80, true)
                 .endpoint(&ip_of(&topology, "ep3"), 80, false),
         )
         .with(
             service("ns1", "local", "10.96.0.12", 80)
                 .node_port(30081)
-                .local_policy()
+                .etp_local()
+                .health_check_node_port(30999)
                 .endpoint(&ip_of(&topology, "ep1"), 80, true)
                 .endpoint(&ip_of(&topology, "ep3"), 80, false),
         )
@@ -288,7 +289,7 @@ fn vm_session_affinity_sticks_and_udp_round_trips() {
     let ports = Ports::new()
         .with(
             service("ns1", "sticky", "10.96.0.13", 80)
-                .affinity(600)
+                .affinity_secs(600)
                 .endpoint(&ip_of(&topology, "ep1"), 80, true)
                 .endpoint(&ip_of(&topology, "ep2"), 80, true),
         )
@@ -468,7 +469,7 @@ fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
     let ports = Ports::new()
         .with(
             service("ns1", "lb", "10.96.0.15", 80)
-                .load_balancer("203.0.113.9")
+                .lb_ip("203.0.113.9")
                 .source_range(&format!("{}/32", client.ip()))
                 .endpoint(&ip_of(&topology, "ep1"), 80, true),
         )

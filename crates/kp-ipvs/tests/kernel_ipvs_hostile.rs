@@ -101,7 +101,7 @@ fn hostile_ports(family: IpFamily, topology: &Topology) -> Ports {
         &addr("10.96.200.0", "fd00:10:96::c800", 0),
         80,
     )
-    .load_balancer(&addr("203.0.113.9", "2001:db8:203:113::9", 0))
+    .lb_ip(&addr("203.0.113.9", "2001:db8:203:113::9", 0))
     .source_range(&format!("{client}/{host_bits}"))
     .endpoint(&ep1, 80, true);
     for n in 0..SOURCE_RANGES - 1 {
@@ -276,7 +276,7 @@ fn vm_source_ranges_beyond_the_set_limit_fail_the_services_they_belong_to_by_nam
             &format!("10.96.201.{}", n + 1),
             80,
         )
-        .load_balancer(&format!("203.0.113.{}", 20 + n))
+        .lb_ip(&format!("203.0.113.{}", 20 + n))
         .source_range(&format!("{client}/32"))
         .endpoint(&ep1, 80, true);
         for r in 0..SOURCE_RANGES - 1 {

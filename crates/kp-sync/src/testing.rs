@@ -425,13 +425,17 @@ impl ServiceBuilder {
         self.port.health_check_node_port = Some(port);
         self
     }
+    /// A ready endpoint, on this node when `local`.
+    pub fn endpoint(self, address: &str, port: u16, local: bool) -> Self {
+        self.with_endpoint(address, port, local, true, false)
+    }
     /// A ready endpoint on this node.
     pub fn local_endpoint(self, address: &str, port: u16) -> Self {
-        self.with_endpoint(address, port, true, true, false)
+        self.endpoint(address, port, true)
     }
     /// A ready endpoint on another node.
     pub fn remote_endpoint(self, address: &str, port: u16) -> Self {
-        self.with_endpoint(address, port, false, true, false)
+        self.endpoint(address, port, false)
     }
     /// A terminating endpoint that still serves.
     pub fn terminating_endpoint(self, address: &str, port: u16, local: bool) -> Self {
