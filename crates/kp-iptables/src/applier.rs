@@ -17,11 +17,13 @@ use kp_model::IpFamily;
 use crate::jumps::{JumpRule, Table};
 
 mod dry_run;
+#[cfg(any(test, feature = "test-util"))]
 mod fake;
 mod sent_input;
 mod system;
 
 pub use dry_run::DryRunApplier;
+#[cfg(any(test, feature = "test-util"))]
 pub use fake::{FakeApplier, FakeCall, FakeKernel};
 pub use system::SystemApplier;
 

@@ -29,9 +29,10 @@ pub mod support;
 pub mod tracer;
 
 pub use applier::{
-    Applier, ApplyError, DryRunApplier, FakeApplier, FakeCall, FakeKernel, IptablesFlavor,
-    RestoreSink, SavedTable, SystemApplier,
+    Applier, ApplyError, DryRunApplier, IptablesFlavor, RestoreSink, SavedTable, SystemApplier,
 };
+#[cfg(any(test, feature = "test-util"))]
+pub use applier::{FakeApplier, FakeCall, FakeKernel};
 pub use backend::{node_sysctls, IptablesBackend, MODE};
 pub use cleanup::{cleanup, cleanup_with, CleanupError, CleanupReport};
 pub use host::local_addresses;

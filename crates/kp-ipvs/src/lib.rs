@@ -30,6 +30,7 @@ pub mod refused;
 pub mod rules;
 pub mod setup;
 pub mod state;
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod text;
 
@@ -37,7 +38,9 @@ pub use backend::{node_sysctls, IpvsBackend, IpvsOptions, MODE};
 pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};
 pub use cleanup::{cleanup_with, CleanupError, CleanupReport};
 pub use diff::{diff, Op};
-pub use kernel::{ApplyError, FakeKernel, IpvsKernel, KernelError};
+#[cfg(any(test, feature = "test-util"))]
+pub use kernel::FakeKernel;
+pub use kernel::{ApplyError, IpvsKernel, KernelError};
 pub use planner::{plan, Plan, PlanInput};
 pub use setup::{
     backend as build_backend, check_host, cleanup, has_leftovers, SetupError, DEPRECATION_WARNING,

@@ -16,6 +16,7 @@ pub mod fan_out;
 pub mod proxier;
 pub mod runner;
 pub mod status;
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 
 pub use backend::{
