@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use kp_config::{GoDuration, KubeProxyConntrackConfiguration};
+use kp_node::{ProcSysctl, Sysctl};
 
 /// Where the sysctls live, and how to tell whether this thread is in the
 /// initial network namespace.
@@ -90,10 +91,6 @@ impl SysctlPaths {
             own_netns: root.join("proc/thread-self/ns/net"),
             initial_netns: root.join("proc/1/ns/net"),
         }
-    }
-
-    fn netfilter(&self, name: &str) -> PathBuf {
-        self.proc_sys.join("net/netfilter").join(name)
     }
 
     /// True when this thread's network namespace is the initial one (both
@@ -191,14 +188,18 @@ fn whole_seconds(duration: GoDuration) -> Option<u64> {
 }
 
 impl Setting {
-    /// Writes the value unless it is already set; returns false on failure.
+    /// Writes the value (`net.netfilter.<name>`) unless it is already set;
+    /// returns false on failure.
     fn apply(&self, paths: &SysctlPaths, report: &mut SysctlReport) -> bool {
-        let path = paths.netfilter(self.name);
-        if read_number(&path).ok() == Some(self.value) {
+        let mut sysctl = ProcSysctl::under(&paths.proc_sys);
+        let name = format!("net.netfilter.{}", self.name);
+        let current = sysctl.get(&name).ok();
+        if current.and_then(|text| text.parse::<u64>().ok()) == Some(self.value) {
             report.unchanged.push(self.name);
             return true;
         }
-        self.write_to(&path, report)
+        let written = sysctl.set(&name, &self.value.to_string());
+        self.record(written, sysctl.path(&name), report)
     }
 }
 
@@ -236,17 +237,19 @@ fn grow_hashsize(wanted: u64, paths: &SysctlPaths, report: &mut SysctlReport) {
             .push((NAME, "not in the initial network namespace"));
         return;
     }
+    let written = fs::write(&paths.hashsize, wanted.to_string());
     Setting {
         name: NAME,
         value: wanted,
     }
-    .write_to(&paths.hashsize, report);
+    .record(written, paths.hashsize.clone(), report);
 }
 
 impl Setting {
-    /// Writes the value to `path`; returns false on failure.
-    fn write_to(&self, path: &Path, report: &mut SysctlReport) -> bool {
-        match fs::write(path, self.value.to_string()) {
+    /// Reports the outcome of writing the value to `path`; returns false on
+    /// failure.
+    fn record(&self, written: io::Result<()>, path: PathBuf, report: &mut SysctlReport) -> bool {
+        match written {
             Ok(()) => {
                 tracing::info!(
                     sysctl = self.name,
@@ -260,7 +263,7 @@ impl Setting {
                 let error = SysctlError::Write {
                     name: self.name,
                     value: self.value,
-                    path: path.to_owned(),
+                    path,
                     source,
                 };
                 tracing::warn!(sysctl = self.name, value = self.value, error = %kp_sync::error_chain(&error), "setting conntrack sysctl failed");
