@@ -224,6 +224,16 @@ impl KubeProxyConfiguration {
     pub fn udp_idle_timeout_std(&self) -> Duration {
         self.udp_idle_timeout.to_std().unwrap_or_default()
     }
+
+    /// `portRange` as its first and last port (`None`: empty, any port), as
+    /// upstream's `utilnet.ParsePortRange` reads `N`, `A-B` and `A+N`.
+    pub fn effective_port_range(&self) -> Result<Option<(u16, u16)>, InvalidValue> {
+        crate::validation::parse_port_range(&self.port_range).map_err(|reason| InvalidValue {
+            field: "portRange",
+            value: self.port_range.clone(),
+            expected: reason,
+        })
+    }
 }
 
 fn parse_socket_addr(field: &'static str, value: &str) -> Result<Option<SocketAddr>, InvalidValue> {

@@ -16,8 +16,9 @@
 //!   [`refused`] names the Services whose operations the kernel refused.
 //! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
 //! - [`cleanup`](mod@cleanup): `--cleanup`, which keeps foreign virtual servers.
-//! - [`setup`]: what the binary calls ([`setup::backend`],
-//!   [`setup::check_host`], [`setup::cleanup`]).
+//! - [`setup`]: what the binary calls ([`setup::check_host`],
+//!   [`setup::system_backend`], [`setup::cleanup`]); the binary maps the
+//!   configuration to [`IpvsOptions`].
 
 pub mod backend;
 pub mod capability;
@@ -43,7 +44,7 @@ pub use kernel::FakeKernel;
 pub use kernel::{ApplyError, IpvsKernel, KernelError};
 pub use planner::{plan, Plan, PlanInput};
 pub use setup::{
-    backend as build_backend, check_host, cleanup, has_leftovers, SetupError, DEPRECATION_WARNING,
+    check_host, cleanup, has_leftovers, system_backend, SetupError, DEPRECATION_WARNING,
 };
 pub use state::{
     KernelState, ServiceKey, ServiceState, SetEntry, SetKind, VirtualServer, DUMMY_LINK,

@@ -16,8 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use kp_config::KubeProxyConfiguration;
-use kp_iptables::{Applier, ApplyError, DryRunApplier, IptablesFlavor, SystemApplier};
+use kp_iptables::{Applier, ApplyError, IptablesFlavor};
 use kp_model::{IpFamily, Protocol, ServicePortName};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use tokio::runtime::Handle;
@@ -49,19 +48,9 @@ pub struct UserspaceBackend {
     jump_check: JumpCheck,
 }
 
-/// Why the userspace mode could not be set up.
+/// Why the userspace mode could not do what was asked of it.
 #[derive(Debug, thiserror::Error)]
 pub enum UserspaceError {
-    /// A configuration value is unusable.
-    #[error("invalid configuration: field {field}: value {value:?} is invalid: {reason}")]
-    InvalidOption {
-        /// The field, e.g. `portRange`.
-        field: &'static str,
-        /// The value.
-        value: String,
-        /// What would be valid.
-        reason: &'static str,
-    },
     /// Removing the portal rules failed.
     #[error("removing the {family} userspace portal rules failed")]
     Cleanup {
@@ -101,28 +90,6 @@ impl UserspaceBackend {
     pub fn with_jump_check(mut self, check: JumpCheck) -> Self {
         self.jump_check = check;
         self
-    }
-
-    /// The backend the binary builds from its configuration: listener
-    /// ports from `portRange`, the iptables flavor the host uses, and with
-    /// `dry_run` the portal rules written to standard output instead of
-    /// the kernel (listeners are opened either way: they touch nothing
-    /// outside the process).
-    pub fn from_config(
-        config: &KubeProxyConfiguration,
-        family: IpFamily,
-        dry_run: bool,
-        handle: Handle,
-    ) -> Result<Self, UserspaceError> {
-        let options = relay_options(config)?;
-        if dry_run {
-            let applier = Box::new(DryRunApplier::new(Box::new(std::io::stdout())));
-            return Ok(Self::new(handle, family, options, applier));
-        }
-        let flavor = IptablesFlavor::detect();
-        let applier = Box::new(SystemApplier::new(flavor));
-        Ok(Self::new(handle, family, options, applier)
-            .with_jump_check(JumpCheck::for_flavor(flavor)))
     }
 
     /// The relay, for its listeners and counters.
@@ -367,72 +334,6 @@ fn apply_error(attempted: &str, source: ApplyError) -> BackendError {
         attempted: attempted.to_owned(),
         source: Box::new(source),
     }
-}
-
-/// The relay's options from the configuration: listener ports from
-/// `portRange`, the UDP session idle timeout from `udpIdleTimeout` (unset,
-/// as in a configuration that was never defaulted: upstream's 250ms), the
-/// TCP idle timeout from `conntrack.tcpEstablishedTimeout` (the time the
-/// node keeps an idle connection's NAT; unset or zero: its default, 24h).
-pub fn relay_options(config: &KubeProxyConfiguration) -> Result<RelayOptions, UserspaceError> {
-    let udp_idle_timeout = match config.udp_idle_timeout_std() {
-        timeout if timeout.is_zero() => crate::DEFAULT_UDP_IDLE_TIMEOUT,
-        timeout => timeout,
-    };
-    let tcp_idle_timeout = config
-        .conntrack
-        .tcp_established_timeout
-        .and_then(|timeout| timeout.to_std())
-        .filter(|timeout| !timeout.is_zero())
-        .unwrap_or(crate::DEFAULT_TCP_IDLE_TIMEOUT);
-    Ok(RelayOptions {
-        port_range: parse_port_range(&config.port_range)?,
-        udp_idle_timeout,
-        tcp_idle_timeout,
-        ..RelayOptions::default()
-    })
-}
-
-/// `portRange`: empty, `N`, `A-B` or `A+N` (upstream's
-/// `utilnet.ParsePortRange`; kp-config has validated it already, this
-/// only reads it).
-fn parse_port_range(text: &str) -> Result<Option<(u16, u16)>, UserspaceError> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(None);
-    }
-    let invalid = |reason| UserspaceError::InvalidOption {
-        field: "portRange",
-        value: text.to_owned(),
-        reason,
-    };
-    let number = |part: &str| {
-        part.trim()
-            .parse::<u16>()
-            .map_err(|_| invalid("ports are numbers in 0..=65535"))
-    };
-    let (low, high) = if let Some((low, high)) = text.split_once('-') {
-        (number(low)?, number(high)?)
-    } else if let Some((low, count)) = text.split_once('+') {
-        let low = number(low)?;
-        let high = low
-            .checked_add(number(count)?)
-            .ok_or_else(|| invalid("the range ends above 65535"))?;
-        (low, high)
-    } else {
-        let port = number(text)?;
-        (port, port)
-    };
-    if high < low {
-        return Err(invalid("the end port is below the start port"));
-    }
-    if (low, high) == (0, 0) {
-        return Ok(None);
-    }
-    if low == 0 {
-        return Err(invalid("listener ports start at 1"));
-    }
-    Ok(Some((low, high)))
 }
 
 #[cfg(test)]

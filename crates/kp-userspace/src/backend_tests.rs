@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kp_iptables::{JumpRule, SavedTable, Table};
 use kp_model::{Endpoint, NamespacedName, NodeInfo, ServicePort};
@@ -413,40 +412,4 @@ fn cleanup_deletes_the_jumps_and_the_chains() {
     let recorded = recorder.0.lock().unwrap();
     assert_eq!(recorded.deleted_jumps.len(), 4);
     assert_eq!(recorded.deleted_chains, PORTAL_CHAINS);
-}
-
-#[test]
-fn port_range_is_read_as_upstream_writes_it() {
-    assert_eq!(parse_port_range("").unwrap(), None);
-    assert_eq!(
-        parse_port_range("30000-30010").unwrap(),
-        Some((30000, 30010))
-    );
-    assert_eq!(parse_port_range("30000+10").unwrap(), Some((30000, 30010)));
-    assert_eq!(parse_port_range("30000").unwrap(), Some((30000, 30000)));
-    let error = parse_port_range("20-10").unwrap_err();
-    assert!(error.to_string().contains("portRange"), "{error}");
-    assert!(parse_port_range("65530+10").is_err());
-    assert!(parse_port_range("x-y").is_err());
-}
-
-#[test]
-fn relay_options_take_port_range_and_udp_idle_timeout_from_the_configuration() {
-    let mut config = KubeProxyConfiguration::defaulted();
-    assert_eq!(
-        relay_options(&config).unwrap().udp_idle_timeout,
-        Duration::from_millis(250)
-    );
-    config.port_range = "30000-30010".into();
-    config.udp_idle_timeout = kp_config::GoDuration::from_secs(3);
-    let options = relay_options(&config).unwrap();
-    assert_eq!(options.port_range, Some((30000, 30010)));
-    assert_eq!(options.udp_idle_timeout, Duration::from_secs(3));
-    assert_eq!(
-        relay_options(&KubeProxyConfiguration::default())
-            .unwrap()
-            .udp_idle_timeout,
-        Duration::from_millis(250),
-        "unset means upstream's default"
-    );
 }

@@ -36,7 +36,7 @@ mod workers;
 
 use std::time::Duration;
 
-pub use backend::{cleanup, relay_options, UserspaceBackend, UserspaceError, MODE};
+pub use backend::{cleanup, UserspaceBackend, UserspaceError, MODE};
 pub use balancer::Balancer;
 pub use jump_check::JumpCheck;
 pub use metrics::UserspaceMetrics;

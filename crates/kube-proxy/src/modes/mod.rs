@@ -91,7 +91,7 @@ pub fn node_sysctls(
         ProxyMode::Iptables => {
             kp_iptables::node_sysctls(&iptables::options(config)?, &node_port_addresses(config)?)
         }
-        ProxyMode::Ipvs => kp_ipvs::node_sysctls(&kp_ipvs::setup::options(config, None)?),
+        ProxyMode::Ipvs => kp_ipvs::node_sysctls(&ipvs::options(config, None)?),
         _ => Vec::new(),
     })
 }
