@@ -109,16 +109,8 @@ fn plan_service_port(
     let endpoints = &port_state.endpoints;
     let traffic = port_state.plan;
     let server = virtual_server(input.scheduler, port);
-    let internal = if traffic.internal_policy_local {
-        &endpoints.local
-    } else {
-        &endpoints.cluster
-    };
-    let external = if traffic.external_policy_local {
-        &endpoints.local
-    } else {
-        &endpoints.cluster
-    };
+    let internal = endpoints.for_internal_traffic(port);
+    let external = endpoints.for_traffic_from_outside(port);
     let protocol = name.protocol;
     for endpoint in port_state.all_endpoints.iter().filter(|e| e.is_local) {
         state.add_entry(

@@ -41,6 +41,20 @@ impl CategorizedEndpoints {
         }
     }
 
+    /// The endpoints new traffic from outside the node to the service
+    /// port's external addresses (NodePort, external IPs, load balancer
+    /// IPs) goes to: the local ones under `externalTrafficPolicy: Local`,
+    /// else the cluster ones. The IPVS and userspace modes send all
+    /// external traffic there (they cannot tell the node's own pods apart
+    /// per packet, as upstream's IPVS mode cannot either).
+    pub fn for_traffic_from_outside(&self, port: &ServicePort) -> &[Arc<Endpoint>] {
+        if port.external_policy_local {
+            &self.local
+        } else {
+            &self.cluster
+        }
+    }
+
     /// The endpoints new traffic to the service port's external addresses
     /// (NodePort, external IPs, load balancer IPs) may go to: the cluster
     /// ones; under `externalTrafficPolicy: Local`, clients outside the node

@@ -78,21 +78,12 @@ impl Route {
     pub fn from_state(state: &ServicePortState) -> Self {
         let port: &ServicePort = &state.port;
         let plan = state.plan;
-        let addresses = |local: bool| -> Arc<[SocketAddr]> {
-            let list = if local {
-                &state.endpoints.local
-            } else {
-                &state.endpoints.cluster
-            };
+        let addresses = |list: &[Arc<kp_model::Endpoint>]| -> Arc<[SocketAddr]> {
             list.iter().map(|ep| ep.socket_addr()).collect()
         };
-        let internal = if plan.has_internal_endpoints {
-            addresses(plan.internal_policy_local)
-        } else {
-            Arc::from([])
-        };
-        let external = if plan.has_external_endpoints && plan.externally_accessible {
-            addresses(plan.external_policy_local)
+        let internal = addresses(state.endpoints.for_internal_traffic(port));
+        let external = if plan.externally_accessible {
+            addresses(state.endpoints.for_traffic_from_outside(port))
         } else {
             Arc::from([])
         };
