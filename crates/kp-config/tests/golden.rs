@@ -14,11 +14,7 @@ fn golden_path() -> PathBuf {
 #[test]
 fn defaults_serialize_exactly_as_the_golden_file() {
     let yaml = to_yaml(&KubeProxyConfiguration::defaulted()).unwrap();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(golden_path(), &yaml).unwrap();
-    }
-    let golden = std::fs::read_to_string(golden_path()).unwrap();
-    assert_eq!(yaml, golden);
+    kp_testkit::golden::assert_golden(&golden_path(), &yaml);
 }
 
 #[test]

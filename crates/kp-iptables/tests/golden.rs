@@ -1,13 +1,12 @@
 //! Golden tests: the exact restore text of each scenario, byte for byte.
-//! Regenerate with `UPDATE_GOLDEN=1 cargo test -p kp-iptables --test golden`
-//! and review the diff. Every golden text is also loaded into the tracer,
+//! A difference fails and leaves the new text for `scripts/update-golden`
+//! (see `kp_testkit::golden`); review its diff. Every golden text is also loaded into the tracer,
 //! which fails on rules it cannot parse and on jumps to missing chains.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::path::PathBuf;
 
 use common::{ip, namespaced, render_both_ways, ruleset, service, Pieces, World};
@@ -27,17 +26,7 @@ fn assert_golden(name: &str, text: &str) {
     ]
     .iter()
     .collect();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        fs::write(&path, text).unwrap();
-        return;
-    }
-    let expected = fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
-            "{} is missing: run with UPDATE_GOLDEN=1 to create it",
-            path.display()
-        )
-    });
-    pretty_assertions::assert_str_eq!(expected, text, "golden file {}", path.display());
+    kp_testkit::golden::assert_golden(&path, text);
 }
 
 #[track_caller]

@@ -7,6 +7,7 @@
 //!   a node, pods with echo servers and outside clients, several nodes on
 //!   a fabric, and probes.
 //! - [`files`]: manifest files for `--manifests`; [`http`]: a plain `GET`.
+//! - [`golden`]: comparison with golden files, which no test can rewrite.
 //! - [`upstream`]: names upstream kube-proxy shows operators (metrics).
 //!
 //! This crate depends on no other crate of the workspace, so every crate can
@@ -15,6 +16,7 @@
 pub mod apiserver;
 pub mod builders;
 pub mod files;
+pub mod golden;
 pub mod http;
 pub mod netns;
 pub mod plan;
