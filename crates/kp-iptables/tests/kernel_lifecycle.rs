@@ -48,14 +48,17 @@ fn removing_an_endpoint_moves_new_connections_and_keeps_established_ones(flavor:
     let mut session = TcpSession::open(topology.client(), at("10.96.0.10", 80)).unwrap();
     let kept = session.backend().to_owned();
 
-    // The endpoint the session does not use goes away.
-    let remaining = pod_ip(&topology, &kept);
+    // The endpoint the session uses goes away (its pod keeps running, as
+    // a terminating pod does): new connections go to the other one, the
+    // established one stays where it is.
+    let other = if kept == "ep1" { "ep2" } else { "ep1" };
+    let remaining = pod_ip(&topology, other);
     proxy.apply(&[], &[slice("web", &[remaining], &[])]);
     let outcome = proxy.sync();
     assert!(!outcome.full, "an endpoint change is a partial sync");
 
     let counts = hits(topology.client(), at("10.96.0.10", 80), 10);
-    assert_eq!(counts.keys().collect::<Vec<_>>(), [&kept]);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), [&other.to_owned()]);
     let echo = session.echo("still here").unwrap();
     assert_eq!(
         (echo.backend.as_str(), echo.text.as_str()),
