@@ -1,5 +1,6 @@
-//! Whatever the text, parsing never panics: random bytes, random YAML-ish
-//! text, and random damage to a valid manifest.
+//! Whatever the text, parsing never panics and every error names the
+//! file, the document and the line: random bytes, random YAML-ish text,
+//! and random damage to a valid manifest.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -86,9 +87,28 @@ fn apply(text: &str, mutation: &Mutation) -> String {
     chars.into_iter().collect()
 }
 
+/// Parses `text` as YAML and as JSON; every error must name the file, the
+/// document and a line of the text.
 fn parse_both_ways(text: &str) {
-    let _ = parse_documents(Path::new("fuzz.yaml"), text);
-    let _ = parse_documents(Path::new("fuzz.json"), text);
+    let lines = text.lines().count().max(1);
+    for file in ["fuzz.yaml", "fuzz.json"] {
+        let (_, errors) = parse_documents(Path::new(file), text);
+        for error in &errors {
+            let location = &error.location;
+            let message = error.to_string();
+            assert_eq!(location.path, Path::new(file), "{message}");
+            assert!(location.document.is_some(), "no document: {message}");
+            let line = location.line.unwrap_or(0);
+            assert!(
+                (1..=lines + 1).contains(&line),
+                "line {line} of a text of {lines} lines: {message}"
+            );
+            assert!(
+                message.starts_with(&format!("{file}:{line} (document ")),
+                "{message}"
+            );
+        }
+    }
 }
 
 proptest! {
