@@ -11,6 +11,8 @@
 //! | ns1/empty, http 80/TCP | ClusterIP 10.96.0.14, no endpoints |
 //! | ns1/dns, dns 53/UDP | ClusterIP 10.96.0.12, endpoints ep2 |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
+//! | ns1/brief, http 80/TCP | ClusterIP 10.96.0.15, ClientIP affinity of 2 s, endpoints ep1, ep2 |
+//! | ns1/lb6, http 80/TCP | LoadBalancer 2001:db8:203:113::9, NodePort 30083 on fd00:192:168:99::2, endpoint ep2 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
@@ -31,6 +33,8 @@ on_both_flavors!(
     service_without_endpoints_refuses_connections,
     udp_service_round_trip,
     ipv6_cluster_ip_spreads_connections,
+    session_affinity_ends_after_its_timeout,
+    ipv6_node_port_and_load_balancer_ip_answer_the_client,
 );
 
 fn cluster_ip_spreads_connections_over_every_ready_endpoint(flavor: IptablesFlavor) {
@@ -199,5 +203,75 @@ fn ipv6_cluster_ip_spreads_connections(flavor: IptablesFlavor) {
     assert!(
         proxy.save().contains("-A KUBE-SERVICES"),
         "ip6tables holds the rules"
+    );
+}
+
+/// How long `ns1/brief` keeps a client on its endpoint.
+const BRIEF_AFFINITY_SECS: u64 = 2;
+
+fn session_affinity_ends_after_its_timeout(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    let local = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
+    proxy.apply(
+        &[service("ns1", "brief", |s| {
+            s.cluster_ip("10.96.0.15")
+                .port("http", 80, "TCP")
+                .session_affinity_client_ip(BRIEF_AFFINITY_SECS as i32)
+        })],
+        &[slice("brief", &local, &[])],
+    );
+    proxy.sync();
+    let client = topology.client();
+    let address = at("10.96.0.15", 80);
+    let first = hits(client, address, 10);
+    assert_eq!(first.len(), 1, "one endpoint within the timeout: {first:?}");
+    let stuck = first.keys().next().unwrap().clone();
+
+    // After the timeout a client is balanced again: its next connection
+    // picks either endpoint, so within a few expiries it lands on the
+    // other one (each time with probability 1/2; eight tries miss with
+    // probability 1/256).
+    let mut moved = false;
+    for _ in 0..8 {
+        std::thread::sleep(std::time::Duration::from_millis(
+            BRIEF_AFFINITY_SECS * 1000 + 600,
+        ));
+        if connect(client, address).unwrap().backend != stuck {
+            moved = true;
+            break;
+        }
+    }
+    assert!(
+        moved,
+        "the client stayed on {stuck} past eight affinity timeouts"
+    );
+}
+
+fn ipv6_node_port_and_load_balancer_ip_answer_the_client(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = build(three_pods());
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V6);
+    proxy.apply(
+        &[service("ns1", "lb6", |s| {
+            s.ip_families(&["IPv6"])
+                .service_type("LoadBalancer")
+                .cluster_ip("fd00:10:96::13")
+                .port("http", 80, "TCP")
+                .node_port(30083)
+                .lb_ingress_ip("2001:db8:203:113::9")
+        })],
+        &[slice("lb6", &[pod_ip_v6(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+    let client = topology.client();
+    let node_port = SocketAddr::new(kp_testkit::plan::NODE_IP_V6.into(), 30083);
+    assert_eq!(connect(client, node_port).unwrap().backend, "ep2");
+    assert_eq!(
+        connect(client, at("2001:db8:203:113::9", 80))
+            .unwrap()
+            .backend,
+        "ep2"
     );
 }
