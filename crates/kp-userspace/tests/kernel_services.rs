@@ -14,6 +14,11 @@
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
 //! | ns1/dns6, dns 53/UDP | ClusterIP fd00:10:96::12, endpoints ep2 |
 //! | ns1/dnslb6, dns 53/UDP | LoadBalancer 2001:db8:203:113::10 from fd00:192:168:99::10/128 only, ClusterIP fd00:10:96::16, NodePort 30055, endpoints ep2 |
+//! | ns1/itp, http 80/TCP | ClusterIP 10.96.0.23, iTP Local, endpoints ep1 (node-1), ep3 (node-2) |
+//! | ns1/itp-far, http 80/TCP | ClusterIP 10.96.0.24, iTP Local, endpoint ep3 (node-2) only |
+//! | ns1/empty-np, http 80/TCP | NodePort 30092, no endpoints |
+//! | ns1/brief, http 80/TCP | ClusterIP 10.96.0.15, ClientIP affinity of 2 s, endpoints ep1, ep2 |
+//! | ns1/lb6, http 80/TCP | LoadBalancer 2001:db8:203:113::9, NodePort 30083 on fd00:192:168:99::2, endpoint ep2 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
@@ -37,6 +42,10 @@ on_both_flavors!(
     ipv6_cluster_ip_spreads_connections,
     ipv6_udp_round_trip,
     ipv6_udp_load_balancer_source_ranges_drop_datagrams_from_outside,
+    internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node,
+    a_node_port_without_endpoints_refuses_connections,
+    session_affinity_ends_after_its_timeout,
+    ipv6_node_port_and_load_balancer_ip_answer_the_client,
 );
 
 fn cluster_ip_spreads_connections_over_every_ready_endpoint(flavor: IptablesFlavor) {
@@ -400,4 +409,139 @@ fn ipv6_udp_load_balancer_source_ranges_drop_datagrams_from_outside(flavor: Ipta
     }
     let node_port = std::net::SocketAddr::new(kp_testkit::plan::NODE_IP_V6.into(), 30055);
     assert_eq!(udp_roundtrip(outside, node_port).unwrap().backend, "ep2");
+}
+
+fn internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    let remote = [pod_ip(&topology, "ep3")];
+    proxy.apply(
+        &[
+            service("ns1", "itp", |s| {
+                s.cluster_ip("10.96.0.23")
+                    .port("http", 80, "TCP")
+                    .internal_traffic_policy_local()
+            }),
+            service("ns1", "itp-far", |s| {
+                s.cluster_ip("10.96.0.24")
+                    .port("http", 80, "TCP")
+                    .internal_traffic_policy_local()
+            }),
+        ],
+        &[
+            slice("itp", &[pod_ip(&topology, "ep1")], &remote),
+            slice("itp-far", &[], &remote),
+        ],
+    );
+    proxy.sync();
+
+    for from in [topology.pod("ep2"), topology.node()] {
+        let counts = hits(from, at("10.96.0.23", 80), 12);
+        assert_eq!(
+            counts.keys().collect::<Vec<_>>(),
+            ["ep1"],
+            "from {}: local endpoints only",
+            from.name()
+        );
+    }
+    // Without a local endpoint nothing answers: the endpoint on node-2 is
+    // not used.
+    let far = connect(topology.pod("ep2"), at("10.96.0.24", 80));
+    assert!(far.is_err(), "{far:?}");
+}
+
+fn a_node_port_without_endpoints_refuses_connections(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    proxy.apply(
+        &[service("ns1", "empty-np", |s| {
+            s.service_type("NodePort")
+                .cluster_ip("10.96.0.25")
+                .port("http", 80, "TCP")
+                .node_port(30092)
+        })],
+        &[],
+    );
+    proxy.sync();
+    let refused = connect(topology.client(), node_at(30092));
+    assert!(refused.is_err(), "{refused:?}");
+
+    // Endpoints appear: the same NodePort answers.
+    proxy.apply(&[], &[slice("empty-np", &[pod_ip(&topology, "ep2")], &[])]);
+    proxy.sync();
+    assert_eq!(
+        connect(topology.client(), node_at(30092)).unwrap().backend,
+        "ep2"
+    );
+}
+
+/// How long `ns1/brief` keeps a client on its endpoint.
+const BRIEF_AFFINITY_SECS: u64 = 2;
+
+fn session_affinity_ends_after_its_timeout(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V4);
+    let local = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
+    proxy.apply(
+        &[service("ns1", "brief", |s| {
+            s.cluster_ip("10.96.0.15")
+                .port("http", 80, "TCP")
+                .session_affinity_client_ip(BRIEF_AFFINITY_SECS as i32)
+        })],
+        &[slice("brief", &local, &[])],
+    );
+    proxy.sync();
+    let client = topology.pod("ep1");
+    let address = at("10.96.0.15", 80);
+    let first = hits(client, address, 10);
+    assert_eq!(first.len(), 1, "one endpoint within the timeout: {first:?}");
+    let stuck = first.keys().next().unwrap().clone();
+
+    // After the timeout the client is balanced again; within a few
+    // expiries it lands on the other endpoint (the relay balances round
+    // robin, so the first new choice may still be the same one).
+    let mut moved = false;
+    for _ in 0..8 {
+        std::thread::sleep(std::time::Duration::from_millis(
+            BRIEF_AFFINITY_SECS * 1000 + 600,
+        ));
+        if connect(client, address).unwrap().backend != stuck {
+            moved = true;
+            break;
+        }
+    }
+    assert!(
+        moved,
+        "the client stayed on {stuck} past eight affinity timeouts"
+    );
+}
+
+fn ipv6_node_port_and_load_balancer_ip_answer_the_client(flavor: IptablesFlavor) {
+    require(flavor);
+    let topology = three_pods();
+    let proxy = Proxy::start(&topology, flavor, IpFamily::V6);
+    proxy.apply(
+        &[service("ns1", "lb6", |s| {
+            s.ip_families(&["IPv6"])
+                .service_type("LoadBalancer")
+                .cluster_ip("fd00:10:96::13")
+                .port("http", 80, "TCP")
+                .node_port(30083)
+                .lb_ingress_ip("2001:db8:203:113::9")
+        })],
+        &[slice("lb6", &[pod_ip_v6(&topology, "ep2")], &[])],
+    );
+    proxy.sync();
+    let client = topology.client();
+    let node_port = std::net::SocketAddr::new(kp_testkit::plan::NODE_IP_V6.into(), 30083);
+    assert_eq!(connect(client, node_port).unwrap().backend, "ep2");
+    assert_eq!(
+        connect(client, at("2001:db8:203:113::9", 80))
+            .unwrap()
+            .backend,
+        "ep2"
+    );
 }
