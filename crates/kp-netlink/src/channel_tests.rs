@@ -1,0 +1,171 @@
+//! Datagrams that fit, acknowledgements matched by sequence number, and
+//! dumps over several datagrams, without a kernel.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::parse::tests::error;
+use crate::{Message, NLMSG_DONE};
+
+fn request(len: usize) -> Vec<u8> {
+    Message::new(20, 0)
+        .raw(&vec![0; len - crate::HEADER_LEN])
+        .finish(0)
+        .unwrap()
+}
+
+#[test]
+fn a_datagram_takes_requests_up_to_its_message_count() {
+    let mut datagram = Datagram::default();
+    for index in 0..DATAGRAM_MESSAGES_MAX {
+        assert!(datagram.fits(20), "request {index}");
+        datagram.push(index, index as u32 + 1, request(20));
+    }
+    assert!(!datagram.fits(20), "the 65th request starts a new datagram");
+}
+
+#[test]
+fn a_datagram_takes_requests_up_to_its_byte_limit_exactly() {
+    let mut datagram = Datagram::default();
+    datagram.push(0, 1, request(DATAGRAM_BYTES_MAX - 64));
+    assert!(datagram.fits(64), "a request that ends at the limit fits");
+    assert!(!datagram.fits(68), "one that ends past it does not");
+}
+
+#[test]
+fn a_request_longer_than_a_datagram_goes_alone() {
+    let datagram = Datagram::default();
+    assert!(datagram.fits(DATAGRAM_BYTES_MAX + 1000));
+}
+
+#[test]
+fn every_request_of_a_datagram_asks_for_an_acknowledgement() {
+    let mut datagram = Datagram::default();
+    datagram.push(0, 1, request(20));
+    datagram.push(1, 2, request(24));
+    for message in messages(&datagram.bytes) {
+        assert_eq!(message.flags & NLM_F_ACK, NLM_F_ACK, "{}", message.seq);
+    }
+    assert_eq!(datagram.first, Some(0));
+}
+
+#[test]
+fn an_error_for_one_request_among_many_is_reported_at_its_position() {
+    let mut acks = Acks::default();
+    for index in 0..10 {
+        acks.expect(100 + index as u32, index);
+    }
+    // The answers in two datagrams, one refusal among them, and a late
+    // answer to a request of an earlier exchange.
+    let first: Vec<u8> = (100..105).flat_map(|seq| error(seq, 0)).collect();
+    let mut second: Vec<u8> = error(7, -2);
+    for seq in 105..110 {
+        second.extend(error(seq, if seq == 107 { -17 } else { 0 }));
+    }
+
+    acks.read(&first);
+    assert!(!acks.complete());
+    acks.read(&second);
+
+    assert!(acks.complete());
+    let refused: Vec<_> = acks
+        .refused
+        .iter()
+        .map(|r| (r.index, r.error.errno()))
+        .collect();
+    assert_eq!(refused, vec![(7, Some(17))]);
+}
+
+#[test]
+fn every_refusal_is_reported_none_lost() {
+    let mut acks = Acks::default();
+    for index in 0..5 {
+        acks.expect(index as u32 + 1, index);
+    }
+    let answers: Vec<u8> = (1..=5).flat_map(|seq| error(seq, -(seq as i32))).collect();
+    acks.read(&answers);
+    let refused: Vec<_> = acks
+        .refused
+        .iter()
+        .map(|r| (r.index, r.error.errno()))
+        .collect();
+    assert_eq!(
+        refused,
+        vec![
+            (0, Some(1)),
+            (1, Some(2)),
+            (2, Some(3)),
+            (3, Some(4)),
+            (4, Some(5))
+        ]
+    );
+}
+
+#[test]
+fn a_refused_batch_marker_refuses_the_batch_as_a_whole() {
+    let mut acks = Acks::default();
+    acks.whole(1);
+    acks.expect(2, 0);
+    acks.expect(3, 1);
+    acks.whole(4);
+
+    acks.read(&error(1, -85));
+
+    assert!(acks.complete(), "no answer follows a refused batch");
+    assert_eq!(acks.refused.len(), 1);
+    assert_eq!(
+        (acks.refused[0].index, acks.refused[0].error.errno()),
+        (0, Some(85))
+    );
+}
+
+#[test]
+fn a_dump_over_several_datagrams_yields_every_entry_until_done() {
+    let entry = |seq: u32, n: u8| {
+        Message::new(20, crate::NLM_F_MULTI)
+            .u8(1, n)
+            .finish(seq)
+            .unwrap()
+    };
+    let done = Message::new(NLMSG_DONE, crate::NLM_F_MULTI)
+        .raw(&0i32.to_ne_bytes())
+        .finish(9)
+        .unwrap();
+    let datagrams = [
+        [entry(9, 1), entry(9, 2)].concat(),
+        // An answer to another request in between is not part of the dump.
+        [entry(8, 99), entry(9, 3)].concat(),
+        [entry(9, 4), done].concat(),
+    ];
+    let mut reader = DumpReader { seq: 9 };
+    let mut seen = Vec::new();
+    let mut complete = Vec::new();
+    for datagram in &datagrams {
+        let done = reader
+            .read(datagram, &mut |reply: Reply<'_>| {
+                seen.push(crate::find(reply.payload, 1).unwrap()[0]);
+            })
+            .unwrap();
+        complete.push(done);
+    }
+    assert_eq!(seen, vec![1, 2, 3, 4]);
+    assert_eq!(complete, vec![false, false, true]);
+}
+
+#[test]
+fn a_dump_the_kernel_refuses_is_an_error_with_its_errno() {
+    let mut reader = DumpReader { seq: 3 };
+    let error = reader.read(&error(3, -1), &mut |_| {}).unwrap_err();
+    assert_eq!(error.errno(), Some(1));
+    assert!(!error.is_broken());
+}
+
+#[test]
+fn a_lost_answer_is_an_error_that_says_so() {
+    let overflow = receive_error(io::Error::from_raw_os_error(nix::libc::ENOBUFS), false);
+    assert!(overflow.is_broken());
+    assert!(overflow.to_string().contains("overflowed"), "{overflow}");
+    let late = receive_error(io::ErrorKind::WouldBlock.into(), true);
+    assert!(late.to_string().contains("not queued"), "{late}");
+}
