@@ -260,28 +260,16 @@ impl Channel {
         let mut bytes = request.encode(seq)?;
         ask_ack(&mut bytes);
         self.send(&bytes, 1)?;
+        let mut reader = AskReader { seq, reply: None };
         let mut buffer = std::mem::take(&mut self.buffer);
-        let mut reply = None;
         let result = loop {
-            let received = match self.receive(&mut buffer) {
-                Ok(received) => received,
+            match self.receive(&mut buffer) {
+                Ok(received) => {
+                    if let Some(answer) = reader.read(&buffer[..received]) {
+                        break answer;
+                    }
+                }
                 Err(error) => break Err(error),
-            };
-            let mut status = None;
-            for message in messages(&buffer[..received]).filter(|m| m.seq == seq) {
-                match message.status() {
-                    Some(answer) => status = Some(answer),
-                    None => reply = Some(message.to_owned()),
-                }
-            }
-            match status {
-                None => {}
-                Some(Ok(())) => {
-                    break reply
-                        .take()
-                        .ok_or(Error::Malformed("an acknowledgement without an answer"))
-                }
-                Some(Err(code)) => break Err(Error::Kernel(io::Error::from_raw_os_error(code))),
             }
         };
         self.buffer = buffer;
@@ -493,6 +481,37 @@ impl Acks {
                 });
             }
         }
+    }
+}
+
+/// Reads the answer to one question.
+#[derive(Debug)]
+struct AskReader {
+    seq: u32,
+    /// The message answering it, once read.
+    reply: Option<OwnedReply>,
+}
+
+impl AskReader {
+    /// Reads the messages of `datagram` answering the question; the
+    /// answer once its acknowledgement or refusal was read.
+    fn read(&mut self, datagram: &[u8]) -> Option<Result<OwnedReply, Error>> {
+        for message in messages(datagram).filter(|m| m.seq == self.seq) {
+            match message.status() {
+                None => self.reply = Some(message.to_owned()),
+                Some(Ok(())) => {
+                    return Some(
+                        self.reply
+                            .take()
+                            .ok_or(Error::Malformed("an acknowledgement without an answer")),
+                    )
+                }
+                Some(Err(code)) => {
+                    return Some(Err(Error::Kernel(io::Error::from_raw_os_error(code))))
+                }
+            }
+        }
+        None
     }
 }
 

@@ -169,3 +169,34 @@ fn a_lost_answer_is_an_error_that_says_so() {
     let late = receive_error(io::ErrorKind::WouldBlock.into(), true);
     assert!(late.to_string().contains("not queued"), "{late}");
 }
+
+#[test]
+fn a_question_is_answered_by_its_own_reply_and_acknowledgement_only() {
+    let reply = |seq: u32, n: u8| Message::new(20, 0).u8(1, n).finish(seq).unwrap();
+    let mut reader = AskReader {
+        seq: 4,
+        reply: None,
+    };
+    // A late answer to another question, then the answer in two datagrams.
+    assert!(reader.read(&[reply(3, 1), error(3, 0)].concat()).is_none());
+    assert!(reader.read(&reply(4, 2)).is_none());
+    let answer = reader.read(&error(4, 0)).unwrap().unwrap();
+    assert_eq!(crate::find(answer.payload(), 1), Some(&[2][..]));
+
+    let mut refused = AskReader {
+        seq: 5,
+        reply: None,
+    };
+    let refusal = refused.read(&error(5, -2)).unwrap().unwrap_err();
+    assert_eq!(refusal.errno(), Some(2));
+
+    let mut bare = AskReader {
+        seq: 6,
+        reply: None,
+    };
+    let malformed = bare.read(&error(6, 0)).unwrap().unwrap_err();
+    assert!(
+        malformed.to_string().contains("without an answer"),
+        "{malformed}"
+    );
+}
