@@ -11,7 +11,7 @@ use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::message::Request;
 use crate::nfnetlink;
-use crate::parse::{messages, OwnedReply, Reply};
+use crate::parse::{messages, Messages, OwnedReply, Reply};
 use crate::{Error, NLM_F_ACK};
 
 /// Requests sent in one datagram at most: the kernel queues all their
@@ -325,7 +325,12 @@ impl Channel {
         let mut result = Ok(());
         while !acks.complete() {
             match self.receive(&mut buffer) {
-                Ok(received) => acks.read(&buffer[..received]),
+                Ok(received) => {
+                    if let Err(error) = acks.read(&buffer[..received]) {
+                        result = Err(error);
+                        break;
+                    }
+                }
                 Err(error) => {
                     result = Err(error);
                     break;
@@ -461,8 +466,9 @@ impl Acks {
 
     /// Reads the answers in one datagram; answers to other requests (late
     /// answers of an exchange given up on) are skipped.
-    fn read(&mut self, datagram: &[u8]) {
-        for message in messages(datagram) {
+    fn read(&mut self, datagram: &[u8]) -> Result<(), Error> {
+        let mut messages = messages(datagram);
+        for message in messages.by_ref() {
             let Some(status) = message.status() else {
                 continue;
             };
@@ -481,6 +487,7 @@ impl Acks {
                 });
             }
         }
+        whole(&messages)
     }
 }
 
@@ -496,7 +503,8 @@ impl AskReader {
     /// Reads the messages of `datagram` answering the question; the
     /// answer once its acknowledgement or refusal was read.
     fn read(&mut self, datagram: &[u8]) -> Option<Result<OwnedReply, Error>> {
-        for message in messages(datagram).filter(|m| m.seq == self.seq) {
+        let mut messages = messages(datagram);
+        for message in messages.by_ref().filter(|m| m.seq == self.seq) {
             match message.status() {
                 None => self.reply = Some(message.to_owned()),
                 Some(Ok(())) => {
@@ -511,7 +519,7 @@ impl AskReader {
                 }
             }
         }
-        None
+        whole(&messages).err().map(Err)
     }
 }
 
@@ -529,14 +537,15 @@ impl DumpReader {
         datagram: &[u8],
         on_reply: &mut impl FnMut(Reply<'_>),
     ) -> Result<bool, Error> {
-        for message in messages(datagram).filter(|m| m.seq == self.seq) {
+        let mut messages = messages(datagram);
+        for message in messages.by_ref().filter(|m| m.seq == self.seq) {
             match message.status() {
                 None => on_reply(message),
                 Some(Ok(())) => return Ok(true),
                 Some(Err(code)) => return Err(Error::Kernel(io::Error::from_raw_os_error(code))),
             }
         }
-        Ok(false)
+        whole(&messages).map(|()| false)
     }
 }
 
@@ -563,6 +572,15 @@ fn open(protocol: isize) -> Result<Socket, Error> {
         source: errno.into(),
     })?;
     Ok(socket)
+}
+
+/// An error when the walk over a datagram's messages ended inside one.
+fn whole(messages: &Messages<'_>) -> Result<(), Error> {
+    if messages.truncated() {
+        Err(Error::Malformed("a datagram ends inside a message"))
+    } else {
+        Ok(())
+    }
 }
 
 /// Sets `NLM_F_ACK` in an encoded request: every request of an exchange is

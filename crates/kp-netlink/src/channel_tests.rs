@@ -64,9 +64,9 @@ fn an_error_for_one_request_among_many_is_reported_at_its_position() {
         second.extend(error(seq, if seq == 107 { -17 } else { 0 }));
     }
 
-    acks.read(&first);
+    acks.read(&first).unwrap();
     assert!(!acks.complete());
-    acks.read(&second);
+    acks.read(&second).unwrap();
 
     assert!(acks.complete());
     let refused: Vec<_> = acks
@@ -84,7 +84,7 @@ fn every_refusal_is_reported_none_lost() {
         acks.expect(index as u32 + 1, index);
     }
     let answers: Vec<u8> = (1..=5).flat_map(|seq| error(seq, -(seq as i32))).collect();
-    acks.read(&answers);
+    acks.read(&answers).unwrap();
     let refused: Vec<_> = acks
         .refused
         .iter()
@@ -110,7 +110,7 @@ fn a_refused_batch_marker_refuses_the_batch_as_a_whole() {
     acks.expect(3, 1);
     acks.whole(4);
 
-    acks.read(&error(1, -85));
+    acks.read(&error(1, -85)).unwrap();
 
     assert!(acks.complete(), "no answer follows a refused batch");
     assert_eq!(acks.refused.len(), 1);
@@ -199,4 +199,24 @@ fn a_question_is_answered_by_its_own_reply_and_acknowledgement_only() {
         malformed.to_string().contains("without an answer"),
         "{malformed}"
     );
+}
+
+#[test]
+fn an_answer_that_cannot_be_read_whole_is_an_error_not_skipped() {
+    let mut acks = Acks::default();
+    acks.expect(1, 0);
+    acks.expect(2, 1);
+    let answers = [error(1, 0), error(2, -1)].concat();
+    let cut = &answers[..answers.len() - 4];
+    let error = acks.read(cut).unwrap_err();
+    assert!(error.is_broken());
+    assert!(error.to_string().contains("inside a message"), "{error}");
+
+    let mut reader = DumpReader { seq: 2 };
+    assert!(reader.read(cut, &mut |_| {}).is_err());
+    let mut asked = AskReader {
+        seq: 2,
+        reply: None,
+    };
+    assert!(matches!(asked.read(cut), Some(Err(_))));
 }

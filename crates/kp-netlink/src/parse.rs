@@ -32,6 +32,7 @@ pub struct OwnedReply {
 /// The messages of one datagram, in order ([`messages`]).
 #[derive(Debug, Clone)]
 pub struct Messages<'a> {
+    /// What is left to read; after the walk, what could not be read.
     rest: &'a [u8],
 }
 
@@ -76,10 +77,20 @@ impl OwnedReply {
 }
 
 /// The messages in one received datagram; a truncated message ends the
-/// walk (the [`Channel`](crate::Channel) never hands on a datagram that was
-/// cut, so only a malformed one has such a tail).
+/// walk, and [`Messages::truncated`] tells so afterwards: an answer that
+/// cannot be read whole could have been a refusal, so readers treat it as
+/// an error rather than skip it.
 pub fn messages(datagram: &[u8]) -> Messages<'_> {
     Messages { rest: datagram }
+}
+
+impl Messages<'_> {
+    /// Whether the walk ended inside a message (a length field that points
+    /// before its header or past the datagram): meaningful once the
+    /// iterator returned `None`.
+    pub fn truncated(&self) -> bool {
+        !self.rest.is_empty()
+    }
 }
 
 impl<'a> Iterator for Messages<'a> {
@@ -90,7 +101,6 @@ impl<'a> Iterator for Messages<'a> {
         let header = rest.get(..HEADER_LEN)?;
         let len = u32_at(header, 0) as usize;
         if len < HEADER_LEN || len > rest.len() {
-            self.rest = &[];
             return None;
         }
         self.rest = rest.get(align(len)..).unwrap_or_default();

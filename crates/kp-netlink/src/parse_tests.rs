@@ -37,8 +37,14 @@ fn a_datagram_splits_into_its_messages_and_drops_a_truncated_tail() {
     let mut datagram = [first.clone(), second.clone()].concat();
     datagram.extend_from_slice(&first[..10]);
 
-    let bytes: Vec<&[u8]> = messages(&datagram).map(|m| m.bytes).collect();
+    let mut walk = messages(&datagram);
+    let bytes: Vec<&[u8]> = walk.by_ref().map(|m| m.bytes).collect();
     assert_eq!(bytes, vec![&first[..], &second[..]]);
+    assert!(walk.truncated(), "the tail is reported");
+
+    let mut whole = messages(&datagram[..first.len() + second.len()]);
+    assert_eq!(whole.by_ref().count(), 2);
+    assert!(!whole.truncated());
 }
 
 #[test]
