@@ -15,6 +15,8 @@
 //!   acknowledgement and error to its request ([`Channel::execute`]), reads
 //!   dumps until `NLMSG_DONE` ([`Channel::dump`]) and asks single questions
 //!   ([`Channel::ask`]).
+//! - [`Subscription`] listens to multicast notifications, apart from any
+//!   channel.
 //! - [`messages`] and [`Attributes`] read the kernel's answers.
 //!
 //! ```text
@@ -28,6 +30,7 @@ mod channel;
 mod message;
 pub mod nfnetlink;
 mod parse;
+mod subscription;
 
 use std::io;
 
@@ -37,6 +40,8 @@ pub use parse::{
     error_code, find, messages, read_be_u16, read_be_u32, read_be_u64, read_string, read_u16,
     read_u32, Attributes, Messages, OwnedReply, Reply,
 };
+
+pub use subscription::Subscription;
 
 pub use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_NETFILTER, NETLINK_ROUTE};
 

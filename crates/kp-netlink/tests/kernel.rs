@@ -163,3 +163,24 @@ fn a_batch_is_applied_whole_or_not_at_all() {
         "nothing of the refused batch was applied"
     );
 }
+
+#[test]
+fn a_subscription_hears_a_change_and_never_blocks() {
+    require_root();
+    let ns = Netns::create("nl-watch").unwrap();
+    let (before, after, drained) = ns.run(|| {
+        // RTNLGRP_IPV4_IFADDR.
+        let watch = kp_netlink::Subscription::open(NETLINK_ROUTE, &[5]).unwrap();
+        let mut buffer = Vec::with_capacity(4096);
+        let before = watch.receive(&mut buffer).map_err(|e| e.kind());
+        Channel::new(NETLINK_ROUTE)
+            .execute_one(add_address(LO, 1))
+            .unwrap();
+        let after = watch.receive(&mut buffer).map(|len| len > 0);
+        let drained = watch.receive(&mut buffer).map_err(|e| e.kind());
+        (before, after.unwrap(), drained)
+    });
+    assert_eq!(before, Err(std::io::ErrorKind::WouldBlock));
+    assert!(after, "the added address was announced");
+    assert_eq!(drained, Err(std::io::ErrorKind::WouldBlock));
+}
