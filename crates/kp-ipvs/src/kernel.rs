@@ -136,6 +136,18 @@ pub struct FakeState {
     pub broadcast: BTreeSet<IpAddr>,
 }
 
+impl ApplyError {
+    /// The outcome of an apply that refused `refused`: success when it
+    /// refused nothing.
+    pub fn unless_none(refused: Vec<Refusal>) -> Result<(), Self> {
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::Refused(refused))
+        }
+    }
+}
+
 impl KernelError {
     /// An error for `attempted` from an operation refusal.
     pub fn refused(attempted: impl Into<String>, error: &OpError) -> Self {
@@ -312,11 +324,7 @@ impl IpvsKernel for FakeKernel {
                 });
             }
         }
-        if refused.is_empty() {
-            Ok(())
-        } else {
-            Err(ApplyError::Refused(refused))
-        }
+        ApplyError::unless_none(refused)
     }
 
     fn set_timeouts(

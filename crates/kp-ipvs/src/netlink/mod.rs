@@ -300,11 +300,7 @@ impl IpvsKernel for NetlinkKernel {
             start = end;
         }
         refused.sort_by_key(|refusal| refusal.index);
-        if refused.is_empty() {
-            Ok(())
-        } else {
-            Err(ApplyError::Refused(refused))
-        }
+        ApplyError::unless_none(refused)
     }
 
     fn set_timeouts(
