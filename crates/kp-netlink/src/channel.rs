@@ -10,7 +10,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::message::Request;
-use crate::nfnetlink;
+use crate::nfnetlink::Batch;
 use crate::parse::{messages, Messages, OwnedReply, Reply};
 use crate::{Error, NLM_F_ACK};
 
@@ -26,6 +26,13 @@ pub const ANSWER_TIMEOUT_SECS: i64 = 30;
 /// Receive buffer: the kernel never sends a netlink datagram larger than
 /// 32 KiB to a reader that offers more (`netlink_dump`).
 const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
+/// Receive buffer space wanted per answer asked for.
+const ANSWER_BYTES: usize = 1024;
+/// About the kernel's default receive buffer (`net.core.rmem_default`).
+const RECEIVE_BUFFER_DEFAULT_BYTES: usize = 208 << 10;
+/// The least a raised receive buffer is: room for the answers to refused
+/// requests that did not ask, too.
+const RECEIVE_BUFFER_MIN_RAISED_BYTES: usize = 1 << 20;
 /// A datagram longer than this raises the socket's send buffer to fit it.
 const SEND_BUFFER_DEFAULT_BYTES: usize = 200_000;
 
@@ -44,6 +51,8 @@ pub struct Channel {
     buffer_len: usize,
     /// Receive without blocking: see [`Channel::answers_queued`].
     queued: bool,
+    /// The receive buffer size set on the socket, once raised.
+    receive_buffer_set: usize,
 }
 
 /// A request that was refused or not sent, or the point where an exchange
@@ -66,11 +75,29 @@ pub struct BatchFailure {
     /// The exchange itself failed at this position (a send or receive
     /// error): whether the requests from here on were applied is unknown.
     pub broken: Option<BatchError>,
+    /// The kernel refused an nfnetlink batch as a whole (the answer to its
+    /// begin marker: `ERESTART` for a batch bound to a generation that
+    /// moved on, `EOPNOTSUPP` without the subsystem): nothing of it was
+    /// applied.
+    pub refused_whole: Option<Error>,
 }
 
 impl BatchFailure {
+    /// `Ok` when nothing went wrong; refusals in the order of the requests.
+    fn into_result(mut self) -> Result<(), Self> {
+        self.refused.sort_by_key(|refused| refused.index);
+        if self.refused.is_empty() && self.broken.is_none() && self.refused_whole.is_none() {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+
     /// The first thing that went wrong, for callers that send one request.
     pub fn into_first(self) -> BatchError {
+        if let Some(error) = self.refused_whole {
+            return BatchError { index: 0, error };
+        }
         let refused = self.refused.into_iter().next();
         match (refused, self.broken) {
             (Some(refused), Some(broken)) if broken.index < refused.index => broken,
@@ -95,6 +122,7 @@ impl Channel {
             buffer: Vec::new(),
             buffer_len: RECEIVE_BUFFER_BYTES,
             queued: false,
+            receive_buffer_set: 0,
         }
     }
 
@@ -122,7 +150,7 @@ impl Channel {
 
     /// Closes the socket: the next exchange opens a fresh one.
     pub fn reset(&mut self) {
-        self.socket = None;
+        self.close();
     }
 
     /// Sends `requests`, in datagrams that fit, each asking for an
@@ -159,12 +187,7 @@ impl Channel {
         if failure.broken.is_none() {
             self.flush(datagram, &mut failure);
         }
-        failure.refused.sort_by_key(|refused| refused.index);
-        if failure.refused.is_empty() && failure.broken.is_none() {
-            Ok(())
-        } else {
-            Err(failure)
-        }
+        failure.into_result()
     }
 
     /// Sends one request asking for an acknowledgement; its refusal is the
@@ -174,31 +197,37 @@ impl Channel {
             .map_err(|failure| failure.into_first().error)
     }
 
-    /// Sends `requests` as one nfnetlink batch of `subsystem`, in one
-    /// datagram, each asking for an acknowledgement. The kernel applies a
-    /// batch whole or not at all: a refusal of the batch as a whole
-    /// (answered to its begin marker) is reported at index 0 with nothing
-    /// else. An empty batch is not sent.
+    /// Sends `requests` as one nfnetlink `batch`, in one datagram. The
+    /// kernel applies a batch whole or not at all, and answers every
+    /// refused request whatever its flags, and the last one only after
+    /// every other: so every request asks for an acknowledgement while
+    /// there are at most [`Batch::acks_max`], otherwise the last one only.
+    /// Refusals are reported by position; a refusal of the batch as a whole
+    /// in [`BatchFailure::refused_whole`]. An empty batch is not sent,
+    /// unless it is bound to a generation: then the kernel's answer to its
+    /// begin marker says whether the generation still is that one.
     pub fn execute_batch<R: Request>(
         &mut self,
-        subsystem: u8,
+        batch: &Batch,
         requests: impl IntoIterator<Item = R>,
     ) -> Result<(), BatchFailure> {
-        let mut requests = requests.into_iter().peekable();
-        if requests.peek().is_none() {
-            return Ok(());
-        }
         let mut failure = BatchFailure::default();
-        let mut datagram = Datagram::default();
         let begin_seq = self.next_seq();
-        let begin = nfnetlink::batch_begin(subsystem)
+        let mut bytes = batch
+            .begin()
             .finish(begin_seq)
-            .map_err(|error| refused_at(0, error.into()))?;
-        datagram.marker(begin_seq, begin);
-        for (index, request) in requests.enumerate() {
-            let seq = self.next_seq();
+            .map_err(|error| unsent_batch(error.into()))?;
+        let first_seq = begin_seq.wrapping_add(1);
+        // Where each request starts, to ask for acknowledgements once
+        // their number is known. Sequence numbers run on from the begin
+        // marker without a gap, so that a refusal's position is its
+        // sequence number's distance from the first.
+        let mut starts = Vec::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            let seq = first_seq.wrapping_add(index as u32);
+            starts.push(bytes.len());
             match request.encode(seq) {
-                Ok(bytes) => datagram.push(index, seq, bytes),
+                Ok(encoded) => bytes.extend_from_slice(&encoded),
                 Err(error) => failure.refused.push(BatchError {
                     index,
                     error: error.into(),
@@ -210,17 +239,47 @@ impl Channel {
             // it cannot be.
             return Err(failure);
         }
-        let end_seq = self.next_seq();
-        let end = nfnetlink::batch_end(subsystem)
-            .finish(end_seq)
-            .map_err(|error| refused_at(0, error.into()))?;
-        datagram.marker(end_seq, end);
-        self.flush(datagram, &mut failure);
-        if failure.refused.is_empty() && failure.broken.is_none() {
-            Ok(())
-        } else {
-            Err(failure)
+        if starts.is_empty() && batch.generation.is_none() {
+            return Ok(());
         }
+        let end_seq = first_seq.wrapping_add(starts.len() as u32);
+        self.seq = end_seq;
+        let end = batch
+            .end()
+            .finish(end_seq)
+            .map_err(|error| unsent_batch(error.into()))?;
+        bytes.extend_from_slice(&end);
+        let mut acks = Acks {
+            members: Some((first_seq, starts.len())),
+            markers: vec![begin_seq, end_seq],
+            ..Acks::default()
+        };
+        let asked: &[usize] = if starts.is_empty() {
+            ask_ack(&mut bytes);
+            acks.marker_awaited = Some(begin_seq);
+            &[]
+        } else if starts.len() <= batch.acks_max {
+            &starts
+        } else {
+            &starts[starts.len() - 1..]
+        };
+        for &start in asked {
+            if let Some(request) = bytes.get_mut(start..) {
+                ask_ack(request);
+            }
+        }
+        let first_asked = starts.len() - asked.len();
+        for index in first_asked..starts.len() {
+            acks.expect(first_seq.wrapping_add(index as u32), index);
+        }
+        let datagram = Datagram {
+            bytes,
+            acks,
+            first: Some(0),
+            requests: starts.len() as u64,
+        };
+        self.flush(datagram, &mut failure);
+        failure.into_result()
     }
 
     /// Sends `request` as a dump (the caller sets `NLM_F_DUMP`) and hands
@@ -233,7 +292,7 @@ impl Channel {
     ) -> Result<(), Error> {
         let result = self.dump_inner(request, &mut on_reply);
         if result.as_ref().is_err_and(Error::is_broken) {
-            self.socket = None;
+            self.close();
         }
         result
     }
@@ -250,7 +309,7 @@ impl Channel {
     pub fn ask<R: Request>(&mut self, request: R) -> Result<OwnedReply, Error> {
         let result = self.ask_inner(request);
         if result.as_ref().is_err_and(Error::is_broken) {
-            self.socket = None;
+            self.close();
         }
         result
     }
@@ -308,11 +367,13 @@ impl Channel {
             return;
         };
         let result = self
-            .send(&datagram.bytes, datagram.acks.len() as u64)
+            .make_room_for_answers(datagram.acks.len())
+            .and_then(|()| self.send(&datagram.bytes, datagram.requests))
             .and_then(|()| self.collect(&mut datagram.acks));
         failure.refused.append(&mut datagram.acks.refused);
+        failure.refused_whole = datagram.acks.refused_whole.take();
         if let Err(error) = result {
-            self.socket = None;
+            self.close();
             failure.broken = Some(BatchError {
                 index: first,
                 error,
@@ -339,6 +400,29 @@ impl Channel {
         }
         self.buffer = buffer;
         result
+    }
+
+    /// Raises the socket's receive buffer to hold `answers` answers at
+    /// once: the kernel queues every answer to a datagram while `send`
+    /// runs, each taking several hundred bytes of buffer with its
+    /// `sk_buff`, and drops what does not fit (`ENOBUFS`). Past
+    /// `net.core.rmem_max` this needs `CAP_NET_ADMIN`, which the proxy has.
+    fn make_room_for_answers(&mut self, answers: usize) -> Result<(), Error> {
+        let wanted = answers.saturating_mul(ANSWER_BYTES);
+        if wanted <= RECEIVE_BUFFER_DEFAULT_BYTES.max(self.receive_buffer_set) {
+            return Ok(());
+        }
+        let size = wanted.max(RECEIVE_BUFFER_MIN_RAISED_BYTES);
+        let socket = self.socket()?;
+        setsockopt(socket, sockopt::RcvBufForce, &size)
+            .map_err(|errno| Error::Send(errno.into()))?;
+        self.receive_buffer_set = size;
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        self.socket = None;
+        self.receive_buffer_set = 0;
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -400,6 +484,8 @@ struct Datagram {
     acks: Acks,
     /// Position of its first request.
     first: Option<usize>,
+    /// Requests in it (batch markers not counted).
+    requests: u64,
 }
 
 impl Datagram {
@@ -419,14 +505,7 @@ impl Datagram {
         self.bytes.extend_from_slice(&bytes);
         self.acks.expect(seq, index);
         self.first.get_or_insert(index);
-    }
-
-    /// Adds a batch marker: not acknowledged, but a refusal of it is the
-    /// batch's.
-    fn marker(&mut self, seq: u32, bytes: Vec<u8>) {
-        self.bytes.extend_from_slice(&bytes);
-        self.acks.whole(seq);
-        self.first.get_or_insert(0);
+        self.requests += 1;
     }
 }
 
@@ -435,12 +514,18 @@ impl Datagram {
 struct Acks {
     /// Requests not answered yet: sequence number → position.
     pending: HashMap<u32, usize>,
-    /// Batch markers: a refusal of one is a refusal of the whole batch.
-    whole: Vec<u32>,
+    /// The requests of a batch, `(first sequence number, count)`: a
+    /// refusal of one that did not ask for an answer is still reported.
+    members: Option<(u32, usize)>,
+    /// A batch's markers: a refusal of one is a refusal of the batch.
+    markers: Vec<u32>,
+    /// The marker whose acknowledgement is awaited (an empty batch bound
+    /// to a generation).
+    marker_awaited: Option<u32>,
     /// The requests refused so far, in the order of their answers.
     refused: Vec<BatchError>,
     /// The batch was refused as a whole.
-    refused_whole: bool,
+    refused_whole: Option<Error>,
 }
 
 impl Acks {
@@ -448,20 +533,23 @@ impl Acks {
         self.pending.insert(seq, index);
     }
 
-    fn whole(&mut self, seq: u32) {
-        self.whole.push(seq);
-    }
-
     fn len(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + usize::from(self.marker_awaited.is_some())
     }
 
     fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.len() == 0
     }
 
     fn complete(&self) -> bool {
-        self.refused_whole || self.pending.is_empty()
+        self.refused_whole.is_some() || self.is_empty()
+    }
+
+    /// The position of batch member `seq`.
+    fn member(&self, seq: u32) -> Option<usize> {
+        let (first, count) = self.members?;
+        let index = seq.wrapping_sub(first) as usize;
+        (index < count).then_some(index)
     }
 
     /// Reads the answers in one datagram; answers to other requests (late
@@ -472,19 +560,24 @@ impl Acks {
             let Some(status) = message.status() else {
                 continue;
             };
-            if let Some(index) = self.pending.remove(&message.seq) {
-                if let Err(code) = status {
-                    self.refused.push(BatchError {
-                        index,
-                        error: Error::Kernel(io::Error::from_raw_os_error(code)),
-                    });
+            let refusal = status
+                .err()
+                .map(|code| Error::Kernel(io::Error::from_raw_os_error(code)));
+            if let Some(index) = self
+                .pending
+                .remove(&message.seq)
+                .or_else(|| self.member(message.seq))
+            {
+                if let Some(error) = refusal {
+                    self.refused.push(BatchError { index, error });
                 }
-            } else if let (true, Err(code)) = (self.whole.contains(&message.seq), status) {
-                self.refused_whole = true;
-                self.refused.push(BatchError {
-                    index: 0,
-                    error: Error::Kernel(io::Error::from_raw_os_error(code)),
-                });
+            } else if self.markers.contains(&message.seq) {
+                if self.marker_awaited == Some(message.seq) {
+                    self.marker_awaited = None;
+                }
+                if let Some(error) = refusal {
+                    self.refused_whole.get_or_insert(error);
+                }
             }
         }
         whole(&messages)
@@ -592,10 +685,12 @@ fn ask_ack(bytes: &mut [u8]) {
     }
 }
 
-fn refused_at(index: usize, error: Error) -> BatchFailure {
+/// A batch none of which was sent: its begin or end marker could not be
+/// encoded.
+fn unsent_batch(error: Error) -> BatchFailure {
     BatchFailure {
-        refused: vec![BatchError { index, error }],
-        broken: None,
+        refused_whole: Some(error),
+        ..BatchFailure::default()
     }
 }
 

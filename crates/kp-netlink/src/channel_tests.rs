@@ -104,20 +104,66 @@ fn every_refusal_is_reported_none_lost() {
 
 #[test]
 fn a_refused_batch_marker_refuses_the_batch_as_a_whole() {
-    let mut acks = Acks::default();
-    acks.whole(1);
+    let mut acks = Acks {
+        markers: vec![1, 4],
+        members: Some((2, 2)),
+        ..Acks::default()
+    };
     acks.expect(2, 0);
     acks.expect(3, 1);
-    acks.whole(4);
 
     acks.read(&error(1, -85)).unwrap();
 
     assert!(acks.complete(), "no answer follows a refused batch");
-    assert_eq!(acks.refused.len(), 1);
-    assert_eq!(
-        (acks.refused[0].index, acks.refused[0].error.errno()),
-        (0, Some(85))
-    );
+    assert!(acks.refused.is_empty());
+    assert_eq!(acks.refused_whole.as_ref().and_then(Error::errno), Some(85));
+}
+
+#[test]
+fn a_batch_member_that_did_not_ask_is_still_reported_when_refused() {
+    // Five requests, sequence numbers 11 to 15; only the last asked.
+    let mut acks = Acks {
+        markers: vec![10, 16],
+        members: Some((11, 5)),
+        ..Acks::default()
+    };
+    acks.expect(15, 4);
+
+    acks.read(&[error(13, -2), error(15, 0)].concat()).unwrap();
+
+    assert!(acks.complete());
+    let refused: Vec<_> = acks
+        .refused
+        .iter()
+        .map(|r| (r.index, r.error.errno()))
+        .collect();
+    assert_eq!(refused, vec![(2, Some(2))]);
+}
+
+#[test]
+fn member_positions_follow_sequence_numbers_across_their_wrap() {
+    let acks = Acks {
+        members: Some((u32::MAX - 1, 4)),
+        ..Acks::default()
+    };
+    assert_eq!(acks.member(u32::MAX - 1), Some(0));
+    assert_eq!(acks.member(0), Some(2));
+    assert_eq!(acks.member(1), Some(3));
+    assert_eq!(acks.member(2), None);
+}
+
+#[test]
+fn an_empty_batch_bound_to_a_generation_waits_for_its_begin_marker() {
+    let mut acks = Acks {
+        markers: vec![7, 8],
+        members: Some((8, 0)),
+        marker_awaited: Some(7),
+        ..Acks::default()
+    };
+    assert!(!acks.complete());
+    acks.read(&error(7, 0)).unwrap();
+    assert!(acks.complete());
+    assert!(acks.refused_whole.is_none());
 }
 
 #[test]

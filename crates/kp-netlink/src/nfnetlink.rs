@@ -10,7 +10,7 @@
 //! names the subsystem) is applied by the kernel as one transaction; only
 //! nf_tables takes batches. The kernel reads a batch from one datagram, so
 //! [`Channel::execute_batch`](crate::Channel::execute_batch) never splits
-//! one.
+//! one ([`Batch`]).
 
 use crate::message::Message;
 
@@ -32,6 +32,8 @@ pub const NFPROTO_UNSPEC: u8 = 0;
 pub const NFPROTO_IPV4: u8 = 2;
 /// `NFPROTO_IPV6`.
 pub const NFPROTO_IPV6: u8 = 10;
+/// `NFNL_BATCH_GENID`: the generation a batch is bound to.
+const BATCH_GENID: u16 = 1;
 /// Length of `nfgenmsg`.
 pub const NFGENMSG_LEN: usize = 4;
 
@@ -46,14 +48,59 @@ pub fn request(subsystem: u8, message: u8, family: u8, flags: u16) -> Message {
     Message::new(message_type(subsystem, message), flags).raw(&[family, 0, 0, 0])
 }
 
-/// `NFNL_MSG_BATCH_BEGIN` of a batch for `subsystem`.
-pub fn batch_begin(subsystem: u8) -> Message {
-    batch_marker(MSG_BATCH_BEGIN, subsystem)
+/// An nfnetlink batch: its subsystem, the ruleset generation it is bound
+/// to, and how many requests ask for an acknowledgement each
+/// ([`Channel::execute_batch`](crate::Channel::execute_batch)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    subsystem: u8,
+    /// The kernel takes the batch only while the generation is this one.
+    pub generation: Option<u32>,
+    /// Batches of at most this many requests ask for an acknowledgement of
+    /// each; larger ones of their last request only (refusals are answered
+    /// anyway): acknowledgements of some 750,000 requests would hold
+    /// hundreds of megabytes of socket buffer.
+    pub acks_max: usize,
 }
 
-/// `NFNL_MSG_BATCH_END` of a batch for `subsystem`.
-pub fn batch_end(subsystem: u8) -> Message {
-    batch_marker(MSG_BATCH_END, subsystem)
+impl Batch {
+    /// A batch of `subsystem` whose every request is acknowledged.
+    pub fn new(subsystem: u8) -> Self {
+        Self {
+            subsystem,
+            generation: None,
+            acks_max: usize::MAX,
+        }
+    }
+
+    /// Bound to ruleset generation `generation` (`NFNL_BATCH_GENID`): the
+    /// kernel refuses it as a whole (`ERESTART`) once the generation moved.
+    #[must_use]
+    pub fn bound_to(mut self, generation: u32) -> Self {
+        self.generation = Some(generation);
+        self
+    }
+
+    /// Acknowledgements of every request only up to `max` requests.
+    #[must_use]
+    pub fn acks_max(mut self, max: usize) -> Self {
+        self.acks_max = max;
+        self
+    }
+
+    /// `NFNL_MSG_BATCH_BEGIN`.
+    pub fn begin(&self) -> Message {
+        let begin = batch_marker(MSG_BATCH_BEGIN, self.subsystem);
+        match self.generation {
+            Some(generation) => begin.be32(BATCH_GENID, generation),
+            None => begin,
+        }
+    }
+
+    /// `NFNL_MSG_BATCH_END`.
+    pub fn end(&self) -> Message {
+        batch_marker(MSG_BATCH_END, self.subsystem)
+    }
 }
 
 fn batch_marker(kind: u16, subsystem: u8) -> Message {

@@ -7,9 +7,8 @@
 
 use std::net::Ipv4Addr;
 
-use kp_netlink::{
-    nfnetlink, Channel, Message, NETLINK_NETFILTER, NETLINK_ROUTE, NLM_F_CREATE, NLM_F_DUMP,
-};
+use kp_netlink::nfnetlink::{self, Batch};
+use kp_netlink::{Channel, Message, NETLINK_NETFILTER, NETLINK_ROUTE, NLM_F_CREATE, NLM_F_DUMP};
 use kp_testkit::netns::{require_root, Netns};
 
 const RTM_NEWADDR: u16 = 20;
@@ -24,6 +23,9 @@ const NFT_MSG_NEWTABLE: u8 = 0;
 const NFT_MSG_GETTABLE: u8 = 1;
 const NFT_MSG_DELTABLE: u8 = 2;
 const NFTA_TABLE_NAME: u16 = 1;
+const NFT_MSG_GETGEN: u8 = 16;
+const NFTA_GEN_ID: u16 = 1;
+const ERESTART: i32 = 85;
 
 /// `ip address add 10.1.H.L/32 dev INDEX`.
 fn add_address(index: u32, n: u16) -> Message {
@@ -64,6 +66,20 @@ fn table(message: u8, name: &str) -> Message {
         flags,
     )
     .string(NFTA_TABLE_NAME, name)
+}
+
+fn nftables() -> Batch {
+    Batch::new(nfnetlink::SUBSYS_NFTABLES)
+}
+
+/// The ruleset generation (`NFT_MSG_GETGEN`).
+fn generation(channel: &mut Channel) -> u32 {
+    let request = nfnetlink::request(nfnetlink::SUBSYS_NFTABLES, NFT_MSG_GETGEN, 0, 0);
+    let reply = channel.ask(request).unwrap();
+    let (_, attributes) = nfnetlink::split_payload(reply.payload()).unwrap();
+    kp_netlink::find(attributes, NFTA_GEN_ID)
+        .and_then(kp_netlink::read_be_u32)
+        .unwrap()
 }
 
 #[test]
@@ -130,14 +146,11 @@ fn a_batch_is_applied_whole_or_not_at_all() {
     let (created, refused, absent) = ns.run(|| {
         let mut channel = Channel::new(NETLINK_NETFILTER);
         let created = channel
-            .execute_batch(
-                nfnetlink::SUBSYS_NFTABLES,
-                [table(NFT_MSG_NEWTABLE, "kp_one")],
-            )
+            .execute_batch(&nftables(), [table(NFT_MSG_NEWTABLE, "kp_one")])
             .map(|()| channel.ask(table(NFT_MSG_GETTABLE, "kp_one")).is_ok());
         let refused = channel
             .execute_batch(
-                nfnetlink::SUBSYS_NFTABLES,
+                &nftables(),
                 [
                     table(NFT_MSG_NEWTABLE, "kp_two"),
                     table(NFT_MSG_DELTABLE, "kp_missing"),
@@ -183,4 +196,68 @@ fn a_subscription_hears_a_change_and_never_blocks() {
     assert_eq!(before, Err(std::io::ErrorKind::WouldBlock));
     assert!(after, "the added address was announced");
     assert_eq!(drained, Err(std::io::ErrorKind::WouldBlock));
+}
+
+#[test]
+fn a_batch_bound_to_a_generation_that_moved_on_is_refused_as_a_whole() {
+    require_root();
+    let ns = Netns::create("nl-gen").unwrap();
+    let (current, stale, empty_current, empty_stale) = ns.run(|| {
+        let mut channel = Channel::new(NETLINK_NETFILTER);
+        let before = generation(&mut channel);
+        channel
+            .execute_batch(&nftables(), [table(NFT_MSG_NEWTABLE, "kp_one")])
+            .unwrap();
+        let now = generation(&mut channel);
+        let current = channel.execute_batch(
+            &nftables().bound_to(now),
+            [table(NFT_MSG_NEWTABLE, "kp_two")],
+        );
+        let stale = channel
+            .execute_batch(
+                &nftables().bound_to(before),
+                [table(NFT_MSG_NEWTABLE, "kp_three")],
+            )
+            .unwrap_err();
+        let now = generation(&mut channel);
+        let empty_current = channel.execute_batch(&nftables().bound_to(now), [] as [Message; 0]);
+        let empty_stale = channel
+            .execute_batch(&nftables().bound_to(before), [] as [Message; 0])
+            .unwrap_err();
+        (current, stale, empty_current, empty_stale)
+    });
+    assert!(current.is_ok(), "{current:?}");
+    assert!(stale.refused.is_empty(), "{:?}", stale.refused);
+    assert_eq!(
+        stale.refused_whole.as_ref().and_then(|e| e.errno()),
+        Some(ERESTART)
+    );
+    assert!(empty_current.is_ok(), "{empty_current:?}");
+    assert_eq!(
+        empty_stale.refused_whole.as_ref().and_then(|e| e.errno()),
+        Some(ERESTART)
+    );
+}
+
+#[test]
+fn a_batch_that_asks_only_its_last_acknowledgement_still_names_every_refusal() {
+    require_root();
+    let ns = Netns::create("nl-acks").unwrap();
+    let refused = ns.run(|| {
+        let mut channel = Channel::new(NETLINK_NETFILTER);
+        let requests = (0..300).map(|n| match n {
+            41 | 250 => table(NFT_MSG_DELTABLE, "kp_missing"),
+            n => table(NFT_MSG_NEWTABLE, &format!("kp_{n}")),
+        });
+        channel
+            .execute_batch(&nftables().acks_max(16), requests)
+            .unwrap_err()
+    });
+    assert!(refused.broken.is_none());
+    let positions: Vec<_> = refused
+        .refused
+        .iter()
+        .map(|r| (r.index, r.error.errno()))
+        .collect();
+    assert_eq!(positions, vec![(41, Some(ENOENT)), (250, Some(ENOENT))]);
 }

@@ -202,6 +202,9 @@ impl NetlinkKernel {
         let Err(BatchFailure {
             refused: refusals,
             broken,
+            // Only nfnetlink batches are refused as a whole; these
+            // requests are sent one by one.
+            refused_whole: _,
         }) = result
         else {
             return Ok(());
