@@ -211,34 +211,9 @@ impl Channel {
         batch: &Batch,
         requests: impl IntoIterator<Item = R>,
     ) -> Result<(), BatchFailure> {
-        let mut failure = BatchFailure::default();
         let begin_seq = self.next_seq();
-        let mut bytes = batch
-            .begin()
-            .finish(begin_seq)
-            .map_err(|error| unsent_batch(error.into()))?;
+        let (mut bytes, starts) = encode_batch(batch, begin_seq, requests)?;
         let first_seq = begin_seq.wrapping_add(1);
-        // Where each request starts, to ask for acknowledgements once
-        // their number is known. Sequence numbers run on from the begin
-        // marker without a gap, so that a refusal's position is its
-        // sequence number's distance from the first.
-        let mut starts = Vec::new();
-        for (index, request) in requests.into_iter().enumerate() {
-            let seq = first_seq.wrapping_add(index as u32);
-            starts.push(bytes.len());
-            match request.encode(seq) {
-                Ok(encoded) => bytes.extend_from_slice(&encoded),
-                Err(error) => failure.refused.push(BatchError {
-                    index,
-                    error: error.into(),
-                }),
-            }
-        }
-        if !failure.refused.is_empty() {
-            // A batch is a transaction: none of it is sent when a part of
-            // it cannot be.
-            return Err(failure);
-        }
         if starts.is_empty() && batch.generation.is_none() {
             return Ok(());
         }
@@ -278,6 +253,7 @@ impl Channel {
             first: Some(0),
             requests: starts.len() as u64,
         };
+        let mut failure = BatchFailure::default();
         self.flush(datagram, &mut failure);
         failure.into_result()
     }
@@ -304,8 +280,10 @@ impl Channel {
         Ok(replies)
     }
 
-    /// Sends `request` asking for an acknowledgement and returns the
-    /// message answering it, read up to the acknowledgement.
+    /// Sends `request` and returns the message answering it. A request
+    /// with `NLM_F_ACK` is read up to its acknowledgement (an
+    /// acknowledgement without an answer is an error); one without ends
+    /// at its answer, one receive for a question asked on a hot path.
     pub fn ask<R: Request>(&mut self, request: R) -> Result<OwnedReply, Error> {
         let result = self.ask_inner(request);
         if result.as_ref().is_err_and(Error::is_broken) {
@@ -316,10 +294,16 @@ impl Channel {
 
     fn ask_inner<R: Request>(&mut self, request: R) -> Result<OwnedReply, Error> {
         let seq = self.next_seq();
-        let mut bytes = request.encode(seq)?;
-        ask_ack(&mut bytes);
+        let bytes = request.encode(seq)?;
+        let acknowledged = bytes
+            .get(6..8)
+            .is_some_and(|flags| u16::from_ne_bytes([flags[0], flags[1]]) & NLM_F_ACK != 0);
         self.send(&bytes, 1)?;
-        let mut reader = AskReader { seq, reply: None };
+        let mut reader = AskReader {
+            seq,
+            acknowledged,
+            reply: None,
+        };
         let mut buffer = std::mem::take(&mut self.buffer);
         let result = loop {
             match self.receive(&mut buffer) {
@@ -588,6 +572,8 @@ impl Acks {
 #[derive(Debug)]
 struct AskReader {
     seq: u32,
+    /// The question asked for an acknowledgement after its answer.
+    acknowledged: bool,
     /// The message answering it, once read.
     reply: Option<OwnedReply>,
 }
@@ -599,6 +585,7 @@ impl AskReader {
         let mut messages = messages(datagram);
         for message in messages.by_ref().filter(|m| m.seq == self.seq) {
             match message.status() {
+                None if !self.acknowledged => return Some(Ok(message.to_owned())),
                 None => self.reply = Some(message.to_owned()),
                 Some(Ok(())) => {
                     return Some(
@@ -665,6 +652,41 @@ fn open(protocol: isize) -> Result<Socket, Error> {
         source: errno.into(),
     })?;
     Ok(socket)
+}
+
+/// The begin marker of `batch` with `begin_seq` and `requests` after it,
+/// their sequence numbers running on without a gap (so that a refusal's
+/// position is its sequence number's distance from the first), and where
+/// each request starts, to ask for acknowledgements once their number is
+/// known. A request that cannot be encoded leaves the batch unsent: a
+/// batch is a transaction.
+fn encode_batch<R: Request>(
+    batch: &Batch,
+    begin_seq: u32,
+    requests: impl IntoIterator<Item = R>,
+) -> Result<(Vec<u8>, Vec<usize>), BatchFailure> {
+    let mut failure = BatchFailure::default();
+    let mut bytes = batch
+        .begin()
+        .finish(begin_seq)
+        .map_err(|error| unsent_batch(error.into()))?;
+    let first_seq = begin_seq.wrapping_add(1);
+    let mut starts = Vec::new();
+    for (index, request) in requests.into_iter().enumerate() {
+        starts.push(bytes.len());
+        match request.encode(first_seq.wrapping_add(index as u32)) {
+            Ok(encoded) => bytes.extend_from_slice(&encoded),
+            Err(error) => failure.refused.push(BatchError {
+                index,
+                error: error.into(),
+            }),
+        }
+    }
+    if failure.refused.is_empty() {
+        Ok((bytes, starts))
+    } else {
+        Err(failure)
+    }
 }
 
 /// An error when the walk over a datagram's messages ended inside one.

@@ -221,6 +221,7 @@ fn a_question_is_answered_by_its_own_reply_and_acknowledgement_only() {
     let reply = |seq: u32, n: u8| Message::new(20, 0).u8(1, n).finish(seq).unwrap();
     let mut reader = AskReader {
         seq: 4,
+        acknowledged: true,
         reply: None,
     };
     // A late answer to another question, then the answer in two datagrams.
@@ -231,6 +232,7 @@ fn a_question_is_answered_by_its_own_reply_and_acknowledgement_only() {
 
     let mut refused = AskReader {
         seq: 5,
+        acknowledged: true,
         reply: None,
     };
     let refusal = refused.read(&error(5, -2)).unwrap().unwrap_err();
@@ -238,6 +240,7 @@ fn a_question_is_answered_by_its_own_reply_and_acknowledgement_only() {
 
     let mut bare = AskReader {
         seq: 6,
+        acknowledged: true,
         reply: None,
     };
     let malformed = bare.read(&error(6, 0)).unwrap().unwrap_err();
@@ -262,7 +265,30 @@ fn an_answer_that_cannot_be_read_whole_is_an_error_not_skipped() {
     assert!(reader.read(cut, &mut |_| {}).is_err());
     let mut asked = AskReader {
         seq: 2,
+        acknowledged: true,
         reply: None,
     };
     assert!(matches!(asked.read(cut), Some(Err(_))));
+}
+
+#[test]
+fn a_question_without_an_acknowledgement_ends_at_its_answer() {
+    let reply = Message::new(20, 0).u8(1, 7).finish(9).unwrap();
+    let mut reader = AskReader {
+        seq: 9,
+        acknowledged: false,
+        reply: None,
+    };
+    let answer = reader.read(&reply).unwrap().unwrap();
+    assert_eq!(crate::find(answer.payload(), 1), Some(&[7][..]));
+
+    let mut refused = AskReader {
+        seq: 10,
+        acknowledged: false,
+        reply: None,
+    };
+    assert_eq!(
+        refused.read(&error(10, -2)).unwrap().unwrap_err().errno(),
+        Some(2)
+    );
 }
