@@ -26,7 +26,7 @@ use kp_netlink::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
 };
 
-use crate::netlink::ipvs::protocol_number;
+use crate::netlink::ipvs::{protocol_number, protocol_of};
 use crate::netlink::malformed;
 use crate::state::{SetEntry, SetKind, SetType};
 
@@ -290,7 +290,7 @@ fn parse_entry(data: &[u8], set_type: SetType) -> Option<SetEntry> {
             DATA_IP => ip = parse_address(value),
             DATA_IP2 => ip2 = parse_address(value),
             DATA_PORT => port = value.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]])),
-            DATA_PROTO => proto = value.first().and_then(|n| protocol_of(*n)),
+            DATA_PROTO => proto = value.first().and_then(|n| protocol_of(u16::from(*n))),
             DATA_CIDR2 => cidr2 = value.first().copied(),
             _ => {}
         }
@@ -305,15 +305,6 @@ fn parse_entry(data: &[u8], set_type: SetType) -> Option<SetEntry> {
             SetEntry::IpPortNet(ip?, proto?, port?, net)
         }
     })
-}
-
-fn protocol_of(number: u8) -> Option<Protocol> {
-    match number {
-        6 => Some(Protocol::Tcp),
-        17 => Some(Protocol::Udp),
-        132 => Some(Protocol::Sctp),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -414,7 +414,8 @@ pub fn protocol_number(protocol: Protocol) -> u16 {
     }
 }
 
-fn protocol_of(number: u16) -> Option<Protocol> {
+/// The protocol of `IPPROTO_*` `number`, of those Services use.
+pub fn protocol_of(number: u16) -> Option<Protocol> {
     match number {
         6 => Some(Protocol::Tcp),
         17 => Some(Protocol::Udp),
