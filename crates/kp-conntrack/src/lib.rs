@@ -10,6 +10,10 @@
 //!   Service no longer uses (upstream's conntrack reconciler), through ctnetlink
 //!   ([`NetlinkConntrack`]). Its [`ConntrackMetrics`] are upstream's
 //!   `kubeproxy_conntrack_reconciler_*` metrics.
+//! - For the userspace mode's relay, [`NetlinkConntrack::for_lookups`]
+//!   answers where a redirected UDP datagram was sent
+//!   ([`NetlinkConntrack::udp_original_destination`]): the one ctnetlink
+//!   client of the project serves both.
 //!
 //! ```no_run
 //! # use std::sync::Arc;

@@ -25,13 +25,13 @@
 //! family, then `NLMSG_DONE`. A delete is one `DELETE` with
 //! `NLM_F_REQUEST | NLM_F_ACK` carrying `CTA_TUPLE_ORIG` (and `CTA_ZONE`);
 //! the kernel answers `NLMSG_ERROR` with 0 or `-ENOENT`. Deletes are sent in
-//! batches of several messages per datagram; the kernel acknowledges each.
+//! datagrams of several messages each, and every acknowledgement is matched
+//! to its flow, by the shared netlink channel (`kp-netlink`).
 
-use std::collections::HashMap;
-use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use kp_model::IpFamily;
+use kp_netlink::{Channel, Reply, NETLINK_NETFILTER};
 use netlink_packet_core::{
     DecodeError, DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLA_TYPE_MASK,
     NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
@@ -42,204 +42,153 @@ use netlink_packet_netfilter::conntrack::{
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
 use crate::flow::{Flow, FlowTuple};
 use crate::table::{ConntrackError, ConntrackTable, Deletion, Listing};
 
 /// `CTA_ZONE`: the conntrack zone of an entry, a big-endian u16.
 const CTA_ZONE: u16 = 18;
-/// `ENOENT`: the entry to delete does not exist (any more).
+/// `ENOENT`: the entry to delete (or look up) does not exist (any more).
 const ENOENT: i32 = 2;
-/// Delete requests sent in one datagram.
-const DELETE_BATCH: usize = 64;
-/// Receive buffer: the kernel never sends a netlink datagram larger than
-/// 32 KiB to a reader that offers more (`netlink_dump`).
-const RECEIVE_BUFFER: usize = 64 * 1024;
+/// Room for one conntrack entry with every attribute the kernel adds.
+const LOOKUP_BUFFER_BYTES: usize = 8 * 1024;
 
 /// The conntrack table of the network namespace in which the socket is
 /// opened: the namespace of the thread that first uses it. The socket is
 /// opened on first use and opened again after a failure.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NetlinkConntrack {
-    socket: Option<Socket>,
-    next_seq: u32,
+    channel: Channel,
 }
 
-/// What a received datagram said about one request.
+/// A ctnetlink request, as `netlink-packet-netfilter` builds it.
+type Request = NetlinkMessage<NetfilterMessage>;
+
+/// What a message of a dump holds.
 enum Answer {
-    /// A conntrack entry (dump).
+    /// A conntrack entry; `None` when its tuples are incomplete.
     Entry(Option<Flow>),
-    /// End of a dump.
-    Done,
-    /// Acknowledgement (`None`) or error of the request `seq`.
-    Status { seq: u32, error: Option<io::Error> },
     /// Anything else (ignored).
     Other,
+}
+
+impl Default for NetlinkConntrack {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl NetlinkConntrack {
     /// A table that opens its socket on first use.
     pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn socket(&mut self) -> Result<&Socket, ConntrackError> {
-        if self.socket.is_none() {
-            let mut socket = Socket::new(NETLINK_NETFILTER).map_err(ConntrackError::OpenSocket)?;
-            socket.bind_auto().map_err(ConntrackError::OpenSocket)?;
-            socket
-                .connect(&SocketAddr::new(0, 0))
-                .map_err(ConntrackError::OpenSocket)?;
-            // Acknowledgements without a copy of the request.
-            socket
-                .set_cap_ack(true)
-                .map_err(ConntrackError::OpenSocket)?;
-            self.socket = Some(socket);
+        Self {
+            channel: Channel::new(NETLINK_NETFILTER),
         }
-        self.socket
-            .as_ref()
-            .ok_or_else(|| ConntrackError::OpenSocket(io::ErrorKind::NotConnected.into()))
     }
 
-    fn seq(&mut self) -> u32 {
-        self.next_seq = self.next_seq.wrapping_add(1).max(1);
-        self.next_seq
+    /// A table for [`NetlinkConntrack::udp_original_destination`] on a hot
+    /// path: answers are read without blocking (the kernel answers a
+    /// lookup inside `send`) into a buffer of one entry, so that one such
+    /// table per listener costs little.
+    pub fn for_lookups() -> Self {
+        Self {
+            channel: Channel::new(NETLINK_NETFILTER)
+                .answers_queued()
+                .receive_buffer(LOOKUP_BUFFER_BYTES),
+        }
     }
 
-    fn send(&mut self, request: &'static str, bytes: &[u8]) -> Result<(), ConntrackError> {
-        let socket = self.socket()?;
-        socket
-            .send(bytes, 0)
-            .map(|_| ())
-            .map_err(|source| ConntrackError::Send { request, source })
-    }
-
-    fn receive(
+    /// The destination a UDP datagram from `client`, received at `local`
+    /// after a rewrite, was sent to: the original destination of the entry
+    /// whose reply tuple is `local → client`; `None` when conntrack has no
+    /// such entry.
+    ///
+    /// ```text
+    /// conntrack -G -p udp --reply-src L --reply-dst C --reply-port-src lp --reply-port-dst cp
+    /// ```
+    pub fn udp_original_destination(
         &mut self,
-        request: &'static str,
-        buffer: &mut Vec<u8>,
-    ) -> Result<(), ConntrackError> {
-        buffer.clear();
-        let socket = self.socket()?;
-        socket
-            .recv(buffer, 0)
-            .map(|_| ())
-            .map_err(|source| ConntrackError::Receive { request, source })
+        client: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<Option<SocketAddr>, ConntrackError> {
+        match self.channel.ask(reply_tuple_request(client, local)) {
+            Ok(reply) => Ok(original_destination_of(&reply.bytes)),
+            Err(error) if error.errno() == Some(ENOENT) => Ok(None),
+            Err(error) => Err(failed("lookup", error)),
+        }
     }
 
     fn dump(&mut self, family: IpFamily) -> Result<Listing, ConntrackError> {
-        let seq = self.seq();
-        self.send("dump", &dump_request(family, seq))?;
         let mut listing = Listing::default();
-        let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
-        loop {
-            self.receive("dump", &mut buffer)?;
-            for message in split_messages(&buffer) {
-                let Ok((flags, answer)) = decode_answer(message) else {
-                    // One entry the parser does not understand must not
-                    // stop the cleanup of the others.
-                    listing.undecodable += 1;
-                    continue;
-                };
-                listing.interrupted |= flags & NLM_F_DUMP_INTR != 0;
-                match answer {
-                    Answer::Entry(Some(flow)) if flow.family() == family => {
+        self.channel
+            .dump(dump_request(family), |reply: Reply<'_>| {
+                listing.interrupted |= reply.flags & NLM_F_DUMP_INTR != 0;
+                match decode_answer(reply.bytes) {
+                    Ok(Answer::Entry(Some(flow))) if flow.family() == family => {
                         listing.flows.push(flow)
                     }
-                    Answer::Entry(Some(_)) => {}
-                    Answer::Entry(None) => listing.undecodable += 1,
-                    Answer::Done => return Ok(listing),
-                    Answer::Status {
-                        error: Some(source),
-                        ..
-                    } => {
-                        return Err(ConntrackError::Kernel {
-                            request: "dump",
-                            source,
-                        })
-                    }
-                    Answer::Status { error: None, .. } | Answer::Other => {}
+                    Ok(Answer::Entry(Some(_)) | Answer::Other) => {}
+                    // One entry the parser does not understand must not
+                    // stop the cleanup of the others.
+                    Ok(Answer::Entry(None)) | Err(_) => listing.undecodable += 1,
                 }
-            }
-        }
-    }
-
-    fn delete_batch(
-        &mut self,
-        flows: &[Flow],
-        deletion: &mut Deletion,
-    ) -> Result<(), ConntrackError> {
-        let mut pending = HashMap::with_capacity(flows.len());
-        let mut datagram = Vec::new();
-        for flow in flows {
-            let seq = self.seq();
-            datagram.extend_from_slice(&delete_request(flow, seq));
-            pending.insert(seq, *flow);
-        }
-        self.send("delete", &datagram)?;
-        let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
-        while !pending.is_empty() {
-            self.receive("delete", &mut buffer)?;
-            for message in split_messages(&buffer) {
-                let (_, answer) =
-                    decode_answer(message).map_err(|source| ConntrackError::Decode {
-                        request: "delete",
-                        source,
-                    })?;
-                let Answer::Status { seq, error } = answer else {
-                    continue;
-                };
-                let Some(flow) = pending.remove(&seq) else {
-                    continue;
-                };
-                match error {
-                    None => deletion.deleted += 1,
-                    Some(error) if error.raw_os_error() == Some(ENOENT) => {
-                        deletion.already_gone += 1
-                    }
-                    Some(error) => deletion.failed.push((flow, error)),
-                }
-            }
-        }
-        Ok(())
+            })
+            .map_err(|error| failed("dump", error))?;
+        Ok(listing)
     }
 }
 
 impl ConntrackTable for NetlinkConntrack {
     fn list(&mut self, family: IpFamily) -> Result<Listing, ConntrackError> {
-        let result = self.dump(family);
-        if result.is_err() {
-            // A half-read dump leaves answers in the socket: start afresh.
-            self.socket = None;
-        }
-        result
+        self.dump(family)
     }
 
     fn delete(&mut self, flows: &[Flow]) -> Result<Deletion, ConntrackError> {
         let mut deletion = Deletion::default();
-        for batch in flows.chunks(DELETE_BATCH) {
-            if let Err(error) = self.delete_batch(batch, &mut deletion) {
-                self.socket = None;
-                return Err(error);
+        let Err(failure) = self.channel.execute(flows.iter().map(delete_request)) else {
+            deletion.deleted = flows.len();
+            return Ok(deletion);
+        };
+        if let Some(broken) = failure.broken {
+            return Err(failed("delete", broken.error));
+        }
+        let refused = failure.refused.len();
+        for refusal in failure.refused {
+            match (refusal.error.errno(), flows.get(refusal.index)) {
+                (Some(ENOENT), _) => deletion.already_gone += 1,
+                (_, Some(flow)) => deletion.failed.push((*flow, refusal.error.into())),
+                (_, None) => {}
             }
         }
+        deletion.deleted = flows.len() - refused;
         Ok(deletion)
     }
 }
 
+/// `request` failed with `error`, in this crate's words.
+fn failed(request: &'static str, error: kp_netlink::Error) -> ConntrackError {
+    match error {
+        kp_netlink::Error::Open { source, .. } => ConntrackError::OpenSocket(source),
+        kp_netlink::Error::Send(source) => ConntrackError::Send { request, source },
+        kp_netlink::Error::Kernel(source) => ConntrackError::Kernel { request, source },
+        other => ConntrackError::Receive {
+            request,
+            source: other.into(),
+        },
+    }
+}
+
 /// The request to list every entry of `family`.
-pub(crate) fn dump_request(family: IpFamily, seq: u32) -> Vec<u8> {
-    encode(
-        family,
+pub(crate) fn dump_request(family: IpFamily) -> Request {
+    request(
+        nf_family(family),
         NLM_F_REQUEST | NLM_F_DUMP,
-        seq,
         ConntrackMessage::Get(Vec::new()),
     )
 }
 
 /// The request to delete `flow` (found by its original tuple and zone).
-pub(crate) fn delete_request(flow: &Flow, seq: u32) -> Vec<u8> {
+pub(crate) fn delete_request(flow: &Flow) -> Request {
     let mut attributes = vec![ConntrackAttribute::CtaTupleOrig(tuple_attributes(
         flow.protocol,
         &flow.original,
@@ -247,17 +196,44 @@ pub(crate) fn delete_request(flow: &Flow, seq: u32) -> Vec<u8> {
     if flow.zone != 0 {
         attributes.push(zone_attribute(flow.zone));
     }
-    encode(
-        flow.family(),
+    request(
+        nf_family(flow.family()),
         NLM_F_REQUEST | NLM_F_ACK,
-        seq,
         ConntrackMessage::Delete(attributes),
+    )
+}
+
+/// `IPCTNL_MSG_CT_GET` for the entry whose reply tuple is
+/// `local → client` over UDP.
+pub(crate) fn reply_tuple_request(client: SocketAddr, local: SocketAddr) -> Request {
+    let tuple = vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(local.ip()),
+            IPTuple::DestinationAddress(client.ip()),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(Protocol::Udp),
+            ProtoTuple::SourcePort(local.port()),
+            ProtoTuple::DestinationPort(client.port()),
+        ]),
+    ];
+    let family = if client.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    };
+    request(
+        nf_family(family),
+        NLM_F_REQUEST,
+        ConntrackMessage::Get(vec![ConntrackAttribute::CtaTupleReply(tuple)]),
     )
 }
 
 /// A `NEW` message describing `flow`, as the kernel sends it in a dump.
 #[cfg(test)]
 pub(crate) fn entry_message(flow: &Flow, seq: u32) -> Vec<u8> {
+    use kp_netlink::Request as _;
+
     let mut attributes = vec![
         ConntrackAttribute::CtaTupleOrig(tuple_attributes(flow.protocol, &flow.original)),
         ConntrackAttribute::CtaTupleReply(tuple_attributes(flow.protocol, &flow.reply)),
@@ -265,23 +241,29 @@ pub(crate) fn entry_message(flow: &Flow, seq: u32) -> Vec<u8> {
     if flow.zone != 0 {
         attributes.push(zone_attribute(flow.zone));
     }
-    encode(flow.family(), 0, seq, ConntrackMessage::New(attributes))
+    let message = request(
+        nf_family(flow.family()),
+        0,
+        ConntrackMessage::New(attributes),
+    );
+    // Invariant: an entry of two tuples is some 100 bytes long.
+    message.encode(seq).unwrap_or_default()
 }
 
-fn encode(family: IpFamily, flags: u16, seq: u32, message: ConntrackMessage) -> Vec<u8> {
-    let nf_family = match family {
-        IpFamily::V4 => NetfilterProtoFamily::IPv4,
-        IpFamily::V6 => NetfilterProtoFamily::IPv6,
-    };
+/// A ctnetlink message for `family` with `flags`; the channel sets its
+/// sequence number.
+fn request(family: NetfilterProtoFamily, flags: u16, message: ConntrackMessage) -> Request {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
-    header.sequence_number = seq;
-    let inner = NetfilterMessage::new(NetfilterHeader::new(nf_family, 0, 0), message);
-    let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(inner));
-    packet.finalize();
-    let mut bytes = vec![0; packet.buffer_len()];
-    packet.serialize(&mut bytes);
-    bytes
+    let inner = NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), message);
+    NetlinkMessage::new(header, NetlinkPayload::from(inner))
+}
+
+fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
+    }
 }
 
 fn tuple_attributes(protocol: u8, tuple: &FlowTuple) -> Vec<Tuple> {
@@ -302,43 +284,16 @@ fn zone_attribute(zone: u16) -> ConntrackAttribute {
     ConntrackAttribute::Other(DefaultNla::new(CTA_ZONE, zone.to_be_bytes().to_vec()))
 }
 
-/// The netlink messages of one datagram (each `nlmsghdr.len` long, aligned
-/// to 4 bytes). A truncated tail is left out.
-pub(crate) fn split_messages(datagram: &[u8]) -> Vec<&[u8]> {
-    let mut messages = Vec::new();
-    let mut rest = datagram;
-    while let Some(length) = rest.get(..4).map(|len| [len[0], len[1], len[2], len[3]]) {
-        let length = u32::from_ne_bytes(length) as usize;
-        if length < 16 || length > rest.len() {
-            break;
-        }
-        messages.push(&rest[..length]);
-        let aligned = (length + 3) & !3;
-        rest = rest.get(aligned..).unwrap_or_default();
-    }
-    messages
-}
-
-/// Decodes one message: its header flags and what it says.
-fn decode_answer(message: &[u8]) -> Result<(u16, Answer), DecodeError> {
+/// Decodes one message of a dump.
+fn decode_answer(message: &[u8]) -> Result<Answer, DecodeError> {
     let message = NetlinkMessage::<NetfilterMessage>::deserialize(message)?;
-    let flags = message.header.flags;
-    let seq = message.header.sequence_number;
-    let answer = match message.payload {
-        NetlinkPayload::Done(_) => Answer::Done,
-        NetlinkPayload::Error(error) => Answer::Status {
-            seq,
-            error: error
-                .code
-                .map(|code| io::Error::from_raw_os_error(-code.get())),
-        },
+    Ok(match message.payload {
         NetlinkPayload::InnerMessage(NetfilterMessage {
             inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)),
             ..
         }) => Answer::Entry(flow_from_attributes(&attributes)),
         _ => Answer::Other,
-    };
-    Ok((flags, answer))
+    })
 }
 
 /// The flow described by the attributes of a dumped entry; `None` when the
@@ -369,6 +324,24 @@ pub(crate) fn flow_from_attributes(attributes: &[ConntrackAttribute]) -> Option<
         reply,
         zone,
     })
+}
+
+/// The destination of the original tuple of the entry in `message` (the
+/// answer to [`reply_tuple_request`]); `None` when it has none readable.
+pub(crate) fn original_destination_of(message: &[u8]) -> Option<SocketAddr> {
+    let message = NetlinkMessage::<NetfilterMessage>::deserialize(message).ok()?;
+    let NetlinkPayload::InnerMessage(NetfilterMessage {
+        inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)),
+        ..
+    }) = message.payload
+    else {
+        return None;
+    };
+    let (_, original) = attributes.iter().find_map(|attribute| match attribute {
+        ConntrackAttribute::CtaTupleOrig(tuple) => decode_tuple(tuple),
+        _ => None,
+    })?;
+    Some(SocketAddr::new(original.dst, original.dst_port))
 }
 
 fn decode_tuple(tuple: &[Tuple]) -> Option<(u8, FlowTuple)> {

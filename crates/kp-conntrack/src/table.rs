@@ -56,34 +56,26 @@ pub enum ConntrackError {
     /// Sending a request to the kernel failed.
     #[error("sending the {request} request to ctnetlink failed")]
     Send {
-        /// `dump` or `delete`.
+        /// `dump`, `delete` or `lookup`.
         request: &'static str,
         /// The cause.
         #[source]
         source: io::Error,
     },
-    /// Receiving the kernel's answer failed.
+    /// Receiving the kernel's answer failed, or it could not be
+    /// understood.
     #[error("receiving the answer to the {request} request from ctnetlink failed")]
     Receive {
-        /// `dump` or `delete`.
+        /// `dump`, `delete` or `lookup`.
         request: &'static str,
         /// The cause.
         #[source]
         source: io::Error,
-    },
-    /// The kernel answered with something that is not a netlink message.
-    #[error("decoding the answer to the {request} request from ctnetlink failed")]
-    Decode {
-        /// `dump` or `delete`.
-        request: &'static str,
-        /// The cause.
-        #[source]
-        source: netlink_packet_core::DecodeError,
     },
     /// The kernel refused the request.
     #[error("ctnetlink refused the {request} request")]
     Kernel {
-        /// `dump` or `delete`.
+        /// `dump`, `delete` or `lookup`.
         request: &'static str,
         /// The kernel's error.
         #[source]

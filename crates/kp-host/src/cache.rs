@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::message::{dump_request, read_dump_datagram, DumpProgress};
+use crate::message::address_in;
 use crate::netlink::NetlinkTransport;
 use crate::HostError;
 
@@ -10,10 +10,6 @@ use crate::HostError;
 /// faster than this is dumped again anyway; what is left in the queue
 /// makes the next call dump once more.
 const MAX_DRAINED: usize = 1024;
-/// Receive buffer for dump answers: the kernel never sends a netlink
-/// datagram larger than 32 KiB to a reader that offers more
-/// (`netlink_dump`).
-const ANSWER_BUFFER: usize = 64 * 1024;
 
 /// What the notification socket had pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,16 +22,14 @@ pub enum Notification {
     Lost,
 }
 
-/// The two rtnetlink sockets the cache uses, one datagram at a time: one
-/// to send dump requests and read their answers, one subscribed to address
-/// changes. [`NetlinkTransport`] is the real one; tests use a fake.
+/// The two rtnetlink sockets the cache uses: one for address dumps, one
+/// subscribed to address changes. [`NetlinkTransport`] is the real one;
+/// tests use a fake.
 pub trait RouteTransport {
-    /// Sends one request datagram.
-    fn send_request(&mut self, datagram: &[u8]) -> Result<(), HostError>;
-
-    /// Replaces `buffer`'s content with the next answer datagram, waiting
-    /// for it.
-    fn receive_answer(&mut self, buffer: &mut Vec<u8>) -> Result<(), HostError>;
+    /// Dumps every address of both families (`ip address show`): hands
+    /// each message of the kernel's answer (`RTM_NEWADDR`, whole) to
+    /// `on_message`, up to the end of the dump, or fails.
+    fn dump_addresses(&mut self, on_message: &mut dyn FnMut(&[u8])) -> Result<(), HostError>;
 
     /// Takes the next pending notification, never waiting.
     fn next_notification(&mut self) -> Result<Notification, HostError>;
@@ -52,7 +46,6 @@ pub struct HostAddresses<T = NetlinkTransport> {
     transport: Option<T>,
     /// Sorted, without duplicates; `None` until a dump succeeded.
     cached: Option<Vec<IpAddr>>,
-    sequence: u32,
     dumps: u64,
 }
 
@@ -77,7 +70,6 @@ impl<T: RouteTransport> HostAddresses<T> {
             open: Box::new(open),
             transport: None,
             cached: None,
-            sequence: 0,
             dumps: 0,
         }
     }
@@ -125,8 +117,7 @@ impl<T: RouteTransport> HostAddresses<T> {
         if !(changed || force || self.cached.is_none()) {
             return Ok(());
         }
-        self.sequence = self.sequence.wrapping_add(1).max(1);
-        let addresses = dump(transport, self.sequence)?;
+        let addresses = dump(transport)?;
         self.dumps += 1;
         tracing::debug!(
             addresses = addresses.len(),
@@ -157,16 +148,20 @@ fn drain_notifications(transport: &mut impl RouteTransport) -> Result<bool, Host
 }
 
 /// One address dump: every address of both families, sorted, without
-/// duplicates (an IPv6 link-local address may sit on many interfaces).
-fn dump(transport: &mut impl RouteTransport, sequence: u32) -> Result<Vec<IpAddr>, HostError> {
-    transport.send_request(&dump_request(sequence))?;
+/// duplicates (an IPv6 link-local address may sit on many interfaces). A
+/// message that cannot be decoded fails the dump: the address it held
+/// could be the one a caller looks for.
+fn dump(transport: &mut impl RouteTransport) -> Result<Vec<IpAddr>, HostError> {
     let mut found = Vec::new();
-    let mut buffer = Vec::with_capacity(ANSWER_BUFFER);
-    loop {
-        transport.receive_answer(&mut buffer)?;
-        if read_dump_datagram(&buffer, sequence, &mut found)? == DumpProgress::Done {
-            break;
+    let mut undecodable = None;
+    transport.dump_addresses(&mut |message| match address_in(message) {
+        Ok(address) => found.extend(address),
+        Err(error) => {
+            undecodable.get_or_insert(error);
         }
+    })?;
+    if let Some(error) = undecodable {
+        return Err(error);
     }
     found.sort_unstable();
     found.dedup();

@@ -20,12 +20,11 @@ fn ip(text: &str) -> IpAddr {
 }
 
 /// The kernel as the cache sees it: addresses, a notification queue, and
-/// the answers to the dump requests received.
+/// the dumps asked for.
 #[derive(Default)]
 struct Kernel {
     addresses: Vec<(u32, IpAddr)>,
     notifications: VecDeque<Notification>,
-    answers: VecDeque<Vec<u8>>,
     dump_requests: usize,
     refuse_next_dump: bool,
 }
@@ -83,36 +82,16 @@ impl FakeKernel {
 }
 
 impl RouteTransport for FakeKernel {
-    fn send_request(&mut self, datagram: &[u8]) -> Result<(), HostError> {
+    fn dump_addresses(&mut self, on_message: &mut dyn FnMut(&[u8])) -> Result<(), HostError> {
         let mut state = self.state();
-        let sequence = u32::from_ne_bytes(datagram[8..12].try_into().unwrap());
-        assert_eq!(
-            datagram,
-            dump_request(sequence),
-            "not an address dump request"
-        );
         state.dump_requests += 1;
+        let sequence = state.dump_requests as u32;
         if std::mem::take(&mut state.refuse_next_dump) {
-            state.answers.push_back(wire::error(sequence, 16));
-            return Ok(());
+            return Err(HostError::Kernel(io::Error::from_raw_os_error(16)));
         }
-        // Two datagrams, as the kernel splits long dumps.
-        let mut messages: Vec<Vec<u8>> = (state.addresses.iter())
-            .map(|(index, address)| wire::new_address(sequence, *index, *address, None))
-            .collect();
-        messages.push(wire::done(sequence));
-        let second = messages.split_off(messages.len() / 2);
-        state.answers.extend([messages.concat(), second.concat()]);
-        Ok(())
-    }
-
-    fn receive_answer(&mut self, buffer: &mut Vec<u8>) -> Result<(), HostError> {
-        let answer = self.state().answers.pop_front();
-        // A real socket would block forever: fail loudly instead.
-        *buffer = answer.ok_or_else(|| HostError::Receive {
-            step: "reading the address dump",
-            source: io::ErrorKind::WouldBlock.into(),
-        })?;
+        for (index, address) in &state.addresses {
+            on_message(&wire::new_address(sequence, *index, *address, None));
+        }
         Ok(())
     }
 
@@ -216,4 +195,25 @@ fn an_address_on_many_interfaces_is_listed_once_and_the_list_is_sorted() {
     let kernel = FakeKernel::with(&[(3, "fe80::1"), (2, NODE_IP), (4, "fe80::1"), (1, "::1")]);
     let (mut cache, _) = kernel.cache();
     assert_addresses(&mut cache, &[NODE_IP, "::1", "fe80::1"]);
+}
+
+#[test]
+fn a_message_that_cannot_be_decoded_fails_the_dump() {
+    struct Garbled;
+    impl RouteTransport for Garbled {
+        fn dump_addresses(&mut self, on_message: &mut dyn FnMut(&[u8])) -> Result<(), HostError> {
+            let mut message = wire::new_address(1, 2, ip(NODE_IP), None);
+            // Claim an IFA_ADDRESS of 5 bytes.
+            message[24..26].copy_from_slice(&9u16.to_ne_bytes());
+            on_message(&wire::new_address(1, 2, ip(NEW_IP), None));
+            on_message(&message);
+            Ok(())
+        }
+        fn next_notification(&mut self) -> Result<Notification, HostError> {
+            Ok(Notification::Nothing)
+        }
+    }
+    let mut cache = HostAddresses::with_opener(|| Ok(Garbled));
+    let error = cache.addresses().unwrap_err();
+    assert!(matches!(error, HostError::Decode(_)), "unexpected: {error}");
 }

@@ -11,13 +11,14 @@
 //! ```
 //!
 //! The kernel answers one `RTM_NEWADDR` per address, several per datagram,
-//! then `NLMSG_DONE`, or `NLMSG_ERROR`.
+//! then `NLMSG_DONE`, or `NLMSG_ERROR`; the shared netlink channel
+//! (`kp-netlink`) reads the dump, this module builds the request and reads
+//! the address of each message.
 
-use std::io;
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+    DecodeError, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::RouteNetlinkMessage;
@@ -28,66 +29,28 @@ use crate::HostError;
 pub(crate) const RTNLGRP_IPV4_IFADDR: u32 = 5;
 /// `RTNLGRP_IPV6_IFADDR`: IPv6 addresses added, removed or changed.
 pub(crate) const RTNLGRP_IPV6_IFADDR: u32 = 9;
-/// Length of `nlmsghdr`, the least a message can be.
-const HEADER_LEN: usize = 16;
 
-/// Where a dump stands after one datagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DumpProgress {
-    /// More datagrams follow.
-    More,
-    /// `NLMSG_DONE` was seen.
-    Done,
-}
-
-/// The request for every address of both families
-/// (`ip address show`), with sequence number `sequence`.
-pub(crate) fn dump_request(sequence: u32) -> Vec<u8> {
+/// The request for every address of both families (`ip address show`);
+/// the channel sets its sequence number.
+pub(crate) fn dump_request() -> NetlinkMessage<RouteNetlinkMessage> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = sequence;
     // The default message has family AF_UNSPEC: both families.
     let payload = RouteNetlinkMessage::GetAddress(AddressMessage::default());
-    let mut message = NetlinkMessage::new(header, NetlinkPayload::from(payload));
-    message.finalize();
-    let mut bytes = vec![0; message.buffer_len()];
-    message.serialize(&mut bytes);
-    bytes
+    NetlinkMessage::new(header, NetlinkPayload::from(payload))
 }
 
-/// Adds the addresses in one datagram of the answer to the dump
-/// `sequence` to `found`. Messages of other sequence numbers are left out:
-/// they cannot belong to this dump.
-pub(crate) fn read_dump_datagram(
-    datagram: &[u8],
-    sequence: u32,
-    found: &mut Vec<IpAddr>,
-) -> Result<DumpProgress, HostError> {
-    let mut rest = datagram;
-    while rest.len() >= HEADER_LEN {
-        let message =
-            NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest).map_err(HostError::Decode)?;
-        let length = message.header.length as usize;
-        // `deserialize` checked that `length` is within `rest` and at least
-        // a header long, so the loop always advances.
-        rest = rest.get(align(length)..).unwrap_or_default();
-        if message.header.sequence_number != sequence {
-            continue;
+/// The host's address that one message of the dump (`RTM_NEWADDR`, whole,
+/// header included) describes; `None` for a message of another kind.
+pub(crate) fn address_in(message: &[u8]) -> Result<Option<IpAddr>, HostError> {
+    let message =
+        NetlinkMessage::<RouteNetlinkMessage>::deserialize(message).map_err(HostError::Decode)?;
+    Ok(match message.payload {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(address)) => {
+            address_of(&address)
         }
-        match message.payload {
-            NetlinkPayload::Done(_) => return Ok(DumpProgress::Done),
-            NetlinkPayload::Error(error) => {
-                if let Some(code) = error.code {
-                    return Err(HostError::Kernel(io::Error::from_raw_os_error(-code.get())));
-                }
-            }
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(address)) => {
-                found.extend(address_of(&address));
-            }
-            _ => {}
-        }
-    }
-    Ok(DumpProgress::More)
+        _ => None,
+    })
 }
 
 /// The host's address an address message describes: `IFA_LOCAL` when
@@ -105,9 +68,21 @@ pub(crate) fn address_of(message: &AddressMessage) -> Option<IpAddr> {
     address
 }
 
-/// `NLMSG_ALIGN`: messages in a datagram start at multiples of 4 bytes.
-fn align(length: usize) -> usize {
-    (length + 3) & !3
+/// A failed dump, in this crate's words.
+pub(crate) fn dump_error(error: kp_netlink::Error) -> HostError {
+    match error {
+        kp_netlink::Error::Open { step, source } => HostError::Open { step, source },
+        kp_netlink::Error::Send(source) => HostError::Send(source),
+        kp_netlink::Error::Receive(source) => HostError::Receive {
+            step: "reading the address dump",
+            source,
+        },
+        kp_netlink::Error::Kernel(source) => HostError::Kernel(source),
+        kp_netlink::Error::Malformed(what) => HostError::Decode(DecodeError::from(what)),
+        kp_netlink::Error::TooLarge(error) => {
+            HostError::Send(std::io::Error::new(std::io::ErrorKind::InvalidInput, error))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,11 +2,11 @@
 
 use std::io;
 
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use kp_netlink::{Channel, Subscription, NETLINK_ROUTE};
 use nix::errno::Errno;
 
 use crate::cache::{Notification, RouteTransport};
-use crate::message::{RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR};
+use crate::message::{dump_error, dump_request, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR};
 use crate::HostError;
 
 /// Notifications are only counted, never parsed: a short buffer is enough
@@ -20,52 +20,36 @@ const NOTIFICATION_BUFFER: usize = 512;
 /// Two sockets, so that notifications never mix with dump answers.
 #[derive(Debug)]
 pub struct NetlinkTransport {
-    requests: Socket,
-    notifications: Socket,
+    requests: Channel,
+    notifications: Subscription,
 }
 
 impl NetlinkTransport {
-    /// Opens both sockets in the calling thread's network namespace. The
-    /// notification socket is subscribed first, so that a change made
+    /// Subscribes to address changes in the calling thread's network
+    /// namespace; the request socket is opened by the first dump, in the
+    /// same thread. The subscription comes first, so that a change made
     /// before the first dump is either in the dump or in the queue.
     pub fn open() -> Result<Self, HostError> {
-        let notifications = subscribed_socket()?;
-        let mut requests = socket("creating the request socket")?;
-        requests
-            .bind_auto()
-            .map_err(open_error("binding the request socket"))?;
-        requests
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(open_error("connecting the request socket to the kernel"))?;
+        let notifications =
+            Subscription::open(NETLINK_ROUTE, &[RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR])
+                .map_err(dump_error)?;
         Ok(Self {
-            requests,
+            requests: Channel::new(NETLINK_ROUTE),
             notifications,
         })
     }
 }
 
 impl RouteTransport for NetlinkTransport {
-    fn send_request(&mut self, datagram: &[u8]) -> Result<(), HostError> {
+    fn dump_addresses(&mut self, on_message: &mut dyn FnMut(&[u8])) -> Result<(), HostError> {
         self.requests
-            .send(datagram, 0)
-            .map(drop)
-            .map_err(HostError::Send)
-    }
-
-    fn receive_answer(&mut self, buffer: &mut Vec<u8>) -> Result<(), HostError> {
-        buffer.clear();
-        self.requests
-            .recv(buffer, 0)
-            .map(drop)
-            .map_err(|source| HostError::Receive {
-                step: "reading the address dump",
-                source,
-            })
+            .dump(dump_request(), |reply| on_message(reply.bytes))
+            .map_err(dump_error)
     }
 
     fn next_notification(&mut self) -> Result<Notification, HostError> {
         let mut buffer = Vec::with_capacity(NOTIFICATION_BUFFER);
-        classify_notification(self.notifications.recv(&mut buffer, 0))
+        classify_notification(self.notifications.receive(&mut buffer))
     }
 }
 
@@ -84,32 +68,6 @@ pub(crate) fn classify_notification(
             source,
         }),
     }
-}
-
-/// A `NETLINK_ROUTE` socket in the groups of IPv4 and IPv6 address
-/// changes, non-blocking.
-fn subscribed_socket() -> Result<Socket, HostError> {
-    let mut socket = socket("creating the notification socket")?;
-    socket
-        .bind_auto()
-        .map_err(open_error("binding the notification socket"))?;
-    for group in [RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR] {
-        socket
-            .add_membership(group)
-            .map_err(open_error("subscribing to address changes"))?;
-    }
-    socket
-        .set_non_blocking(true)
-        .map_err(open_error("making the notification socket non-blocking"))?;
-    Ok(socket)
-}
-
-fn socket(step: &'static str) -> Result<Socket, HostError> {
-    Socket::new(NETLINK_ROUTE).map_err(open_error(step))
-}
-
-fn open_error(step: &'static str) -> impl FnOnce(io::Error) -> HostError {
-    move |source| HostError::Open { step, source }
 }
 
 #[cfg(test)]

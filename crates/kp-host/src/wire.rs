@@ -50,12 +50,11 @@ pub(crate) fn error(sequence: u32, errno: i32) -> Vec<u8> {
 }
 
 fn encode(sequence: u32, payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<u8> {
+    use kp_netlink::Request as _;
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_MULTIPART;
-    header.sequence_number = sequence;
-    let mut message = NetlinkMessage::new(header, payload);
-    message.finalize();
-    let mut bytes = vec![0; message.buffer_len()];
-    message.serialize(&mut bytes);
-    bytes
+    // Invariant: these messages are some 100 bytes long.
+    NetlinkMessage::new(header, payload)
+        .encode(sequence)
+        .unwrap_or_default()
 }

@@ -94,6 +94,18 @@ pub struct Refusal {
     pub drift: bool,
 }
 
+impl ApplyError {
+    /// The outcome of an apply that refused `refused`: success when it
+    /// refused nothing.
+    pub fn unless_none(refused: Vec<Refusal>) -> Result<(), Self> {
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::Refused(refused))
+        }
+    }
+}
+
 impl KernelError {
     /// An error for `attempted` from an operation refusal.
     pub fn refused(attempted: impl Into<String>, error: &OpError) -> Self {

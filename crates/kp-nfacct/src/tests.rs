@@ -6,6 +6,10 @@ use prometheus_client::registry::Registry;
 
 use super::*;
 
+use kp_netlink::{messages, HEADER_LEN, NLMSG_ERROR};
+
+const NFGENMSG_LEN: usize = nfnetlink::NFGENMSG_LEN;
+
 /// A `NEW` answer to `seq` as the kernel sends it for `nfacct get`.
 fn counts_message(seq: u32, name: &str, packets: u64, bytes: u64) -> Vec<u8> {
     let mut attributes = Vec::new();
@@ -20,7 +24,7 @@ fn counts_message(seq: u32, name: &str, packets: u64, bytes: u64) -> Vec<u8> {
     attribute(ATTR_BYTES, &bytes.to_be_bytes());
     attribute(4, &1u32.to_be_bytes()); // NFACCT_USE, ignored
     message(
-        (SUBSYS_ACCT << 8) | MSG_NEW,
+        nfnetlink::message_type(nfnetlink::SUBSYS_ACCT, MSG_NEW),
         seq,
         &[&[0, 0, 0, 0], &attributes],
     )
@@ -47,9 +51,24 @@ fn message(kind: u16, seq: u32, parts: &[&[u8]]) -> Vec<u8> {
     bytes
 }
 
+fn padded(len: usize) -> usize {
+    (len + 3) & !3
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
+    kp_netlink::read_u16(bytes.get(at..)?)
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    kp_netlink::read_u32(bytes.get(at..)?)
+}
+
 #[test]
 fn a_create_request_names_the_counter_with_create_and_ack() {
-    let bytes = encode_request(MSG_NEW, NLM_F_CREATE, 7, "localhost_nps_accepted_pkts").unwrap();
+    let bytes = request(MSG_NEW, NLM_F_CREATE, "localhost_nps_accepted_pkts")
+        .unwrap()
+        .finish(7)
+        .unwrap();
 
     assert_eq!(bytes.len() % 4, 0);
     assert_eq!(u32_at(&bytes, 0).unwrap() as usize, bytes.len());
@@ -69,10 +88,10 @@ fn a_create_request_names_the_counter_with_create_and_ack() {
 #[test]
 fn names_the_kernel_cannot_hold_are_refused() {
     for name in ["", "a-name-of-thirty-two-characters!", "nul\0inside"] {
-        let error = encode_request(MSG_GET, 0, 1, name).unwrap_err();
+        let error = request(MSG_GET, 0, name).unwrap_err();
         assert!(matches!(error, NfacctError::InvalidName { .. }), "{name:?}");
     }
-    assert!(encode_request(MSG_GET, 0, 1, "thirty-one-characters-exactly!!").is_ok());
+    assert!(request(MSG_GET, 0, "thirty-one-characters-exactly!!").is_ok());
 }
 
 #[test]
@@ -80,12 +99,10 @@ fn a_get_answer_yields_packets_and_bytes() {
     let mut datagram = counts_message(3, "ct_state_invalid_dropped_pkts", 42, 4200);
     datagram.extend(error_message(3, 0));
 
-    let messages = split_messages(&datagram);
+    let messages: Vec<_> = messages(&datagram).collect();
 
     assert_eq!(messages.len(), 2);
-    let Answer::Counts(counts) = decode_answer(messages[0], 3).unwrap() else {
-        panic!("counts expected");
-    };
+    let counts = decode_counts(messages[0].payload).unwrap();
     assert_eq!(
         counts,
         Counts {
@@ -93,20 +110,21 @@ fn a_get_answer_yields_packets_and_bytes() {
             bytes: 4200
         }
     );
-    assert!(matches!(
-        decode_answer(messages[1], 3),
-        Ok(Answer::Done(None))
-    ));
+    assert_eq!(messages[1].status(), Some(Ok(())), "the acknowledgement");
 }
 
 #[test]
-fn kernel_errors_and_answers_to_other_requests_are_told_apart() {
+fn kernel_errors_are_told_apart_from_failures_to_talk_to_the_kernel() {
     let missing = error_message(4, ENOENT);
-    let Ok(Answer::Done(Some(error))) = decode_answer(&missing, 4) else {
-        panic!("error expected");
-    };
-    assert_eq!(error.raw_os_error(), Some(ENOENT));
-    assert!(matches!(decode_answer(&missing, 5), Ok(Answer::Other)));
+    let answer = messages(&missing).next().unwrap();
+    assert_eq!((answer.seq, answer.status()), (4, Some(Err(ENOENT))));
+    let refused = kp_netlink::Error::Kernel(io::Error::from_raw_os_error(ENOENT));
+    assert!(failed("reading", "x", refused).is_not_found());
+    let broken = kp_netlink::Error::Receive(io::Error::from_raw_os_error(ENOENT));
+    assert!(matches!(
+        failed("reading", "x", broken),
+        NfacctError::Io { .. }
+    ));
 }
 
 #[test]
@@ -117,10 +135,10 @@ fn a_truncated_count_is_malformed_not_a_panic() {
     let len = message.len() as u32;
     message[..4].copy_from_slice(&len.to_ne_bytes());
 
-    assert!(decode_answer(&message, 1).is_err());
+    assert!(decode_counts(&message[HEADER_LEN..]).is_err());
     for cut in 0..message.len() {
-        let _ = decode_answer(&message[..cut], 1);
-        let _ = split_messages(&message[..cut]);
+        let _ = decode_counts(&message[HEADER_LEN.min(cut)..cut]);
+        let _ = messages(&message[..cut]).count();
     }
 }
 

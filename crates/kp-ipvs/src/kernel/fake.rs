@@ -189,11 +189,7 @@ impl IpvsKernel for FakeKernel {
                 });
             }
         }
-        if refused.is_empty() {
-            Ok(())
-        } else {
-            Err(ApplyError::Refused(refused))
-        }
+        ApplyError::unless_none(refused)
     }
 
     fn set_timeouts(

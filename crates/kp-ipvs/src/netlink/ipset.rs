@@ -20,22 +20,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
-use netlink_sys::protocols::NETLINK_NETFILTER;
-
-use crate::netlink::channel::{BatchError, BatchFailure, Channel};
-use crate::netlink::ipvs::protocol_number;
-use crate::netlink::wire::{
-    self, Attributes, Message, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
+use kp_netlink::nfnetlink::{self, NFPROTO_IPV4, NFPROTO_IPV6, NFPROTO_UNSPEC, SUBSYS_IPSET};
+use kp_netlink::{
+    Attributes, BatchError, BatchFailure, Channel, Message, NETLINK_NETFILTER, NLA_F_NET_BYTEORDER,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL,
 };
+
+use crate::netlink::ipvs::{protocol_number, protocol_of};
+use crate::netlink::malformed;
 use crate::state::{SetEntry, SetKind, SetType};
 
-const SUBSYS_IPSET: u16 = 6 << 8;
-const CMD_PROTOCOL: u16 = 1;
-const CMD_CREATE: u16 = 2;
-const CMD_DESTROY: u16 = 3;
-const CMD_LIST: u16 = 7;
-const CMD_ADD: u16 = 9;
-const CMD_DEL: u16 = 10;
+const CMD_PROTOCOL: u8 = 1;
+const CMD_CREATE: u8 = 2;
+const CMD_DESTROY: u8 = 3;
+const CMD_LIST: u8 = 7;
+const CMD_ADD: u8 = 9;
+const CMD_DEL: u8 = 10;
 
 const ATTR_PROTOCOL: u16 = 1;
 const ATTR_SETNAME: u16 = 2;
@@ -59,9 +59,6 @@ const IPADDR_IPV6: u16 = 2;
 /// The protocol version requests speak: 6 is what every kernel since 2.6.39
 /// accepts (7 only added attributes this mode does not use).
 const PROTOCOL: u8 = 6;
-const NFPROTO_UNSPEC: u8 = 0;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
 /// Upstream's `ipset create` defaults.
 const HASH_SIZE: u32 = 1024;
 /// The first of ipset's own error codes.
@@ -100,32 +97,33 @@ impl IpsetNetlink {
 
     /// Requests sent so far.
     pub fn messages(&self) -> u64 {
-        self.channel.messages
+        self.channel.messages()
     }
 
     /// The kernel's ipset protocol version (`ipset version`).
     pub fn protocol_version(&mut self) -> io::Result<u8> {
         let request = request(CMD_PROTOCOL, NFPROTO_UNSPEC, NLM_F_ACK);
         let reply = self.channel.ask(request)?;
-        wire::find(reply.get(4..).unwrap_or_default(), ATTR_PROTOCOL)
+        kp_netlink::find(reply.payload().get(4..).unwrap_or_default(), ATTR_PROTOCOL)
             .and_then(|value| value.first().copied())
-            .ok_or_else(|| wire::malformed("no ipset protocol version"))
+            .ok_or_else(|| malformed("no ipset protocol version"))
     }
 
     /// The members of set `name`; `None` when it does not exist.
     pub fn list(&mut self, name: &str, family: IpFamily) -> io::Result<Option<BTreeSet<SetEntry>>> {
         let request = request(CMD_LIST, nfproto(family), NLM_F_DUMP).string(ATTR_SETNAME, name);
-        let answers = match self.channel.dump(request) {
+        let answers = match self.channel.dump_all(request) {
             Ok(answers) => answers,
-            Err(error) if error.raw_os_error() == Some(ENOENT) => return Ok(None),
-            Err(error) => return Err(error),
+            Err(error) if error.errno() == Some(ENOENT) => return Ok(None),
+            Err(error) => return Err(error.into()),
         };
         let Some((kind, _)) = SetKind::from_name(name) else {
             return Ok(Some(BTreeSet::new()));
         };
         let mut members = BTreeSet::new();
-        for (_, payload) in answers {
-            let Some(adt) = wire::find(payload.get(4..).unwrap_or_default(), ATTR_ADT) else {
+        for reply in answers {
+            let payload = reply.payload();
+            let Some(adt) = kp_netlink::find(payload.get(4..).unwrap_or_default(), ATTR_ADT) else {
                 continue;
             };
             for (attr, data) in Attributes::new(adt) {
@@ -210,8 +208,8 @@ impl IpsetNetlink {
             .map_err(BatchFailure::into_first)
         {
             Ok(()) => Ok(true),
-            Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENOENT) => Ok(false),
-            Err(BatchError { error, .. }) => Err(describe_error(error, None)),
+            Err(BatchError { error, .. }) if error.errno() == Some(ENOENT) => Ok(false),
+            Err(BatchError { error, .. }) => Err(describe_error(error.into(), None)),
         }
     }
 
@@ -246,10 +244,8 @@ pub fn describe_error(error: io::Error, set_type: Option<SetType>) -> io::Error 
     )
 }
 
-fn request(cmd: u16, family: u8, flags: u16) -> Message {
-    Message::new(SUBSYS_IPSET | cmd, flags)
-        .raw(&[family, 0, 0, 0])
-        .u8(ATTR_PROTOCOL, PROTOCOL)
+fn request(cmd: u8, family: u8, flags: u16) -> Message {
+    nfnetlink::request(SUBSYS_IPSET, cmd, family, flags).u8(ATTR_PROTOCOL, PROTOCOL)
 }
 
 fn nfproto(family: IpFamily) -> u8 {
@@ -294,7 +290,7 @@ fn parse_entry(data: &[u8], set_type: SetType) -> Option<SetEntry> {
             DATA_IP => ip = parse_address(value),
             DATA_IP2 => ip2 = parse_address(value),
             DATA_PORT => port = value.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]])),
-            DATA_PROTO => proto = value.first().and_then(|n| protocol_of(*n)),
+            DATA_PROTO => proto = value.first().and_then(|n| protocol_of(u16::from(*n))),
             DATA_CIDR2 => cidr2 = value.first().copied(),
             _ => {}
         }
@@ -309,15 +305,6 @@ fn parse_entry(data: &[u8], set_type: SetType) -> Option<SetEntry> {
             SetEntry::IpPortNet(ip?, proto?, port?, net)
         }
     })
-}
-
-fn protocol_of(number: u8) -> Option<Protocol> {
-    match number {
-        6 => Some(Protocol::Tcp),
-        17 => Some(Protocol::Udp),
-        132 => Some(Protocol::Sctp),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -360,9 +347,9 @@ mod tests {
             let bytes = IpsetNetlink::entry_message(kind, IpFamily::V4, &entry, true)
                 .finish(1)
                 .unwrap();
-            let answer = wire::split(&bytes)[0];
-            assert_eq!(answer.kind, SUBSYS_IPSET | CMD_ADD);
-            let data = wire::find(&answer.payload[4..], ATTR_DATA).unwrap();
+            let answer = kp_netlink::messages(&bytes).next().unwrap();
+            assert_eq!(answer.kind, nfnetlink::message_type(SUBSYS_IPSET, CMD_ADD));
+            let data = kp_netlink::find(&answer.payload[4..], ATTR_DATA).unwrap();
             assert_eq!(parse_entry(data, kind.set_type()), Some(entry), "{entry}");
         }
     }

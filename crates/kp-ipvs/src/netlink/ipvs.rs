@@ -24,10 +24,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use kp_model::{IpFamily, Protocol};
-use netlink_sys::protocols::NETLINK_GENERIC;
+use kp_netlink::{
+    Attributes, BatchFailure, Channel, Message, NETLINK_GENERIC, NLM_F_ACK, NLM_F_DUMP,
+};
 
-use crate::netlink::channel::{BatchFailure, Channel};
-use crate::netlink::wire::{self, Attributes, Message, NLM_F_ACK, NLM_F_DUMP};
+use crate::netlink::malformed;
 use crate::state::{ServiceKey, VirtualServer, FLAG_HASHED};
 
 const GENL_ID_CTRL: u16 = 0x10;
@@ -121,7 +122,7 @@ impl IpvsNetlink {
 
     /// Requests sent so far.
     pub fn messages(&self) -> u64 {
-        self.channel.messages
+        self.channel.messages()
     }
 
     /// The generic netlink id of the `IPVS` family; `NotFound` with a
@@ -134,18 +135,21 @@ impl IpvsNetlink {
             .raw(&[CTRL_CMD_GETFAMILY, 1, 0, 0])
             .string(CTRL_ATTR_FAMILY_NAME, "IPVS");
         let reply = self.channel.ask(request).map_err(|error| {
-            if error.raw_os_error() == Some(2) {
+            if error.errno() == Some(2) {
                 io::Error::new(
                     io::ErrorKind::NotFound,
                     "the kernel has no IPVS (generic netlink family IPVS not found; is the ip_vs module loaded?)",
                 )
             } else {
-                error
+                error.into()
             }
         })?;
-        let id = wire::find(reply.get(4..).unwrap_or_default(), CTRL_ATTR_FAMILY_ID)
-            .and_then(wire::read_u16)
-            .ok_or_else(|| wire::malformed("no family id"))?;
+        let id = kp_netlink::find(
+            reply.payload().get(4..).unwrap_or_default(),
+            CTRL_ATTR_FAMILY_ID,
+        )
+        .and_then(kp_netlink::read_u16)
+        .ok_or_else(|| malformed("no family id"))?;
         self.family_id = Some(id);
         Ok(id)
     }
@@ -162,8 +166,10 @@ impl IpvsNetlink {
     ) -> io::Result<Vec<(ServiceKey, VirtualServer)>> {
         let request = self.request(CMD_GET_SERVICE, NLM_F_DUMP)?;
         let mut services = Vec::new();
-        for (_, payload) in self.channel.dump(request)? {
-            let Some(service) = wire::find(payload.get(4..).unwrap_or_default(), ATTR_SERVICE)
+        for reply in self.channel.dump_all(request)? {
+            let payload = reply.payload();
+            let Some(service) =
+                kp_netlink::find(payload.get(4..).unwrap_or_default(), ATTR_SERVICE)
             else {
                 continue;
             };
@@ -181,8 +187,10 @@ impl IpvsNetlink {
         let request = self.request(CMD_GET_DEST, NLM_F_DUMP)?;
         let request = service_attr(request, service, None);
         let mut dests = Vec::new();
-        for (_, payload) in self.channel.dump(request)? {
-            let Some(dest) = wire::find(payload.get(4..).unwrap_or_default(), ATTR_DEST) else {
+        for reply in self.channel.dump_all(request)? {
+            let payload = reply.payload();
+            let Some(dest) = kp_netlink::find(payload.get(4..).unwrap_or_default(), ATTR_DEST)
+            else {
                 continue;
             };
             if let Some(dest) = parse_dest(dest, IpFamily::of(&service.address)) {
@@ -272,7 +280,7 @@ impl IpvsNetlink {
         }
         self.channel
             .execute(vec![request])
-            .map_err(|failure| failure.into_first().error)
+            .map_err(|failure| failure.into_first().error.into())
     }
 }
 
@@ -320,14 +328,14 @@ fn parse_service(attrs: &[u8]) -> Option<(ServiceKey, VirtualServer)> {
     let mut timeout_secs = 0;
     for (kind, value) in Attributes::new(attrs) {
         match kind {
-            SVC_AF => af = wire::read_u16(value),
-            SVC_PROTOCOL => protocol = wire::read_u16(value).and_then(protocol_of),
+            SVC_AF => af = kp_netlink::read_u16(value),
+            SVC_PROTOCOL => protocol = kp_netlink::read_u16(value).and_then(protocol_of),
             SVC_ADDR => address = Some(value.to_vec()),
             SVC_PORT => port = value.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]])),
-            SVC_FWMARK if wire::read_u32(value).unwrap_or(0) != 0 => return None,
-            SVC_SCHED_NAME => scheduler = wire::read_string(value),
-            SVC_FLAGS => flags = wire::read_u32(value).unwrap_or(0) & !FLAG_HASHED,
-            SVC_TIMEOUT => timeout_secs = wire::read_u32(value).unwrap_or(0),
+            SVC_FWMARK if kp_netlink::read_u32(value).unwrap_or(0) != 0 => return None,
+            SVC_SCHED_NAME => scheduler = kp_netlink::read_string(value),
+            SVC_FLAGS => flags = kp_netlink::read_u32(value).unwrap_or(0) & !FLAG_HASHED,
+            SVC_TIMEOUT => timeout_secs = kp_netlink::read_u32(value).unwrap_or(0),
             _ => {}
         }
     }
@@ -360,9 +368,9 @@ fn parse_dest(attrs: &[u8], family: IpFamily) -> Option<ListedDest> {
         match kind {
             DEST_ADDR => address = address_of(value, family),
             DEST_PORT => port = value.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]])),
-            DEST_WEIGHT => weight = wire::read_u32(value).unwrap_or(0),
+            DEST_WEIGHT => weight = kp_netlink::read_u32(value).unwrap_or(0),
             DEST_ACTIVE_CONNS | DEST_INACT_CONNS => {
-                connections = connections.saturating_add(wire::read_u32(value).unwrap_or(0));
+                connections = connections.saturating_add(kp_netlink::read_u32(value).unwrap_or(0));
             }
             _ => {}
         }
@@ -406,7 +414,8 @@ pub fn protocol_number(protocol: Protocol) -> u16 {
     }
 }
 
-fn protocol_of(number: u16) -> Option<Protocol> {
+/// The protocol of `IPPROTO_*` `number`, of those Services use.
+pub fn protocol_of(number: u16) -> Option<Protocol> {
     match number {
         6 => Some(Protocol::Tcp),
         17 => Some(Protocol::Udp),
@@ -435,11 +444,11 @@ mod tests {
         let bytes = service_attr(Message::new(30, 0).raw(&[1, 1, 0, 0]), &key, Some(&server))
             .finish(1)
             .unwrap();
-        let answer = wire::split(&bytes)[0];
-        let service = wire::find(&answer.payload[4..], ATTR_SERVICE).unwrap();
+        let answer = kp_netlink::messages(&bytes).next().unwrap();
+        let service = kp_netlink::find(&answer.payload[4..], ATTR_SERVICE).unwrap();
         assert_eq!(parse_service(service), Some((key, server)));
         // The port is in network byte order.
-        let port = wire::find(service, SVC_PORT).unwrap();
+        let port = kp_netlink::find(service, SVC_PORT).unwrap();
         assert_eq!(port, [0, 53]);
     }
 }

@@ -17,12 +17,12 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kp_model::IpFamily;
-use netlink_sys::protocols::NETLINK_ROUTE;
-
-use crate::netlink::channel::{BatchError, BatchFailure, Channel};
-use crate::netlink::wire::{
-    self, Attributes, Message, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+use kp_netlink::{
+    Attributes, BatchError, BatchFailure, Channel, Message, NETLINK_ROUTE, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
 };
+
+use crate::netlink::malformed;
 use crate::state::DUMMY_LINK;
 
 const RTM_NEWLINK: u16 = 16;
@@ -38,8 +38,6 @@ const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 /// `IFA_F_NODAD`: no duplicate address detection for IPv6 service addresses.
 const IFA_F_NODAD: u8 = 0x02;
-/// `NLM_F_REPLACE`: adding a present address is not an error.
-const NLM_F_REPLACE: u16 = 0x100;
 const ENODEV: i32 = 19;
 const EEXIST: i32 = 17;
 const AF_INET: u8 = 2;
@@ -67,7 +65,7 @@ impl DummyLink {
 
     /// Requests sent so far.
     pub fn messages(&self) -> u64 {
-        self.channel.messages
+        self.channel.messages()
     }
 
     /// The interface index of kube-ipvs0, `None` when it does not exist
@@ -79,13 +77,14 @@ impl DummyLink {
         match self.channel.ask(request) {
             Ok(reply) => {
                 let index = reply
+                    .payload()
                     .get(4..8)
-                    .and_then(wire::read_u32)
-                    .ok_or_else(|| wire::malformed("link answer without an index"))?;
+                    .and_then(kp_netlink::read_u32)
+                    .ok_or_else(|| malformed("link answer without an index"))?;
                 Ok(Some(index))
             }
-            Err(error) if error.raw_os_error() == Some(ENODEV) => Ok(None),
-            Err(error) => Err(error),
+            Err(error) if error.errno() == Some(ENODEV) => Ok(None),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -104,7 +103,7 @@ impl DummyLink {
             .execute(vec![request])
             .map_err(BatchFailure::into_first)
         {
-            Err(BatchError { error, .. }) if error.raw_os_error() == Some(EEXIST) => Ok(()),
+            Err(BatchError { error, .. }) if error.errno() == Some(EEXIST) => Ok(()),
             other => other,
         }
     }
@@ -120,8 +119,8 @@ impl DummyLink {
             .map_err(BatchFailure::into_first)
         {
             Ok(()) => Ok(true),
-            Err(BatchError { error, .. }) if error.raw_os_error() == Some(ENODEV) => Ok(false),
-            Err(BatchError { error, .. }) => Err(error),
+            Err(BatchError { error, .. }) if error.errno() == Some(ENODEV) => Ok(false),
+            Err(BatchError { error, .. }) => Err(error.into()),
         }
     }
 
@@ -130,8 +129,9 @@ impl DummyLink {
     pub fn addresses(&mut self, index: u32, family: IpFamily) -> io::Result<BTreeSet<IpAddr>> {
         let request = Message::new(RTM_GETADDR, NLM_F_DUMP).raw(&[af(family), 0, 0, 0, 0, 0, 0, 0]);
         let mut addresses = BTreeSet::new();
-        for (_, payload) in self.channel.dump(request)? {
-            if payload.get(4..8).and_then(wire::read_u32) != Some(index) {
+        for reply in self.channel.dump_all(request)? {
+            let payload = reply.payload();
+            if payload.get(4..8).and_then(kp_netlink::read_u32) != Some(index) {
                 continue;
             }
             let wanted = if family == IpFamily::V4 {

@@ -1,18 +1,17 @@
 //! The real kernel: IPVS over generic netlink ([`ipvs`]), ipset over
 //! nfnetlink ([`ipset`]), kube-ipvs0 over rtnetlink ([`link`]), all built
-//! on one small message layer ([`wire`], [`channel`]) over `netlink-sys`
-//! sockets; real servers are read from the kernel's IPVS table ([`table`]).
+//! on the shared netlink layer (`kp-netlink`: requests with checked
+//! lengths, acknowledged batches, dumps); real servers are read from the
+//! kernel's IPVS table ([`table`]).
 //! No `ipvsadm`, `ipset` or `ip` program runs.
 //!
 //! Each socket belongs to the network namespace of the thread that opens
 //! it (on first use).
 
-pub mod channel;
 pub mod ipset;
 pub mod ipvs;
 pub mod link;
 pub mod table;
-pub mod wire;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -20,14 +19,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kp_model::IpFamily;
+use kp_netlink::{BatchError, BatchFailure, Message};
 
 use crate::diff::Op;
 use crate::kernel::{ApplyError, IpvsKernel, KernelError, Refusal};
-use crate::netlink::channel::{BatchError, BatchFailure};
 use crate::netlink::ipset::IpsetNetlink;
 use crate::netlink::ipvs::IpvsNetlink;
 use crate::netlink::link::DummyLink;
-use crate::netlink::wire::Message;
 use crate::state::{KernelState, ServiceKey, ServiceState, SetKind, VirtualServer};
 
 /// The three netlink handles behind [`IpvsKernel`].
@@ -73,7 +71,7 @@ impl NetlinkKernel {
         let message = self.ipvs.delete_service_message(key)?;
         self.ipvs
             .execute(vec![message])
-            .map_err(|failure| failure.into_first().error)
+            .map_err(|failure| failure.into_first().error.into())
     }
 
     /// The real servers of every service: all at once from the kernel's
@@ -204,6 +202,9 @@ impl NetlinkKernel {
         let Err(BatchFailure {
             refused: refusals,
             broken,
+            // Only nfnetlink batches are refused as a whole; these
+            // requests are sent one by one.
+            refused_whole: _,
         }) = result
         else {
             return Ok(());
@@ -302,11 +303,7 @@ impl IpvsKernel for NetlinkKernel {
             start = end;
         }
         refused.sort_by_key(|refusal| refusal.index);
-        if refused.is_empty() {
-            Ok(())
-        } else {
-            Err(ApplyError::Refused(refused))
-        }
+        ApplyError::unless_none(refused)
     }
 
     fn set_timeouts(
@@ -353,12 +350,12 @@ impl IpvsKernel for NetlinkKernel {
 /// missing real server `ENOENT`, an add of a present one `EEXIST`;
 /// rtnetlink a delete of a missing address `EADDRNOTAVAIL`; ipset an add of
 /// a present element, or a delete of a missing one, `IPSET_ERR_EXIST`.
-fn is_drift(op: &Op, error: &io::Error) -> bool {
+fn is_drift(op: &Op, error: &kp_netlink::Error) -> bool {
     const ENOENT: i32 = 2;
     const ESRCH: i32 = 3;
     const EEXIST: i32 = 17;
     const EADDRNOTAVAIL: i32 = 99;
-    let Some(code) = error.raw_os_error() else {
+    let Some(code) = error.errno() else {
         return false;
     };
     match op {
@@ -367,6 +364,11 @@ fn is_drift(op: &Op, error: &io::Error) -> bool {
         _ if op.deletes() => matches!(code, ENOENT | ESRCH | EADDRNOTAVAIL),
         _ => false,
     }
+}
+
+/// An answer that cannot be understood.
+fn malformed(what: &'static str) -> io::Error {
+    kp_netlink::Error::Malformed(what).into()
 }
 
 fn route(op: &Op) -> Route {
@@ -403,8 +405,8 @@ fn failure(family: IpFamily, ops: &[Op], error: BatchError) -> KernelError {
         _ => None,
     };
     let source = match op.map(route) {
-        Some(Route::Ipset) => ipset::describe_error(error.error, set_type),
-        _ => error.error,
+        Some(Route::Ipset) => ipset::describe_error(error.error.into(), set_type),
+        _ => error.error.into(),
     };
     KernelError { attempted, source }
 }
