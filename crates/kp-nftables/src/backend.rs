@@ -37,6 +37,7 @@ use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{next_generation, Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::generation::{self, Ruleset, SharedRuleset};
+use crate::model::{Command, Lines, Transaction};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
@@ -109,9 +110,11 @@ pub fn cleanup() -> Result<(), BackendError> {
 /// Like [`cleanup`], through `applier`.
 pub fn cleanup_with(applier: &mut dyn Applier) -> Result<(), BackendError> {
     for family in [IpFamily::V4, IpFamily::V6] {
-        let table = format!("{} {TABLE}", crate::options::family_keyword(family));
-        let text = format!("add table {table}\ndelete table {table}\n");
-        match applier.apply(family, &text) {
+        let transaction = Transaction {
+            family,
+            commands: vec![Command::AddTable { comment: None }, Command::DeleteTable],
+        };
+        match applier.apply(&transaction) {
             // Without nf_tables there can be no table of ours.
             Ok(()) | Err(ApplyError::NoNftables { .. }) => {}
             Err(error) => return Err(apply_error("deleting the kube-proxy table", error)),
@@ -248,7 +251,7 @@ impl NftablesBackend {
             return 0;
         };
         let before = self.current_generation();
-        match self.applier.apply(self.family, &cleanup.text) {
+        match self.applier.apply(&cleanup.transaction) {
             Ok(()) => {
                 // Each `delete chain` is a change: one generation.
                 self.settle(own, before, Commits::Changes(1), false);
@@ -370,17 +373,17 @@ impl NftablesBackend {
             .collect();
         input.full = false;
         input.changed_services = &every_service;
-        let mut text = String::new();
+        let mut transaction = Transaction::new(self.family);
         let rendered = self
             .renderer
             .render_streamed(&input, &self.programmed, |piece| {
-                if let Piece::Lines(lines) = piece {
-                    text.push_str(lines);
+                if let Piece::Commands(mut commands) = piece {
+                    transaction.commands.append(&mut commands);
                 }
                 Ok::<(), std::convert::Infallible>(())
             })
             .unwrap_or_else(|never| match never {});
-        match self.applier.apply_at(self.family, &text, current) {
+        match self.applier.apply_at(&transaction, current) {
             Ok(()) => {}
             Err(ApplyError::GenerationMoved) => {
                 tracing::debug!(family = %self.family, "the nftables ruleset changed meanwhile; rewriting the table");
@@ -490,15 +493,18 @@ impl Backend for NftablesBackend {
         };
         let family = self.family;
         let mut stream = self.applier.stream(family);
-        let committed =
-            self.renderer
-                .render_streamed(&input, &self.programmed, |piece| match piece {
-                    Piece::Lines(lines) => {
-                        tracing::trace!(family = %family, lines, "nftables transaction text");
-                        stream.write(lines)
-                    }
-                    Piece::Commit => stream.commit(),
-                });
+        let committed = self.renderer.render_streamed(
+            &input,
+            &self.programmed,
+            |piece| match piece {
+                Piece::Commands(commands) => {
+                    let lines = Lines::new(family, &commands);
+                    tracing::trace!(family = %family, lines = %lines, "nftables transaction text");
+                    stream.write(commands)
+                }
+                Piece::Commit => stream.commit(),
+            },
+        );
         drop(stream);
         let rendered = match committed {
             Ok(rendered) => rendered,

@@ -9,6 +9,9 @@
 //! Services that changed, found by comparing with what the last
 //! transaction left ([`Programmed`]) instead of listing the table.
 //!
+//! A transaction is a list of typed commands ([`model`]): printed, it is
+//! the `nft -f` text; encoded, the netlink batch; both from one value.
+//!
 //! [`NftablesBackend`] is the `--proxy-mode nftables` implementation of
 //! [`kp_sync::Backend`]: it renders and commits through an [`Applier`]:
 //! the [`NetlinkApplier`], which sends the transaction to the kernel as one
@@ -24,6 +27,7 @@
 pub mod applier;
 pub mod backend;
 pub mod generation;
+pub mod model;
 pub mod names;
 pub mod netlink;
 pub mod options;
@@ -33,6 +37,7 @@ pub mod tracer;
 
 pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier, TransactionStream};
 pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
+pub use model::{Command, Transaction};
 pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;
 pub use render::{

@@ -5,6 +5,7 @@ use ipnet::IpNet;
 use kp_iptables::LocalDetector;
 use kp_model::IpFamily;
 
+use crate::model::{AddrField, Address, Expr};
 use crate::NftablesError;
 
 /// Renderer settings; [`NftablesOptions::default`] matches upstream's
@@ -24,9 +25,9 @@ pub struct NftablesOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NftDetector {
     /// Matches traffic from this cluster's pods, e.g. `ip saddr 10.244.0.0/16`.
-    pub if_local: String,
+    pub if_local: Expr,
     /// Matches other traffic, e.g. `ip saddr != 10.244.0.0/16`.
-    pub if_not_local: String,
+    pub if_not_local: Expr,
 }
 
 impl Default for NftablesOptions {
@@ -76,7 +77,12 @@ impl NftablesOptions {
     /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
     /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
     pub fn masquerade_mark(&self) -> String {
-        format!("0x{:08x}", 1u32 << (self.masquerade_bit & 31))
+        format!("0x{:08x}", self.masquerade_mark_value())
+    }
+
+    /// The masquerade mark: bit `masquerade_bit` set.
+    pub(crate) fn masquerade_mark_value(&self) -> u32 {
+        1u32 << (self.masquerade_bit & 31)
     }
 
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
@@ -86,29 +92,41 @@ impl NftablesOptions {
         family: IpFamily,
         node_pod_cidrs: &[IpNet],
     ) -> Option<NftDetector> {
-        let ipx = family_keyword(family);
         let of_family = |cidrs: &[IpNet]| {
             cidrs
                 .iter()
                 .find(|cidr| IpFamily::of(&cidr.addr()) == family)
                 .map(|cidr| cidr.trunc())
         };
-        let cidr_matches = |cidr: IpNet| NftDetector {
-            if_local: format!("{ipx} saddr {cidr}"),
-            if_not_local: format!("{ipx} saddr != {cidr}"),
+        let cidr_matches = |cidr: IpNet| {
+            let source = |negate| Expr::AddrIs {
+                field: AddrField::Source,
+                negate,
+                value: Address::Prefix(cidr),
+            };
+            NftDetector {
+                if_local: source(false),
+                if_not_local: source(true),
+            }
         };
-        let interface_matches = |name: String| NftDetector {
-            if_local: format!("iifname {name}"),
-            if_not_local: format!("iifname != {name}"),
+        let interface_matches = |name: &str, prefix: bool| {
+            let name: std::sync::Arc<str> = std::sync::Arc::from(name);
+            let interface = |negate| Expr::InputInterface {
+                negate,
+                name: std::sync::Arc::clone(&name),
+                prefix,
+            };
+            NftDetector {
+                if_local: interface(false),
+                if_not_local: interface(true),
+            }
         };
         match &self.local_detector {
             LocalDetector::None => None,
             LocalDetector::ClusterCidr(cidrs) => of_family(cidrs).map(cidr_matches),
             LocalDetector::NodeCidr => of_family(node_pod_cidrs).map(cidr_matches),
-            LocalDetector::BridgeInterface(name) => Some(interface_matches(name.clone())),
-            LocalDetector::InterfaceNamePrefix(prefix) => {
-                Some(interface_matches(format!("{prefix}*")))
-            }
+            LocalDetector::BridgeInterface(name) => Some(interface_matches(name, false)),
+            LocalDetector::InterfaceNamePrefix(prefix) => Some(interface_matches(prefix, true)),
         }
     }
 }
@@ -156,15 +174,24 @@ mod tests {
             ..NftablesOptions::default()
         };
         let v4 = options.resolve_detector(IpFamily::V4, &[]).unwrap();
-        assert_eq!(v4.if_not_local, "ip saddr != 10.244.0.0/16");
+        assert_eq!(
+            v4.if_not_local.text(IpFamily::V4).to_string(),
+            "ip saddr != 10.244.0.0/16"
+        );
         let v6 = options.resolve_detector(IpFamily::V6, &[]).unwrap();
-        assert_eq!(v6.if_local, "ip6 saddr fd00:10:244::/48");
+        assert_eq!(
+            v6.if_local.text(IpFamily::V6).to_string(),
+            "ip6 saddr fd00:10:244::/48"
+        );
         let prefix = NftablesOptions {
             local_detector: LocalDetector::InterfaceNamePrefix("veth".into()),
             ..NftablesOptions::default()
         };
         let resolved = prefix.resolve_detector(IpFamily::V4, &[]).unwrap();
-        assert_eq!(resolved.if_local, "iifname veth*");
+        assert_eq!(
+            resolved.if_local.text(IpFamily::V4).to_string(),
+            "iifname veth*"
+        );
         let bad = NftablesOptions {
             local_detector: LocalDetector::BridgeInterface("a b".into()),
             ..NftablesOptions::default()
