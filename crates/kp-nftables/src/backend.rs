@@ -35,7 +35,7 @@ use kp_iptables::{IptablesError, LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
-use crate::applier::{next_generation, Applier, ApplyError, DryRunApplier, NftApplier};
+use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::generation::{self, Ruleset, SharedRuleset};
 use crate::model::{Command, Lines, Transaction};
 use crate::names::TABLE;
@@ -44,6 +44,10 @@ use crate::options::NftablesOptions;
 use crate::render::{stale_chain_cleanup, Commits, Piece, RenderInput, RenderStats, Renderer};
 use crate::state::Programmed;
 use crate::NftablesError;
+
+mod table_state;
+
+use table_state::{commits_explain, TableState};
 
 /// The mode's name, as `--proxy-mode` spells it.
 pub const MODE: &str = "nftables";
@@ -61,18 +65,9 @@ pub struct NftablesBackend {
     local_addresses: AddressLister,
     clock: Box<dyn FnMut() -> Instant + Send>,
     programmed: Programmed,
-    needs_full_sync: bool,
-    needs_reset: bool,
-    /// The last transaction failed: the next sync is one transaction.
-    repairing: bool,
+    /// What is known of the table, and so what the next sync does.
+    state: TableState,
     cleanup_failures: usize,
-    /// The ruleset generation the proxy's own last commit left, when it is
-    /// known that nothing else changed the table in between: the table then
-    /// is exactly [`Programmed`] (see [`NftablesBackend::untouched_full_sync`]).
-    generation: Option<u32>,
-    /// The fixed part of the last full render that was committed
-    /// ([`Renderer::head_fingerprint`]).
-    head_hash: Option<u64>,
     /// The commits of this process to the ruleset (shared with the other
     /// family's backend in the binary).
     ruleset: SharedRuleset,
@@ -151,12 +146,8 @@ impl NftablesBackend {
             local_addresses,
             clock: Box::new(Instant::now),
             programmed: Programmed::default(),
-            needs_full_sync: true,
-            needs_reset: true,
-            repairing: false,
+            state: TableState::Unknown,
             cleanup_failures: 0,
-            generation: None,
-            head_hash: None,
             ruleset: SharedRuleset::default(),
         })
     }
@@ -254,7 +245,14 @@ impl NftablesBackend {
         match self.applier.apply(&cleanup.transaction) {
             Ok(()) => {
                 // Each `delete chain` is a change: one generation.
-                self.settle(own, before, Commits::Changes(1), false);
+                let trusted = self.settle(
+                    own,
+                    self.state.trusted(),
+                    before,
+                    Commits::Changes(1),
+                    false,
+                );
+                self.state = self.state.with_trusted(trusted);
                 for chain in &cleanup.chains {
                     self.programmed.stale_chains.remove(chain);
                 }
@@ -279,11 +277,7 @@ impl NftablesBackend {
     /// deletes the table and writes it afresh in one transaction, which
     /// needs no record. Affinity state is lost then, as after a restart.
     fn forget_kernel(&mut self) {
-        self.needs_full_sync = true;
-        self.needs_reset = true;
-        self.repairing = true;
-        self.generation = None;
-        self.head_hash = None;
+        self.state = TableState::Failed;
     }
 
     /// The ruleset generation now, where the applier can tell.
@@ -298,29 +292,31 @@ impl NftablesBackend {
     }
 
     /// Settles what the proxy knows of the ruleset after its commits
-    /// (made since `before`, the generation read just before them): when
-    /// they alone explain the generation now, it records them as its own
-    /// and trusts the table at the new generation if it trusted it before
-    /// (no one else's commit since) or `rewrote` it whole; otherwise it
-    /// trusts nothing until a full rewrite.
-    fn settle(&mut self, own: &mut Ruleset, before: Option<u32>, commits: Commits, rewrote: bool) {
+    /// (made since `before`, the generation read just before them), and
+    /// returns the generation at which the table is trusted now: when the
+    /// commits alone explain the generation now, it records them as its
+    /// own and trusts the table at the new generation if it was `trusted`
+    /// before (no one else's commit since) or `rewrote` it whole;
+    /// otherwise it trusts nothing until a full rewrite.
+    fn settle(
+        &mut self,
+        own: &mut Ruleset,
+        trusted: Option<u32>,
+        before: Option<u32>,
+        commits: Commits,
+        rewrote: bool,
+    ) -> Option<u32> {
         let after = self.current_generation();
-        let explained = match (before, after, commits) {
-            (Some(before), Some(after), Commits::Changes(n)) => {
-                after == (0..n).fold(before, |g, _| next_generation(g))
-            }
-            (Some(before), Some(after), Commits::MaybeNone) => after == before,
-            _ => false,
+        let (Some(before), Some(after)) = (before, after) else {
+            return None;
         };
-        let (Some(before), Some(after), true) = (before, after, explained) else {
-            self.generation = None;
-            return;
-        };
+        if !commits_explain(before, after, commits) {
+            return None;
+        }
         own.record(before, after);
-        let trusted_before = self
-            .generation
-            .is_some_and(|trusted| own.untouched_between(self.family, trusted, before));
-        self.generation = (rewrote || trusted_before).then_some(after);
+        let trusted_before =
+            trusted.is_some_and(|trusted| own.untouched_between(self.family, trusted, before));
+        (rewrote || trusted_before).then_some(after)
     }
 
     /// A full sync of a table nobody else touched since the proxy's last
@@ -341,7 +337,7 @@ impl NftablesBackend {
         now: Instant,
         cleanup_failures: usize,
     ) -> Result<Option<SyncOutcome>, BackendError> {
-        let Some(trusted) = self.generation else {
+        let Some(trusted) = self.state.trusted() else {
             return Ok(None);
         };
         let Some(current) = self.current_generation() else {
@@ -362,7 +358,7 @@ impl NftablesBackend {
             node_port_addresses: node_ports,
             now,
         };
-        if Some(self.renderer.head_fingerprint(&input)) != self.head_hash {
+        if Some(self.renderer.head_fingerprint(&input)) != self.state.head_hash() {
             return Ok(None);
         }
         let every_service: BTreeSet<NamespacedName> = request
@@ -396,8 +392,8 @@ impl NftablesBackend {
                 return Err(rejected(error, request.service_ports, Blame::Lines));
             }
         }
-        self.generation = Some(current);
-        self.settle(own, Some(current), rendered.commits(), false);
+        let trusted = self.settle(own, Some(current), Some(current), rendered.commits(), false);
+        self.state = self.state.with_trusted(trusted);
         self.programmed.commit(rendered.delta);
         let mut outcome = outcome(true, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
@@ -447,8 +443,8 @@ impl Backend for NftablesBackend {
                 ),
             });
         }
-        let full = request.full || self.needs_full_sync;
-        let reset = full && self.needs_reset;
+        let plan = self.state.plan(request.full);
+        let (full, reset) = (plan.full, plan.reset);
         let node_ports = self.resolve_node_ports(request.node, full)?;
         let now = (self.clock)();
         // The other family's commits wait until this sync's are done and
@@ -462,7 +458,7 @@ impl Backend for NftablesBackend {
         } else {
             self.delete_stale_chains(now, &mut own)
         };
-        if full && !reset && !self.needs_full_sync {
+        if plan.differences_only {
             if let Some(outcome) = self.untouched_full_sync(
                 &mut own,
                 request,
@@ -481,10 +477,7 @@ impl Backend for NftablesBackend {
             family: self.family,
             full,
             reset,
-            // After a failure, one transaction that deletes the table
-            // repairs whatever a split one could not (a base chain whose
-            // priority changed, a table someone else edited).
-            split: !self.repairing,
+            split: plan.split,
             service_ports: request.service_ports,
             changed_services: request.changed_services,
             node: request.node,
@@ -524,13 +517,14 @@ impl Backend for NftablesBackend {
         if reset {
             self.programmed.clear();
         }
-        self.settle(&mut own, before, rendered.commits(), rendered.full);
-        if rendered.head_hash.is_some() {
-            self.head_hash = rendered.head_hash;
-        }
-        self.needs_full_sync = false;
-        self.needs_reset = false;
-        self.repairing = false;
+        let trusted = self.settle(
+            &mut own,
+            self.state.trusted(),
+            before,
+            rendered.commits(),
+            rendered.full,
+        );
+        self.state = self.state.succeeded(rendered.head_hash, trusted);
         self.programmed.commit(rendered.delta);
         let mut outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
@@ -554,7 +548,7 @@ impl std::fmt::Debug for NftablesBackend {
         f.debug_struct("NftablesBackend")
             .field("family", &self.family)
             .field("node_port_addresses", &self.node_port_addresses)
-            .field("needs_full_sync", &self.needs_full_sync)
+            .field("state", &self.state)
             .finish_non_exhaustive()
     }
 }
