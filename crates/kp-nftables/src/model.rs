@@ -609,15 +609,9 @@ impl fmt::Display for Key {
 impl Ord for Key {
     fn cmp(&self, other: &Self) -> Ordering {
         let (mut a, mut b) = (StackText::default(), StackText::default());
-        let written = fmt::Write::write_fmt(&mut a, format_args!("{self}")).is_ok()
-            && fmt::Write::write_fmt(&mut b, format_args!("{other}")).is_ok();
-        if written {
-            a.as_bytes().cmp(b.as_bytes())
-        } else {
-            // Longer than any key's text (at most 61 bytes); kept correct
-            // all the same.
-            self.to_string().cmp(&other.to_string())
-        }
+        a.key(self);
+        b.key(other);
+        a.as_bytes().cmp(b.as_bytes())
     }
 }
 
@@ -627,7 +621,8 @@ impl PartialOrd for Key {
     }
 }
 
-/// A short text written without allocating: a key's, to compare keys.
+/// A key's text, written without allocating, to compare keys: sorting a
+/// Service's elements compares keys often, on every render.
 struct StackText {
     bytes: [u8; 64],
     len: usize,
@@ -646,14 +641,70 @@ impl StackText {
     fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
+
+    /// Appends `bytes`. A key's text is at most 61 bytes (an IPv6
+    /// address, `sctp`, a port), so it always fits.
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(self.bytes.len());
+        let count = end - self.len;
+        self.bytes[self.len..end].copy_from_slice(&bytes[..count]);
+        self.len = end;
+    }
+
+    /// Appends `value` in decimal.
+    fn number(&mut self, value: u16) {
+        let mut digits = [0u8; 5];
+        let mut start = digits.len();
+        let mut rest = value;
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn address(&mut self, ip: &IpAddr) {
+        match ip {
+            IpAddr::V4(ip) => {
+                for (index, octet) in ip.octets().iter().enumerate() {
+                    if index > 0 {
+                        self.push(b".");
+                    }
+                    self.number(u16::from(*octet));
+                }
+            }
+            IpAddr::V6(_) => {
+                let _ = fmt::Write::write_fmt(self, format_args!("{ip}"));
+            }
+        }
+    }
+
+    /// Appends the text [`Key`]'s `Display` writes.
+    fn key(&mut self, key: &Key) {
+        let proto_port = |text: &mut Self, protocol: Protocol, port: u16| {
+            text.push(protocol_keyword(protocol).as_bytes());
+            text.push(b" . ");
+            text.number(port);
+        };
+        match key {
+            Key::Addr(ip) => self.address(ip),
+            Key::AddrProtoPort(ip, protocol, port) => {
+                self.address(ip);
+                self.push(b" . ");
+                proto_port(self, *protocol, *port);
+            }
+            Key::ProtoPort(protocol, port) => proto_port(self, *protocol, *port),
+        }
+    }
 }
 
 impl fmt::Write for StackText {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let target = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
-        target.copy_from_slice(s.as_bytes());
-        self.len = end;
+        self.push(s.as_bytes());
         Ok(())
     }
 }
@@ -829,7 +880,19 @@ mod tests {
             key("10.96.0.10", Protocol::Tcp, 443),
             key("10.96.0.1", Protocol::Udp, 53),
             key("fd00::1", Protocol::Sctp, 9),
+            key("255.0.10.200", Protocol::Tcp, 65535),
+            key("0.0.0.0", Protocol::Udp, 0),
+            Key::AddrProtoPort(
+                "fd00:10:96:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
+                Protocol::Sctp,
+                65535,
+            ),
         ];
+        for key in &keys {
+            let mut text = StackText::default();
+            text.key(key);
+            assert_eq!(text.as_bytes(), key.to_string().as_bytes());
+        }
         let mut texts: Vec<String> = keys.iter().map(ToString::to_string).collect();
         keys.sort();
         texts.sort();
