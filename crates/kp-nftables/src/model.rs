@@ -593,9 +593,9 @@ pub fn protocol_keyword(protocol: Protocol) -> &'static str {
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Addr(ip) => write!(f, "{ip}"),
+            Self::Addr(ip) => Ip(ip).fmt(f),
             Self::AddrProtoPort(ip, protocol, port) => {
-                write!(f, "{ip} . {} . {port}", protocol_keyword(*protocol))
+                write!(f, "{} . {} . {port}", Ip(ip), protocol_keyword(*protocol))
             }
             Self::ProtoPort(protocol, port) => {
                 write!(f, "{} . {port}", protocol_keyword(*protocol))
@@ -776,8 +776,8 @@ impl Address {
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Host(ip) => write!(f, "{ip}"),
-            Self::Prefix(net) => write!(f, "{net}"),
+            Self::Host(ip) => Ip(ip).fmt(f),
+            Self::Prefix(net) => write!(f, "{}/{}", Ip(&net.addr()), net.prefix_len()),
         }
     }
 }
@@ -845,10 +845,30 @@ impl fmt::Display for ExprText<'_> {
             Expr::MarkSetXor(mark) => write!(f, "mark set mark xor {}", Mark(*mark)),
             Expr::NumgenIs { modulus, value } => write!(f, "numgen random mod {modulus} {value}"),
             Expr::UpdateSourceSet(set) => write!(f, "update @{set} {{ {ipx} saddr }}"),
+            Expr::Dnat(SocketAddr::V4(to)) => {
+                write!(f, "dnat to {}:{}", Ip(&IpAddr::V4(*to.ip())), to.port())
+            }
             Expr::Dnat(to) => write!(f, "dnat to {to}"),
             Expr::MasqueradeFullyRandom => f.write_str("masquerade fully-random"),
             Expr::Reject => f.write_str("reject"),
             Expr::Verdict(verdict) => write!(f, "{verdict}"),
+        }
+    }
+}
+
+/// An address as `Display` writes it; IPv4 without the formatting
+/// machinery, since rule text is mostly IPv4 addresses.
+struct Ip<'a>(&'a IpAddr);
+
+impl fmt::Display for Ip<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V4(_) => {
+                let mut text = StackText::default();
+                text.address(self.0);
+                f.write_str(std::str::from_utf8(text.as_bytes()).map_err(|_| fmt::Error)?)
+            }
+            IpAddr::V6(ip) => ip.fmt(f),
         }
     }
 }
@@ -898,6 +918,25 @@ mod tests {
         texts.sort();
         let sorted: Vec<String> = keys.iter().map(ToString::to_string).collect();
         assert_eq!(sorted, texts);
+    }
+
+    #[test]
+    fn addresses_print_as_the_standard_library_prints_them() {
+        for text in ["0.0.0.0", "255.255.255.255", "10.96.0.10", "fd00:10:96::a"] {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(Address::Host(ip).to_string(), ip.to_string());
+        }
+        for text in ["10.244.0.0/16", "0.0.0.0/0", "fd00:10:244::/48"] {
+            let net: IpNet = text.parse().unwrap();
+            assert_eq!(Address::Prefix(net).to_string(), net.to_string());
+        }
+        for text in ["10.244.1.2:8080", "[fd00::2]:53"] {
+            let to: SocketAddr = text.parse().unwrap();
+            assert_eq!(
+                Expr::Dnat(to).text(IpFamily::V4).to_string(),
+                format!("dnat to {to}")
+            );
+        }
     }
 
     #[test]

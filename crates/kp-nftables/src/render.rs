@@ -210,6 +210,11 @@ pub(crate) struct Sections {
     pub reset: Vec<Command>,
     pub head: Vec<Command>,
     pub chains: Vec<Command>,
+    /// Service chains already printed (a render to text), in place of
+    /// their commands.
+    pub chains_text: String,
+    /// Commands and rules of `chains_text`.
+    pub chains_printed: (usize, usize),
     pub deletions: Vec<Command>,
     pub additions: Vec<Command>,
     pub tail: Vec<Command>,
@@ -245,13 +250,7 @@ impl Renderer {
     /// the same text.
     pub fn render(&mut self, input: &RenderInput<'_>, programmed: &Programmed) -> Rendered {
         let mut text = String::new();
-        let family = input.family;
-        let result = self.render_streamed(input, programmed, |piece| {
-            if let Piece::Commands(commands) = piece {
-                for command in &commands {
-                    let _ = writeln!(text, "{}", command.line(family));
-                }
-            }
+        let result = self.render_into(input, programmed, Some(&mut text), |_| {
             Ok::<(), std::convert::Infallible>(())
         });
         let Ok(mut rendered) = result;
@@ -280,6 +279,19 @@ impl Renderer {
         &mut self,
         input: &RenderInput<'_>,
         programmed: &Programmed,
+        emit: impl FnMut(Piece) -> Result<(), E>,
+    ) -> Result<Rendered, E> {
+        self.render_into(input, programmed, None, emit)
+    }
+
+    /// Renders to `emit`, or, given `text`, prints every command into it
+    /// instead (and hands `emit` only the commits): a Service's chains are
+    /// then printed once, which also measures them for the split.
+    fn render_into<E>(
+        &mut self,
+        input: &RenderInput<'_>,
+        programmed: &Programmed,
+        text: Option<&mut String>,
         mut emit: impl FnMut(Piece) -> Result<(), E>,
     ) -> Result<Rendered, E> {
         let full = input.full || input.reset;
@@ -291,11 +303,17 @@ impl Renderer {
             .transaction_text_max
             .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
         let mut split = false;
-        let mut emitted = Emitted::default();
+        let mut emitted = Emitted {
+            family: input.family,
+            text,
+            lines: 0,
+            rules: 0,
+            transactions: 0,
+            transactions_with_rules: 0,
+            current_rules: 0,
+        };
         // Service chain text written since the last split, in bytes.
         let mut chain_text = 0;
-        // One Service's chain text, to fingerprint and measure it.
-        let mut scratch = String::new();
         if full {
             let estimate = input.service_ports.len() * 10;
             let wanted = self.capacity_hint.max(estimate);
@@ -330,9 +348,7 @@ impl Renderer {
             let chains_before = out.chains.len();
             let mut record = self.render_service(&ctx, input, service, &mut out, &mut stats);
             if let Some(record) = &mut record {
-                write_text(ctx.family, &out.chains[chains_before..], &mut scratch);
-                record.chain_text_hash = fingerprint(&scratch);
-                chain_text += scratch.len();
+                record.chain_text_hash = fingerprint(&out.chains[chains_before..]);
             }
             let old = if input.reset {
                 None
@@ -344,6 +360,11 @@ impl Renderer {
                 // is what the last transaction left): nothing to rewrite.
                 out.chains.truncate(chains_before);
             }
+            if emitted.text.is_some() {
+                chain_text += out.print_chains(ctx.family, chains_before);
+            } else if may_split {
+                chain_text += text_len(ctx.family, &out.chains[chains_before..]);
+            }
             diff_service(full, old, record.as_ref(), &mut out, &mut stats, &mut delta);
             match (record, old) {
                 // Kept as it is, so a full sync does not hold a second
@@ -354,7 +375,7 @@ impl Renderer {
             }
             if may_split && chain_text >= limit {
                 split = true;
-                emitted.chain_transaction(&mut emit, std::mem::take(&mut out.chains))?;
+                emitted.chain_transaction(&mut emit, &mut out)?;
                 chain_text = 0;
             }
         }
@@ -364,21 +385,18 @@ impl Renderer {
         if !input.reset {
             revive_stale_chains(programmed, &mut delta);
         }
-        let head_hash = full.then(|| {
-            write_text(ctx.family, &out.head, &mut scratch);
-            fingerprint(&scratch)
-        });
+        let head_hash = full.then(|| fingerprint(&out.head));
         if split {
-            if !out.chains.is_empty() {
-                emitted.chain_transaction(&mut emit, std::mem::take(&mut out.chains))?;
+            if out.has_chains() {
+                emitted.chain_transaction(&mut emit, &mut out)?;
             }
             // In place: the table is not deleted (that would leave the
             // Services of the transactions above without their elements).
-            emitted.emit(&mut emit, out.head)?;
+            emitted.emit(&mut emit, std::mem::take(&mut out.head))?;
         } else {
-            emitted.emit(&mut emit, out.reset)?;
-            emitted.emit(&mut emit, out.head)?;
-            emitted.emit(&mut emit, out.chains)?;
+            emitted.emit(&mut emit, std::mem::take(&mut out.reset))?;
+            emitted.emit(&mut emit, std::mem::take(&mut out.head))?;
+            emitted.chains(&mut emit, &mut out)?;
         }
         for section in [out.deletions, out.additions, out.tail] {
             emitted.emit(&mut emit, section)?;
@@ -410,9 +428,7 @@ impl Renderer {
         let ctx = self.context(input);
         let mut head = Vec::new();
         head::write_head(&ctx, &self.options, input, &mut head);
-        let mut text = String::new();
-        write_text(ctx.family, &head, &mut text);
-        fingerprint(&text)
+        fingerprint(&head)
     }
 
     fn context(&self, input: &RenderInput<'_>) -> Context {
@@ -449,21 +465,51 @@ impl Renderer {
     }
 }
 
-/// A fingerprint of the text of commands (a Service's chains, or the
-/// fixed part): one pass over the text hashes faster than the commands'
-/// many small fields, and gives the text's length too.
-fn fingerprint(text: &str) -> u64 {
+impl Sections {
+    /// Prints the Service chain commands from `start` on into
+    /// `chains_text` in their place; returns the bytes printed.
+    fn print_chains(&mut self, family: IpFamily, start: usize) -> usize {
+        let before = self.chains_text.len();
+        let printed = &self.chains[start..];
+        let rules = printed.iter().filter(|command| command.is_rule()).count();
+        self.chains_printed.0 += printed.len();
+        self.chains_printed.1 += rules;
+        for command in printed {
+            let _ = writeln!(self.chains_text, "{}", command.line(family));
+        }
+        self.chains.truncate(start);
+        self.chains_text.len() - before
+    }
+
+    fn has_chains(&self) -> bool {
+        !self.chains.is_empty() || !self.chains_text.is_empty()
+    }
+}
+
+/// A fingerprint of commands (a Service's chains, or the fixed part).
+fn fingerprint(commands: &[Command]) -> u64 {
     use std::hash::Hasher;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
+    commands.hash(&mut hasher);
     hasher.finish()
 }
 
-/// Replaces `text` with the text of `commands`.
-fn write_text(family: IpFamily, commands: &[Command], text: &mut String) {
-    text.clear();
+/// The length of the text of `commands`, counted without writing it.
+fn text_len(family: IpFamily, commands: &[Command]) -> usize {
+    let mut counter = ByteCounter(0);
     for command in commands {
-        let _ = writeln!(text, "{}", command.line(family));
+        let _ = writeln!(counter, "{}", command.line(family));
+    }
+    counter.0
+}
+
+/// Counts the bytes written to it.
+struct ByteCounter(usize);
+
+impl std::fmt::Write for ByteCounter {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0 += s.len();
+        Ok(())
     }
 }
 
@@ -646,9 +692,11 @@ fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> 
         .sum()
 }
 
-/// Counts of what a streamed render handed on.
-#[derive(Debug, Default)]
-struct Emitted {
+/// Counts of what a render handed on, and where: to the emitter, or
+/// printed into `text`.
+struct Emitted<'t> {
+    family: IpFamily,
+    text: Option<&'t mut String>,
     lines: usize,
     rules: usize,
     transactions: usize,
@@ -657,7 +705,13 @@ struct Emitted {
     current_rules: usize,
 }
 
-impl Emitted {
+impl Emitted<'_> {
+    fn count(&mut self, lines: usize, rules: usize) {
+        self.lines += lines;
+        self.rules += rules;
+        self.current_rules += rules;
+    }
+
     /// Hands `commands` on (nothing when empty), counting them.
     fn emit<E>(
         &mut self,
@@ -668,10 +722,31 @@ impl Emitted {
             return Ok(());
         }
         let rules = commands.iter().filter(|command| command.is_rule()).count();
-        self.lines += commands.len();
-        self.rules += rules;
-        self.current_rules += rules;
-        emit(Piece::Commands(commands))
+        self.count(commands.len(), rules);
+        match self.text.as_deref_mut() {
+            Some(text) => {
+                for command in &commands {
+                    let _ = writeln!(text, "{}", command.line(self.family));
+                }
+                Ok(())
+            }
+            None => emit(Piece::Commands(commands)),
+        }
+    }
+
+    /// Hands the Service chains of `out` on, printed or not.
+    fn chains<E>(
+        &mut self,
+        emit: &mut impl FnMut(Piece) -> Result<(), E>,
+        out: &mut Sections,
+    ) -> Result<(), E> {
+        if let Some(text) = self.text.as_deref_mut() {
+            text.push_str(&out.chains_text);
+            out.chains_text.clear();
+            let (lines, rules) = std::mem::take(&mut out.chains_printed);
+            self.count(lines, rules);
+        }
+        self.emit(emit, std::mem::take(&mut out.chains))
     }
 
     /// Ends the current transaction.
@@ -687,10 +762,10 @@ impl Emitted {
     fn chain_transaction<E>(
         &mut self,
         emit: &mut impl FnMut(Piece) -> Result<(), E>,
-        chains: Vec<Command>,
+        out: &mut Sections,
     ) -> Result<(), E> {
         self.emit(emit, head::prelude())?;
-        self.emit(emit, chains)?;
+        self.chains(emit, out)?;
         self.commit(emit)
     }
 }
