@@ -97,6 +97,8 @@ pub enum ApplyError {
         message: String,
         /// The rejected line of the transaction, with its number.
         line: Option<(usize, String)>,
+        /// The rejected command (the command of `line`).
+        command: Option<Box<Command>>,
     },
     /// The kernel refused a netlink batch; nothing was committed.
     #[error("the kernel refused the transaction: {message}{}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {})", abbreviated(text))).unwrap_or_default(), more_refused(also_refused))]
@@ -108,6 +110,9 @@ pub enum ApplyError {
         /// Further lines whose messages the kernel refused in the same
         /// batch, with their numbers and errors.
         also_refused: Vec<(usize, String, String)>,
+        /// The refused commands: those of `line` and `also_refused`, in
+        /// that order.
+        refused: Vec<Command>,
     },
     /// A line of the transaction does not fit netlink's length fields (an
     /// attribute, a nested attribute or a message); nothing was sent.
@@ -121,6 +126,8 @@ pub enum ApplyError {
         reason: String,
         /// The line, with its number.
         line: (usize, String),
+        /// The command of the line.
+        command: Box<Command>,
     },
     /// The kernel acknowledged the transaction, but reading its state back
     /// shows that it was not applied (or its answers were incomplete).
@@ -267,6 +274,20 @@ impl ApplyError {
         }
     }
 
+    /// The commands the kernel (or the encoder, or `nft`) refused, in the
+    /// order of [`ApplyError::refused_lines`].
+    pub fn refused_commands(&self) -> Vec<&Command> {
+        match self {
+            Self::Kernel { refused, .. } => refused.iter().collect(),
+            Self::TooLarge { command, .. } => vec![&**command],
+            Self::Rejected {
+                command: Some(command),
+                ..
+            } => vec![&**command],
+            _ => Vec::new(),
+        }
+    }
+
     /// The program that is not installed, if that is the cause.
     pub fn missing_program(&self) -> Option<&str> {
         match self {
@@ -329,11 +350,17 @@ impl Applier for NftApplier {
             };
         }
         let stderr = String::from_utf8_lossy(&output.stderr);
+        let line = failing_line(&stderr, &text);
+        let command = line
+            .as_ref()
+            .and_then(|(number, _)| transaction.commands.get(number.checked_sub(1)?))
+            .map(|command| Box::new(command.clone()));
         Err(ApplyError::Rejected {
             program: self.program.clone(),
             status: output.status.to_string(),
             message: error_message(&stderr),
-            line: failing_line(&stderr, &text),
+            line,
+            command,
         })
     }
 }

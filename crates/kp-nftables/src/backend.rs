@@ -37,7 +37,7 @@ use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::generation::{self, Ruleset, SharedRuleset};
-use crate::model::{Command, Lines, Transaction};
+use crate::model::{Command, Key, Lines, Transaction};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
@@ -646,14 +646,15 @@ fn rejected(
     >,
     blame: Blame,
 ) -> BackendError {
-    let refused_lines = match blame {
-        Blame::Lines => error.refused_lines(),
+    let refused = match blame {
+        Blame::Lines => error.refused_commands(),
         Blame::Nobody => Vec::new(),
     };
-    let services: BTreeSet<NamespacedName> = refused_lines
+    let services: BTreeSet<NamespacedName> = refused
         .into_iter()
-        .filter_map(|line| {
-            crate::names::service_of_line(line).or_else(|| service_of_address(line, service_ports))
+        .filter_map(|command| {
+            crate::names::service_of_command(command)
+                .or_else(|| service_of_address(command, service_ports))
         })
         .collect();
     match apply_error("committing the transaction", error).rejected() {
@@ -672,21 +673,25 @@ fn rejected(
     }
 }
 
-/// The Service whose address an element line's key starts with
+/// The Service whose address an element command's first key starts with
 /// (`add element … cluster-ips { 10.96.0.10 }`): elements of the fixed sets
 /// name no chain and have no comment.
 fn service_of_address(
-    line: &str,
+    command: &Command,
     service_ports: &std::collections::BTreeMap<
         kp_model::ServicePortName,
         kp_sync::ServicePortState,
     >,
 ) -> Option<NamespacedName> {
-    if !line.starts_with("add element ") && !line.starts_with("delete element ") {
-        return None;
-    }
-    let key = line.split_once("{ ")?.1;
-    let address: IpAddr = key.split([' ', ',']).next()?.parse().ok()?;
+    let key = match command {
+        Command::AddElements { elements, .. } => elements.first().map(|element| element.key),
+        Command::DeleteElements { keys, .. } => keys.first().copied(),
+        _ => None,
+    }?;
+    let address = match key {
+        Key::Addr(address) | Key::AddrProtoPort(address, _, _) => address,
+        Key::ProtoPort(_, _) => return None,
+    };
     service_ports
         .iter()
         .find(|(_, state)| {
@@ -734,6 +739,8 @@ mod tests {
 
     #[test]
     fn a_refused_line_names_its_service_by_name_comment_or_address() {
+        use crate::model::{ChainKind, Name, SetElement, Verdict};
+        use kp_model::Protocol;
         let ports: std::collections::BTreeMap<_, _> = [
             service("ns1", "web", "10.96.0.10", 80).build(),
             service("ns1", "lb", "10.96.0.11", 80)
@@ -742,37 +749,62 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let refused = |line: &str| {
+        let refused = |command: Command| {
             let error = ApplyError::Kernel {
                 message: "No such file or directory (os error 2)".to_owned(),
-                line: Some((7, line.to_owned())),
+                line: Some((7, command.line(IpFamily::V4).to_string())),
                 also_refused: Vec::new(),
+                refused: vec![command],
             };
             match rejected(error, &ports, Blame::Lines) {
                 BackendError::Rejected { services, .. } => services,
                 other => panic!("expected a rejected transaction, got {other:?}"),
             }
         };
+        let chain = |name: &str| Command::AddChain {
+            name: Name::Shared(Arc::from(name)),
+            kind: ChainKind::Regular,
+        };
+        let element =
+            |set: &'static str, key: Key, verdict: Option<Verdict>| Command::AddElements {
+                set: Name::Fixed(set),
+                elements: vec![SetElement {
+                    key,
+                    comment: None,
+                    verdict,
+                }],
+            };
+        let address = |text: &str| text.parse::<IpAddr>().unwrap();
         let web: BTreeSet<_> = [NamespacedName::new("ns1", "web")].into();
         let lb: BTreeSet<_> = [NamespacedName::new("ns1", "lb")].into();
+        assert_eq!(refused(chain("service-AAAAAAAA-ns1/web/tcp/http")), web);
         assert_eq!(
-            refused("add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http"),
+            refused(element(
+                "cluster-ips",
+                Key::Addr(address("10.96.0.10")),
+                None
+            )),
             web
         );
+        let external = Name::Shared(Arc::from("external-AAAAAAAA-ns1/lb/tcp/http"));
         assert_eq!(
-            refused("add element ip kube-proxy cluster-ips { 10.96.0.10 }"),
-            web
-        );
-        assert_eq!(
-            refused("add element ip kube-proxy service-ips { 203.0.113.9 . tcp . 80 : goto external-AAAAAAAA-ns1/lb/tcp/http }"),
+            refused(element(
+                "service-ips",
+                Key::AddrProtoPort(address("203.0.113.9"), Protocol::Tcp, 80),
+                Some(Verdict::Goto(external))
+            )),
             lb
         );
         assert_eq!(
-            refused("add element ip kube-proxy cluster-ips { 203.0.113.9 }"),
+            refused(element(
+                "cluster-ips",
+                Key::Addr(address("203.0.113.9")),
+                None
+            )),
             lb
         );
         assert_eq!(
-            refused("add chain ip kube-proxy services"),
+            refused(chain("services")),
             BTreeSet::new(),
             "a fixed chain belongs to no Service"
         );
@@ -784,13 +816,15 @@ mod tests {
             [service("ns1", "web", "10.96.0.10", 80).build()]
                 .into_iter()
                 .collect();
+        let command = Command::AddChain {
+            name: crate::model::Name::Shared(Arc::from("service-AAAAAAAA-ns1/web/tcp/http")),
+            kind: crate::model::ChainKind::Regular,
+        };
         let error = ApplyError::Kernel {
             message: "No such file or directory (os error 2)".to_owned(),
-            line: Some((
-                7,
-                "add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http".to_owned(),
-            )),
+            line: Some((7, command.line(IpFamily::V4).to_string())),
             also_refused: Vec::new(),
+            refused: vec![command],
         };
         match rejected(error, &ports, Blame::Nobody) {
             BackendError::Rejected { services, .. } => assert_eq!(services, BTreeSet::new()),

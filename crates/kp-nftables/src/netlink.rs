@@ -86,8 +86,8 @@ impl From<Oversize> for EncodeError {
     }
 }
 
-/// A line that could not be encoded: its number, its text, and why.
-type LineError = (usize, String, EncodeError);
+/// A command that could not be encoded: its line number, and why.
+type LineError = (usize, EncodeError);
 
 /// Encodes one transaction for one family.
 #[derive(Debug)]
@@ -150,10 +150,8 @@ impl Encoder {
     fn encode(&mut self, batch: &mut Batch, transaction: &Transaction) -> Result<(), LineError> {
         for (index, command) in transaction.commands.iter().enumerate() {
             self.line = index + 1;
-            self.encode_command(batch, command).map_err(|error| {
-                let line = command.line(transaction.family).to_string();
-                (index + 1, line, error)
-            })?;
+            self.encode_command(batch, command)
+                .map_err(|error| (index + 1, error))?;
         }
         Ok(())
     }
@@ -365,9 +363,14 @@ impl Answers {
                     (line, io::Error::from_raw_os_error(-code).to_string())
                 };
                 let (line, message) = line_of(first);
-                let also_refused = refused
+                let also_refused: Vec<(usize, String, String)> = refused
                     .map(line_of)
                     .filter_map(|(line, message)| line.map(|(n, text)| (n, text, message)))
+                    .collect();
+                let numbers = line.iter().map(|(n, _)| *n);
+                let numbers = numbers.chain(also_refused.iter().map(|(n, _, _)| *n));
+                let refused = numbers
+                    .filter_map(|n| transaction.commands.get(n - 1).cloned())
                     .collect();
                 let message = if first.0 == begin_seq {
                     format!("{message} (the batch as a whole)")
@@ -378,6 +381,7 @@ impl Answers {
                     message,
                     line,
                     also_refused,
+                    refused,
                 });
             }
         }
@@ -507,26 +511,37 @@ impl Expected {
     }
 }
 
-/// The error for a command the encoder refused, naming the object it
-/// writes.
-fn encode_error(line: usize, text: String, error: EncodeError) -> ApplyError {
+/// The error for command `line` (1-based) of `transaction`, which the
+/// encoder refused, naming the object it writes.
+fn encode_error(transaction: &Transaction, line: usize, error: EncodeError) -> ApplyError {
+    let family = transaction.family;
+    let Some(command) = transaction.commands.get(line.wrapping_sub(1)).cloned() else {
+        // Not reached: the encoder numbers the commands it was given.
+        return ApplyError::NotApplied {
+            reason: format!("the netlink encoder refused line {line}, which does not exist"),
+        };
+    };
+    let text = command.line(family).to_string();
     match error {
         EncodeError::Unsupported => ApplyError::Kernel {
             message: "not sent: the netlink encoder cannot encode this line".to_owned(),
             line: Some((line, text)),
             also_refused: Vec::new(),
+            refused: vec![command],
         },
         EncodeError::TooLarge(oversize) => ApplyError::TooLarge {
-            object: crate::names::describe_line(&text),
+            object: crate::names::describe_command(&command, family),
             reason: oversize.to_string(),
             line: (line, text),
+            command: Box::new(command),
         },
         EncodeError::CommentTooLong { len, max } => ApplyError::TooLarge {
-            object: crate::names::describe_line(&text),
+            object: crate::names::describe_command(&command, family),
             reason: format!(
                 "its comment is {len} bytes long, more than the {max} nftnl's user data holds"
             ),
             line: (line, text),
+            command: Box::new(command),
         },
     }
 }
@@ -560,7 +575,7 @@ impl NetlinkApplier {
         let mut batch = Batch::new(self.next_seq, generation);
         encoder
             .encode(&mut batch, transaction)
-            .map_err(|(line, content, error)| encode_error(line, content, error))?;
+            .map_err(|(line, error)| encode_error(transaction, line, error))?;
         let empty = batch.messages() == 0;
         if empty && generation.is_none() {
             // Nothing to commit: an empty partial sync.

@@ -60,9 +60,13 @@ fn an_address_of_the_other_family_is_named_and_nothing_is_sent() {
         IpFamily::V4,
         vec![Command::AddTable { comment: None }, Command::AddRule(rule)],
     );
-    let error = encoder.encode(&mut batch, &text).unwrap_err();
-    assert_eq!(error.0, 2);
-    assert_eq!(error.1, "add rule ip kube-proxy c ip saddr fd00::1 drop");
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    assert_eq!(line, 2);
+    let error = encode_error(&text, line, error);
+    assert_eq!(
+        error.refused_lines(),
+        ["add rule ip kube-proxy c ip saddr fd00::1 drop"]
+    );
 }
 
 #[test]
@@ -270,8 +274,8 @@ fn a_comment_too_long_for_its_length_byte_names_the_rule_and_its_service() {
         IpFamily::V4,
         vec![Command::AddRule(goto_rule().with_comment(comment))],
     );
-    let (line, content, error) = encoder.encode(&mut batch, &text).unwrap_err();
-    match encode_error(line, content, error) {
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    match encode_error(&text, line, error) {
         ApplyError::TooLarge { object, reason, .. } => {
             assert_eq!(
                 object,
@@ -289,8 +293,8 @@ fn a_name_too_long_for_an_attribute_is_refused_by_name_not_cut() {
     let mut batch = Batch::new(1, None);
     let name = format!("service-AAAAAAAA-ns1/web/tcp/{}", "x".repeat(70_000));
     let text = transaction(IpFamily::V4, vec![chain(&name)]);
-    let (line, content, error) = encoder.encode(&mut batch, &text).unwrap_err();
-    let error = encode_error(line, content, error);
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    let error = encode_error(&text, line, error);
     let message = error.to_string();
     assert!(
         matches!(&error, ApplyError::TooLarge { object, .. } if object.ends_with("(Service ns1/web)")),
