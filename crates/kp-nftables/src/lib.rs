@@ -20,8 +20,8 @@
 //! in-memory [`FakeApplier`], or the [`DryRunApplier`]; [`cleanup`]
 //! deletes both tables.
 //!
-//! [`tracer`] parses rendered text and follows a packet through it, so
-//! tests can assert behaviour ("goes to one of these endpoints", "is
+//! [`tracer`] replays the typed transactions and follows a packet through
+//! them, so tests can assert behaviour ("goes to one of these endpoints", "is
 //! rejected") rather than rule text alone.
 
 pub mod applier;
