@@ -191,6 +191,8 @@ pub enum Piece {
 pub struct Renderer {
     options: NftablesOptions,
     capacity_hint: usize,
+    /// The longest text a render to text wrote, in bytes, to size the next.
+    text_hint: usize,
     transaction_text_max: usize,
 }
 
@@ -227,6 +229,7 @@ impl Renderer {
         Ok(Self {
             options,
             capacity_hint: 0,
+            text_hint: 0,
             transaction_text_max: TRANSACTION_TEXT_MAX,
         })
     }
@@ -249,11 +252,12 @@ impl Renderer {
     /// transaction's text in [`Rendered::text`]. Pure: the same input gives
     /// the same text.
     pub fn render(&mut self, input: &RenderInput<'_>, programmed: &Programmed) -> Rendered {
-        let mut text = String::new();
+        let mut text = String::with_capacity(self.text_hint);
         let result = self.render_into(input, programmed, Some(&mut text), |_| {
             Ok::<(), std::convert::Infallible>(())
         });
         let Ok(mut rendered) = result;
+        self.text_hint = self.text_hint.max(text.len());
         rendered.text = text;
         rendered
     }
@@ -325,6 +329,9 @@ impl Renderer {
             out.additions.reserve(input.service_ports.len() * 2);
             if input.reset {
                 out.reset = head::reset();
+            }
+            if emitted.text.is_some() {
+                out.chains_text.reserve(self.text_hint);
             }
             head::write_head(&ctx, &self.options, input, &mut out.head);
         }
