@@ -21,6 +21,10 @@ use crate::options::NftablesOptions;
 /// The table's comment.
 const TABLE_COMMENT: &str = "rules for kube-proxy";
 
+/// `127.0.0.0/8`, which NodePorts never answer on (checked when compiled).
+const LOOPBACK_V4: ipnet::Ipv4Net =
+    ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8);
+
 /// A base chain: name, type, hook, priority. Filtering happens on the
 /// original destination (before DNAT, priority dstnat − 10) where source
 /// ranges are checked, and after DNAT (priority 0) where refusals are.
@@ -275,10 +279,7 @@ fn write_fixed_rules(
     let node_ports = || match input.node_port_addresses {
         None => {
             let loopback = match ctx.family {
-                IpFamily::V4 => Address::Prefix(ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert(
-                    std::net::Ipv4Addr::new(127, 0, 0, 0),
-                    8,
-                ))),
+                IpFamily::V4 => Address::Prefix(ipnet::IpNet::V4(LOOPBACK_V4)),
                 IpFamily::V6 => Address::Host(std::net::Ipv6Addr::LOCALHOST.into()),
             };
             vec![
