@@ -335,6 +335,44 @@ pub struct Line<'a> {
     command: &'a Command,
 }
 
+/// An expression printed for one family (`ip` or `ip6` address matches).
+#[derive(Debug, Clone, Copy)]
+pub struct ExprText<'a> {
+    family: IpFamily,
+    expr: &'a Expr,
+}
+
+/// `ipv4_addr . inet_proto . inet_service`.
+pub const IPV4_PROTO_PORT: &[KeyType] =
+    &[KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+/// `ipv6_addr . inet_proto . inet_service`.
+pub const IPV6_PROTO_PORT: &[KeyType] =
+    &[KeyType::Ipv6Addr, KeyType::InetProto, KeyType::InetService];
+/// `inet_proto . inet_service`.
+pub const PROTO_PORT: &[KeyType] = &[KeyType::InetProto, KeyType::InetService];
+/// `ipv4_addr`.
+pub const IPV4: &[KeyType] = &[KeyType::Ipv4Addr];
+/// `ipv6_addr`.
+pub const IPV6: &[KeyType] = &[KeyType::Ipv6Addr];
+
+/// `ip kube-proxy` or `ip6 kube-proxy`.
+struct Table(IpFamily);
+
+/// A key's text, written without allocating, to compare keys: sorting a
+/// Service's elements compares keys often, on every render.
+struct StackText {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+/// An address as `Display` writes it; IPv4 without the formatting
+/// machinery, since rule text is mostly IPv4 addresses.
+struct Ip<'a>(&'a IpAddr);
+
+/// A mark as upstream formats it (Go `%#08x`: the digits padded to 8,
+/// then `0x`), e.g. `0x00004000`.
+struct Mark(u32);
+
 impl Transaction {
     /// An empty transaction for `family`.
     pub fn new(family: IpFamily) -> Self {
@@ -355,22 +393,6 @@ impl Transaction {
 impl fmt::Display for Transaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         Lines::new(self.family, &self.commands).fmt(f)
-    }
-}
-
-impl<'a> Lines<'a> {
-    /// `commands` as text for a table of `family`.
-    pub fn new(family: IpFamily, commands: &'a [Command]) -> Self {
-        Self { family, commands }
-    }
-}
-
-impl fmt::Display for Lines<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for command in self.commands {
-            writeln!(f, "{}", command.line(self.family))?;
-        }
-        Ok(())
     }
 }
 
@@ -414,6 +436,177 @@ impl Command {
     /// Whether it is an `add rule`.
     pub fn is_rule(&self) -> bool {
         matches!(self, Self::AddRule(_))
+    }
+}
+
+impl ChainType {
+    /// The keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Filter => "filter",
+            Self::Nat => "nat",
+        }
+    }
+}
+
+impl Hook {
+    /// The keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Prerouting => "prerouting",
+            Self::Input => "input",
+            Self::Forward => "forward",
+            Self::Output => "output",
+            Self::Postrouting => "postrouting",
+        }
+    }
+}
+
+impl KeyType {
+    /// The keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Ipv4Addr => "ipv4_addr",
+            Self::Ipv6Addr => "ipv6_addr",
+            Self::InetProto => "inet_proto",
+            Self::InetService => "inet_service",
+        }
+    }
+
+    /// The address type of `family`.
+    pub fn address(family: IpFamily) -> Self {
+        match family {
+            IpFamily::V4 => Self::Ipv4Addr,
+            IpFamily::V6 => Self::Ipv6Addr,
+        }
+    }
+}
+
+/// `10.96.0.10 . tcp . 80`, as `add element` takes it.
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(ip) => Ip(ip).fmt(f),
+            Self::AddrProtoPort(ip, protocol, port) => {
+                write!(f, "{} . {} . {port}", Ip(ip), protocol_keyword(*protocol))
+            }
+            Self::ProtoPort(protocol, port) => {
+                write!(f, "{} . {port}", protocol_keyword(*protocol))
+            }
+        }
+    }
+}
+
+/// Keys sort as their text does, which is the order the elements of a
+/// transaction are written in.
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let (mut a, mut b) = (StackText::default(), StackText::default());
+        a.key(self);
+        b.key(other);
+        a.as_bytes().cmp(b.as_bytes())
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// `KEY[ comment "C"][ : VERDICT]`.
+impl fmt::Display for SetElement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.key)?;
+        if let Some(comment) = &self.comment {
+            write!(f, " comment \"{comment}\"")?;
+        }
+        if let Some(verdict) = &self.verdict {
+            write!(f, " : {verdict}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Accept => f.write_str("accept"),
+            Self::Drop => f.write_str("drop"),
+            Self::Return => f.write_str("return"),
+            Self::Jump(chain) => write!(f, "jump {chain}"),
+            Self::Goto(chain) => write!(f, "goto {chain}"),
+        }
+    }
+}
+
+impl Rule {
+    /// A rule in `chain`.
+    pub fn new(chain: impl Into<Name>, exprs: Vec<Expr>) -> Self {
+        Self {
+            chain: chain.into(),
+            exprs,
+            comment: None,
+        }
+    }
+
+    /// The same rule with `comment`.
+    #[must_use]
+    pub fn with_comment(mut self, comment: &'static str) -> Self {
+        self.comment = Some(comment);
+        self
+    }
+}
+
+impl AddrField {
+    /// `saddr` or `daddr`.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Source => "saddr",
+            Self::Destination => "daddr",
+        }
+    }
+}
+
+impl Address {
+    /// The prefix it covers (a host's is /32 or /128).
+    pub fn net(self) -> IpNet {
+        match self {
+            Self::Host(ip) => IpNet::from(ip),
+            Self::Prefix(net) => net,
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Host(ip) => Ip(ip).fmt(f),
+            Self::Prefix(net) => write!(f, "{}/{}", Ip(&net.addr()), net.prefix_len()),
+        }
+    }
+}
+
+impl Expr {
+    /// This expression's text in a table of `family`.
+    pub fn text(&self, family: IpFamily) -> ExprText<'_> {
+        ExprText { family, expr: self }
+    }
+}
+
+impl<'a> Lines<'a> {
+    /// `commands` as text for a table of `family`.
+    pub fn new(family: IpFamily, commands: &'a [Command]) -> Self {
+        Self { family, commands }
+    }
+}
+
+impl fmt::Display for Lines<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for command in self.commands {
+            writeln!(f, "{}", command.line(self.family))?;
+        }
+        Ok(())
     }
 }
 
@@ -507,125 +700,70 @@ impl fmt::Display for Line<'_> {
     }
 }
 
-/// `ip kube-proxy` or `ip6 kube-proxy`.
-struct Table(IpFamily);
+impl fmt::Display for ExprText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ipx = family_keyword(self.family);
+        match self.expr {
+            Expr::CtStateNew => f.write_str("ct state new"),
+            Expr::AddrIs {
+                field,
+                negate,
+                value,
+            } => {
+                let op = if *negate { "!= " } else { "" };
+                write!(f, "{ipx} {} {op}{value}", field.keyword())
+            }
+            Expr::AddrNotIn { field, values } => {
+                write!(f, "{ipx} {} != {{ ", field.keyword())?;
+                for (index, value) in values.iter().enumerate() {
+                    if index > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{value}")?;
+                }
+                f.write_str(" }")
+            }
+            Expr::AddrInSet { field, set } => write!(f, "{ipx} {} @{set}", field.keyword()),
+            Expr::DispatchVmap { with_addr, map } => {
+                if *with_addr {
+                    write!(f, "{ipx} daddr . ")?;
+                }
+                write!(f, "meta l4proto . th dport vmap @{map}")
+            }
+            Expr::DestinationPort { protocol, port } => {
+                write!(f, "{} dport {port}", protocol_keyword(*protocol))
+            }
+            Expr::L4Proto(protocol) => write!(f, "meta l4proto {}", protocol_keyword(*protocol)),
+            Expr::FibLocal(field) => write!(f, "fib {} type local", field.keyword()),
+            Expr::InputInterface {
+                negate,
+                name,
+                prefix,
+            } => {
+                let op = if *negate { "!= " } else { "" };
+                let star = if *prefix { "*" } else { "" };
+                write!(f, "iifname {op}{name}{star}")
+            }
+            Expr::MarkLacks(mark) => write!(f, "mark and {} == 0", Mark(*mark)),
+            Expr::MarkSetOr(mark) => write!(f, "mark set mark or {}", Mark(*mark)),
+            Expr::MarkSetXor(mark) => write!(f, "mark set mark xor {}", Mark(*mark)),
+            Expr::NumgenIs { modulus, value } => write!(f, "numgen random mod {modulus} {value}"),
+            Expr::UpdateSourceSet(set) => write!(f, "update @{set} {{ {ipx} saddr }}"),
+            Expr::Dnat(SocketAddr::V4(to)) => {
+                write!(f, "dnat to {}:{}", Ip(&IpAddr::V4(*to.ip())), to.port())
+            }
+            Expr::Dnat(to) => write!(f, "dnat to {to}"),
+            Expr::MasqueradeFullyRandom => f.write_str("masquerade fully-random"),
+            Expr::Reject => f.write_str("reject"),
+            Expr::Verdict(verdict) => write!(f, "{verdict}"),
+        }
+    }
+}
 
 impl fmt::Display for Table {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", family_keyword(self.0), crate::names::TABLE)
     }
-}
-
-fn set_keyword(map: bool) -> &'static str {
-    if map {
-        "map"
-    } else {
-        "set"
-    }
-}
-
-impl ChainType {
-    /// The keyword.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Self::Filter => "filter",
-            Self::Nat => "nat",
-        }
-    }
-}
-
-impl Hook {
-    /// The keyword.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Self::Prerouting => "prerouting",
-            Self::Input => "input",
-            Self::Forward => "forward",
-            Self::Output => "output",
-            Self::Postrouting => "postrouting",
-        }
-    }
-}
-
-impl KeyType {
-    /// The keyword.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Self::Ipv4Addr => "ipv4_addr",
-            Self::Ipv6Addr => "ipv6_addr",
-            Self::InetProto => "inet_proto",
-            Self::InetService => "inet_service",
-        }
-    }
-
-    /// The address type of `family`.
-    pub fn address(family: IpFamily) -> Self {
-        match family {
-            IpFamily::V4 => Self::Ipv4Addr,
-            IpFamily::V6 => Self::Ipv6Addr,
-        }
-    }
-}
-
-/// `ipv4_addr . inet_proto . inet_service`.
-pub const IPV4_PROTO_PORT: &[KeyType] =
-    &[KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
-/// `ipv6_addr . inet_proto . inet_service`.
-pub const IPV6_PROTO_PORT: &[KeyType] =
-    &[KeyType::Ipv6Addr, KeyType::InetProto, KeyType::InetService];
-/// `inet_proto . inet_service`.
-pub const PROTO_PORT: &[KeyType] = &[KeyType::InetProto, KeyType::InetService];
-/// `ipv4_addr`.
-pub const IPV4: &[KeyType] = &[KeyType::Ipv4Addr];
-/// `ipv6_addr`.
-pub const IPV6: &[KeyType] = &[KeyType::Ipv6Addr];
-
-/// `tcp`, `udp` or `sctp`.
-pub fn protocol_keyword(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
-/// `10.96.0.10 . tcp . 80`, as `add element` takes it.
-impl fmt::Display for Key {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Addr(ip) => Ip(ip).fmt(f),
-            Self::AddrProtoPort(ip, protocol, port) => {
-                write!(f, "{} . {} . {port}", Ip(ip), protocol_keyword(*protocol))
-            }
-            Self::ProtoPort(protocol, port) => {
-                write!(f, "{} . {port}", protocol_keyword(*protocol))
-            }
-        }
-    }
-}
-
-/// Keys sort as their text does, which is the order the elements of a
-/// transaction are written in.
-impl Ord for Key {
-    fn cmp(&self, other: &Self) -> Ordering {
-        let (mut a, mut b) = (StackText::default(), StackText::default());
-        a.key(self);
-        b.key(other);
-        a.as_bytes().cmp(b.as_bytes())
-    }
-}
-
-impl PartialOrd for Key {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-/// A key's text, written without allocating, to compare keys: sorting a
-/// Service's elements compares keys often, on every render.
-struct StackText {
-    bytes: [u8; 64],
-    len: usize,
 }
 
 impl Default for StackText {
@@ -709,157 +847,6 @@ impl fmt::Write for StackText {
     }
 }
 
-/// `KEY[ comment "C"][ : VERDICT]`.
-impl fmt::Display for SetElement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.key)?;
-        if let Some(comment) = &self.comment {
-            write!(f, " comment \"{comment}\"")?;
-        }
-        if let Some(verdict) = &self.verdict {
-            write!(f, " : {verdict}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Accept => f.write_str("accept"),
-            Self::Drop => f.write_str("drop"),
-            Self::Return => f.write_str("return"),
-            Self::Jump(chain) => write!(f, "jump {chain}"),
-            Self::Goto(chain) => write!(f, "goto {chain}"),
-        }
-    }
-}
-
-impl Rule {
-    /// A rule in `chain`.
-    pub fn new(chain: impl Into<Name>, exprs: Vec<Expr>) -> Self {
-        Self {
-            chain: chain.into(),
-            exprs,
-            comment: None,
-        }
-    }
-
-    /// The same rule with `comment`.
-    #[must_use]
-    pub fn with_comment(mut self, comment: &'static str) -> Self {
-        self.comment = Some(comment);
-        self
-    }
-}
-
-impl AddrField {
-    /// `saddr` or `daddr`.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Self::Source => "saddr",
-            Self::Destination => "daddr",
-        }
-    }
-}
-
-impl Address {
-    /// The prefix it covers (a host's is /32 or /128).
-    pub fn net(self) -> IpNet {
-        match self {
-            Self::Host(ip) => IpNet::from(ip),
-            Self::Prefix(net) => net,
-        }
-    }
-}
-
-impl fmt::Display for Address {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Host(ip) => Ip(ip).fmt(f),
-            Self::Prefix(net) => write!(f, "{}/{}", Ip(&net.addr()), net.prefix_len()),
-        }
-    }
-}
-
-impl Expr {
-    /// This expression's text in a table of `family`.
-    pub fn text(&self, family: IpFamily) -> ExprText<'_> {
-        ExprText { family, expr: self }
-    }
-}
-
-/// An expression printed for one family (`ip` or `ip6` address matches).
-#[derive(Debug, Clone, Copy)]
-pub struct ExprText<'a> {
-    family: IpFamily,
-    expr: &'a Expr,
-}
-
-impl fmt::Display for ExprText<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ipx = family_keyword(self.family);
-        match self.expr {
-            Expr::CtStateNew => f.write_str("ct state new"),
-            Expr::AddrIs {
-                field,
-                negate,
-                value,
-            } => {
-                let op = if *negate { "!= " } else { "" };
-                write!(f, "{ipx} {} {op}{value}", field.keyword())
-            }
-            Expr::AddrNotIn { field, values } => {
-                write!(f, "{ipx} {} != {{ ", field.keyword())?;
-                for (index, value) in values.iter().enumerate() {
-                    if index > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{value}")?;
-                }
-                f.write_str(" }")
-            }
-            Expr::AddrInSet { field, set } => write!(f, "{ipx} {} @{set}", field.keyword()),
-            Expr::DispatchVmap { with_addr, map } => {
-                if *with_addr {
-                    write!(f, "{ipx} daddr . ")?;
-                }
-                write!(f, "meta l4proto . th dport vmap @{map}")
-            }
-            Expr::DestinationPort { protocol, port } => {
-                write!(f, "{} dport {port}", protocol_keyword(*protocol))
-            }
-            Expr::L4Proto(protocol) => write!(f, "meta l4proto {}", protocol_keyword(*protocol)),
-            Expr::FibLocal(field) => write!(f, "fib {} type local", field.keyword()),
-            Expr::InputInterface {
-                negate,
-                name,
-                prefix,
-            } => {
-                let op = if *negate { "!= " } else { "" };
-                let star = if *prefix { "*" } else { "" };
-                write!(f, "iifname {op}{name}{star}")
-            }
-            Expr::MarkLacks(mark) => write!(f, "mark and {} == 0", Mark(*mark)),
-            Expr::MarkSetOr(mark) => write!(f, "mark set mark or {}", Mark(*mark)),
-            Expr::MarkSetXor(mark) => write!(f, "mark set mark xor {}", Mark(*mark)),
-            Expr::NumgenIs { modulus, value } => write!(f, "numgen random mod {modulus} {value}"),
-            Expr::UpdateSourceSet(set) => write!(f, "update @{set} {{ {ipx} saddr }}"),
-            Expr::Dnat(SocketAddr::V4(to)) => {
-                write!(f, "dnat to {}:{}", Ip(&IpAddr::V4(*to.ip())), to.port())
-            }
-            Expr::Dnat(to) => write!(f, "dnat to {to}"),
-            Expr::MasqueradeFullyRandom => f.write_str("masquerade fully-random"),
-            Expr::Reject => f.write_str("reject"),
-            Expr::Verdict(verdict) => write!(f, "{verdict}"),
-        }
-    }
-}
-
-/// An address as `Display` writes it; IPv4 without the formatting
-/// machinery, since rule text is mostly IPv4 addresses.
-struct Ip<'a>(&'a IpAddr);
-
 impl fmt::Display for Ip<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
@@ -873,13 +860,26 @@ impl fmt::Display for Ip<'_> {
     }
 }
 
-/// A mark as upstream formats it (Go `%#08x`: the digits padded to 8,
-/// then `0x`), e.g. `0x00004000`.
-struct Mark(u32);
-
 impl fmt::Display for Mark {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "0x{:08x}", self.0)
+    }
+}
+
+/// `tcp`, `udp` or `sctp`.
+pub fn protocol_keyword(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn set_keyword(map: bool) -> &'static str {
+    if map {
+        "map"
+    } else {
+        "set"
     }
 }
 
