@@ -33,6 +33,16 @@ struct Rule<'b> {
     batch: &'b mut Batch,
 }
 
+/// The `NEWSETELEM` messages filling one anonymous set: as many as its
+/// elements need ([`ELEMENTS_BYTES_MAX`] each), all before the rule that
+/// binds the set (the kernel takes no element for a bound anonymous set).
+struct AnonymousElements {
+    name: String,
+    id: u32,
+    /// A message with an open element list is being written.
+    open: bool,
+}
+
 impl Encoder {
     /// `add rule F kube-proxy CHAIN EXPRESSIONS… [comment "C"]`.
     pub(super) fn rule(&mut self, batch: &mut Batch, spec: &RuleSpec) -> Result<(), EncodeError> {
@@ -469,16 +479,6 @@ impl Rule<'_> {
         self.meta(REG_1, 6);
         self.cmp(REG_1, u32::from(negate), &bytes);
     }
-}
-
-/// The `NEWSETELEM` messages filling one anonymous set: as many as its
-/// elements need ([`ELEMENTS_BYTES_MAX`] each), all before the rule that
-/// binds the set (the kernel takes no element for a bound anonymous set).
-struct AnonymousElements {
-    name: String,
-    id: u32,
-    /// A message with an open element list is being written.
-    open: bool,
 }
 
 impl AnonymousElements {

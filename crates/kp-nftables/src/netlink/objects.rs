@@ -70,6 +70,15 @@ pub(super) const TYPE_IPV6: u32 = 8;
 const TYPE_PROTO: u32 = 12;
 const TYPE_SERVICE: u32 = 13;
 
+/// The element messages of one command: elements beyond what one message
+/// frames ([`ELEMENTS_BYTES_MAX`]) go on in the next one.
+struct ElementList {
+    kind: Kind,
+    flags: u16,
+    /// A message with an open element list is being written.
+    open: bool,
+}
+
 impl Encoder {
     /// `add table F kube-proxy [{ comment "C" ; }]`, `delete table …`.
     pub(super) fn table(
@@ -259,15 +268,6 @@ impl Encoder {
         }
         list.finish(batch)
     }
-}
-
-/// The element messages of one command: elements beyond what one message
-/// frames ([`ELEMENTS_BYTES_MAX`]) go on in the next one.
-struct ElementList {
-    kind: Kind,
-    flags: u16,
-    /// A message with an open element list is being written.
-    open: bool,
 }
 
 impl ElementList {
