@@ -23,7 +23,8 @@ use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
-use kp_nftables::{Applier, NetlinkApplier, NftablesBackend, NftablesOptions};
+use kp_nftables::model::{ChainKind, Command, Name};
+use kp_nftables::{Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Transaction};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
 
@@ -272,15 +273,19 @@ fn measure(family: IpFamily, count: u32, inputs: &[Input]) -> Vec<(&'static str,
         // A change to the proxy's table by another commit: the next full
         // sync rewrites every rule.
         let mut other = NetlinkApplier::new();
-        let table = match family {
-            IpFamily::V4 => "ip kube-proxy",
-            IpFamily::V6 => "ip6 kube-proxy",
-        };
         let mut touch = || {
-            let text = format!(
-                "add chain {table} kp-bench-foreign\ndelete chain {table} kp-bench-foreign\n"
-            );
-            other.apply(family, &text).unwrap();
+            let chain = || Name::Fixed("kp-bench-foreign");
+            let transaction = Transaction {
+                family,
+                commands: vec![
+                    Command::AddChain {
+                        name: chain(),
+                        kind: ChainKind::Regular,
+                    },
+                    Command::DeleteChain(chain()),
+                ],
+            };
+            other.apply(&transaction).unwrap();
         };
         let mut rows = Vec::new();
         for input in inputs.iter().filter(|input| input.family == family) {

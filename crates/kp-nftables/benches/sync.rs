@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,10 @@ use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
+use kp_nftables::model::{ChainKind, Command, Expr, Key, Name, Rule, SetElement, Verdict};
 use kp_nftables::{
     Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer,
+    Transaction,
 };
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
@@ -256,10 +258,13 @@ fn measure_here(size: u32, netlink: bool) -> Row {
     let mut full_foreign = Vec::new();
     for _ in 0..RUNS {
         other
-            .apply(
+            .apply(&transaction(
                 IpFamily::V4,
-                "add chain ip kube-proxy kp-bench-foreign\ndelete chain ip kube-proxy kp-bench-foreign\n",
-            )
+                vec![
+                    add_chain("kp-bench-foreign"),
+                    Command::DeleteChain(Name::Fixed("kp-bench-foreign")),
+                ],
+            ))
             .unwrap();
         full_foreign.push(sync(&current, true, &no_changes));
     }
@@ -317,27 +322,49 @@ fn change_runs() -> u32 {
 /// element to a set without verdicts does not. Every partial sync that
 /// adds an endpoint chain pays the second figure.
 fn kernel_floors(applier: &mut NetlinkApplier) -> (f64, f64) {
-    let table = "ip kube-proxy";
-    let mut commit = |text: &str| {
+    let mut commit = |commands: Vec<Command>| {
         let start = Instant::now();
-        applier.apply(IpFamily::V4, text).unwrap();
+        applier.apply(&transaction(IpFamily::V4, commands)).unwrap();
         start.elapsed()
     };
+    let key = Key::Addr(IpAddr::V4(Ipv4Addr::new(10, 96, 255, 254)));
+    let cluster_ips = || Name::Fixed("cluster-ips");
     let mut element = Vec::new();
     let mut rule = Vec::new();
     for _ in 0..RUNS {
-        element.push(commit(&format!(
-            "add element {table} cluster-ips {{ 10.96.255.254 }}\n"
-        )));
-        commit(&format!(
-            "delete element {table} cluster-ips {{ 10.96.255.254 }}\n"
-        ));
-        rule.push(commit(&format!(
-            "add chain {table} kp-bench-floor\nadd rule {table} kp-bench-floor accept\n"
-        )));
-        commit(&format!("delete chain {table} kp-bench-floor\n"));
+        element.push(commit(vec![Command::AddElements {
+            set: cluster_ips(),
+            elements: vec![SetElement {
+                key,
+                comment: None,
+                verdict: None,
+            }],
+        }]));
+        commit(vec![Command::DeleteElements {
+            set: cluster_ips(),
+            keys: vec![key],
+        }]);
+        rule.push(commit(vec![
+            add_chain("kp-bench-floor"),
+            Command::AddRule(Rule::new(
+                "kp-bench-floor",
+                vec![Expr::Verdict(Verdict::Accept)],
+            )),
+        ]));
+        commit(vec![Command::DeleteChain(Name::Fixed("kp-bench-floor"))]);
     }
     (median(element), median(rule))
+}
+
+fn transaction(family: IpFamily, commands: Vec<Command>) -> Transaction {
+    Transaction { family, commands }
+}
+
+fn add_chain(name: &'static str) -> Command {
+    Command::AddChain {
+        name: Name::Fixed(name),
+        kind: ChainKind::Regular,
+    }
 }
 
 /// `nft -f -` with one element change on the table the syncs left.
@@ -347,7 +374,7 @@ fn nft_one_line() {
 
 /// Runs `nft -f -` with `text`.
 fn nft(text: &str) {
-    let mut child = Command::new("nft")
+    let mut child = std::process::Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .spawn()

@@ -1,6 +1,8 @@
 //! Committing a transaction to the kernel.
 //!
-//! [`Applier`] is the seam between the backend and the kernel. Besides
+//! [`Applier`] is the seam between the backend and the kernel: it takes
+//! typed transactions ([`Transaction`]), which the text-based appliers
+//! print and the netlink applier encodes. Besides
 //! [`crate::NetlinkApplier`] (what the proxy runs), three implementations
 //! exist:
 //! - [`NftApplier`] runs `nft -f -` with the transaction on stdin, in the
@@ -10,17 +12,18 @@
 //! - [`DryRunApplier`] writes them to a writer (`--dry-run`).
 
 use std::io::{self, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_model::IpFamily;
 
 use crate::generation::{Observed, Touched, Watch};
+use crate::model::{Command, Transaction};
 
 /// Commits nft transactions.
 pub trait Applier: Send {
-    /// Commits `text` (`nft -f` input) as one transaction.
-    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError>;
+    /// Commits `transaction` atomically.
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError>;
 
     /// The network namespace's ruleset generation (`NFT_MSG_GETGEN`): every
     /// commit that changes anything, in any table, by anyone, increments
@@ -36,47 +39,39 @@ pub trait Applier: Send {
         None
     }
 
-    /// Commits `text` only if the ruleset generation still is `generation`
-    /// when the kernel takes the transaction (`NFNL_BATCH_GENID`), refused
+    /// Commits `transaction` only if the ruleset generation still is
+    /// `generation` when the kernel takes it (`NFNL_BATCH_GENID`), refused
     /// with [`ApplyError::GenerationMoved`] otherwise. Appliers that cannot
     /// tell refuse.
-    fn apply_at(
-        &mut self,
-        family: IpFamily,
-        text: &str,
-        generation: u32,
-    ) -> Result<(), ApplyError> {
-        let _ = (family, text, generation);
+    fn apply_at(&mut self, transaction: &Transaction, generation: u32) -> Result<(), ApplyError> {
+        let _ = (transaction, generation);
         Err(ApplyError::GenerationMoved)
     }
 
-    /// Transactions of `family` whose text arrives in pieces of whole
-    /// lines, each committed by [`TransactionStream::commit`]: a full sync
-    /// streams its text so it is never held whole. By default the pieces
+    /// Transactions of `family` whose commands arrive in pieces, each
+    /// committed by [`TransactionStream::commit`]. By default the pieces
     /// are collected and committed with [`Applier::apply`].
     fn stream(&mut self, family: IpFamily) -> Box<dyn TransactionStream + '_> {
         Box::new(Collected {
             applier: self,
-            family,
-            text: String::new(),
+            transaction: Transaction::new(family),
         })
     }
 }
 
 /// Transactions written in pieces; see [`Applier::stream`].
 pub trait TransactionStream {
-    /// Adds whole lines to the current transaction.
-    fn write(&mut self, lines: &str) -> Result<(), ApplyError>;
+    /// Adds commands to the current transaction.
+    fn write(&mut self, commands: Vec<Command>) -> Result<(), ApplyError>;
     /// Commits the current transaction, even an empty one; the next write
     /// starts another.
     fn commit(&mut self) -> Result<(), ApplyError>;
 }
 
-/// The default [`TransactionStream`]: collects each transaction's text.
+/// The default [`TransactionStream`]: collects each transaction.
 struct Collected<'a, A: ?Sized> {
     applier: &'a mut A,
-    family: IpFamily,
-    text: String,
+    transaction: Transaction,
 }
 
 /// Why a transaction was not committed.
@@ -102,6 +97,8 @@ pub enum ApplyError {
         message: String,
         /// The rejected line of the transaction, with its number.
         line: Option<(usize, String)>,
+        /// The rejected command (the command of `line`).
+        command: Option<Box<Command>>,
     },
     /// The kernel refused a netlink batch; nothing was committed.
     #[error("the kernel refused the transaction: {message}{}{}", line.as_ref().map(|(n, text)| format!(" (line {n}: {})", abbreviated(text))).unwrap_or_default(), more_refused(also_refused))]
@@ -113,6 +110,9 @@ pub enum ApplyError {
         /// Further lines whose messages the kernel refused in the same
         /// batch, with their numbers and errors.
         also_refused: Vec<(usize, String, String)>,
+        /// The refused commands: those of `line` and `also_refused`, in
+        /// that order.
+        refused: Vec<Command>,
     },
     /// A line of the transaction does not fit netlink's length fields (an
     /// attribute, a nested attribute or a message); nothing was sent.
@@ -126,6 +126,8 @@ pub enum ApplyError {
         reason: String,
         /// The line, with its number.
         line: (usize, String),
+        /// The command of the line.
+        command: Box<Command>,
     },
     /// The kernel acknowledged the transaction, but reading its state back
     /// shows that it was not applied (or its answers were incomplete).
@@ -162,8 +164,10 @@ pub struct NftApplier {
 pub struct FakeTransaction {
     /// The family.
     pub family: IpFamily,
-    /// The text.
+    /// Its text.
     pub text: String,
+    /// The transaction.
+    pub transaction: Transaction,
 }
 
 /// Records transactions; shares its record with its clones, so a test
@@ -203,14 +207,19 @@ pub struct DryRunApplier {
 }
 
 impl<A: Applier + ?Sized> TransactionStream for Collected<'_, A> {
-    fn write(&mut self, lines: &str) -> Result<(), ApplyError> {
-        self.text.push_str(lines);
+    fn write(&mut self, mut commands: Vec<Command>) -> Result<(), ApplyError> {
+        if self.transaction.commands.is_empty() {
+            self.transaction.commands = commands;
+        } else {
+            self.transaction.commands.append(&mut commands);
+        }
         Ok(())
     }
 
     fn commit(&mut self) -> Result<(), ApplyError> {
-        let text = std::mem::take(&mut self.text);
-        self.applier.apply(self.family, &text)
+        let family = self.transaction.family;
+        let transaction = std::mem::replace(&mut self.transaction, Transaction::new(family));
+        self.applier.apply(&transaction)
     }
 }
 
@@ -265,6 +274,20 @@ impl ApplyError {
         }
     }
 
+    /// The commands the kernel (or the encoder, or `nft`) refused, in the
+    /// order of [`ApplyError::refused_lines`].
+    pub fn refused_commands(&self) -> Vec<&Command> {
+        match self {
+            Self::Kernel { refused, .. } => refused.iter().collect(),
+            Self::TooLarge { command, .. } => vec![&**command],
+            Self::Rejected {
+                command: Some(command),
+                ..
+            } => vec![&**command],
+            _ => Vec::new(),
+        }
+    }
+
     /// The program that is not installed, if that is the cause.
     pub fn missing_program(&self) -> Option<&str> {
         match self {
@@ -302,12 +325,13 @@ impl Default for NftApplier {
 }
 
 impl Applier for NftApplier {
-    fn apply(&mut self, _family: IpFamily, text: &str) -> Result<(), ApplyError> {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
+        let text = transaction.to_string();
         let spawn_error = |source| ApplyError::Spawn {
             program: self.program.clone(),
             source,
         };
-        let mut child = Command::new(&self.program)
+        let mut child = std::process::Command::new(&self.program)
             .args(["-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -326,11 +350,17 @@ impl Applier for NftApplier {
             };
         }
         let stderr = String::from_utf8_lossy(&output.stderr);
+        let line = failing_line(&stderr, &text);
+        let command = line
+            .as_ref()
+            .and_then(|(number, _)| transaction.commands.get(number.checked_sub(1)?))
+            .map(|command| Box::new(command.clone()));
         Err(ApplyError::Rejected {
             program: self.program.clone(),
             status: output.status.to_string(),
             message: error_message(&stderr),
-            line: failing_line(&stderr, text),
+            line,
+            command,
         })
     }
 }
@@ -416,11 +446,13 @@ impl FakeApplier {
 }
 
 impl Applier for FakeApplier {
-    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
+        let family = transaction.family;
         let mut inner = self.lock();
         inner.transactions.push(FakeTransaction {
             family,
-            text: text.to_owned(),
+            text: transaction.to_string(),
+            transaction: transaction.clone(),
         });
         if inner.successes_first > 0 {
             inner.successes_first -= 1;
@@ -430,7 +462,11 @@ impl Applier for FakeApplier {
             inner.failures -= 1;
             return Err(ApplyError::Write(io::Error::other("fake failure")));
         }
-        if text.lines().any(|line| !line.starts_with("add table ")) {
+        let changes = transaction
+            .commands
+            .iter()
+            .any(|command| !matches!(command, Command::AddTable { .. }));
+        if changes {
             let mut touched = Touched::default();
             touched.add(family);
             inner.commit(touched);
@@ -449,16 +485,11 @@ impl Applier for FakeApplier {
         }))
     }
 
-    fn apply_at(
-        &mut self,
-        family: IpFamily,
-        text: &str,
-        generation: u32,
-    ) -> Result<(), ApplyError> {
+    fn apply_at(&mut self, transaction: &Transaction, generation: u32) -> Result<(), ApplyError> {
         if self.lock().generation != Some(generation) {
             return Err(ApplyError::GenerationMoved);
         }
-        self.apply(family, text)
+        self.apply(transaction)
     }
 }
 
@@ -521,9 +552,9 @@ impl DryRunApplier {
 }
 
 impl Applier for DryRunApplier {
-    fn apply(&mut self, _family: IpFamily, text: &str) -> Result<(), ApplyError> {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
         self.out
-            .write_all(text.as_bytes())
+            .write_all(transaction.to_string().as_bytes())
             .and_then(|()| self.out.flush())
             .map_err(ApplyError::Write)
     }
@@ -554,7 +585,7 @@ mod tests {
     #[test]
     fn a_missing_program_is_reported_as_such() {
         let mut applier = NftApplier::with_program("/nonexistent/nft");
-        let error = applier.apply(IpFamily::V4, "").unwrap_err();
+        let error = applier.apply(&Transaction::new(IpFamily::V4)).unwrap_err();
         assert_eq!(error.missing_program(), Some("/nonexistent/nft"));
     }
 }

@@ -35,14 +35,19 @@ use kp_model::{IpFamily, NamespacedName, NodeInfo};
 use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
-use crate::applier::{next_generation, Applier, ApplyError, DryRunApplier, NftApplier};
+use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::generation::{self, Ruleset, SharedRuleset};
+use crate::model::{Command, Key, Lines, Transaction};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::NftablesOptions;
 use crate::render::{stale_chain_cleanup, Commits, Piece, RenderInput, RenderStats, Renderer};
 use crate::state::Programmed;
 use crate::NftablesError;
+
+mod table_state;
+
+use table_state::{commits_explain, TableState};
 
 /// The mode's name, as `--proxy-mode` spells it.
 pub const MODE: &str = "nftables";
@@ -60,18 +65,9 @@ pub struct NftablesBackend {
     local_addresses: AddressLister,
     clock: Box<dyn FnMut() -> Instant + Send>,
     programmed: Programmed,
-    needs_full_sync: bool,
-    needs_reset: bool,
-    /// The last transaction failed: the next sync is one transaction.
-    repairing: bool,
+    /// What is known of the table, and so what the next sync does.
+    state: TableState,
     cleanup_failures: usize,
-    /// The ruleset generation the proxy's own last commit left, when it is
-    /// known that nothing else changed the table in between: the table then
-    /// is exactly [`Programmed`] (see [`NftablesBackend::untouched_full_sync`]).
-    generation: Option<u32>,
-    /// The fixed part of the last full render that was committed
-    /// ([`Renderer::head_fingerprint`]).
-    head_hash: Option<u64>,
     /// The commits of this process to the ruleset (shared with the other
     /// family's backend in the binary).
     ruleset: SharedRuleset,
@@ -108,9 +104,11 @@ pub fn cleanup() -> Result<(), BackendError> {
 /// Like [`cleanup`], through `applier`.
 pub fn cleanup_with(applier: &mut dyn Applier) -> Result<(), BackendError> {
     for family in [IpFamily::V4, IpFamily::V6] {
-        let table = format!("{} {TABLE}", crate::options::family_keyword(family));
-        let text = format!("add table {table}\ndelete table {table}\n");
-        match applier.apply(family, &text) {
+        let transaction = Transaction {
+            family,
+            commands: vec![Command::AddTable { comment: None }, Command::DeleteTable],
+        };
+        match applier.apply(&transaction) {
             // Without nf_tables there can be no table of ours.
             Ok(()) | Err(ApplyError::NoNftables { .. }) => {}
             Err(error) => return Err(apply_error("deleting the kube-proxy table", error)),
@@ -147,12 +145,8 @@ impl NftablesBackend {
             local_addresses,
             clock: Box::new(Instant::now),
             programmed: Programmed::default(),
-            needs_full_sync: true,
-            needs_reset: true,
-            repairing: false,
+            state: TableState::Unknown,
             cleanup_failures: 0,
-            generation: None,
-            head_hash: None,
             ruleset: SharedRuleset::default(),
         })
     }
@@ -247,10 +241,17 @@ impl NftablesBackend {
             return 0;
         };
         let before = self.current_generation();
-        match self.applier.apply(self.family, &cleanup.text) {
+        match self.applier.apply(&cleanup.transaction) {
             Ok(()) => {
                 // Each `delete chain` is a change: one generation.
-                self.settle(own, before, Commits::Changes(1), false);
+                let trusted = self.settle(
+                    own,
+                    self.state.trusted(),
+                    before,
+                    Commits::Changes(1),
+                    false,
+                );
+                self.state = self.state.with_trusted(trusted);
                 for chain in &cleanup.chains {
                     self.programmed.stale_chains.remove(chain);
                 }
@@ -275,11 +276,7 @@ impl NftablesBackend {
     /// deletes the table and writes it afresh in one transaction, which
     /// needs no record. Affinity state is lost then, as after a restart.
     fn forget_kernel(&mut self) {
-        self.needs_full_sync = true;
-        self.needs_reset = true;
-        self.repairing = true;
-        self.generation = None;
-        self.head_hash = None;
+        self.state = TableState::Failed;
     }
 
     /// The ruleset generation now, where the applier can tell.
@@ -294,29 +291,31 @@ impl NftablesBackend {
     }
 
     /// Settles what the proxy knows of the ruleset after its commits
-    /// (made since `before`, the generation read just before them): when
-    /// they alone explain the generation now, it records them as its own
-    /// and trusts the table at the new generation if it trusted it before
-    /// (no one else's commit since) or `rewrote` it whole; otherwise it
-    /// trusts nothing until a full rewrite.
-    fn settle(&mut self, own: &mut Ruleset, before: Option<u32>, commits: Commits, rewrote: bool) {
+    /// (made since `before`, the generation read just before them), and
+    /// returns the generation at which the table is trusted now: when the
+    /// commits alone explain the generation now, it records them as its
+    /// own and trusts the table at the new generation if it was `trusted`
+    /// before (no one else's commit since) or `rewrote` it whole;
+    /// otherwise it trusts nothing until a full rewrite.
+    fn settle(
+        &mut self,
+        own: &mut Ruleset,
+        trusted: Option<u32>,
+        before: Option<u32>,
+        commits: Commits,
+        rewrote: bool,
+    ) -> Option<u32> {
         let after = self.current_generation();
-        let explained = match (before, after, commits) {
-            (Some(before), Some(after), Commits::Changes(n)) => {
-                after == (0..n).fold(before, |g, _| next_generation(g))
-            }
-            (Some(before), Some(after), Commits::MaybeNone) => after == before,
-            _ => false,
+        let (Some(before), Some(after)) = (before, after) else {
+            return None;
         };
-        let (Some(before), Some(after), true) = (before, after, explained) else {
-            self.generation = None;
-            return;
-        };
+        if !commits_explain(before, after, commits) {
+            return None;
+        }
         own.record(before, after);
-        let trusted_before = self
-            .generation
-            .is_some_and(|trusted| own.untouched_between(self.family, trusted, before));
-        self.generation = (rewrote || trusted_before).then_some(after);
+        let trusted_before =
+            trusted.is_some_and(|trusted| own.untouched_between(self.family, trusted, before));
+        (rewrote || trusted_before).then_some(after)
     }
 
     /// A full sync of a table nobody else touched since the proxy's last
@@ -337,7 +336,7 @@ impl NftablesBackend {
         now: Instant,
         cleanup_failures: usize,
     ) -> Result<Option<SyncOutcome>, BackendError> {
-        let Some(trusted) = self.generation else {
+        let Some(trusted) = self.state.trusted() else {
             return Ok(None);
         };
         let Some(current) = self.current_generation() else {
@@ -358,7 +357,7 @@ impl NftablesBackend {
             node_port_addresses: node_ports,
             now,
         };
-        if Some(self.renderer.head_fingerprint(&input)) != self.head_hash {
+        if Some(self.renderer.head_fingerprint(&input)) != self.state.head_hash() {
             return Ok(None);
         }
         let every_service: BTreeSet<NamespacedName> = request
@@ -369,17 +368,17 @@ impl NftablesBackend {
             .collect();
         input.full = false;
         input.changed_services = &every_service;
-        let mut text = String::new();
+        let mut transaction = Transaction::new(self.family);
         let rendered = self
             .renderer
             .render_streamed(&input, &self.programmed, |piece| {
-                if let Piece::Lines(lines) = piece {
-                    text.push_str(lines);
+                if let Piece::Commands(mut commands) = piece {
+                    transaction.commands.append(&mut commands);
                 }
                 Ok::<(), std::convert::Infallible>(())
             })
             .unwrap_or_else(|never| match never {});
-        match self.applier.apply_at(self.family, &text, current) {
+        match self.applier.apply_at(&transaction, current) {
             Ok(()) => {}
             Err(ApplyError::GenerationMoved) => {
                 tracing::debug!(family = %self.family, "the nftables ruleset changed meanwhile; rewriting the table");
@@ -392,8 +391,8 @@ impl NftablesBackend {
                 return Err(rejected(error, request.service_ports, Blame::Lines));
             }
         }
-        self.generation = Some(current);
-        self.settle(own, Some(current), rendered.commits(), false);
+        let trusted = self.settle(own, Some(current), Some(current), rendered.commits(), false);
+        self.state = self.state.with_trusted(trusted);
         self.programmed.commit(rendered.delta);
         let mut outcome = outcome(true, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
@@ -443,8 +442,8 @@ impl Backend for NftablesBackend {
                 ),
             });
         }
-        let full = request.full || self.needs_full_sync;
-        let reset = full && self.needs_reset;
+        let plan = self.state.plan(request.full);
+        let (full, reset) = (plan.full, plan.reset);
         let node_ports = self.resolve_node_ports(request.node, full)?;
         let now = (self.clock)();
         // The other family's commits wait until this sync's are done and
@@ -458,7 +457,7 @@ impl Backend for NftablesBackend {
         } else {
             self.delete_stale_chains(now, &mut own)
         };
-        if full && !reset && !self.needs_full_sync {
+        if plan.differences_only {
             if let Some(outcome) = self.untouched_full_sync(
                 &mut own,
                 request,
@@ -477,10 +476,7 @@ impl Backend for NftablesBackend {
             family: self.family,
             full,
             reset,
-            // After a failure, one transaction that deletes the table
-            // repairs whatever a split one could not (a base chain whose
-            // priority changed, a table someone else edited).
-            split: !self.repairing,
+            split: plan.split,
             service_ports: request.service_ports,
             changed_services: request.changed_services,
             node: request.node,
@@ -489,15 +485,18 @@ impl Backend for NftablesBackend {
         };
         let family = self.family;
         let mut stream = self.applier.stream(family);
-        let committed =
-            self.renderer
-                .render_streamed(&input, &self.programmed, |piece| match piece {
-                    Piece::Lines(lines) => {
-                        tracing::trace!(family = %family, lines, "nftables transaction text");
-                        stream.write(lines)
-                    }
-                    Piece::Commit => stream.commit(),
-                });
+        let committed = self.renderer.render_streamed(
+            &input,
+            &self.programmed,
+            |piece| match piece {
+                Piece::Commands(commands) => {
+                    let lines = Lines::new(family, &commands);
+                    tracing::trace!(family = %family, lines = %lines, "nftables transaction text");
+                    stream.write(commands)
+                }
+                Piece::Commit => stream.commit(),
+            },
+        );
         drop(stream);
         let rendered = match committed {
             Ok(rendered) => rendered,
@@ -517,13 +516,14 @@ impl Backend for NftablesBackend {
         if reset {
             self.programmed.clear();
         }
-        self.settle(&mut own, before, rendered.commits(), rendered.full);
-        if rendered.head_hash.is_some() {
-            self.head_hash = rendered.head_hash;
-        }
-        self.needs_full_sync = false;
-        self.needs_reset = false;
-        self.repairing = false;
+        let trusted = self.settle(
+            &mut own,
+            self.state.trusted(),
+            before,
+            rendered.commits(),
+            rendered.full,
+        );
+        self.state = self.state.succeeded(rendered.head_hash, trusted);
         self.programmed.commit(rendered.delta);
         let mut outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
@@ -547,7 +547,7 @@ impl std::fmt::Debug for NftablesBackend {
         f.debug_struct("NftablesBackend")
             .field("family", &self.family)
             .field("node_port_addresses", &self.node_port_addresses)
-            .field("needs_full_sync", &self.needs_full_sync)
+            .field("state", &self.state)
             .finish_non_exhaustive()
     }
 }
@@ -605,14 +605,15 @@ fn rejected(
     >,
     blame: Blame,
 ) -> BackendError {
-    let refused_lines = match blame {
-        Blame::Lines => error.refused_lines(),
+    let refused = match blame {
+        Blame::Lines => error.refused_commands(),
         Blame::Nobody => Vec::new(),
     };
-    let services: BTreeSet<NamespacedName> = refused_lines
+    let services: BTreeSet<NamespacedName> = refused
         .into_iter()
-        .filter_map(|line| {
-            crate::names::service_of_line(line).or_else(|| service_of_address(line, service_ports))
+        .filter_map(|command| {
+            crate::names::service_of_command(command)
+                .or_else(|| service_of_address(command, service_ports))
         })
         .collect();
     match apply_error("committing the transaction", error).rejected() {
@@ -631,21 +632,25 @@ fn rejected(
     }
 }
 
-/// The Service whose address an element line's key starts with
+/// The Service whose address an element command's first key starts with
 /// (`add element … cluster-ips { 10.96.0.10 }`): elements of the fixed sets
 /// name no chain and have no comment.
 fn service_of_address(
-    line: &str,
+    command: &Command,
     service_ports: &std::collections::BTreeMap<
         kp_model::ServicePortName,
         kp_sync::ServicePortState,
     >,
 ) -> Option<NamespacedName> {
-    if !line.starts_with("add element ") && !line.starts_with("delete element ") {
-        return None;
-    }
-    let key = line.split_once("{ ")?.1;
-    let address: IpAddr = key.split([' ', ',']).next()?.parse().ok()?;
+    let key = match command {
+        Command::AddElements { elements, .. } => elements.first().map(|element| element.key),
+        Command::DeleteElements { keys, .. } => keys.first().copied(),
+        _ => None,
+    }?;
+    let address = match key {
+        Key::Addr(address) | Key::AddrProtoPort(address, _, _) => address,
+        Key::ProtoPort(_, _) => return None,
+    };
     service_ports
         .iter()
         .find(|(_, state)| {
@@ -693,6 +698,8 @@ mod tests {
 
     #[test]
     fn a_refused_line_names_its_service_by_name_comment_or_address() {
+        use crate::model::{ChainKind, Name, SetElement, Verdict};
+        use kp_model::Protocol;
         let ports: std::collections::BTreeMap<_, _> = [
             service("ns1", "web", "10.96.0.10", 80).build(),
             service("ns1", "lb", "10.96.0.11", 80)
@@ -701,37 +708,62 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let refused = |line: &str| {
+        let refused = |command: Command| {
             let error = ApplyError::Kernel {
                 message: "No such file or directory (os error 2)".to_owned(),
-                line: Some((7, line.to_owned())),
+                line: Some((7, command.line(IpFamily::V4).to_string())),
                 also_refused: Vec::new(),
+                refused: vec![command],
             };
             match rejected(error, &ports, Blame::Lines) {
                 BackendError::Rejected { services, .. } => services,
                 other => panic!("expected a rejected transaction, got {other:?}"),
             }
         };
+        let chain = |name: &str| Command::AddChain {
+            name: Name::Shared(Arc::from(name)),
+            kind: ChainKind::Regular,
+        };
+        let element =
+            |set: &'static str, key: Key, verdict: Option<Verdict>| Command::AddElements {
+                set: Name::Fixed(set),
+                elements: vec![SetElement {
+                    key,
+                    comment: None,
+                    verdict,
+                }],
+            };
+        let address = |text: &str| text.parse::<IpAddr>().unwrap();
         let web: BTreeSet<_> = [NamespacedName::new("ns1", "web")].into();
         let lb: BTreeSet<_> = [NamespacedName::new("ns1", "lb")].into();
+        assert_eq!(refused(chain("service-AAAAAAAA-ns1/web/tcp/http")), web);
         assert_eq!(
-            refused("add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http"),
+            refused(element(
+                "cluster-ips",
+                Key::Addr(address("10.96.0.10")),
+                None
+            )),
             web
         );
+        let external = Name::Shared(Arc::from("external-AAAAAAAA-ns1/lb/tcp/http"));
         assert_eq!(
-            refused("add element ip kube-proxy cluster-ips { 10.96.0.10 }"),
-            web
-        );
-        assert_eq!(
-            refused("add element ip kube-proxy service-ips { 203.0.113.9 . tcp . 80 : goto external-AAAAAAAA-ns1/lb/tcp/http }"),
+            refused(element(
+                "service-ips",
+                Key::AddrProtoPort(address("203.0.113.9"), Protocol::Tcp, 80),
+                Some(Verdict::Goto(external))
+            )),
             lb
         );
         assert_eq!(
-            refused("add element ip kube-proxy cluster-ips { 203.0.113.9 }"),
+            refused(element(
+                "cluster-ips",
+                Key::Addr(address("203.0.113.9")),
+                None
+            )),
             lb
         );
         assert_eq!(
-            refused("add chain ip kube-proxy services"),
+            refused(chain("services")),
             BTreeSet::new(),
             "a fixed chain belongs to no Service"
         );
@@ -743,13 +775,15 @@ mod tests {
             [service("ns1", "web", "10.96.0.10", 80).build()]
                 .into_iter()
                 .collect();
+        let command = Command::AddChain {
+            name: crate::model::Name::Shared(Arc::from("service-AAAAAAAA-ns1/web/tcp/http")),
+            kind: crate::model::ChainKind::Regular,
+        };
         let error = ApplyError::Kernel {
             message: "No such file or directory (os error 2)".to_owned(),
-            line: Some((
-                7,
-                "add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http".to_owned(),
-            )),
+            line: Some((7, command.line(IpFamily::V4).to_string())),
             also_refused: Vec::new(),
+            refused: vec![command],
         };
         match rejected(error, &ports, Blame::Nobody) {
             BackendError::Rejected { services, .. } => assert_eq!(services, BTreeSet::new()),

@@ -9,6 +9,9 @@
 //! Services that changed, found by comparing with what the last
 //! transaction left ([`Programmed`]) instead of listing the table.
 //!
+//! A transaction is a list of typed commands ([`model`]): printed, it is
+//! the `nft -f` text; encoded, the netlink batch; both from one value.
+//!
 //! [`NftablesBackend`] is the `--proxy-mode nftables` implementation of
 //! [`kp_sync::Backend`]: it renders and commits through an [`Applier`]:
 //! the [`NetlinkApplier`], which sends the transaction to the kernel as one
@@ -17,13 +20,14 @@
 //! in-memory [`FakeApplier`], or the [`DryRunApplier`]; [`cleanup`]
 //! deletes both tables.
 //!
-//! [`tracer`] parses rendered text and follows a packet through it, so
-//! tests can assert behaviour ("goes to one of these endpoints", "is
+//! [`tracer`] replays the typed transactions and follows a packet through
+//! them, so tests can assert behaviour ("goes to one of these endpoints", "is
 //! rejected") rather than rule text alone.
 
 pub mod applier;
 pub mod backend;
 pub mod generation;
+pub mod model;
 pub mod names;
 pub mod netlink;
 pub mod options;
@@ -33,6 +37,7 @@ pub mod tracer;
 
 pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier, TransactionStream};
 pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
+pub use model::{Command, Transaction};
 pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;
 pub use render::{

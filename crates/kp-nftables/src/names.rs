@@ -19,6 +19,8 @@ use std::sync::Arc;
 use kp_model::ServicePortName;
 use sha2::{Digest, Sha256};
 
+use crate::model::{Command, Expr, Name, Verdict};
+
 /// The table, in both families.
 pub const TABLE: &str = "kube-proxy";
 
@@ -151,38 +153,76 @@ pub fn service_of_name(name: &str) -> Option<kp_model::NamespacedName> {
     Some(kp_model::NamespacedName::new(namespace, service))
 }
 
-/// The object a transaction line writes, for an error message, naming its
-/// Service where the object belongs to one: `rule in chain C (Service
-/// ns/svc)`, `elements of set S`, `chain C`, `set S`, `map M`, `table`.
-pub fn describe_line(line: &str) -> String {
-    let words: Vec<&str> = line.splitn(6, ' ').collect();
-    let (kind, name) = match words.as_slice() {
-        [_, kind, _, _, name, ..] => (*kind, crate::applier::abbreviated(name)),
-        [_, "table", family, table] => return format!("table {family} {table}"),
-        _ => return "a line of the transaction".to_owned(),
+/// The object `command` writes, for an error message, naming its Service
+/// where the object belongs to one: `rule in chain C (Service ns/svc)`,
+/// `elements of S`, `chain C`, `set S`, `map M`, `table ip kube-proxy`.
+pub fn describe_command(command: &Command, family: kp_model::IpFamily) -> String {
+    let name = |name: &Name| crate::applier::abbreviated(name.as_str()).into_owned();
+    let set_kind = |map: bool| if map { "map" } else { "set" };
+    let object = match command {
+        Command::AddTable { .. } | Command::DeleteTable => {
+            return format!("table {} {TABLE}", crate::options::family_keyword(family))
+        }
+        Command::AddChain { name: chain, .. }
+        | Command::FlushChain(chain)
+        | Command::DeleteChain(chain) => format!("chain {}", name(chain)),
+        Command::AddSet(spec) => format!("{} {}", set_kind(spec.map), name(&spec.name)),
+        Command::FlushSet { name: set, map } | Command::DeleteSet { name: set, map } => {
+            format!("{} {}", set_kind(*map), name(set))
+        }
+        Command::AddElements { set, .. } | Command::DeleteElements { set, .. } => {
+            format!("elements of {}", name(set))
+        }
+        Command::AddRule(rule) => format!("rule in chain {}", name(&rule.chain)),
     };
-    let object = match kind {
-        "rule" => format!("rule in chain {name}"),
-        "element" => format!("elements of {name}"),
-        other => format!("{other} {name}"),
-    };
-    match service_of_line(line) {
+    match service_of_command(command) {
         Some(service) => format!("{object} (Service {service})"),
         None => object,
     }
 }
 
-/// The Service a transaction line belongs to, from the names it holds: the
-/// chain or set it writes, the chain an element's verdict leads to, or the
-/// `ns/svc:port` comment of an element.
-pub fn service_of_line(line: &str) -> Option<kp_model::NamespacedName> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    if let Some(service) = words.iter().find_map(|word| service_of_name(word)) {
-        return Some(service);
+/// The Service `command` belongs to, from the names it holds: the chain or
+/// set it writes, a chain or set its rule or element names, or the
+/// `ns/svc:port` comment of an element. `None` for the fixed objects and
+/// for elements that name none (those of `cluster-ips`, found by address).
+pub fn service_of_command(command: &Command) -> Option<kp_model::NamespacedName> {
+    let of = |name: &Name| service_of_name(name.as_str());
+    let of_verdict = |verdict: &Verdict| match verdict {
+        Verdict::Jump(chain) | Verdict::Goto(chain) => of(chain),
+        Verdict::Accept | Verdict::Drop | Verdict::Return => None,
+    };
+    match command {
+        Command::AddTable { .. } | Command::DeleteTable => None,
+        Command::AddChain { name, .. } | Command::FlushChain(name) | Command::DeleteChain(name) => {
+            of(name)
+        }
+        Command::AddSet(spec) => of(&spec.name),
+        Command::FlushSet { name, .. } | Command::DeleteSet { name, .. } => of(name),
+        Command::DeleteElements { set, .. } => of(set),
+        Command::AddElements { set, elements } => of(set)
+            .or_else(|| {
+                elements
+                    .iter()
+                    .find_map(|element| element.verdict.as_ref().and_then(of_verdict))
+            })
+            .or_else(|| {
+                elements
+                    .iter()
+                    .find_map(|element| element.comment.as_deref().and_then(service_of_comment))
+            }),
+        Command::AddRule(rule) => of(&rule.chain).or_else(|| {
+            rule.exprs.iter().find_map(|expr| match expr {
+                Expr::AddrInSet { set, .. } | Expr::UpdateSourceSet(set) => of(set),
+                Expr::DispatchVmap { map, .. } => of(map),
+                Expr::Verdict(verdict) => of_verdict(verdict),
+                _ => None,
+            })
+        }),
     }
-    let start = line.find("comment \"")? + "comment \"".len();
-    let comment = &line[start..];
-    let comment = &comment[..comment.find('"')?];
+}
+
+/// The Service of an element's `ns/svc:port` comment.
+fn service_of_comment(comment: &str) -> Option<kp_model::NamespacedName> {
     let (service, _port) = comment.rsplit_once(':').unwrap_or((comment, ""));
     let (namespace, name) = service.split_once('/')?;
     Some(kp_model::NamespacedName::new(namespace, name))
@@ -316,27 +356,53 @@ mod tests {
     }
 
     #[test]
-    fn a_line_names_its_service_by_chain_verdict_or_comment() {
+    fn a_command_names_its_service_by_chain_verdict_or_comment() {
+        use crate::model::{AddrField, Address, Key, Rule, SetElement};
+        use kp_model::IpFamily;
         let p = port("ns1", "lb", "http");
         let fw = service_chains(&p).firewall;
-        let rule =
-            format!("add rule ip kube-proxy {fw} ip saddr != {{ 10.0.0.0/8, 10.1.0.0/16 }} drop");
+        let rule = Command::AddRule(Rule::new(
+            &fw,
+            vec![
+                Expr::AddrNotIn {
+                    field: AddrField::Source,
+                    values: vec![
+                        Address::Prefix("10.0.0.0/8".parse().unwrap()),
+                        Address::Prefix("10.1.0.0/16".parse().unwrap()),
+                    ],
+                },
+                Expr::Verdict(Verdict::Drop),
+            ],
+        ));
         let lb = Some(NamespacedName::new("ns1", "lb"));
-        assert_eq!(service_of_line(&rule), lb);
+        assert_eq!(service_of_command(&rule), lb);
         assert_eq!(
-            describe_line(&rule),
+            describe_command(&rule, IpFamily::V4),
             format!("rule in chain {fw} (Service ns1/lb)")
         );
-        let element = format!(
-            "add element ip kube-proxy service-ips {{ 10.96.0.1 . tcp . 80 : goto {} }}",
-            service_chains(&p).cluster
+        let key = Key::AddrProtoPort("10.96.0.1".parse().unwrap(), Protocol::Tcp, 80);
+        let element = |comment: Option<&str>, verdict: Verdict| Command::AddElements {
+            set: Name::Fixed(SERVICE_IPS),
+            elements: vec![SetElement {
+                key,
+                comment: comment.map(Arc::from),
+                verdict: Some(verdict),
+            }],
+        };
+        let dispatch = element(None, Verdict::Goto(Name::from(&service_chains(&p).cluster)));
+        assert_eq!(service_of_command(&dispatch), lb);
+        let refusal = element(
+            Some("ns1/lb:http"),
+            Verdict::Goto(Name::Fixed(REJECT_CHAIN)),
         );
-        assert_eq!(service_of_line(&element), lb);
-        let refusal = "add element ip kube-proxy no-endpoint-services { 10.96.0.1 . tcp . 80 comment \"ns1/lb:http\" : goto reject-chain }";
-        assert_eq!(service_of_line(refusal), lb);
-        assert_eq!(service_of_line("add chain ip kube-proxy services"), None);
+        assert_eq!(service_of_command(&refusal), lb);
+        let services = Command::AddChain {
+            name: Name::Fixed(SERVICES),
+            kind: crate::model::ChainKind::Regular,
+        };
+        assert_eq!(service_of_command(&services), None);
         assert_eq!(
-            describe_line("add table ip kube-proxy"),
+            describe_command(&Command::AddTable { comment: None }, IpFamily::V4),
             "table ip kube-proxy"
         );
     }

@@ -1,11 +1,12 @@
 //! Committing transactions over netlink, without the `nft` program.
 //!
-//! [`NetlinkApplier`] turns the transaction text the renderer writes into
-//! one nf_tables netlink batch (the message sequence `nft -f` would send for
-//! the same text) and sends it on a `NETLINK_NETFILTER` socket; the kernel
-//! commits the batch atomically or not at all. It reads only the shapes the
-//! renderer writes and refuses any other line with an error naming it, so
-//! `--dry-run` output stays exactly what is committed.
+//! [`NetlinkApplier`] encodes the renderer's typed transaction
+//! ([`crate::model`]) as one nf_tables netlink batch (the message sequence
+//! `nft -f` would send for the transaction's text) and sends it on a
+//! `NETLINK_NETFILTER` socket; the kernel commits the batch atomically or
+//! not at all. Text and messages come from the same value, so `--dry-run`
+//! output is exactly what is committed; the kernel tests check that a
+//! commit over netlink leaves the table `nft -f` leaves for the same text.
 //!
 //! A transaction counts as committed only when the kernel answered every
 //! message that asked for an acknowledgement, refused none, and a read-back
@@ -23,11 +24,12 @@ use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::applier::{Applier, ApplyError};
 use crate::generation::Watch;
+use crate::model::{Command, Transaction};
 use kp_model::IpFamily;
 
+mod exprs;
 mod msg;
 mod objects;
-mod rules;
 mod watch;
 
 pub use watch::NetlinkWatch;
@@ -61,10 +63,11 @@ pub struct NetlinkApplier {
     refused_chains: Option<String>,
 }
 
-/// Why a line could not be encoded.
+/// Why a command could not be encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EncodeError {
-    /// Not a shape the renderer writes.
+    /// A value the kernel cannot take in this table: an address of the
+    /// other family, or an empty address list.
     Unsupported,
     /// A length does not fit its netlink field.
     TooLarge(Oversize),
@@ -83,14 +86,16 @@ impl From<Oversize> for EncodeError {
     }
 }
 
-/// A line that could not be encoded: its number, its text, and why.
-type LineError = (usize, String, EncodeError);
+/// A command that could not be encoded: its line number, and why.
+type LineError = (usize, EncodeError);
 
 /// Encodes one transaction for one family.
 #[derive(Debug)]
 pub(crate) struct Encoder {
     /// `NFPROTO_IPV4` (2) or `NFPROTO_IPV6` (10).
     family: u8,
+    /// The same family.
+    ip_family: IpFamily,
     table: String,
     /// Line (1-based) of each message's sequence number, in order.
     lines: Vec<(u32, usize)>,
@@ -105,10 +110,8 @@ pub(crate) struct Encoder {
 impl Encoder {
     fn new(family: IpFamily, anonymous_prefix: String) -> Self {
         Self {
-            family: match family {
-                IpFamily::V4 => 2,
-                IpFamily::V6 => 10,
-            },
+            family: nfproto(family),
+            ip_family: family,
             table: crate::names::TABLE.to_owned(),
             lines: Vec::new(),
             line: 0,
@@ -138,40 +141,34 @@ impl Encoder {
         self.set_id
     }
 
-    /// Encodes `text` into `batch`.
-    fn encode(&mut self, batch: &mut Batch, text: &str) -> Result<(), LineError> {
-        for (index, line) in text.lines().enumerate() {
+    fn ip_family(&self) -> IpFamily {
+        self.ip_family
+    }
+
+    /// Encodes `transaction` into `batch`; a command that cannot be
+    /// encoded is named by its line.
+    fn encode(&mut self, batch: &mut Batch, transaction: &Transaction) -> Result<(), LineError> {
+        for (index, command) in transaction.commands.iter().enumerate() {
             self.line = index + 1;
-            self.encode_line(batch, line)
-                .map_err(|error| (index + 1, line.to_owned(), error))?;
+            self.encode_command(batch, command)
+                .map_err(|error| (index + 1, error))?;
         }
         Ok(())
     }
 
-    fn encode_line(&mut self, batch: &mut Batch, line: &str) -> Result<(), EncodeError> {
-        let mut words = line.splitn(5, ' ');
-        let (verb, kind, family, table) = (
-            words.next().ok_or(EncodeError::Unsupported)?,
-            words.next().ok_or(EncodeError::Unsupported)?,
-            words.next().ok_or(EncodeError::Unsupported)?,
-            words.next().ok_or(EncodeError::Unsupported)?,
-        );
-        let rest = words.next().unwrap_or("");
-        let family_keyword = if self.family == 2 { "ip" } else { "ip6" };
-        if table != self.table || family != family_keyword {
-            return Err(EncodeError::Unsupported);
-        }
-        if kind == "table" {
-            return self.table(batch, verb == "delete", rest);
-        }
-        match (verb, kind) {
-            (_, "chain") => self.chain(batch, verb, rest),
-            (_, "set") => self.set(batch, verb, false, rest),
-            (_, "map") => self.set(batch, verb, true, rest),
-            ("add", "element") => self.element(batch, false, rest),
-            ("delete", "element") => self.element(batch, true, rest),
-            ("add", "rule") => self.rule(batch, rest),
-            _ => Err(EncodeError::Unsupported),
+    fn encode_command(&mut self, batch: &mut Batch, command: &Command) -> Result<(), EncodeError> {
+        match command {
+            Command::AddTable { comment } => self.table(batch, false, *comment),
+            Command::DeleteTable => self.table(batch, true, None),
+            Command::AddChain { name, kind } => self.add_chain(batch, name, kind),
+            Command::FlushChain(name) => self.chain_operation(batch, false, name),
+            Command::DeleteChain(name) => self.chain_operation(batch, true, name),
+            Command::AddSet(spec) => self.add_set(batch, spec),
+            Command::FlushSet { name, .. } => self.set_operation(batch, false, name),
+            Command::DeleteSet { name, .. } => self.set_operation(batch, true, name),
+            Command::AddElements { set, elements } => self.add_elements(batch, set, elements),
+            Command::DeleteElements { set, keys } => self.delete_elements(batch, set, keys),
+            Command::AddRule(rule) => self.rule(batch, rule),
         }
     }
 
@@ -344,8 +341,8 @@ impl Answers {
 
     /// The outcome: applied (as far as the answers tell) only when every
     /// message was acknowledged and none refused; otherwise the error,
-    /// naming every refused line of `text` (through `encoder`).
-    fn outcome(&self, encoder: &Encoder, text: &str) -> Result<(), ApplyError> {
+    /// naming every refused line of `transaction` (through `encoder`).
+    fn outcome(&self, encoder: &Encoder, transaction: &Transaction) -> Result<(), ApplyError> {
         let begin_seq = self.begin_seq;
         let mut refused = self.replies.iter().filter(|(_, code)| *code != 0);
         match refused.next() {
@@ -362,13 +359,18 @@ impl Answers {
                 let line_of = |(seq, code): &(u32, i32)| {
                     let line = encoder
                         .line_of(*seq)
-                        .and_then(|n| text.lines().nth(n - 1).map(|l| (n, l.to_owned())));
+                        .and_then(|n| transaction.line(n).map(|l| (n, l)));
                     (line, io::Error::from_raw_os_error(-code).to_string())
                 };
                 let (line, message) = line_of(first);
-                let also_refused = refused
+                let also_refused: Vec<(usize, String, String)> = refused
                     .map(line_of)
                     .filter_map(|(line, message)| line.map(|(n, text)| (n, text, message)))
+                    .collect();
+                let numbers = line.iter().map(|(n, _)| *n);
+                let numbers = numbers.chain(also_refused.iter().map(|(n, _, _)| *n));
+                let refused = numbers
+                    .filter_map(|n| transaction.commands.get(n - 1).cloned())
                     .collect();
                 let message = if first.0 == begin_seq {
                     format!("{message} (the batch as a whole)")
@@ -379,6 +381,7 @@ impl Answers {
                     message,
                     line,
                     also_refused,
+                    refused,
                 });
             }
         }
@@ -425,7 +428,7 @@ fn receive_error(error: io::Error, messages: usize) -> io::Error {
     }
 }
 
-/// What a transaction's text says the read-back must find.
+/// What a transaction says the read-back must find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Expected {
     /// Whether the table exists afterwards (`add table` or `delete table`,
@@ -484,48 +487,61 @@ impl Expected {
         Ok(())
     }
 
-    fn of(text: &str) -> Self {
+    fn of(transaction: &Transaction) -> Self {
         let mut expected = Self {
             table_exists: None,
             generation_moves: false,
         };
-        for line in text.lines() {
-            if line.starts_with("add table ") {
-                expected.table_exists = Some(true);
-            } else if line.starts_with("delete table ") {
-                expected.table_exists = Some(false);
-            } else if line.starts_with("add rule ") {
-                expected.generation_moves = true;
-                // A rule can only be added to a table that exists.
-                expected.table_exists.get_or_insert(true);
-            } else if !line.is_empty() {
-                // Chains, sets and elements live in the table too.
-                expected.table_exists.get_or_insert(true);
+        for command in &transaction.commands {
+            match command {
+                Command::AddTable { .. } => expected.table_exists = Some(true),
+                Command::DeleteTable => expected.table_exists = Some(false),
+                Command::AddRule(_) => {
+                    expected.generation_moves = true;
+                    // A rule can only be added to a table that exists.
+                    expected.table_exists.get_or_insert(true);
+                }
+                _ => {
+                    // Chains, sets and elements live in the table too.
+                    expected.table_exists.get_or_insert(true);
+                }
             }
         }
         expected
     }
 }
 
-/// The error for a line the encoder refused, naming the object it writes.
-fn encode_error(line: usize, text: String, error: EncodeError) -> ApplyError {
+/// The error for command `line` (1-based) of `transaction`, which the
+/// encoder refused, naming the object it writes.
+fn encode_error(transaction: &Transaction, line: usize, error: EncodeError) -> ApplyError {
+    let family = transaction.family;
+    let Some(command) = transaction.commands.get(line.wrapping_sub(1)).cloned() else {
+        // Not reached: the encoder numbers the commands it was given.
+        return ApplyError::NotApplied {
+            reason: format!("the netlink encoder refused line {line}, which does not exist"),
+        };
+    };
+    let text = command.line(family).to_string();
     match error {
         EncodeError::Unsupported => ApplyError::Kernel {
-            message: "not sent: the netlink encoder does not know this line".to_owned(),
+            message: "not sent: the netlink encoder cannot encode this line".to_owned(),
             line: Some((line, text)),
             also_refused: Vec::new(),
+            refused: vec![command],
         },
         EncodeError::TooLarge(oversize) => ApplyError::TooLarge {
-            object: crate::names::describe_line(&text),
+            object: crate::names::describe_command(&command, family),
             reason: oversize.to_string(),
             line: (line, text),
+            command: Box::new(command),
         },
         EncodeError::CommentTooLong { len, max } => ApplyError::TooLarge {
-            object: crate::names::describe_line(&text),
+            object: crate::names::describe_command(&command, family),
             reason: format!(
                 "its comment is {len} bytes long, more than the {max} nftnl's user data holds"
             ),
             line: (line, text),
+            command: Box::new(command),
         },
     }
 }
@@ -539,7 +555,7 @@ fn nfproto(family: IpFamily) -> u8 {
 }
 
 impl NetlinkApplier {
-    /// Commits `text`, bound to `generation` when given.
+    /// Commits `transaction`, bound to `generation` when given.
     ///
     /// The transaction counts as applied only when the kernel answered
     /// every message without an error and a read-back agrees: the
@@ -548,18 +564,18 @@ impl NetlinkApplier {
     /// rule (the kernel counts every such commit as a change).
     fn commit(
         &mut self,
-        family: IpFamily,
-        text: &str,
+        transaction: &Transaction,
         generation: Option<u32>,
     ) -> Result<(), ApplyError> {
+        let family = transaction.family;
         self.transactions += 1;
         let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
         let mut encoder = Encoder::new(family, prefix);
         encoder.refused_chains.clone_from(&self.refused_chains);
         let mut batch = Batch::new(self.next_seq, generation);
         encoder
-            .encode(&mut batch, text)
-            .map_err(|(line, content, error)| encode_error(line, content, error))?;
+            .encode(&mut batch, transaction)
+            .map_err(|(line, error)| encode_error(transaction, line, error))?;
         let empty = batch.messages() == 0;
         if empty && generation.is_none() {
             // Nothing to commit: an empty partial sync.
@@ -575,7 +591,7 @@ impl NetlinkApplier {
         }
         batch.finish();
         self.next_seq = batch.next_seq.wrapping_add(1);
-        let expected = Expected::of(text);
+        let expected = Expected::of(transaction);
         let before = if expected.generation_moves {
             Some(self.ask_generation().map_err(|e| self.failed_socket(e))?)
         } else {
@@ -584,7 +600,7 @@ impl NetlinkApplier {
         let answers = self
             .send(&batch, begin_seq)
             .map_err(|e| self.failed_socket(e))?;
-        answers.outcome(&encoder, text)?;
+        answers.outcome(&encoder, transaction)?;
         if empty {
             return Ok(());
         }
@@ -651,8 +667,8 @@ impl NetlinkApplier {
 }
 
 impl Applier for NetlinkApplier {
-    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), ApplyError> {
-        self.commit(family, text, None)
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
+        self.commit(transaction, None)
     }
 
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
@@ -669,13 +685,8 @@ impl Applier for NetlinkApplier {
         }
     }
 
-    fn apply_at(
-        &mut self,
-        family: IpFamily,
-        text: &str,
-        generation: u32,
-    ) -> Result<(), ApplyError> {
-        self.commit(family, text, Some(generation))
+    fn apply_at(&mut self, transaction: &Transaction, generation: u32) -> Result<(), ApplyError> {
+        self.commit(transaction, Some(generation))
     }
 }
 

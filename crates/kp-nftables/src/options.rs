@@ -5,6 +5,7 @@ use ipnet::IpNet;
 use kp_model::IpFamily;
 use kp_node::{LocalDetector, LocalMatch, MasqueradeMark};
 
+use crate::model::{AddrField, Address, Expr};
 use crate::NftablesError;
 
 /// Renderer settings; [`NftablesOptions::default`] matches upstream's
@@ -24,9 +25,9 @@ pub struct NftablesOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NftDetector {
     /// Matches traffic from this cluster's pods, e.g. `ip saddr 10.244.0.0/16`.
-    pub if_local: String,
+    pub if_local: Expr,
     /// Matches other traffic, e.g. `ip saddr != 10.244.0.0/16`.
-    pub if_not_local: String,
+    pub if_not_local: Expr,
 }
 
 impl Default for NftablesOptions {
@@ -58,6 +59,13 @@ impl NftablesOptions {
             .to_string()
     }
 
+    /// The masquerade mark: bit `masquerade_bit` set.
+    pub(crate) fn masquerade_mark_value(&self) -> u32 {
+        MasqueradeMark::new(self.masquerade_bit & 31)
+            .unwrap_or_default()
+            .value()
+    }
+
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
     /// `spec.podCIDRs` for [`LocalDetector::NodeCidr`].
     pub(crate) fn resolve_detector(
@@ -65,15 +73,29 @@ impl NftablesOptions {
         family: IpFamily,
         node_pod_cidrs: &[IpNet],
     ) -> Option<NftDetector> {
-        let ipx = family_keyword(family);
-        let (left, value) = match self.local_detector.resolve(family, node_pod_cidrs)? {
-            LocalMatch::Source(cidr) => (format!("{ipx} saddr"), cidr.to_string()),
-            LocalMatch::Interface(name) => ("iifname".to_owned(), name),
-            LocalMatch::InterfacePrefix(prefix) => ("iifname".to_owned(), format!("{prefix}*")),
+        let source = |cidr: IpNet, negate| Expr::AddrIs {
+            field: AddrField::Source,
+            negate,
+            value: Address::Prefix(cidr),
         };
-        Some(NftDetector {
-            if_local: format!("{left} {value}"),
-            if_not_local: format!("{left} != {value}"),
+        let interface = |name: &str, prefix: bool, negate| Expr::InputInterface {
+            negate,
+            name: std::sync::Arc::from(name),
+            prefix,
+        };
+        Some(match self.local_detector.resolve(family, node_pod_cidrs)? {
+            LocalMatch::Source(cidr) => NftDetector {
+                if_local: source(cidr, false),
+                if_not_local: source(cidr, true),
+            },
+            LocalMatch::Interface(name) => NftDetector {
+                if_local: interface(&name, false, false),
+                if_not_local: interface(&name, false, true),
+            },
+            LocalMatch::InterfacePrefix(prefix) => NftDetector {
+                if_local: interface(&prefix, true, false),
+                if_not_local: interface(&prefix, true, true),
+            },
         })
     }
 }
@@ -121,15 +143,24 @@ mod tests {
             ..NftablesOptions::default()
         };
         let v4 = options.resolve_detector(IpFamily::V4, &[]).unwrap();
-        assert_eq!(v4.if_not_local, "ip saddr != 10.244.0.0/16");
+        assert_eq!(
+            v4.if_not_local.text(IpFamily::V4).to_string(),
+            "ip saddr != 10.244.0.0/16"
+        );
         let v6 = options.resolve_detector(IpFamily::V6, &[]).unwrap();
-        assert_eq!(v6.if_local, "ip6 saddr fd00:10:244::/48");
+        assert_eq!(
+            v6.if_local.text(IpFamily::V6).to_string(),
+            "ip6 saddr fd00:10:244::/48"
+        );
         let prefix = NftablesOptions {
             local_detector: LocalDetector::InterfaceNamePrefix("veth".into()),
             ..NftablesOptions::default()
         };
         let resolved = prefix.resolve_detector(IpFamily::V4, &[]).unwrap();
-        assert_eq!(resolved.if_local, "iifname veth*");
+        assert_eq!(
+            resolved.if_local.text(IpFamily::V4).to_string(),
+            "iifname veth*"
+        );
         let bad = NftablesOptions {
             local_detector: LocalDetector::BridgeInterface("a b".into()),
             ..NftablesOptions::default()

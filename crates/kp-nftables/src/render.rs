@@ -15,12 +15,16 @@
 //! flushed and left for a later transaction to delete.
 //!
 //! **Partial render**: only the Services in `changed_services`: their
-//! chains are rewritten (add, flush, rules) unless their text is what the
-//! last transaction left (the record keeps a fingerprint of it), and their
+//! chains are rewritten (add, flush, rules) unless their commands are what
+//! the last transaction left (the record keeps a fingerprint of them), and their
 //! elements are added or deleted by comparing with that record
 //! ([`Programmed`]). Nothing needs to be listed from the kernel.
 //!
-//! Text order inside one transaction: fixed objects, Service sets and
+//! The transaction is built as typed commands ([`crate::model`]), printed
+//! as text for `nft -f` and `--dry-run` and encoded as netlink messages
+//! from the same values.
+//!
+//! Command order inside one transaction: fixed objects, Service sets and
 //! chains (so elements can name them), element deletions, element
 //! additions, then the chains no Service uses any more, flushed.
 //!
@@ -33,6 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -41,7 +46,8 @@ use std::time::{Duration, Instant};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, Protocol, ServicePortName};
 use kp_sync::ServicePortState;
 
-use crate::options::{family_keyword, NftDetector, NftablesOptions};
+use crate::model::{ChainKind, Command, Name, Transaction};
+use crate::options::{NftDetector, NftablesOptions};
 use crate::state::{Element, Programmed, ServiceRecord, StateDelta};
 use crate::NftablesError;
 
@@ -62,9 +68,6 @@ pub const TRANSACTION_TEXT_MAX: usize = 1 << 20;
 /// (a quarter of a second at 5,000 Service ports × 50 endpoints), so the
 /// number of pieces, not only their size, must stay bounded.
 pub const SPLIT_PIECES: usize = 8;
-
-/// Text handed on at once while a transaction's Service chains are written.
-const PIECE_BYTES: usize = 64 << 10;
 
 /// Everything one render looks at, for one IP family.
 #[derive(Debug, Clone, Copy)]
@@ -121,8 +124,8 @@ pub struct Rendered {
     pub family: IpFamily,
     /// Whether everything was written.
     pub full: bool,
-    /// `nft -f` input: the transactions in order ([`Renderer::render`]);
-    /// empty from [`Renderer::render_streamed`].
+    /// `nft -f` input: the transactions' text in order
+    /// ([`Renderer::render`]); empty from [`Renderer::render_streamed`].
     pub text: String,
     /// Transactions written (more than one for a split full render).
     pub transactions: usize,
@@ -166,19 +169,19 @@ impl Rendered {
 }
 
 /// A transaction deleting stale chains ([`stale_chain_cleanup`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleChainCleanup {
-    /// `nft -f` input.
-    pub text: String,
+    /// The transaction.
+    pub transaction: Transaction,
     /// The chains it deletes.
     pub chains: Vec<Arc<str>>,
 }
 
 /// A piece of a streamed render ([`Renderer::render_streamed`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece<'a> {
-    /// Whole lines of the current transaction.
-    Lines(&'a str),
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Commands of the current transaction, in order.
+    Commands(Vec<Command>),
     /// The current transaction ends here; commit it before going on.
     Commit,
 }
@@ -188,28 +191,35 @@ pub enum Piece<'a> {
 pub struct Renderer {
     options: NftablesOptions,
     capacity_hint: usize,
+    /// The longest text a render to text wrote, in bytes, to size the next.
+    text_hint: usize,
     transaction_text_max: usize,
 }
 
 /// What every service port's rendering needs to know.
 #[derive(Debug)]
 pub(crate) struct Context {
-    /// `ip` or `ip6`.
-    pub ipx: &'static str,
-    /// `ip kube-proxy` or `ip6 kube-proxy`.
-    pub table: String,
+    /// The family of the table.
+    pub family: IpFamily,
     pub masquerade_all: bool,
     pub detector: Option<NftDetector>,
 }
 
-/// The text of a transaction, by section.
+/// The commands of a transaction, by section.
 #[derive(Debug, Default)]
 pub(crate) struct Sections {
-    pub head: String,
-    pub chains: String,
-    pub deletions: String,
-    pub additions: String,
-    pub tail: String,
+    /// The deletion of the table, with `reset`.
+    pub reset: Vec<Command>,
+    pub head: Vec<Command>,
+    pub chains: Vec<Command>,
+    /// Service chains already printed (a render to text), in place of
+    /// their commands.
+    pub chains_text: String,
+    /// Commands and rules of `chains_text`.
+    pub chains_printed: (usize, usize),
+    pub deletions: Vec<Command>,
+    pub additions: Vec<Command>,
+    pub tail: Vec<Command>,
 }
 
 impl Renderer {
@@ -219,6 +229,7 @@ impl Renderer {
         Ok(Self {
             options,
             capacity_hint: 0,
+            text_hint: 0,
             transaction_text_max: TRANSACTION_TEXT_MAX,
         })
     }
@@ -241,22 +252,19 @@ impl Renderer {
     /// transaction's text in [`Rendered::text`]. Pure: the same input gives
     /// the same text.
     pub fn render(&mut self, input: &RenderInput<'_>, programmed: &Programmed) -> Rendered {
-        let mut text = String::new();
-        let result = self.render_streamed(input, programmed, |piece| {
-            if let Piece::Lines(lines) = piece {
-                text.push_str(lines);
-            }
+        let mut text = String::with_capacity(self.text_hint);
+        let result = self.render_into(input, programmed, Some(&mut text), |_| {
             Ok::<(), std::convert::Infallible>(())
         });
         let Ok(mut rendered) = result;
+        self.text_hint = self.text_hint.max(text.len());
         rendered.text = text;
         rendered
     }
 
-    /// Renders `input` like [`Renderer::render`], handing the text to
-    /// `emit` in pieces of whole lines, each transaction closed by
-    /// [`Piece::Commit`], so the text is never held whole. An error of
-    /// `emit` stops the render.
+    /// Renders `input` like [`Renderer::render`], handing the commands to
+    /// `emit` in pieces, each transaction closed by [`Piece::Commit`]. An
+    /// error of `emit` stops the render.
     ///
     /// A full render is one transaction (fixed objects first, then every
     /// Service's chains, element deletions, element additions, stale
@@ -275,7 +283,20 @@ impl Renderer {
         &mut self,
         input: &RenderInput<'_>,
         programmed: &Programmed,
-        mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
+        emit: impl FnMut(Piece) -> Result<(), E>,
+    ) -> Result<Rendered, E> {
+        self.render_into(input, programmed, None, emit)
+    }
+
+    /// Renders to `emit`, or, given `text`, prints every command into it
+    /// instead (and hands `emit` only the commits): a Service's chains are
+    /// then printed once, which also measures them for the split.
+    fn render_into<E>(
+        &mut self,
+        input: &RenderInput<'_>,
+        programmed: &Programmed,
+        text: Option<&mut String>,
+        mut emit: impl FnMut(Piece) -> Result<(), E>,
     ) -> Result<Rendered, E> {
         let full = input.full || input.reset;
         let ctx = self.context(input);
@@ -286,16 +307,32 @@ impl Renderer {
             .transaction_text_max
             .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
         let mut split = false;
-        let mut emitted = Emitted::default();
+        let mut emitted = Emitted {
+            family: input.family,
+            text,
+            lines: 0,
+            rules: 0,
+            transactions: 0,
+            transactions_with_rules: 0,
+            current_rules: 0,
+        };
+        // Service chain text written since the last split, in bytes.
+        let mut chain_text = 0;
         if full {
-            let estimate = input.service_ports.len() * 900;
+            let estimate = input.service_ports.len() * 10;
             let wanted = self.capacity_hint.max(estimate);
             out.chains.reserve(if may_split {
-                wanted.min(limit + PIECE_BYTES)
+                wanted.min(limit / COMMAND_BYTES_MIN)
             } else {
                 wanted
             });
-            out.additions.reserve(input.service_ports.len() * 160);
+            out.additions.reserve(input.service_ports.len() * 2);
+            if input.reset {
+                out.reset = head::reset();
+            }
+            if emitted.text.is_some() {
+                out.chains_text.reserve(self.text_hint);
+            }
             head::write_head(&ctx, &self.options, input, &mut out.head);
         }
         let mut delta = StateDelta {
@@ -330,15 +367,12 @@ impl Renderer {
                 // is what the last transaction left): nothing to rewrite.
                 out.chains.truncate(chains_before);
             }
-            diff_service(
-                &ctx,
-                full,
-                old,
-                record.as_ref(),
-                &mut out,
-                &mut stats,
-                &mut delta,
-            );
+            if emitted.text.is_some() {
+                chain_text += out.print_chains(ctx.family, chains_before);
+            } else if may_split {
+                chain_text += text_len(ctx.family, &out.chains[chains_before..]);
+            }
+            diff_service(full, old, record.as_ref(), &mut out, &mut stats, &mut delta);
             match (record, old) {
                 // Kept as it is, so a full sync does not hold a second
                 // copy of every record until it commits.
@@ -346,39 +380,39 @@ impl Renderer {
                 (None, None) => {}
                 (record, _) => delta.services.push((service.clone(), record)),
             }
-            if may_split && out.chains.len() >= limit {
+            if may_split && chain_text >= limit {
                 split = true;
-                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
-                out.chains.clear();
+                emitted.chain_transaction(&mut emit, &mut out)?;
+                chain_text = 0;
             }
         }
         if full && !input.reset {
-            flush_vanished_services(&ctx, input, programmed, &mut out, &mut stats, &mut delta);
+            flush_vanished_services(input, programmed, &mut out, &mut stats, &mut delta);
         }
         if !input.reset {
             revive_stale_chains(programmed, &mut delta);
         }
+        let head_hash = full.then(|| fingerprint(&out.head));
         if split {
-            if !out.chains.is_empty() {
-                emitted.chain_transaction(&mut emit, &ctx, &out.chains)?;
+            if out.has_chains() {
+                emitted.chain_transaction(&mut emit, &mut out)?;
             }
             // In place: the table is not deleted (that would leave the
             // Services of the transactions above without their elements).
-            emitted.emit(&mut emit, head::without_reset(&ctx, &out.head))?;
+            emitted.emit(&mut emit, std::mem::take(&mut out.head))?;
         } else {
-            emitted.emit(&mut emit, &out.head)?;
-            for piece in pieces(&out.chains) {
-                emitted.emit(&mut emit, piece)?;
-            }
+            emitted.emit(&mut emit, std::mem::take(&mut out.reset))?;
+            emitted.emit(&mut emit, std::mem::take(&mut out.head))?;
+            emitted.chains(&mut emit, &mut out)?;
         }
-        for section in [&out.deletions, &out.additions, &out.tail] {
+        for section in [out.deletions, out.additions, out.tail] {
             emitted.emit(&mut emit, section)?;
         }
         // Every render commits at least one transaction (an empty one for a
         // partial sync with nothing to change), so each sync reaches the
         // applier.
         emitted.commit(&mut emit)?;
-        self.capacity_hint = self.capacity_hint.max(emitted.bytes);
+        self.capacity_hint = self.capacity_hint.max(emitted.lines);
         stats.commands = emitted.lines;
         stats.rules_written = emitted.rules;
         Ok(Rendered {
@@ -387,7 +421,7 @@ impl Renderer {
             text: String::new(),
             transactions: emitted.transactions,
             transactions_with_rules: emitted.transactions_with_rules,
-            head_hash: full.then(|| fingerprint(head::without_reset(&ctx, &out.head))),
+            head_hash,
             delta,
             stats,
         })
@@ -399,15 +433,14 @@ impl Renderer {
     /// what the kernel holds has nothing to rewrite.
     pub fn head_fingerprint(&self, input: &RenderInput<'_>) -> u64 {
         let ctx = self.context(input);
-        let mut head = String::new();
+        let mut head = Vec::new();
         head::write_head(&ctx, &self.options, input, &mut head);
-        fingerprint(head::without_reset(&ctx, &head))
+        fingerprint(&head)
     }
 
     fn context(&self, input: &RenderInput<'_>) -> Context {
         Context {
-            ipx: family_keyword(input.family),
-            table: format!("{} {}", family_keyword(input.family), crate::names::TABLE),
+            family: input.family,
             masquerade_all: self.options.masquerade_all,
             detector: self
                 .options
@@ -439,13 +472,56 @@ impl Renderer {
     }
 }
 
-/// A fingerprint of a Service's chain text.
-fn fingerprint(text: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
+impl Sections {
+    /// Prints the Service chain commands from `start` on into
+    /// `chains_text` in their place; returns the bytes printed.
+    fn print_chains(&mut self, family: IpFamily, start: usize) -> usize {
+        let before = self.chains_text.len();
+        let printed = &self.chains[start..];
+        let rules = printed.iter().filter(|command| command.is_rule()).count();
+        self.chains_printed.0 += printed.len();
+        self.chains_printed.1 += rules;
+        for command in printed {
+            let _ = writeln!(self.chains_text, "{}", command.line(family));
+        }
+        self.chains.truncate(start);
+        self.chains_text.len() - before
+    }
+
+    fn has_chains(&self) -> bool {
+        !self.chains.is_empty() || !self.chains_text.is_empty()
+    }
+}
+
+/// A fingerprint of commands (a Service's chains, or the fixed part).
+fn fingerprint(commands: &[Command]) -> u64 {
+    use std::hash::Hasher;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
+    commands.hash(&mut hasher);
     hasher.finish()
 }
+
+/// The length of the text of `commands`, counted without writing it.
+fn text_len(family: IpFamily, commands: &[Command]) -> usize {
+    let mut counter = ByteCounter(0);
+    for command in commands {
+        let _ = writeln!(counter, "{}", command.line(family));
+    }
+    counter.0
+}
+
+/// Counts the bytes written to it.
+struct ByteCounter(usize);
+
+impl std::fmt::Write for ByteCounter {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0 += s.len();
+        Ok(())
+    }
+}
+
+/// The fewest bytes of text a command takes, to size a section.
+const COMMAND_BYTES_MIN: usize = 40;
 
 /// The ports of `service`: the map is sorted by service first.
 fn ports_of<'m>(
@@ -467,7 +543,6 @@ fn ports_of<'m>(
 /// and sets of `old` that `new` no longer uses. A full render flushed the
 /// maps, so it adds every element of `new`.
 fn diff_service(
-    ctx: &Context,
     full: bool,
     old: Option<&ServiceRecord>,
     new: Option<&ServiceRecord>,
@@ -485,20 +560,20 @@ fn diff_service(
         match find(old_elements, element) {
             Some(kept) if kept == element => {}
             Some(_) => {
-                write_delete(ctx, element, out);
-                write_add(ctx, element, out);
+                write_delete(element, out);
+                write_add(element, out);
                 stats.elements_deleted += 1;
                 stats.elements_added += 1;
             }
             None => {
-                write_add(ctx, element, out);
+                write_add(element, out);
                 stats.elements_added += 1;
             }
         }
     }
     for element in old_elements {
         if find(&new.elements, element).is_none() {
-            write_delete(ctx, element, out);
+            write_delete(element, out);
             stats.elements_deleted += 1;
         }
     }
@@ -506,15 +581,21 @@ fn diff_service(
     for chain in &old.chains {
         if new.chains.binary_search(chain).is_err() {
             // `add` first: someone may have deleted the table meanwhile.
-            let _ = writeln!(out.tail, "add chain {} {chain}", ctx.table);
-            let _ = writeln!(out.tail, "flush chain {} {chain}", ctx.table);
+            out.tail.push(Command::AddChain {
+                name: Name::from(chain),
+                kind: ChainKind::Regular,
+            });
+            out.tail.push(Command::FlushChain(Name::from(chain)));
             stats.chains_flushed += 1;
             delta.newly_stale.push(Arc::clone(chain));
         }
     }
     for set in &old.affinity_sets {
         if new.affinity_sets.binary_search(set).is_err() {
-            let _ = writeln!(out.tail, "delete set {} {set}", ctx.table);
+            out.tail.push(Command::DeleteSet {
+                name: Name::from(set),
+                map: false,
+            });
         }
     }
 }
@@ -523,7 +604,6 @@ fn diff_service(
 /// exist lose their chains and sets (their elements went with the flushed
 /// maps).
 fn flush_vanished_services(
-    ctx: &Context,
     input: &RenderInput<'_>,
     programmed: &Programmed,
     out: &mut Sections,
@@ -532,7 +612,7 @@ fn flush_vanished_services(
 ) {
     for (service, old) in &programmed.services {
         if ports_of(input.service_ports, service).next().is_none() {
-            diff_service(ctx, true, Some(old), None, out, stats, delta);
+            diff_service(true, Some(old), None, out, stats, delta);
         }
     }
 }
@@ -570,12 +650,18 @@ pub fn stale_chain_cleanup(
     now: Instant,
     programmed: &Programmed,
 ) -> Option<StaleChainCleanup> {
-    let table = format!("{} {}", family_keyword(family), crate::names::TABLE);
-    let mut cleanup = StaleChainCleanup::default();
+    let mut cleanup = StaleChainCleanup {
+        transaction: Transaction::new(family),
+        chains: Vec::new(),
+    };
     for (chain, since) in &programmed.stale_chains {
         if now.saturating_duration_since(*since) >= STALE_CHAIN_DELAY {
-            let _ = writeln!(cleanup.text, "add chain {table} {chain}");
-            let _ = writeln!(cleanup.text, "delete chain {table} {chain}");
+            let commands = &mut cleanup.transaction.commands;
+            commands.push(Command::AddChain {
+                name: Name::from(chain),
+                kind: ChainKind::Regular,
+            });
+            commands.push(Command::DeleteChain(Name::from(chain)));
             cleanup.chains.push(Arc::clone(chain));
         }
     }
@@ -584,25 +670,23 @@ pub fn stale_chain_cleanup(
 
 fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
     elements
-        .binary_search_by(|e| (e.map, e.key.as_str()).cmp(&(wanted.map, wanted.key.as_str())))
+        .binary_search_by(|e| (e.map, &e.key).cmp(&(wanted.map, &wanted.key)))
         .ok()
         .map(|index| &elements[index])
 }
 
-fn write_add(ctx: &Context, element: &Element, out: &mut Sections) {
-    let _ = writeln!(
-        out.additions,
-        "add element {} {} {element}",
-        ctx.table, element.map
-    );
+fn write_add(element: &Element, out: &mut Sections) {
+    out.additions.push(Command::AddElements {
+        set: Name::Fixed(element.map),
+        elements: vec![element.to_set_element()],
+    });
 }
 
-fn write_delete(ctx: &Context, element: &Element, out: &mut Sections) {
-    let _ = writeln!(
-        out.deletions,
-        "delete element {} {} {{ {} }}",
-        ctx.table, element.map, element.key
-    );
+fn write_delete(element: &Element, out: &mut Sections) {
+    out.deletions.push(Command::DeleteElements {
+        set: Name::Fixed(element.map),
+        keys: vec![element.key],
+    });
 }
 
 /// About how much Service chain text a full render of `ports` writes
@@ -615,27 +699,11 @@ fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> 
         .sum()
 }
 
-/// `text` in pieces of about [`PIECE_BYTES`], cut after a newline.
-fn pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let cut = match rest.get(PIECE_BYTES..).and_then(|tail| tail.find('\n')) {
-            Some(newline) => PIECE_BYTES + newline + 1,
-            None => rest.len(),
-        };
-        let (piece, tail) = rest.split_at(cut);
-        rest = tail;
-        Some(piece)
-    })
-}
-
-/// Counts of what a streamed render handed on.
-#[derive(Debug, Default)]
-struct Emitted {
-    bytes: usize,
+/// Counts of what a render handed on, and where: to the emitter, or
+/// printed into `text`.
+struct Emitted<'t> {
+    family: IpFamily,
+    text: Option<&'t mut String>,
     lines: usize,
     rules: usize,
     transactions: usize,
@@ -644,28 +712,52 @@ struct Emitted {
     current_rules: usize,
 }
 
-impl Emitted {
-    /// Hands `lines` on (nothing when empty), counting them.
+impl Emitted<'_> {
+    fn count(&mut self, lines: usize, rules: usize) {
+        self.lines += lines;
+        self.rules += rules;
+        self.current_rules += rules;
+    }
+
+    /// Hands `commands` on (nothing when empty), counting them.
     fn emit<E>(
         &mut self,
-        emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>,
-        lines: &str,
+        emit: &mut impl FnMut(Piece) -> Result<(), E>,
+        commands: Vec<Command>,
     ) -> Result<(), E> {
-        if lines.is_empty() {
+        if commands.is_empty() {
             return Ok(());
         }
-        self.bytes += lines.len();
-        for line in lines.lines() {
-            self.lines += 1;
-            let rule = usize::from(line.starts_with("add rule"));
-            self.rules += rule;
-            self.current_rules += rule;
+        let rules = commands.iter().filter(|command| command.is_rule()).count();
+        self.count(commands.len(), rules);
+        match self.text.as_deref_mut() {
+            Some(text) => {
+                for command in &commands {
+                    let _ = writeln!(text, "{}", command.line(self.family));
+                }
+                Ok(())
+            }
+            None => emit(Piece::Commands(commands)),
         }
-        emit(Piece::Lines(lines))
+    }
+
+    /// Hands the Service chains of `out` on, printed or not.
+    fn chains<E>(
+        &mut self,
+        emit: &mut impl FnMut(Piece) -> Result<(), E>,
+        out: &mut Sections,
+    ) -> Result<(), E> {
+        if let Some(text) = self.text.as_deref_mut() {
+            text.push_str(&out.chains_text);
+            out.chains_text.clear();
+            let (lines, rules) = std::mem::take(&mut out.chains_printed);
+            self.count(lines, rules);
+        }
+        self.emit(emit, std::mem::take(&mut out.chains))
     }
 
     /// Ends the current transaction.
-    fn commit<E>(&mut self, emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>) -> Result<(), E> {
+    fn commit<E>(&mut self, emit: &mut impl FnMut(Piece) -> Result<(), E>) -> Result<(), E> {
         self.transactions += 1;
         self.transactions_with_rules += usize::from(self.current_rules > 0);
         self.current_rules = 0;
@@ -676,12 +768,11 @@ impl Emitted {
     /// chains need, and the chains of complete Services.
     fn chain_transaction<E>(
         &mut self,
-        emit: &mut impl FnMut(Piece<'_>) -> Result<(), E>,
-        ctx: &Context,
-        chains: &str,
+        emit: &mut impl FnMut(Piece) -> Result<(), E>,
+        out: &mut Sections,
     ) -> Result<(), E> {
-        self.emit(emit, &head::prelude(ctx))?;
-        self.emit(emit, chains)?;
+        self.emit(emit, head::prelude())?;
+        self.chains(emit, out)?;
         self.commit(emit)
     }
 }

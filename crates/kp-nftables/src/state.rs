@@ -9,21 +9,22 @@
 //! everything it holds.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kp_model::NamespacedName;
 
+use crate::model::{Key, SetElement, Verdict};
+
 /// One element of a set or verdict map of the table.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
     /// The set or map, e.g. `service-ips`.
     pub map: &'static str,
-    /// The key as nft writes it, e.g. `10.96.0.10 . tcp . 80`.
-    pub key: String,
-    /// The verdict, e.g. `goto service-…`; empty for a set element.
-    pub value: String,
+    /// The key, e.g. `10.96.0.10 . tcp . 80`.
+    pub key: Key,
+    /// The verdict, e.g. `goto service-…`; `None` for a set element.
+    pub value: Option<Verdict>,
     /// The element's comment (`ns/svc:port`), if any.
     pub comment: Option<Arc<str>>,
 }
@@ -40,7 +41,7 @@ pub struct ServiceRecord {
     pub affinity_sets: Vec<Arc<str>>,
     /// Rules in its chains.
     pub rules: usize,
-    /// A fingerprint of its chains' text (declarations and rules, as
+    /// A fingerprint of its chains' commands (declarations and rules, as
     /// rendered): equal records mean equal chains, so a partial sync need
     /// not rewrite them.
     pub chain_text_hash: u64,
@@ -77,42 +78,37 @@ pub struct StateDelta {
 
 impl Element {
     /// A set element.
-    pub fn set(map: &'static str, key: String) -> Self {
+    pub fn set(map: &'static str, key: Key) -> Self {
         Self {
             map,
             key,
-            value: String::new(),
+            value: None,
             comment: None,
         }
     }
 
     /// A map element.
-    pub fn map(map: &'static str, key: String, value: String, comment: Option<Arc<str>>) -> Self {
+    pub fn map(map: &'static str, key: Key, value: Verdict, comment: Option<Arc<str>>) -> Self {
         Self {
             map,
             key,
-            value,
+            value: Some(value),
             comment,
+        }
+    }
+
+    /// The element as `add element` writes it.
+    pub fn to_set_element(&self) -> SetElement {
+        SetElement {
+            key: self.key,
+            comment: self.comment.clone(),
+            verdict: self.value.clone(),
         }
     }
 
     /// Same map and key.
     pub fn same_key(&self, other: &Element) -> bool {
         self.map == other.map && self.key == other.key
-    }
-}
-
-/// `{ KEY[ comment "C"][ : VALUE] }`, as `add element` takes it.
-impl fmt::Display for Element {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{{ {}", self.key)?;
-        if let Some(comment) = &self.comment {
-            write!(f, " comment \"{comment}\"")?;
-        }
-        if !self.value.is_empty() {
-            write!(f, " : {}", self.value)?;
-        }
-        f.write_str(" }")
     }
 }
 

@@ -5,19 +5,26 @@
 //! new connection's first packet through it the way the kernel's hooks
 //! would: source-range firewall before DNAT, the `services` dispatch and
 //! the per-service chains in nat, then the refusal checks after DNAT. It
-//! knows only the rule shapes the renderer writes and fails loudly on any
-//! other, so a renderer change cannot slip past it unnoticed.
+//! reads the typed commands ([`crate::model`]), not their text, and fails
+//! loudly on a statement it does not follow, so a renderer change cannot
+//! slip past it unnoticed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+
+use crate::model::{protocol_keyword, AddrField, Command, Expr, Rule, Transaction};
+use crate::names::MARK_FOR_MASQUERADE;
+
+use crate::model::Verdict as RuleVerdict;
 
 /// The `kube-proxy` table of one family, as transactions left it.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     /// Rules per chain.
-    pub chains: BTreeMap<String, Vec<String>>,
-    /// Elements per set or map: key → value (empty for a set).
-    pub maps: BTreeMap<String, BTreeMap<String, String>>,
+    pub chains: BTreeMap<String, Vec<Rule>>,
+    /// Elements per set or map: key (as `add element` writes it) → the
+    /// verdict of a map element (`None` for a set element).
+    pub maps: BTreeMap<String, BTreeMap<String, Option<RuleVerdict>>>,
     /// Sets declared (affinity sets among them).
     pub sets: BTreeSet<String>,
 }
@@ -58,7 +65,7 @@ pub enum Verdict {
     Accept,
 }
 
-/// A line or rule the tracer does not know.
+/// A command or rule the tracer does not follow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tracer cannot read {0:?}")]
 pub struct Unknown(pub String);
@@ -78,69 +85,48 @@ impl Table {
     }
 
     /// Replays one transaction.
-    pub fn apply(&mut self, text: &str) -> Result<(), Unknown> {
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            self.apply_line(line)
-                .ok_or_else(|| Unknown(line.to_owned()))?;
+    pub fn apply(&mut self, transaction: &Transaction) -> Result<(), Unknown> {
+        for command in &transaction.commands {
+            self.apply_command(command)
+                .ok_or_else(|| Unknown(command.line(transaction.family).to_string()))?;
         }
         Ok(())
     }
 
-    fn apply_line(&mut self, line: &str) -> Option<()> {
-        let mut words = line.splitn(5, ' ');
-        let (verb, kind, _family, table) =
-            (words.next()?, words.next()?, words.next()?, words.next()?);
-        let rest = words.next().unwrap_or("");
-        if kind == "table" {
-            if verb == "delete" {
-                *self = Self::default();
+    fn apply_command(&mut self, command: &Command) -> Option<()> {
+        match command {
+            Command::AddTable { .. } => {}
+            Command::DeleteTable => *self = Self::default(),
+            Command::AddChain { name, .. } => {
+                self.chains.entry(name.as_str().to_owned()).or_default();
             }
-            return Some(());
+            Command::FlushChain(name) => self.chains.get_mut(name.as_str())?.clear(),
+            Command::DeleteChain(name) => {
+                self.chains.remove(name.as_str())?;
+            }
+            Command::AddRule(rule) => self.chains.get_mut(rule.chain.as_str())?.push(rule.clone()),
+            Command::AddSet(spec) => {
+                self.sets.insert(spec.name.as_str().to_owned());
+                self.maps.entry(spec.name.as_str().to_owned()).or_default();
+            }
+            Command::FlushSet { name, .. } => self.maps.get_mut(name.as_str())?.clear(),
+            Command::DeleteSet { name, .. } => {
+                self.sets.remove(name.as_str());
+                self.maps.remove(name.as_str())?;
+            }
+            Command::AddElements { set, elements } => {
+                let map = self.maps.get_mut(set.as_str())?;
+                for element in elements {
+                    map.insert(element.key.to_string(), element.verdict.clone());
+                }
+            }
+            Command::DeleteElements { set, keys } => {
+                let map = self.maps.get_mut(set.as_str())?;
+                for key in keys {
+                    map.remove(&key.to_string())?;
+                }
+            }
         }
-        let (name, body) = rest.split_once(' ').unwrap_or((rest, ""));
-        if table != "kube-proxy" {
-            return None;
-        }
-        match (verb, kind) {
-            ("add", "chain") => {
-                self.chains.entry(name.to_owned()).or_default();
-            }
-            ("flush", "chain") => self.chains.get_mut(name)?.clear(),
-            ("delete", "chain") => {
-                self.chains.remove(name)?;
-            }
-            ("add", "rule") => self.chains.get_mut(name)?.push(strip_comment(body)),
-            ("add", "set" | "map") => {
-                self.sets.insert(name.to_owned());
-                self.maps.entry(name.to_owned()).or_default();
-            }
-            ("flush", "set" | "map") => self.maps.get_mut(name)?.clear(),
-            ("delete", "set" | "map") => {
-                self.sets.remove(name);
-                self.maps.remove(name)?;
-            }
-            ("add", "element") => self.add_elements(name, body)?,
-            ("delete", "element") => {
-                let key = body.strip_prefix("{ ")?.strip_suffix(" }")?;
-                self.maps.get_mut(name)?.remove(key)?;
-            }
-            _ => return None,
-        }
-        Some(())
-    }
-
-    fn add_elements(&mut self, map: &str, body: &str) -> Option<()> {
-        let inner = body.strip_prefix("{ ")?.strip_suffix(" }")?;
-        let elements = self.maps.get_mut(map)?;
-        if !inner.contains(" : ") && !inner.contains(" comment ") {
-            for key in inner.split(", ") {
-                elements.insert(key.to_owned(), String::new());
-            }
-            return Some(());
-        }
-        let (key, value) = inner.split_once(" : ").unwrap_or((inner, ""));
-        let key = key.split(" comment ").next()?;
-        elements.insert(key.to_owned(), value.to_owned());
         Some(())
     }
 
@@ -170,37 +156,37 @@ impl Table {
     }
 
     fn firewall_drops(&self, packet: &Packet) -> Result<bool, Unknown> {
-        let Some(value) = self.lookup("firewall-ips", &ip_key(packet)) else {
+        let Some(verdict) = self.lookup("firewall-ips", &ip_key(packet)) else {
             return Ok(false);
         };
-        let chain = value
-            .strip_prefix("goto ")
-            .ok_or_else(|| Unknown(value.clone()))?;
-        let paths = self.run_chain(chain, packet, 0)?;
+        let RuleVerdict::Goto(chain) = verdict else {
+            return Err(Unknown(format!("firewall-ips verdict {verdict}")));
+        };
+        let paths = self.run_chain(chain.as_str(), packet, 0)?;
         Ok(paths.iter().any(|p| p.dropped))
     }
 
     /// The filter checks after DNAT, for a packet nat left alone.
     fn refusal(&self, packet: &Packet) -> Verdict {
-        let by_verdict = |value: &str| {
-            if value == "drop" {
+        let by_verdict = |verdict: &RuleVerdict| {
+            if *verdict == RuleVerdict::Drop {
                 Verdict::Drop
             } else {
                 Verdict::Reject
             }
         };
-        if let Some(value) = self.lookup("no-endpoint-services", &ip_key(packet)) {
-            return by_verdict(value);
+        if let Some(verdict) = self.lookup("no-endpoint-services", &ip_key(packet)) {
+            return by_verdict(verdict);
         }
-        let port_key = format!("{} . {}", packet.protocol, packet.dport);
         if self.node_port_address(packet) {
-            if let Some(value) = self.lookup("no-endpoint-nodeports", &port_key) {
-                return by_verdict(value);
+            if let Some(verdict) = self.lookup("no-endpoint-nodeports", &port_key(packet)) {
+                return by_verdict(verdict);
             }
         }
         if self
-            .lookup("cluster-ips", &packet.dst.to_string())
-            .is_some()
+            .maps
+            .get("cluster-ips")
+            .is_some_and(|ips| ips.contains_key(&packet.dst.to_string()))
         {
             return Verdict::Reject;
         }
@@ -214,8 +200,9 @@ impl Table {
         }
     }
 
-    fn lookup(&self, map: &str, key: &str) -> Option<&String> {
-        self.maps.get(map)?.get(key)
+    /// The verdict of map element `key`.
+    fn lookup(&self, map: &str, key: &str) -> Option<&RuleVerdict> {
+        self.maps.get(map)?.get(key)?.as_ref()
     }
 
     fn run_chain(&self, chain: &str, packet: &Packet, depth: usize) -> Result<Vec<Path>, Unknown> {
@@ -233,17 +220,16 @@ impl Table {
     /// may or may not be taken, so both continuations are followed.
     fn run_rules(
         &self,
-        rules: &[String],
+        rules: &[Rule],
         packet: &Packet,
         depth: usize,
         mut state: Path,
     ) -> Result<Vec<Path>, Unknown> {
         for (index, rule) in rules.iter().enumerate() {
-            if let Some(choice) = rule.strip_prefix("numgen random mod ") {
-                let (_, target) = choice
-                    .split_once(" 0 goto ")
-                    .ok_or_else(|| Unknown(rule.clone()))?;
-                let mut paths = match self.enter(target, packet, depth, &state)? {
+            if let [Expr::NumgenIs { .. }, Expr::Verdict(RuleVerdict::Goto(target))] =
+                rule.exprs.as_slice()
+            {
+                let mut paths = match self.enter(target.as_str(), packet, depth, &state)? {
                     Step::Done(found) => found,
                     Step::Continue(path) => vec![path],
                 };
@@ -266,56 +252,88 @@ enum Step {
 }
 
 impl Table {
+    /// Runs one rule: its matches in order (a miss leaves the rule), then
+    /// its statement.
     fn run_rule(
         &self,
-        rule: &str,
+        rule: &Rule,
         packet: &Packet,
         depth: usize,
         state: &Path,
     ) -> Result<Step, Unknown> {
-        let unknown = || Unknown(rule.to_owned());
-        let dispatched;
-        let mut rest = rule;
-        if rule.contains(" vmap @") {
-            match dispatch(rule, packet, self) {
-                Some(verdict) => {
-                    dispatched = verdict;
-                    rest = &dispatched;
-                }
-                None => return Ok(Step::Continue(state.clone())),
-            }
-        } else {
-            // Conditions, each consumed from the front.
-            loop {
-                let (matched, after) = match_condition(rest, packet, self).ok_or_else(unknown)?;
-                match matched {
-                    Some(false) => return Ok(Step::Continue(state.clone())),
-                    Some(true) => rest = after,
-                    None => break,
-                }
-            }
-        }
+        let unknown = |expr: &Expr| Unknown(format!("{expr:?} in chain {}", rule.chain));
         let mut next = state.clone();
-        if rest == "jump mark-for-masquerade" {
-            next.masquerade = true;
-            return Ok(Step::Continue(next));
+        for expr in &rule.exprs {
+            let matched = match expr {
+                Expr::FibLocal(AddrField::Source) => packet.src_local,
+                Expr::FibLocal(AddrField::Destination) => packet.dst_local,
+                Expr::AddrIs {
+                    field,
+                    negate,
+                    value,
+                } => value.net().contains(&address(packet, *field)) != *negate,
+                Expr::AddrNotIn { field, values } => {
+                    let addr = address(packet, *field);
+                    !values.iter().any(|value| value.net().contains(&addr))
+                }
+                Expr::AddrInSet { field, set } => {
+                    // Affinity sets hold no entries in this model.
+                    let addr = address(packet, *field).to_string();
+                    self.maps
+                        .get(set.as_str())
+                        .is_some_and(|set| set.contains_key(&addr))
+                }
+                Expr::DestinationPort { protocol, port } => {
+                    protocol_keyword(*protocol) == packet.protocol && *port == packet.dport
+                }
+                Expr::L4Proto(protocol) => protocol_keyword(*protocol) == packet.protocol,
+                Expr::DispatchVmap { with_addr, map } => {
+                    let key = if *with_addr {
+                        ip_key(packet)
+                    } else if self.node_port_address(packet) {
+                        port_key(packet)
+                    } else {
+                        return Ok(Step::Continue(next));
+                    };
+                    let Some(verdict) = self.lookup(map.as_str(), &key) else {
+                        return Ok(Step::Continue(next));
+                    };
+                    return self.verdict(verdict, packet, depth, next);
+                }
+                Expr::UpdateSourceSet(_) => true,
+                Expr::Dnat(to) => {
+                    next.dnat = Some(*to);
+                    return Ok(Step::Done(vec![next]));
+                }
+                Expr::Verdict(verdict) => return self.verdict(verdict, packet, depth, next),
+                other => return Err(unknown(other)),
+            };
+            if !matched {
+                return Ok(Step::Continue(state.clone()));
+            }
         }
-        if rest == "drop" {
-            next.dropped = true;
-            return Ok(Step::Done(vec![next]));
+        Ok(Step::Continue(next))
+    }
+
+    fn verdict(
+        &self,
+        verdict: &RuleVerdict,
+        packet: &Packet,
+        depth: usize,
+        mut next: Path,
+    ) -> Result<Step, Unknown> {
+        match verdict {
+            RuleVerdict::Jump(chain) if chain.as_str() == MARK_FOR_MASQUERADE => {
+                next.masquerade = true;
+                Ok(Step::Continue(next))
+            }
+            RuleVerdict::Drop => {
+                next.dropped = true;
+                Ok(Step::Done(vec![next]))
+            }
+            RuleVerdict::Goto(target) => self.enter(target.as_str(), packet, depth, &next),
+            other => Err(Unknown(format!("verdict {other}"))),
         }
-        if let Some(target) = rest.strip_prefix("goto ") {
-            return self.enter(target, packet, depth, &next);
-        }
-        if let Some(to) = rest.strip_prefix("meta l4proto ") {
-            let (_, address) = to.split_once(" dnat to ").ok_or_else(unknown)?;
-            next.dnat = Some(address.parse().map_err(|_| unknown())?);
-            return Ok(Step::Done(vec![next]));
-        }
-        if rest.starts_with("update @") {
-            return Ok(Step::Continue(next));
-        }
-        Err(unknown())
     }
 
     fn enter(
@@ -337,97 +355,20 @@ impl Table {
     }
 }
 
-/// Matches one condition at the front of `rule`: `Some(true)` and the rest
-/// when it matches, `Some(false)` when it does not, `None` when the front
-/// is an action.
-fn match_condition<'r>(
-    rule: &'r str,
-    packet: &Packet,
-    table: &Table,
-) -> Option<(Option<bool>, &'r str)> {
-    let words: Vec<&str> = rule.splitn(4, ' ').collect();
-    let take = |n: usize| -> &'r str {
-        let mut rest = rule;
-        for _ in 0..n {
-            rest = rest.split_once(' ').map_or("", |(_, r)| r);
-        }
-        rest
-    };
-    match words.as_slice() {
-        ["fib", "saddr", "type", _] => Some((Some(packet.src_local), take(4))),
-        ["fib", "daddr", "type", _] => Some((Some(packet.dst_local), take(4))),
-        [ipx, field @ ("saddr" | "daddr"), "!=", value] if is_ipx(ipx) => {
-            let addr = if *field == "saddr" {
-                packet.src
-            } else {
-                packet.dst
-            };
-            if value.starts_with('{') {
-                let (set, after) = value.strip_prefix("{ ")?.split_once(" } ")?;
-                let inside = set.split(", ").any(|v| contains(v, addr));
-                return Some((Some(!inside), after));
-            }
-            let (value, _) = value.split_once(' ').unwrap_or((value, ""));
-            Some((Some(!contains(value, addr)), take(4)))
-        }
-        [ipx, field @ ("saddr" | "daddr"), value, ..] if is_ipx(ipx) => {
-            let addr = if *field == "saddr" {
-                packet.src
-            } else {
-                packet.dst
-            };
-            if let Some(set) = value.strip_prefix('@') {
-                // Affinity sets hold no entries in this model.
-                let hit = table
-                    .maps
-                    .get(set)
-                    .is_some_and(|m| m.contains_key(&addr.to_string()));
-                return Some((Some(hit), take(3)));
-            }
-            Some((Some(contains(value, addr)), take(3)))
-        }
-        [proto @ ("tcp" | "udp" | "sctp"), "dport", port, ..] => {
-            let hit = *proto == packet.protocol && port.parse() == Ok(packet.dport);
-            Some((Some(hit), take(3)))
-        }
-        _ => Some((None, rule)),
+fn address(packet: &Packet, field: AddrField) -> IpAddr {
+    match field {
+        AddrField::Source => packet.src,
+        AddrField::Destination => packet.dst,
     }
 }
 
-/// A dispatch rule (`ip daddr . meta l4proto . th dport vmap @map`, or
-/// the NodePort one): the verdict of the matching element, if any.
-fn dispatch(rule: &str, packet: &Packet, table: &Table) -> Option<String> {
-    let (condition, map) = rule.split_once(" vmap @")?;
-    let (key, matches) = if condition.ends_with("daddr . meta l4proto . th dport") {
-        (ip_key(packet), true)
-    } else {
-        let port_key = format!("{} . {}", packet.protocol, packet.dport);
-        (port_key, table.node_port_address(packet))
-    };
-    if !matches {
-        return None;
-    }
-    table.lookup(map, &key).cloned()
-}
-
+/// `ADDRESS . PROTOCOL . PORT` of the packet's destination, as map keys
+/// are written.
 fn ip_key(packet: &Packet) -> String {
     format!("{} . {} . {}", packet.dst, packet.protocol, packet.dport)
 }
 
-fn is_ipx(word: &str) -> bool {
-    word == "ip" || word == "ip6"
-}
-
-fn contains(value: &str, addr: IpAddr) -> bool {
-    if let Ok(net) = value.parse::<ipnet::IpNet>() {
-        return net.contains(&addr);
-    }
-    value.parse::<IpAddr>() == Ok(addr)
-}
-
-fn strip_comment(rule: &str) -> String {
-    match rule.find(" comment \"") {
-        Some(index) => rule[..index].to_owned(),
-        None => rule.to_owned(),
-    }
+/// `PROTOCOL . PORT` of the packet's destination.
+fn port_key(packet: &Packet) -> String {
+    format!("{} . {}", packet.protocol, packet.dport)
 }

@@ -331,6 +331,18 @@ fn a_commit_seen_to_leave_the_table_alone_keeps_it_trusted() {
     assert!(!periodic.contains("add rule"), "trusted again:\n{periodic}");
 }
 
+/// `add chain F kube-proxy services`.
+fn services_chain(family: IpFamily) -> kp_nftables::Transaction {
+    use kp_nftables::model::{ChainKind, Command, Name};
+    kp_nftables::Transaction {
+        family,
+        commands: vec![Command::AddChain {
+            name: Name::Fixed("services"),
+            kind: ChainKind::Regular,
+        }],
+    }
+}
+
 #[test]
 fn only_the_other_familys_table_changed_keeps_this_one_trusted() {
     let mut world = World::with(IpFamily::V6, NodePortAddresses::All).with_watch();
@@ -338,14 +350,10 @@ fn only_the_other_familys_table_changed_keeps_this_one_trusted() {
     world.sync(true, &[]);
     // A commit of the fake with the IPv4 table changed: not this table.
     let mut other = world.applier.clone();
-    other
-        .apply(IpFamily::V4, "add chain ip kube-proxy services\n")
-        .unwrap();
+    other.apply(&services_chain(IpFamily::V4)).unwrap();
     let periodic = world.sync(true, &[]);
     assert!(!periodic.contains("add rule"), "{periodic}");
-    other
-        .apply(IpFamily::V6, "add chain ip6 kube-proxy services\n")
-        .unwrap();
+    other.apply(&services_chain(IpFamily::V6)).unwrap();
     let rewrite = world.sync(true, &[]);
     assert!(rewrite.contains("flush chain"), "{rewrite}");
 }

@@ -89,7 +89,7 @@ fn every_transaction_of_a_split_full_sync_leaves_each_service_old_or_new() {
             !transaction.text.contains("delete table"),
             "a split sync rewrites in place"
         );
-        world.table.apply(&transaction.text).unwrap();
+        world.table.apply(&transaction.transaction).unwrap();
         for n in 0..7 {
             let seen = verdict(&world, n);
             assert!(
@@ -143,7 +143,7 @@ fn a_failed_piece_makes_the_next_sync_one_transaction_that_deletes_the_table() {
     assert!(transactions[0]
         .text
         .starts_with("add table ip kube-proxy\ndelete table ip kube-proxy\n"));
-    world.table.apply(&transactions[0].text).unwrap();
+    world.table.apply(&transactions[0].transaction).unwrap();
     for n in 0..6 {
         assert_eq!(verdict(&world, n), dnat(10 + n));
     }

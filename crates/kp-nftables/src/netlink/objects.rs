@@ -1,10 +1,13 @@
-//! Tables, chains, sets and elements: one line of the transaction text to
-//! one netlink message, for the lines the renderer writes.
+//! Tables, chains, sets and elements: one command of the transaction to
+//! one netlink message (or several, for a long element list).
 
 use std::net::IpAddr;
 
+use kp_model::Protocol;
+
 use super::msg::{Batch, Kind, F_CREATE};
 use super::{EncodeError, Encoder};
+use crate::model::{ChainKind, Hook, Key, KeyType, Name, SetElement, SetSpec, Verdict};
 
 /// Bytes of elements after which a `NEWSETELEM` message is ended and the
 /// next element starts another, as libnftnl does: the element list is one
@@ -62,10 +65,19 @@ const VERDICT_CODE: u16 = 1;
 const VERDICT_CHAIN: u16 = 2;
 
 /// nft's data type ids, kept in sets' key type so `nft list` prints keys.
-const TYPE_IPV4: u32 = 7;
-const TYPE_IPV6: u32 = 8;
+pub(super) const TYPE_IPV4: u32 = 7;
+pub(super) const TYPE_IPV6: u32 = 8;
 const TYPE_PROTO: u32 = 12;
 const TYPE_SERVICE: u32 = 13;
+
+/// The element messages of one command: elements beyond what one message
+/// frames ([`ELEMENTS_BYTES_MAX`]) go on in the next one.
+struct ElementList {
+    kind: Kind,
+    flags: u16,
+    /// A message with an open element list is being written.
+    open: bool,
+}
 
 impl Encoder {
     /// `add table F kube-proxy [{ comment "C" ; }]`, `delete table …`.
@@ -73,7 +85,7 @@ impl Encoder {
         &mut self,
         batch: &mut Batch,
         delete: bool,
-        body: &str,
+        comment: Option<&str>,
     ) -> Result<(), EncodeError> {
         let kind = if delete {
             Kind::DelTable
@@ -83,118 +95,80 @@ impl Encoder {
         let seq = batch.begin(kind, self.family, if delete { 0 } else { F_CREATE });
         self.note(seq);
         batch.str(TABLE_NAME, &self.table);
-        if let Some(comment) = comment_of(body) {
+        if let Some(comment) = comment {
             batch.attr(TABLE_USERDATA, &udata_comment(0, comment)?);
         }
         batch.end()?;
         Ok(())
     }
 
-    /// `add|flush|delete chain F kube-proxy NAME [{ … }]`.
-    pub(super) fn chain(
+    /// `add chain F kube-proxy NAME [{ … }]`.
+    pub(super) fn add_chain(
         &mut self,
         batch: &mut Batch,
-        verb: &str,
-        rest: &str,
+        name: &Name,
+        kind: &ChainKind,
     ) -> Result<(), EncodeError> {
-        let (name, body) = split_name(rest);
-        let (kind, flags) = match verb {
-            "add" => (Kind::NewChain, F_CREATE),
-            "flush" => (Kind::DelRule, 0),
-            "delete" => (Kind::DelChain, 0),
-            _ => return Err(EncodeError::Unsupported),
+        let seq = batch.begin(Kind::NewChain, self.family, F_CREATE);
+        self.note(seq);
+        batch.str(CHAIN_TABLE, &self.table);
+        batch.str(CHAIN_NAME, name.as_str());
+        match kind {
+            ChainKind::Regular => {}
+            ChainKind::Commented(comment) => {
+                batch.attr(CHAIN_USERDATA, &udata_comment(0, comment)?);
+            }
+            ChainKind::Base {
+                chain_type,
+                hook,
+                priority,
+            } => {
+                batch.open(CHAIN_HOOK);
+                batch.u32(HOOK_HOOKNUM, hook_number(*hook));
+                batch.attr(HOOK_PRIORITY, &priority.to_be_bytes());
+                batch.close();
+                batch.str(CHAIN_TYPE, chain_type.keyword());
+            }
+        }
+        batch.end()?;
+        Ok(())
+    }
+
+    /// `flush chain …` (deletes its rules) or `delete chain …`.
+    pub(super) fn chain_operation(
+        &mut self,
+        batch: &mut Batch,
+        delete: bool,
+        name: &Name,
+    ) -> Result<(), EncodeError> {
+        let kind = if delete {
+            Kind::DelChain
+        } else {
+            Kind::DelRule
         };
-        let seq = batch.begin(kind, self.family, flags);
+        let seq = batch.begin(kind, self.family, 0);
         self.note(seq);
         batch.str(CHAIN_TABLE, &self.table);
         // NFTA_RULE_CHAIN is 2, NFTA_CHAIN_NAME is 3.
-        batch.str(if kind == Kind::DelRule { 2 } else { CHAIN_NAME }, name);
-        if kind == Kind::NewChain {
-            self.chain_body(batch, body)?;
-        }
+        batch.str(if delete { CHAIN_NAME } else { 2 }, name.as_str());
         batch.end()?;
         Ok(())
     }
 
-    fn chain_body(&mut self, batch: &mut Batch, body: &str) -> Result<(), EncodeError> {
-        if let Some(comment) = comment_of(body) {
-            batch.attr(CHAIN_USERDATA, &udata_comment(0, comment)?);
-            return Ok(());
-        }
-        let words: Vec<&str> = body.split_whitespace().collect();
-        let Some(position) = words.iter().position(|w| *w == "type") else {
-            return Ok(());
-        };
-        let (chain_type, hook, priority) = match &words[position..] {
-            ["type", t, "hook", h, "priority", p, ..] => (*t, *h, *p),
-            _ => return Err(EncodeError::Unsupported),
-        };
-        let hooknum = match hook {
-            "prerouting" => 0,
-            "input" => 1,
-            "forward" => 2,
-            "output" => 3,
-            "postrouting" => 4,
-            _ => return Err(EncodeError::Unsupported),
-        };
-        let priority: i32 = priority.parse().map_err(|_| EncodeError::Unsupported)?;
-        batch.open(CHAIN_HOOK);
-        batch.u32(HOOK_HOOKNUM, hooknum);
-        batch.attr(HOOK_PRIORITY, &priority.to_be_bytes());
-        batch.close();
-        batch.str(CHAIN_TYPE, chain_type);
-        Ok(())
-    }
-
-    /// `add set|map …`, `flush set|map …`, `delete set|map …`.
-    pub(super) fn set(
-        &mut self,
-        batch: &mut Batch,
-        verb: &str,
-        is_map: bool,
-        rest: &str,
-    ) -> Result<(), EncodeError> {
-        let (name, body) = split_name(rest);
-        let (kind, flags) = match verb {
-            "add" => (Kind::NewSet, F_CREATE),
-            "flush" => (Kind::DelSetElem, 0),
-            "delete" => (Kind::DelSet, 0),
-            _ => return Err(EncodeError::Unsupported),
-        };
-        let seq = batch.begin(kind, self.family, flags);
+    /// `add set|map F kube-proxy NAME { … }`.
+    pub(super) fn add_set(&mut self, batch: &mut Batch, spec: &SetSpec) -> Result<(), EncodeError> {
+        let seq = batch.begin(Kind::NewSet, self.family, F_CREATE);
         self.note(seq);
         batch.str(SET_TABLE, &self.table);
-        batch.str(SET_NAME, name);
-        if kind == Kind::NewSet {
-            self.set_body(batch, is_map, body)?;
-        }
-        batch.end()?;
-        Ok(())
-    }
-
-    fn set_body(&mut self, batch: &mut Batch, is_map: bool, body: &str) -> Result<(), EncodeError> {
-        let type_spec = body
-            .split(';')
-            .find_map(|part| {
-                part.trim()
-                    .trim_start_matches('{')
-                    .trim()
-                    .strip_prefix("type ")
-            })
-            .ok_or(EncodeError::Unsupported)?;
-        let (key, data) = match type_spec.split_once(" : ") {
-            Some((key, data)) => (key.trim(), Some(data.trim())),
-            None => (type_spec.trim(), None),
-        };
+        batch.str(SET_NAME, spec.name.as_str());
         let mut type_id = 0u32;
         let mut key_len = 0u32;
-        for field in key.split(" . ") {
+        for field in spec.key {
             let (id, len) = match field {
-                "ipv4_addr" => (TYPE_IPV4, 4),
-                "ipv6_addr" => (TYPE_IPV6, 16),
-                "inet_proto" => (TYPE_PROTO, 4),
-                "inet_service" => (TYPE_SERVICE, 4),
-                _ => return Err(EncodeError::Unsupported),
+                KeyType::Ipv4Addr => (TYPE_IPV4, 4),
+                KeyType::Ipv6Addr => (TYPE_IPV6, 16),
+                KeyType::InetProto => (TYPE_PROTO, 4),
+                KeyType::InetService => (TYPE_SERVICE, 4),
             };
             type_id = (type_id << 6) | id;
             key_len += len;
@@ -202,91 +176,136 @@ impl Encoder {
         // NFT_SET_CONCAT is for concatenated ranges only; a hash set takes
         // a concatenated key as it is.
         let mut flags = 0;
-        if is_map || data.is_some() {
+        if spec.map || spec.verdicts {
             flags |= SET_F_MAP;
         }
-        if body.contains("flags dynamic,timeout") {
+        if spec.dynamic_timeout_secs.is_some() {
             flags |= SET_F_EVAL | SET_F_TIMEOUT;
         }
         batch.u32(SET_FLAGS, flags);
         batch.u32(SET_KEY_TYPE, type_id);
         batch.u32(SET_KEY_LEN, key_len);
-        if data == Some("verdict") {
+        if spec.verdicts {
             batch.u32(SET_DATA_TYPE, DATA_VERDICT);
             batch.u32(SET_DATA_LEN, 0);
         }
-        if let Some(seconds) = timeout_of(body) {
-            batch.u64(SET_TIMEOUT, seconds * 1000);
+        if let Some(seconds) = spec.dynamic_timeout_secs {
+            batch.u64(SET_TIMEOUT, seconds.saturating_mul(1000));
         }
         let set_id = self.next_set_id();
         batch.u32(SET_ID, set_id);
-        if let Some(comment) = comment_of(body) {
+        if let Some(comment) = spec.comment {
             // NFTNL_UDATA_SET_COMMENT
             batch.attr(SET_USERDATA, &udata_comment(7, comment)?);
+        }
+        batch.end()?;
+        Ok(())
+    }
+
+    /// `flush set|map …` (deletes its elements) or `delete set|map …`.
+    pub(super) fn set_operation(
+        &mut self,
+        batch: &mut Batch,
+        delete: bool,
+        name: &Name,
+    ) -> Result<(), EncodeError> {
+        let kind = if delete {
+            Kind::DelSet
+        } else {
+            Kind::DelSetElem
+        };
+        let seq = batch.begin(kind, self.family, 0);
+        self.note(seq);
+        // NFTA_SET_ELEM_LIST_TABLE and _SET have NFTA_SET_TABLE's and
+        // _NAME's numbers.
+        batch.str(SET_TABLE, &self.table);
+        batch.str(SET_NAME, name.as_str());
+        batch.end()?;
+        Ok(())
+    }
+
+    /// `add element … NAME { E[, E…] }`.
+    pub(super) fn add_elements(
+        &mut self,
+        batch: &mut Batch,
+        set: &Name,
+        elements: &[SetElement],
+    ) -> Result<(), EncodeError> {
+        let mut list = ElementList::new(Kind::NewSetElem, F_CREATE);
+        for element in elements {
+            list.next(self, batch, set)?;
+            batch.open(LIST_ELEM);
+            batch.open(ELEM_KEY);
+            batch.attr(DATA_VALUE, &key_bytes(&element.key));
+            batch.close();
+            if let Some(verdict) = &element.verdict {
+                verdict_data(batch, ELEM_DATA, verdict);
+            }
+            if let Some(comment) = &element.comment {
+                // NFTNL_UDATA_SET_ELEM_COMMENT
+                batch.attr(ELEM_USERDATA, &udata_comment(0, comment)?);
+            }
+            batch.close();
+        }
+        list.finish(batch)
+    }
+
+    /// `delete element … NAME { KEY[, KEY…] }`.
+    pub(super) fn delete_elements(
+        &mut self,
+        batch: &mut Batch,
+        set: &Name,
+        keys: &[Key],
+    ) -> Result<(), EncodeError> {
+        let mut list = ElementList::new(Kind::DelSetElem, 0);
+        for key in keys {
+            list.next(self, batch, set)?;
+            batch.open(LIST_ELEM);
+            batch.open(ELEM_KEY);
+            batch.attr(DATA_VALUE, &key_bytes(key));
+            batch.close();
+            batch.close();
+        }
+        list.finish(batch)
+    }
+}
+
+impl ElementList {
+    fn new(kind: Kind, flags: u16) -> Self {
+        Self {
+            kind,
+            flags,
+            open: false,
+        }
+    }
+
+    /// Makes room for the next element: ends a full message, and starts
+    /// one when none is open.
+    fn next(
+        &mut self,
+        encoder: &mut Encoder,
+        batch: &mut Batch,
+        set: &Name,
+    ) -> Result<(), EncodeError> {
+        if self.open && batch.nest_len() >= ELEMENTS_BYTES_MAX {
+            batch.close();
+            batch.end()?;
+            self.open = false;
+        }
+        if !self.open {
+            let seq = batch.begin(self.kind, encoder.family, self.flags);
+            encoder.note(seq);
+            batch.str(ELEM_LIST_TABLE, &encoder.table);
+            batch.str(ELEM_LIST_SET, set.as_str());
+            batch.open(ELEM_LIST_ELEMENTS);
+            self.open = true;
         }
         Ok(())
     }
 
-    /// `add element … NAME { KEY[, KEY…] [comment "C"] [: VERDICT] }`,
-    /// `delete element … NAME { KEY }`.
-    pub(super) fn element(
-        &mut self,
-        batch: &mut Batch,
-        delete: bool,
-        rest: &str,
-    ) -> Result<(), EncodeError> {
-        let (name, body) = split_name(rest);
-        let inner = body
-            .strip_prefix("{ ")
-            .and_then(|b| b.strip_suffix(" }"))
-            .ok_or(EncodeError::Unsupported)?;
-        let (keys, verdict) = match inner.split_once(" : ") {
-            Some((keys, verdict)) => (keys, Some(verdict)),
-            None => (inner, None),
-        };
-        let (keys, comment) = match keys.split_once(" comment ") {
-            Some((keys, comment)) => (keys, Some(comment.trim_matches('"'))),
-            None => (keys, None),
-        };
-        let kind = if delete {
-            Kind::DelSetElem
-        } else {
-            Kind::NewSetElem
-        };
-        let comment = match comment.filter(|_| !delete) {
-            Some(comment) => Some(udata_comment(0, comment)?),
-            None => None,
-        };
-        // Elements beyond what one message frames go on in the next one.
-        let mut open = false;
-        for key in keys.split(", ") {
-            if !open {
-                let seq = batch.begin(kind, self.family, if delete { 0 } else { F_CREATE });
-                self.note(seq);
-                batch.str(ELEM_LIST_TABLE, &self.table);
-                batch.str(ELEM_LIST_SET, name);
-                batch.open(ELEM_LIST_ELEMENTS);
-                open = true;
-            }
-            batch.open(LIST_ELEM);
-            batch.open(ELEM_KEY);
-            batch.attr(DATA_VALUE, &key_bytes(key)?);
-            batch.close();
-            if let Some(verdict) = verdict.filter(|_| !delete) {
-                verdict_data(batch, ELEM_DATA, verdict)?;
-            }
-            if let Some(comment) = &comment {
-                // NFTNL_UDATA_SET_ELEM_COMMENT
-                batch.attr(ELEM_USERDATA, comment);
-            }
-            batch.close();
-            if batch.nest_len() >= ELEMENTS_BYTES_MAX {
-                batch.close();
-                batch.end()?;
-                open = false;
-            }
-        }
-        if open {
+    /// Ends the last message.
+    fn finish(self, batch: &mut Batch) -> Result<(), EncodeError> {
+        if self.open {
             batch.close();
             batch.end()?;
         }
@@ -294,56 +313,66 @@ impl Encoder {
     }
 }
 
-/// A verdict as nested data: `goto C`, `jump C`, `drop`, `accept`, `return`.
-pub(super) fn verdict_data(batch: &mut Batch, attr: u16, verdict: &str) -> Result<(), EncodeError> {
-    let (code, chain): (i32, Option<&str>) = match verdict.split_once(' ') {
-        Some(("goto", chain)) => (-4, Some(chain)),
-        Some(("jump", chain)) => (-3, Some(chain)),
-        None if verdict == "drop" => (0, None),
-        None if verdict == "accept" => (1, None),
-        None if verdict == "return" => (-5, None),
-        _ => return Err(EncodeError::Unsupported),
+/// `NF_INET_*`.
+fn hook_number(hook: Hook) -> u32 {
+    match hook {
+        Hook::Prerouting => 0,
+        Hook::Input => 1,
+        Hook::Forward => 2,
+        Hook::Output => 3,
+        Hook::Postrouting => 4,
+    }
+}
+
+/// A verdict as nested data.
+pub(super) fn verdict_data(batch: &mut Batch, attr: u16, verdict: &Verdict) {
+    let (code, chain): (i32, Option<&Name>) = match verdict {
+        Verdict::Goto(chain) => (-4, Some(chain)),
+        Verdict::Jump(chain) => (-3, Some(chain)),
+        Verdict::Drop => (0, None),
+        Verdict::Accept => (1, None),
+        Verdict::Return => (-5, None),
     };
     batch.open(attr);
     batch.open(DATA_VERDICT_ATTR);
     batch.attr(VERDICT_CODE, &code.to_be_bytes());
     if let Some(chain) = chain {
-        batch.str(VERDICT_CHAIN, chain);
+        batch.str(VERDICT_CHAIN, chain.as_str());
     }
     batch.close();
     batch.close();
-    Ok(())
 }
 
 /// A key as the kernel compares it: each concatenated field padded to 4
 /// bytes (addresses, protocol numbers, ports in network order).
-pub(super) fn key_bytes(key: &str) -> Result<Vec<u8>, EncodeError> {
+pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
     let mut out = Vec::with_capacity(24);
-    for field in key.split(" . ") {
-        if let Ok(ip) = field.parse::<IpAddr>() {
-            match ip {
-                IpAddr::V4(ip) => out.extend_from_slice(&ip.octets()),
-                IpAddr::V6(ip) => out.extend_from_slice(&ip.octets()),
-            }
-        } else if let Some(proto) = protocol_number(field) {
-            out.extend_from_slice(&[proto, 0, 0, 0]);
-        } else if let Ok(port) = field.parse::<u16>() {
-            out.extend_from_slice(&port.to_be_bytes());
-            out.extend_from_slice(&[0, 0]);
-        } else {
-            return Err(EncodeError::Unsupported);
+    let address = |out: &mut Vec<u8>, ip: &IpAddr| match ip {
+        IpAddr::V4(ip) => out.extend_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => out.extend_from_slice(&ip.octets()),
+    };
+    let proto_port = |out: &mut Vec<u8>, protocol: Protocol, port: u16| {
+        out.extend_from_slice(&[protocol_number(protocol), 0, 0, 0]);
+        out.extend_from_slice(&port.to_be_bytes());
+        out.extend_from_slice(&[0, 0]);
+    };
+    match key {
+        Key::Addr(ip) => address(&mut out, ip),
+        Key::AddrProtoPort(ip, protocol, port) => {
+            address(&mut out, ip);
+            proto_port(&mut out, *protocol, *port);
         }
+        Key::ProtoPort(protocol, port) => proto_port(&mut out, *protocol, *port),
     }
-    Ok(out)
+    out
 }
 
-/// `tcp`, `udp`, `sctp` as IP protocol numbers.
-pub(super) fn protocol_number(name: &str) -> Option<u8> {
-    match name {
-        "tcp" => Some(6),
-        "udp" => Some(17),
-        "sctp" => Some(132),
-        _ => None,
+/// The IP protocol number.
+pub(super) fn protocol_number(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
     }
 }
 
@@ -360,21 +389,4 @@ pub(super) fn udata_comment(kind: u8, comment: &str) -> Result<Vec<u8>, EncodeEr
     out.extend_from_slice(text);
     out.push(0);
     Ok(out)
-}
-
-fn split_name(rest: &str) -> (&str, &str) {
-    rest.split_once(' ').unwrap_or((rest, ""))
-}
-
-fn comment_of(body: &str) -> Option<&str> {
-    let start = body.find("comment \"")? + "comment \"".len();
-    let end = body[start..].find('"')? + start;
-    Some(&body[start..end])
-}
-
-fn timeout_of(body: &str) -> Option<u64> {
-    body.split(';')
-        .find_map(|part| part.trim().strip_prefix("timeout "))
-        .and_then(|value| value.trim().strip_suffix('s'))
-        .and_then(|seconds| seconds.parse().ok())
 }

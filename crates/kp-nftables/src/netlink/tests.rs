@@ -2,33 +2,71 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 
-#[test]
-fn keys_are_padded_fields_in_network_order() {
-    let key = objects::key_bytes("10.96.0.10 . tcp . 80").unwrap();
-    assert_eq!(key, [10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0]);
-    assert!(objects::key_bytes("10.96.0.10 . icmp").is_err());
+use std::sync::Arc;
+
+use crate::model::{
+    AddrField, Address, ChainKind, Command, Expr, Key, Name, Rule, SetElement, Verdict,
+};
+
+const SERVICE_CHAIN: &str = "service-AAAAAAAA-ns1/web/tcp/http";
+const ENDPOINT_CHAIN: &str = "endpoint-BBBBBBBB-ns1/web/tcp/http__10.244.1.2/8080";
+
+fn transaction(family: IpFamily, commands: Vec<Command>) -> Transaction {
+    Transaction { family, commands }
+}
+
+fn chain(name: &str) -> Command {
+    Command::AddChain {
+        name: Name::Shared(Arc::from(name)),
+        kind: ChainKind::Regular,
+    }
+}
+
+/// `add rule … service-… goto endpoint-…`.
+fn goto_rule() -> Rule {
+    Rule::new(
+        Name::Shared(Arc::from(SERVICE_CHAIN)),
+        vec![Expr::Verdict(Verdict::Goto(Name::Shared(Arc::from(
+            ENDPOINT_CHAIN,
+        ))))],
+    )
 }
 
 #[test]
-fn an_unknown_line_is_named_and_nothing_is_sent() {
+fn keys_are_padded_fields_in_network_order() {
+    let key = Key::AddrProtoPort("10.96.0.10".parse().unwrap(), kp_model::Protocol::Tcp, 80);
+    assert_eq!(
+        objects::key_bytes(&key),
+        [10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0]
+    );
+}
+
+#[test]
+fn an_address_of_the_other_family_is_named_and_nothing_is_sent() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
     let mut batch = Batch::new(1, None);
-    let text = "add table ip kube-proxy\nadd rule ip kube-proxy c tcp flags syn drop\n";
-    let error = encoder.encode(&mut batch, text).unwrap_err();
-    assert_eq!(error.0, 2);
-    for other_table in [
-        "add chain ip filter c\n",
-        "add table ip filter\n",
-        "delete table ip filter\n",
-        "delete table ip6 kube-proxy\n",
-    ] {
-        assert!(
-            encoder
-                .encode(&mut Batch::new(1, None), other_table)
-                .is_err(),
-            "{other_table}"
-        );
-    }
+    let rule = Rule::new(
+        "c",
+        vec![
+            Expr::AddrIs {
+                field: AddrField::Source,
+                negate: false,
+                value: Address::Host("fd00::1".parse().unwrap()),
+            },
+            Expr::Verdict(Verdict::Drop),
+        ],
+    );
+    let text = transaction(
+        IpFamily::V4,
+        vec![Command::AddTable { comment: None }, Command::AddRule(rule)],
+    );
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    assert_eq!(line, 2);
+    let error = encode_error(&text, line, error);
+    assert_eq!(
+        error.refused_lines(),
+        ["add rule ip kube-proxy c ip saddr fd00::1 drop"]
+    );
 }
 
 #[test]
@@ -36,7 +74,10 @@ fn each_message_is_framed_with_its_length() {
     let mut encoder = Encoder::new(IpFamily::V6, "p".to_owned());
     let mut batch = Batch::new(7, None);
     encoder
-        .encode(&mut batch, "add chain ip6 kube-proxy services\n")
+        .encode(
+            &mut batch,
+            &transaction(IpFamily::V6, vec![chain("services")]),
+        )
         .unwrap();
     batch.finish();
     let mut offset = 0;
@@ -68,7 +109,7 @@ fn answers(replies: &[(u32, i32)]) -> Vec<u8> {
 }
 
 /// Encodes `text` from sequence number 10 (the batch's begin).
-fn encoded(text: &str) -> (Encoder, Batch) {
+fn encoded(text: &Transaction) -> (Encoder, Batch) {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
     let mut batch = Batch::new(10, None);
     encoder.encode(&mut batch, text).unwrap();
@@ -77,29 +118,37 @@ fn encoded(text: &str) -> (Encoder, Batch) {
     (encoder, batch)
 }
 
-const THREE_LINES: &str = "add table ip kube-proxy\n\
-    add chain ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http\n\
-    add rule ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http goto endpoint-BBBBBBBB-ns1/web/tcp/http__10.244.1.2/8080\n";
+/// `add table`, `add chain service-…`, `add rule service-… goto …`.
+fn three_lines() -> Transaction {
+    transaction(
+        IpFamily::V4,
+        vec![
+            Command::AddTable { comment: None },
+            chain(SERVICE_CHAIN),
+            Command::AddRule(goto_rule()),
+        ],
+    )
+}
 
 #[test]
 fn acknowledged_messages_are_applied_as_far_as_the_answers_tell() {
-    let (encoder, batch) = encoded(THREE_LINES);
+    let (encoder, batch) = encoded(&three_lines());
     assert_eq!(batch.acked, [11, 12, 13]);
     let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (12, 0), (13, 0)]);
     read.read(&buf, buf.len()).unwrap();
     assert!(read.complete());
-    read.outcome(&encoder, THREE_LINES).unwrap();
+    read.outcome(&encoder, &three_lines()).unwrap();
 }
 
 #[test]
 fn a_message_left_unanswered_is_not_applied() {
-    let (encoder, batch) = encoded(THREE_LINES);
+    let (encoder, batch) = encoded(&three_lines());
     let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (13, 0)]);
     read.read(&buf, buf.len()).unwrap();
     assert!(!read.complete(), "the answer to 12 is missing");
-    let error = read.outcome(&encoder, THREE_LINES).unwrap_err();
+    let error = read.outcome(&encoder, &three_lines()).unwrap_err();
     assert!(
         matches!(&error, ApplyError::NotApplied { reason } if reason.contains("2 of the 3 messages")),
         "{error}"
@@ -117,11 +166,11 @@ fn an_answer_cut_short_is_an_error_not_skipped() {
 
 #[test]
 fn every_refused_message_is_named_with_its_line() {
-    let (encoder, batch) = encoded(THREE_LINES);
+    let (encoder, batch) = encoded(&three_lines());
     let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(11, 0), (12, -17), (13, -2)]);
     read.read(&buf, buf.len()).unwrap();
-    match read.outcome(&encoder, THREE_LINES).unwrap_err() {
+    match read.outcome(&encoder, &three_lines()).unwrap_err() {
         ApplyError::Kernel {
             line, also_refused, ..
         } => {
@@ -135,7 +184,7 @@ fn every_refused_message_is_named_with_its_line() {
 
 #[test]
 fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
-    let (encoder, batch) = encoded(THREE_LINES);
+    let (encoder, batch) = encoded(&three_lines());
     let mut read = Answers::new(10, &batch.acked);
     let buf = answers(&[(10, -12)]);
     read.read(&buf, buf.len()).unwrap();
@@ -143,7 +192,7 @@ fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
         read.complete(),
         "no message answers after the batch's refusal"
     );
-    let error = read.outcome(&encoder, THREE_LINES).unwrap_err();
+    let error = read.outcome(&encoder, &three_lines()).unwrap_err();
     assert!(
         error.to_string().contains("the batch as a whole"),
         "{error}"
@@ -152,20 +201,33 @@ fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
     let buf = answers(&[(10, -ERESTART)]);
     moved.read(&buf, buf.len()).unwrap();
     assert!(matches!(
-        moved.outcome(&encoder, THREE_LINES),
+        moved.outcome(&encoder, &three_lines()),
         Err(ApplyError::GenerationMoved)
     ));
 }
 
 #[test]
 fn the_read_back_expects_what_the_text_leaves() {
-    let writes = Expected::of(THREE_LINES);
+    let writes = Expected::of(&three_lines());
     assert_eq!(writes.table_exists, Some(true));
     assert!(writes.generation_moves, "a rule is a change");
-    let deletes = Expected::of("add table ip kube-proxy\ndelete table ip kube-proxy\n");
+    let deletes = Expected::of(&transaction(
+        IpFamily::V4,
+        vec![Command::AddTable { comment: None }, Command::DeleteTable],
+    ));
     assert_eq!(deletes.table_exists, Some(false));
     assert!(!deletes.generation_moves);
-    let elements = Expected::of("add element ip kube-proxy cluster-ips { 10.96.0.1 }\n");
+    let elements = Expected::of(&transaction(
+        IpFamily::V4,
+        vec![Command::AddElements {
+            set: Name::Fixed("cluster-ips"),
+            elements: vec![SetElement {
+                key: Key::Addr("10.96.0.1".parse().unwrap()),
+                comment: None,
+                verdict: None,
+            }],
+        }],
+    ));
     assert_eq!(elements.table_exists, Some(true));
     assert!(
         !elements.generation_moves,
@@ -175,7 +237,7 @@ fn the_read_back_expects_what_the_text_leaves() {
 
 #[test]
 fn a_commit_the_read_back_contradicts_is_not_applied() {
-    let writes = Expected::of(THREE_LINES);
+    let writes = Expected::of(&three_lines());
     let read = |table, generation| msg::ReadBack {
         table: Some(table),
         generation: Some(generation),
@@ -195,7 +257,10 @@ fn a_commit_the_read_back_contradicts_is_not_applied() {
         .judge(IpFamily::V4, Some(4), &read(true, 4))
         .unwrap_err();
     assert!(unmoved.to_string().contains("still 4"), "{unmoved}");
-    let deletes = Expected::of("add table ip6 kube-proxy\ndelete table ip6 kube-proxy\n");
+    let deletes = Expected::of(&transaction(
+        IpFamily::V6,
+        vec![Command::AddTable { comment: None }, Command::DeleteTable],
+    ));
     deletes.judge(IpFamily::V6, None, &read(false, 4)).unwrap();
     assert!(deletes.judge(IpFamily::V6, None, &read(true, 4)).is_err());
 }
@@ -204,12 +269,13 @@ fn a_commit_the_read_back_contradicts_is_not_applied() {
 fn a_comment_too_long_for_its_length_byte_names_the_rule_and_its_service() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
     let mut batch = Batch::new(1, None);
-    let comment = "c".repeat(300);
-    let text = format!(
-        "add rule ip kube-proxy service-AAAAAAAA-ns1/web/tcp/http goto endpoint-BBBBBBBB-ns1/web/tcp/http__10.244.1.2/8080 comment \"{comment}\"\n"
+    let comment: &'static str = "c".repeat(300).leak();
+    let text = transaction(
+        IpFamily::V4,
+        vec![Command::AddRule(goto_rule().with_comment(comment))],
     );
-    let (line, content, error) = encoder.encode(&mut batch, &text).unwrap_err();
-    match encode_error(line, content, error) {
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    match encode_error(&text, line, error) {
         ApplyError::TooLarge { object, reason, .. } => {
             assert_eq!(
                 object,
@@ -226,9 +292,9 @@ fn a_name_too_long_for_an_attribute_is_refused_by_name_not_cut() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
     let mut batch = Batch::new(1, None);
     let name = format!("service-AAAAAAAA-ns1/web/tcp/{}", "x".repeat(70_000));
-    let text = format!("add chain ip kube-proxy {name}\n");
-    let (line, content, error) = encoder.encode(&mut batch, &text).unwrap_err();
-    let error = encode_error(line, content, error);
+    let text = transaction(IpFamily::V4, vec![chain(&name)]);
+    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    let error = encode_error(&text, line, error);
     let message = error.to_string();
     assert!(
         matches!(&error, ApplyError::TooLarge { object, .. } if object.ends_with("(Service ns1/web)")),
@@ -258,11 +324,21 @@ fn large_element_lists_are_sent_over_several_messages_that_each_fit() {
                 .collect(),
         ),
     ] {
-        let ipx = if family == IpFamily::V4 { "ip" } else { "ip6" };
-        let text = format!(
-            "add rule {ipx} kube-proxy firewall-AAAAAAAA-ns1/lb/tcp/http {ipx} saddr != {{ {} }} drop\n",
-            ranges.join(", ")
+        let values = ranges
+            .iter()
+            .map(|range| Address::Prefix(range.parse().unwrap()))
+            .collect();
+        let rule = Rule::new(
+            Name::Shared(Arc::from("firewall-AAAAAAAA-ns1/lb/tcp/http")),
+            vec![
+                Expr::AddrNotIn {
+                    field: AddrField::Source,
+                    values,
+                },
+                Expr::Verdict(Verdict::Drop),
+            ],
         );
+        let text = transaction(family, vec![Command::AddRule(rule)]);
         let mut encoder = Encoder::new(family, "p".to_owned());
         let mut batch = Batch::new(1, None);
         encoder.encode(&mut batch, &text).unwrap();

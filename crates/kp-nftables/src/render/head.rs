@@ -2,9 +2,13 @@
 //! its sets and maps (flushed, to be filled again), the base chains at
 //! upstream's hooks and priorities, and the rules of the fixed chains.
 
-use std::fmt::Write as _;
+use kp_model::IpFamily;
 
 use super::{Context, RenderInput};
+use crate::model::{
+    AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key, KeyType, Name, Rule,
+    SetElement, SetSpec, Verdict, IPV4, IPV4_PROTO_PORT, IPV6, IPV6_PROTO_PORT, PROTO_PORT,
+};
 use crate::names::{
     CLUSTER_IPS, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT, FILTER_OUTPUT,
     FILTER_OUTPUT_PRE_DNAT, FILTER_PREROUTING_PRE_DNAT, FIREWALL_CHECK, FIREWALL_IPS,
@@ -14,18 +18,35 @@ use crate::names::{
 };
 use crate::options::NftablesOptions;
 
+/// The table's comment.
+const TABLE_COMMENT: &str = "rules for kube-proxy";
+
+/// `127.0.0.0/8`, which NodePorts never answer on (checked when compiled).
+const LOOPBACK_V4: ipnet::Ipv4Net =
+    ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8);
+
 /// A base chain: name, type, hook, priority. Filtering happens on the
 /// original destination (before DNAT, priority dstnat − 10) where source
 /// ranges are checked, and after DNAT (priority 0) where refusals are.
-const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
-    (FILTER_PREROUTING_PRE_DNAT, "filter", "prerouting", -110),
-    (FILTER_OUTPUT_PRE_DNAT, "filter", "output", -110),
-    (FILTER_FORWARD, "filter", "forward", 0),
-    (FILTER_INPUT, "filter", "input", 0),
-    (FILTER_OUTPUT, "filter", "output", 0),
-    (NAT_OUTPUT, "nat", "output", -100),
-    (NAT_POSTROUTING, "nat", "postrouting", 100),
-    (NAT_PREROUTING, "nat", "prerouting", -100),
+const BASE_CHAINS: [(&str, ChainType, Hook, i32); 8] = [
+    (
+        FILTER_PREROUTING_PRE_DNAT,
+        ChainType::Filter,
+        Hook::Prerouting,
+        -110,
+    ),
+    (
+        FILTER_OUTPUT_PRE_DNAT,
+        ChainType::Filter,
+        Hook::Output,
+        -110,
+    ),
+    (FILTER_FORWARD, ChainType::Filter, Hook::Forward, 0),
+    (FILTER_INPUT, ChainType::Filter, Hook::Input, 0),
+    (FILTER_OUTPUT, ChainType::Filter, Hook::Output, 0),
+    (NAT_OUTPUT, ChainType::Nat, Hook::Output, -100),
+    (NAT_POSTROUTING, ChainType::Nat, Hook::Postrouting, 100),
+    (NAT_PREROUTING, ChainType::Nat, Hook::Prerouting, -100),
 ];
 
 /// The regular fixed chains.
@@ -40,155 +61,179 @@ const FIXED_CHAINS: [&str; 8] = [
     SERVICE_ENDPOINTS_CHECK,
 ];
 
-/// Jumps from base chains: (from, condition, to). `reject` is only valid
-/// in input, forward and output hooks on kernels before 5.9, so refusals
-/// are checked there, not in prerouting.
-const JUMPS: [(&str, &str, &str); 11] = [
-    (FILTER_PREROUTING_PRE_DNAT, "ct state new ", FIREWALL_CHECK),
-    (FILTER_FORWARD, "ct state new ", SERVICE_ENDPOINTS_CHECK),
-    (FILTER_FORWARD, "ct state new ", CLUSTER_IPS_CHECK),
-    (FILTER_INPUT, "ct state new ", NODEPORT_ENDPOINTS_CHECK),
-    (FILTER_INPUT, "ct state new ", SERVICE_ENDPOINTS_CHECK),
-    (FILTER_OUTPUT, "ct state new ", SERVICE_ENDPOINTS_CHECK),
-    (FILTER_OUTPUT_PRE_DNAT, "ct state new ", FIREWALL_CHECK),
-    (FILTER_OUTPUT, "ct state new ", CLUSTER_IPS_CHECK),
-    (NAT_OUTPUT, "", SERVICES),
-    (NAT_POSTROUTING, "", MASQUERADING),
-    (NAT_PREROUTING, "", SERVICES),
+/// Jumps from base chains: (from, only new connections, to). `reject` is
+/// only valid in input, forward and output hooks on kernels before 5.9, so
+/// refusals are checked there, not in prerouting.
+const JUMPS: [(&str, bool, &str); 11] = [
+    (FILTER_PREROUTING_PRE_DNAT, true, FIREWALL_CHECK),
+    (FILTER_FORWARD, true, SERVICE_ENDPOINTS_CHECK),
+    (FILTER_FORWARD, true, CLUSTER_IPS_CHECK),
+    (FILTER_INPUT, true, NODEPORT_ENDPOINTS_CHECK),
+    (FILTER_INPUT, true, SERVICE_ENDPOINTS_CHECK),
+    (FILTER_OUTPUT, true, SERVICE_ENDPOINTS_CHECK),
+    (FILTER_OUTPUT_PRE_DNAT, true, FIREWALL_CHECK),
+    (FILTER_OUTPUT, true, CLUSTER_IPS_CHECK),
+    (NAT_OUTPUT, false, SERVICES),
+    (NAT_POSTROUTING, false, MASQUERADING),
+    (NAT_PREROUTING, false, SERVICES),
 ];
 
-/// The first lines of each transaction of a split render but the last:
+/// The first commands of each transaction of a split render but the last:
 /// what Service chains need (the table, and the chain their rules jump
 /// to), declared without flushing anything.
-pub(super) fn prelude(ctx: &Context) -> String {
-    let table = &ctx.table;
-    format!(
-        "add table {table} {{ comment \"rules for kube-proxy\" ; }}\nadd chain {table} {MARK_FOR_MASQUERADE}\n"
-    )
+pub(super) fn prelude() -> Vec<Command> {
+    vec![
+        Command::AddTable {
+            comment: Some(TABLE_COMMENT),
+        },
+        Command::AddChain {
+            name: Name::Fixed(MARK_FOR_MASQUERADE),
+            kind: ChainKind::Regular,
+        },
+    ]
 }
 
-/// `head` without the deletion of the table a reset starts with.
-pub(super) fn without_reset<'h>(ctx: &Context, head: &'h str) -> &'h str {
-    let table = &ctx.table;
-    head.strip_prefix(&format!("add table {table}\ndelete table {table}\n"))
-        .unwrap_or(head)
+/// The deletion of the table a reset starts with: `add` first, so that
+/// the deletion succeeds whether the table exists or not.
+pub(super) fn reset() -> Vec<Command> {
+    vec![Command::AddTable { comment: None }, Command::DeleteTable]
 }
 
-/// Writes the fixed part of a full transaction into `out`.
+/// Writes the fixed part of a full transaction (without the reset) into
+/// `out`.
 pub(super) fn write_head(
     ctx: &Context,
     options: &NftablesOptions,
     input: &RenderInput<'_>,
-    out: &mut String,
+    out: &mut Vec<Command>,
 ) {
-    let table = &ctx.table;
-    if input.reset {
-        // Deleting what an earlier process left, in the same transaction
-        // that writes the new table, removes its stale chains without
-        // listing them, and lets base chains change priority.
-        let _ = writeln!(out, "add table {table}");
-        let _ = writeln!(out, "delete table {table}");
-    }
-    let _ = writeln!(
-        out,
-        "add table {table} {{ comment \"rules for kube-proxy\" ; }}"
-    );
+    out.push(Command::AddTable {
+        comment: Some(TABLE_COMMENT),
+    });
     write_sets_and_maps(ctx, input, out);
-    for (name, kind, hook, priority) in BASE_CHAINS {
-        let _ = writeln!(
-            out,
-            "add chain {table} {name} {{ type {kind} hook {hook} priority {priority} ; }}"
-        );
+    for (name, chain_type, hook, priority) in BASE_CHAINS {
+        out.push(Command::AddChain {
+            name: Name::Fixed(name),
+            kind: ChainKind::Base {
+                chain_type,
+                hook,
+                priority,
+            },
+        });
     }
     for name in FIXED_CHAINS {
-        if name == REJECT_CHAIN {
-            let _ = writeln!(
-                out,
-                "add chain {table} {name} {{ comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }}"
-            );
+        let kind = if name == REJECT_CHAIN {
+            ChainKind::Commented("helper for @no-endpoint-services / @no-endpoint-nodeports")
         } else {
-            let _ = writeln!(out, "add chain {table} {name}");
-        }
+            ChainKind::Regular
+        };
+        out.push(Command::AddChain {
+            name: Name::Fixed(name),
+            kind,
+        });
     }
     for name in BASE_CHAINS.iter().map(|chain| chain.0).chain(FIXED_CHAINS) {
-        let _ = writeln!(out, "flush chain {table} {name}");
+        out.push(Command::FlushChain(Name::Fixed(name)));
     }
     if input.node_port_addresses.is_none() {
-        let _ = writeln!(out, "delete set {table} {NODEPORT_IPS}");
+        out.push(Command::DeleteSet {
+            name: Name::Fixed(NODEPORT_IPS),
+            map: false,
+        });
     }
-    for (from, condition, to) in JUMPS {
-        let _ = writeln!(out, "add rule {table} {from} {condition}jump {to}");
+    for (from, new_only, to) in JUMPS {
+        let mut exprs = Vec::with_capacity(2);
+        if new_only {
+            exprs.push(Expr::CtStateNew);
+        }
+        exprs.push(jump(to));
+        out.push(Command::AddRule(Rule::new(from, exprs)));
     }
     write_fixed_rules(ctx, options, input, out);
 }
 
-fn write_sets_and_maps(ctx: &Context, input: &RenderInput<'_>, out: &mut String) {
-    let (table, ipx) = (&ctx.table, ctx.ipx);
-    let addr = if ipx == "ip" {
-        "ipv4_addr"
-    } else {
-        "ipv6_addr"
+fn jump(chain: &'static str) -> Expr {
+    Expr::Verdict(Verdict::Jump(Name::Fixed(chain)))
+}
+
+fn write_sets_and_maps(ctx: &Context, input: &RenderInput<'_>, out: &mut Vec<Command>) {
+    let (addr, ip_key) = match ctx.family {
+        IpFamily::V4 => (IPV4, IPV4_PROTO_PORT),
+        IpFamily::V6 => (IPV6, IPV6_PROTO_PORT),
     };
-    let _ = writeln!(
-        out,
-        "add set {table} {CLUSTER_IPS} {{ type {addr} ; comment \"Active ClusterIPs\" ; }}"
-    );
-    let _ = writeln!(out, "flush set {table} {CLUSTER_IPS}");
-    let _ = writeln!(
-        out,
-        "add set {table} {NODEPORT_IPS} {{ type {addr} ; comment \"IPs that accept NodePort traffic\" ; }}"
-    );
+    let set = |name: &'static str, comment: &'static str| {
+        Command::AddSet(SetSpec {
+            name: Name::Fixed(name),
+            map: false,
+            key: addr,
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: Some(comment),
+        })
+    };
+    let flush = |name: &'static str, map: bool| Command::FlushSet {
+        name: Name::Fixed(name),
+        map,
+    };
+    out.push(set(CLUSTER_IPS, "Active ClusterIPs"));
+    out.push(flush(CLUSTER_IPS, false));
+    out.push(set(NODEPORT_IPS, "IPs that accept NodePort traffic"));
     match input.node_port_addresses {
         // Deleted below, once the chains that may refer to it are flushed.
         None => {}
         Some(addresses) => {
-            let _ = writeln!(out, "flush set {table} {NODEPORT_IPS}");
+            out.push(flush(NODEPORT_IPS, false));
             // Upstream's nftables mode has no localhost NodePorts.
-            let usable: Vec<String> = addresses
+            let usable: Vec<SetElement> = addresses
                 .iter()
-                .filter(|ip| !ip.is_loopback() && (ip.is_ipv4() == (ipx == "ip")))
-                .map(ToString::to_string)
+                .filter(|ip| !ip.is_loopback() && (IpFamily::of(ip) == ctx.family))
+                .map(|ip| SetElement {
+                    key: Key::Addr(*ip),
+                    comment: None,
+                    verdict: None,
+                })
                 .collect();
             if !usable.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "add element {table} {NODEPORT_IPS} {{ {} }}",
-                    usable.join(", ")
-                );
+                out.push(Command::AddElements {
+                    set: Name::Fixed(NODEPORT_IPS),
+                    elements: usable,
+                });
             }
         }
     }
-    let ip_key = format!("{addr} . inet_proto . inet_service : verdict");
-    let port_key = "inet_proto . inet_service : verdict";
-    let maps = [
+    let maps: [(&str, &'static [KeyType], &str); 5] = [
         (
             FIREWALL_IPS,
-            ip_key.as_str(),
+            ip_key,
             "destinations that are subject to LoadBalancerSourceRanges",
         ),
         (
             NO_ENDPOINT_NODEPORTS,
-            port_key,
+            PROTO_PORT,
             "vmap to drop or reject packets to service nodeports with no endpoints",
         ),
         (
             NO_ENDPOINT_SERVICES,
-            ip_key.as_str(),
+            ip_key,
             "vmap to drop or reject packets to services with no endpoints",
         ),
         (
             SERVICE_IPS,
-            ip_key.as_str(),
+            ip_key,
             "ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
-        (SERVICE_NODEPORTS, port_key, "NodePort traffic"),
+        (SERVICE_NODEPORTS, PROTO_PORT, "NodePort traffic"),
     ];
-    for (name, kind, comment) in maps {
-        let _ = writeln!(
-            out,
-            "add map {table} {name} {{ type {kind} ; comment \"{comment}\" ; }}"
-        );
-        let _ = writeln!(out, "flush map {table} {name}");
+    for (name, key, comment) in maps {
+        out.push(Command::AddSet(SetSpec {
+            name: Name::Fixed(name),
+            map: true,
+            key,
+            verdicts: true,
+            dynamic_timeout_secs: None,
+            comment: Some(comment),
+        }));
+        out.push(flush(name, true));
     }
 }
 
@@ -196,38 +241,70 @@ fn write_fixed_rules(
     ctx: &Context,
     options: &NftablesOptions,
     input: &RenderInput<'_>,
-    out: &mut String,
+    out: &mut Vec<Command>,
 ) {
-    let (table, ipx) = (&ctx.table, ctx.ipx);
-    let mark = options.masquerade_mark();
-    let dispatch = format!("{ipx} daddr . meta l4proto . th dport vmap");
-    let rules = [
-        format!("{CLUSTER_IPS_CHECK} {ipx} daddr @{CLUSTER_IPS} reject comment \"Reject traffic to invalid ports of ClusterIPs\""),
-        format!("{FIREWALL_CHECK} {dispatch} @{FIREWALL_IPS}"),
-        format!("{MARK_FOR_MASQUERADE} mark set mark or {mark}"),
-        format!("{MASQUERADING} mark and {mark} == 0 return"),
-        format!("{MASQUERADING} mark set mark xor {mark}"),
-        format!("{MASQUERADING} masquerade fully-random"),
-        format!("{REJECT_CHAIN} reject"),
-        format!("{SERVICES} {dispatch} @{SERVICE_IPS}"),
-        format!("{SERVICE_ENDPOINTS_CHECK} {dispatch} @{NO_ENDPOINT_SERVICES}"),
-    ];
-    for rule in rules {
-        let _ = writeln!(out, "add rule {table} {rule}");
-    }
-    let node_ports = match input.node_port_addresses {
-        None => {
-            let loopback = if ipx == "ip" { "127.0.0.0/8" } else { "::1" };
-            format!("fib daddr type local {ipx} daddr != {loopback}")
-        }
-        Some(_) => format!("{ipx} daddr @{NODEPORT_IPS}"),
+    let mark = options.masquerade_mark_value();
+    let dispatch = |map: &'static str| Expr::DispatchVmap {
+        with_addr: true,
+        map: Name::Fixed(map),
     };
-    let _ = writeln!(
-        out,
-        "add rule {table} {NODEPORT_ENDPOINTS_CHECK} {node_ports} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
-    );
-    let _ = writeln!(
-        out,
-        "add rule {table} {SERVICES} {node_ports} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
-    );
+    let rules = [
+        Rule::new(
+            CLUSTER_IPS_CHECK,
+            vec![
+                Expr::AddrInSet {
+                    field: AddrField::Destination,
+                    set: Name::Fixed(CLUSTER_IPS),
+                },
+                Expr::Reject,
+            ],
+        )
+        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+        Rule::new(FIREWALL_CHECK, vec![dispatch(FIREWALL_IPS)]),
+        Rule::new(MARK_FOR_MASQUERADE, vec![Expr::MarkSetOr(mark)]),
+        Rule::new(
+            MASQUERADING,
+            vec![Expr::MarkLacks(mark), Expr::Verdict(Verdict::Return)],
+        ),
+        Rule::new(MASQUERADING, vec![Expr::MarkSetXor(mark)]),
+        Rule::new(MASQUERADING, vec![Expr::MasqueradeFullyRandom]),
+        Rule::new(REJECT_CHAIN, vec![Expr::Reject]),
+        Rule::new(SERVICES, vec![dispatch(SERVICE_IPS)]),
+        Rule::new(
+            SERVICE_ENDPOINTS_CHECK,
+            vec![dispatch(NO_ENDPOINT_SERVICES)],
+        ),
+    ];
+    out.extend(rules.into_iter().map(Command::AddRule));
+    let node_ports = || match input.node_port_addresses {
+        None => {
+            let loopback = match ctx.family {
+                IpFamily::V4 => Address::Prefix(ipnet::IpNet::V4(LOOPBACK_V4)),
+                IpFamily::V6 => Address::Host(std::net::Ipv6Addr::LOCALHOST.into()),
+            };
+            vec![
+                Expr::FibLocal(AddrField::Destination),
+                Expr::AddrIs {
+                    field: AddrField::Destination,
+                    negate: true,
+                    value: loopback,
+                },
+            ]
+        }
+        Some(_) => vec![Expr::AddrInSet {
+            field: AddrField::Destination,
+            set: Name::Fixed(NODEPORT_IPS),
+        }],
+    };
+    for (chain, map) in [
+        (NODEPORT_ENDPOINTS_CHECK, NO_ENDPOINT_NODEPORTS),
+        (SERVICES, SERVICE_NODEPORTS),
+    ] {
+        let mut exprs = node_ports();
+        exprs.push(Expr::DispatchVmap {
+            with_addr: false,
+            map: Name::Fixed(map),
+        });
+        out.push(Command::AddRule(Rule::new(chain, exprs)));
+    }
 }

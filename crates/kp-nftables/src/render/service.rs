@@ -2,14 +2,14 @@
 //! nftables `syncProxyRules`, with the traffic decisions of
 //! [`kp_model::TrafficPlan`] (shared with every other mode).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kp_model::{Endpoint, Refusal, ServicePortName, TrafficPlan};
+use kp_model::{Endpoint, Protocol, Refusal, ServicePortName, TrafficPlan};
 use kp_sync::ServicePortState;
 
 use super::{Context, Sections};
+use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
@@ -27,17 +27,16 @@ struct Port<'a> {
     endpoints: Vec<(&'a Arc<Endpoint>, Arc<EndpointNames>)>,
     /// `ns/svc:port`, safe for a comment.
     comment: Arc<str>,
-    /// `tcp`, `udp` or `sctp`.
-    protocol: &'static str,
+    /// The port's protocol.
+    protocol: Protocol,
 }
 
 /// Collects the rules of a service port's chains: every chain is declared
 /// (and flushed) before any rule, since rules name other chains.
 #[derive(Default)]
 struct ChainWriter {
-    declarations: String,
-    rules: String,
-    count: usize,
+    declarations: Vec<Command>,
+    rules: Vec<Command>,
 }
 
 /// Adds the elements, chains and sets of service port `name` to `record`,
@@ -70,54 +69,70 @@ pub(super) fn render_port(
         chains: Arc::new(service_chains(name)),
         endpoints,
         comment: Arc::from(kp_model::rule_text::comment_safe(&name.to_string())),
-        protocol: protocol_name(name),
+        protocol: name.protocol,
     };
     write_elements(&port, &mut record.elements);
     let mut writer = ChainWriter::default();
     write_affinity_sets(ctx, &port, record, &mut writer);
     write_internal_masquerade(ctx, &port, &mut writer, record);
     write_external_chain(ctx, &port, &mut writer, record);
-    write_firewall_chain(ctx, &port, &mut writer, record);
+    write_firewall_chain(&port, &mut writer, record);
     let endpoints = &state.endpoints;
     if plan.uses_cluster_endpoints {
         let chain = Arc::clone(&port.chains.cluster);
-        write_policy_chain(ctx, &port, &chain, &endpoints.cluster, &mut writer, record);
+        write_policy_chain(&port, &chain, &endpoints.cluster, &mut writer, record);
     }
     if plan.uses_local_endpoints {
         let chain = Arc::clone(&port.chains.local);
-        write_policy_chain(ctx, &port, &chain, &endpoints.local, &mut writer, record);
+        write_policy_chain(&port, &chain, &endpoints.local, &mut writer, record);
     }
-    write_endpoint_chains(ctx, &port, &mut writer, record);
-    out.chains.push_str(&writer.declarations);
-    out.chains.push_str(&writer.rules);
-    record.rules += writer.count;
+    write_endpoint_chains(&port, &mut writer, record);
+    record.rules += writer.rules.len();
+    out.chains.append(&mut writer.declarations);
+    out.chains.append(&mut writer.rules);
 }
 
 impl ChainWriter {
     /// Declares and flushes `chain` unless done already.
-    fn declare(&mut self, ctx: &Context, chain: &Arc<str>, record: &mut ServiceRecord) {
+    fn declare(&mut self, chain: &Arc<str>, record: &mut ServiceRecord) {
         if record.chains.contains(chain) {
             return;
         }
         record.chains.push(Arc::clone(chain));
-        let table = &ctx.table;
-        let _ = writeln!(self.declarations, "add chain {table} {chain}");
-        let _ = writeln!(self.declarations, "flush chain {table} {chain}");
+        self.declarations.push(Command::AddChain {
+            name: Name::from(chain),
+            kind: crate::model::ChainKind::Regular,
+        });
+        self.declarations
+            .push(Command::FlushChain(Name::from(chain)));
     }
 
-    fn rule(&mut self, ctx: &Context, chain: &str, rule: std::fmt::Arguments<'_>) {
-        self.count += 1;
-        let _ = writeln!(self.rules, "add rule {} {chain} {rule}", ctx.table);
+    fn rule(&mut self, chain: &Arc<str>, exprs: Vec<Expr>) {
+        self.rules.push(Command::AddRule(Rule::new(chain, exprs)));
     }
+
+    fn commented_rule(&mut self, chain: &Arc<str>, exprs: Vec<Expr>, comment: &'static str) {
+        self.rules.push(Command::AddRule(
+            Rule::new(chain, exprs).with_comment(comment),
+        ));
+    }
+}
+
+fn jump_to_masquerade() -> Expr {
+    Expr::Verdict(Verdict::Jump(Name::Fixed(MARK_FOR_MASQUERADE)))
+}
+
+fn goto(chain: &Arc<str>) -> Expr {
+    Expr::Verdict(Verdict::Goto(Name::from(chain)))
 }
 
 /// The verdict for traffic without an endpoint: `goto reject-chain` when
 /// the Service has none at all, `drop` when the Local policy allows none on
 /// this node.
-fn refusal_verdict(refusal: Refusal) -> String {
+fn refusal_verdict(refusal: Refusal) -> Verdict {
     match refusal {
-        Refusal::NoEndpoints => format!("goto {REJECT_CHAIN}"),
-        Refusal::NoLocalEndpoints => "drop".to_owned(),
+        Refusal::NoEndpoints => Verdict::Goto(Name::Fixed(REJECT_CHAIN)),
+        Refusal::NoLocalEndpoints => Verdict::Drop,
     }
 }
 
@@ -125,9 +140,9 @@ fn write_elements(port: &Port<'_>, elements: &mut Vec<Element>) {
     let (plan, sp, p) = (&port.plan, &port.state.port, port.protocol);
     let comment = Some(Arc::clone(&port.comment));
     let refusal = refusal_verdict(plan.refusal());
-    let ip_key = |ip: &std::net::IpAddr| format!("{ip} . {p} . {}", sp.port);
-    let goto = |chain: &Arc<str>| format!("goto {chain}");
-    elements.push(Element::set(CLUSTER_IPS, sp.cluster_ip.to_string()));
+    let ip_key = |ip: &std::net::IpAddr| Key::AddrProtoPort(*ip, p, sp.port);
+    let goto = |chain: &Arc<str>| Verdict::Goto(Name::from(chain));
+    elements.push(Element::set(CLUSTER_IPS, Key::Addr(sp.cluster_ip)));
     if plan.has_internal_endpoints {
         let internal = internal_chain(port);
         elements.push(Element::map(
@@ -167,16 +182,11 @@ fn write_elements(port: &Port<'_>, elements: &mut Vec<Element>) {
         }
     }
     if let Some(node_port) = sp.node_port {
-        let key = format!("{p} . {node_port}");
+        let key = Key::ProtoPort(p, node_port);
         if plan.has_endpoints {
             // NodePorts are not subject to loadBalancerSourceRanges, for
             // better or worse, and that cannot change now.
-            elements.push(Element::map(
-                SERVICE_NODEPORTS,
-                key.clone(),
-                goto(external),
-                None,
-            ));
+            elements.push(Element::map(SERVICE_NODEPORTS, key, goto(external), None));
         }
         if !plan.has_external_endpoints {
             elements.push(Element::map(NO_ENDPOINT_NODEPORTS, key, refusal, comment));
@@ -205,10 +215,9 @@ fn write_affinity_sets(
     let Some(timeout) = port.state.port.session_affinity_timeout else {
         return;
     };
-    let addr = if ctx.ipx == "ip" {
-        "ipv4_addr"
-    } else {
-        "ipv6_addr"
+    let key: &'static [KeyType] = match ctx.family {
+        kp_model::IpFamily::V4 => crate::model::IPV4,
+        kp_model::IpFamily::V6 => crate::model::IPV6,
     };
     for (_, names) in &port.endpoints {
         let set = &names.affinity_set;
@@ -216,12 +225,14 @@ fn write_affinity_sets(
             continue;
         }
         record.affinity_sets.push(Arc::clone(set));
-        let _ = writeln!(
-            writer.declarations,
-            "add set {} {set} {{ type {addr} ; flags dynamic,timeout ; timeout {}s ; }}",
-            ctx.table,
-            timeout.as_secs()
-        );
+        writer.declarations.push(Command::AddSet(SetSpec {
+            name: Name::from(set),
+            map: false,
+            key,
+            verdicts: false,
+            dynamic_timeout_secs: Some(timeout.as_secs()),
+            comment: None,
+        }));
     }
 }
 
@@ -238,24 +249,29 @@ fn write_internal_masquerade(
         return;
     }
     let sp = &port.state.port;
-    let (ipx, p) = (ctx.ipx, port.protocol);
     let chain = internal_chain(port);
     let condition = if ctx.masquerade_all {
-        String::new()
+        None
     } else if let Some(detector) = &ctx.detector {
-        format!(" {}", detector.if_not_local)
+        Some(detector.if_not_local.clone())
     } else {
         return;
     };
-    writer.declare(ctx, chain, record);
-    writer.rule(
-        ctx,
-        chain,
-        format_args!(
-            "{ipx} daddr {} {p} dport {}{condition} jump {MARK_FOR_MASQUERADE}",
-            sp.cluster_ip, sp.port
-        ),
-    );
+    writer.declare(chain, record);
+    let mut exprs = vec![
+        Expr::AddrIs {
+            field: AddrField::Destination,
+            negate: false,
+            value: Address::Host(sp.cluster_ip),
+        },
+        Expr::DestinationPort {
+            protocol: port.protocol,
+            port: sp.port,
+        },
+    ];
+    exprs.extend(condition);
+    exprs.push(jump_to_masquerade());
+    writer.rule(chain, exprs);
 }
 
 fn write_external_chain(
@@ -269,46 +285,40 @@ fn write_external_chain(
         return;
     }
     let (ext, svc) = (&port.chains.external, &port.chains.cluster);
-    writer.declare(ctx, ext, record);
+    writer.declare(ext, record);
+    let local_source = || Expr::FibLocal(AddrField::Source);
     if !plan.external_policy_local {
         // Cluster endpoints may be on another node: masquerade so replies
         // come back through this one.
-        writer.rule(ctx, ext, format_args!("jump {MARK_FOR_MASQUERADE}"));
+        writer.rule(ext, vec![jump_to_masquerade()]);
     } else if plan.uses_cluster_endpoints {
         // (Without cluster endpoints there is no chain to short-circuit to.)
         if let Some(detector) = &ctx.detector {
             // Pods reaching an external address bypass both policies, as
             // if they had gone out to the load balancer and come back.
-            writer.rule(
-                ctx,
+            writer.commented_rule(
                 ext,
-                format_args!(
-                    "{} goto {svc} comment \"short-circuit pod traffic\"",
-                    detector.if_local
-                ),
+                vec![detector.if_local.clone(), goto(svc)],
+                "short-circuit pod traffic",
             );
         }
         // The host itself picks the external address as source, so its
         // traffic must be masqueraded and may use any endpoint.
-        writer.rule(
-            ctx,
+        writer.commented_rule(
             ext,
-            format_args!(
-                "fib saddr type local jump {MARK_FOR_MASQUERADE} comment \"masquerade local traffic\""
-            ),
+            vec![local_source(), jump_to_masquerade()],
+            "masquerade local traffic",
         );
-        writer.rule(
-            ctx,
+        writer.commented_rule(
             ext,
-            format_args!("fib saddr type local goto {svc} comment \"short-circuit local traffic\""),
+            vec![local_source(), goto(svc)],
+            "short-circuit local traffic",
         );
     } else {
-        writer.rule(
-            ctx,
+        writer.commented_rule(
             ext,
-            format_args!(
-                "fib saddr type local jump {MARK_FOR_MASQUERADE} comment \"masquerade local traffic\""
-            ),
+            vec![local_source(), jump_to_masquerade()],
+            "masquerade local traffic",
         );
     }
     if plan.has_external_endpoints {
@@ -317,48 +327,47 @@ fn write_external_chain(
         } else {
             svc
         };
-        writer.rule(ctx, ext, format_args!("goto {policy}"));
+        writer.rule(ext, vec![goto(policy)]);
     }
 }
 
-fn write_firewall_chain(
-    ctx: &Context,
-    port: &Port<'_>,
-    writer: &mut ChainWriter,
-    record: &mut ServiceRecord,
-) {
+fn write_firewall_chain(port: &Port<'_>, writer: &mut ChainWriter, record: &mut ServiceRecord) {
     if !port.plan.uses_source_ranges_filter {
         return;
     }
     let sp = &port.state.port;
     let fw = &port.chains.firewall;
-    writer.declare(ctx, fw, record);
-    let mut sources: Vec<String> = sp
+    writer.declare(fw, record);
+    let mut sources: Vec<Address> = sp
         .load_balancer_source_ranges
         .iter()
-        .map(|range| range.trunc().to_string())
+        .map(|range| Address::Prefix(range.trunc()))
         .collect();
     if port.plan.source_ranges_admit_node {
-        sources.extend(sp.load_balancer_ips.iter().map(ToString::to_string));
+        sources.extend(sp.load_balancer_ips.iter().copied().map(Address::Host));
     }
     writer.rule(
-        ctx,
         fw,
-        format_args!("{} saddr != {{ {} }} drop", ctx.ipx, sources.join(", ")),
+        vec![
+            Expr::AddrNotIn {
+                field: AddrField::Source,
+                values: sources,
+            },
+            Expr::Verdict(Verdict::Drop),
+        ],
     );
 }
 
 /// `service-…` or `local-…`: affinity lookups, then a random choice of an
 /// endpoint chain with `numgen`.
 fn write_policy_chain(
-    ctx: &Context,
     port: &Port<'_>,
     chain: &Arc<str>,
     endpoints: &[Arc<Endpoint>],
     writer: &mut ChainWriter,
     record: &mut ServiceRecord,
 ) {
-    writer.declare(ctx, chain, record);
+    writer.declare(chain, record);
     let chosen: Vec<&EndpointNames> = endpoints
         .iter()
         .filter_map(|ep| {
@@ -371,12 +380,14 @@ fn write_policy_chain(
     if port.state.port.session_affinity_timeout.is_some() {
         for names in &chosen {
             writer.rule(
-                ctx,
                 chain,
-                format_args!(
-                    "{} saddr @{} goto {}",
-                    ctx.ipx, names.affinity_set, names.chain
-                ),
+                vec![
+                    Expr::AddrInSet {
+                        field: AddrField::Source,
+                        set: Name::from(&names.affinity_set),
+                    },
+                    goto(&names.chain),
+                ],
             );
         }
     }
@@ -390,60 +401,47 @@ fn write_policy_chain(
     let count = chosen.len();
     for (i, names) in chosen.iter().enumerate() {
         if i + 1 < count {
+            let modulus = u32::try_from(count - i).unwrap_or(u32::MAX);
             writer.rule(
-                ctx,
                 chain,
-                format_args!("numgen random mod {} 0 goto {}", count - i, names.chain),
+                vec![Expr::NumgenIs { modulus, value: 0 }, goto(&names.chain)],
             );
         } else {
-            writer.rule(ctx, chain, format_args!("goto {}", names.chain));
+            writer.rule(chain, vec![goto(&names.chain)]);
         }
     }
 }
 
 /// One chain per reachable endpoint: masquerade hairpin traffic (a pod
 /// reaching itself through the Service), record affinity, DNAT.
-fn write_endpoint_chains(
-    ctx: &Context,
-    port: &Port<'_>,
-    writer: &mut ChainWriter,
-    record: &mut ServiceRecord,
-) {
+fn write_endpoint_chains(port: &Port<'_>, writer: &mut ChainWriter, record: &mut ServiceRecord) {
     let affinity = port.state.port.session_affinity_timeout.is_some();
     for (endpoint, names) in &port.endpoints {
         let chain = &names.chain;
-        writer.declare(ctx, chain, record);
+        writer.declare(chain, record);
         writer.rule(
-            ctx,
             chain,
-            format_args!(
-                "{} saddr {} jump {MARK_FOR_MASQUERADE}",
-                ctx.ipx, endpoint.ip
-            ),
+            vec![
+                Expr::AddrIs {
+                    field: AddrField::Source,
+                    negate: false,
+                    value: Address::Host(endpoint.ip),
+                },
+                jump_to_masquerade(),
+            ],
         );
         if affinity {
             writer.rule(
-                ctx,
                 chain,
-                format_args!("update @{} {{ {} saddr }}", names.affinity_set, ctx.ipx),
+                vec![Expr::UpdateSourceSet(Name::from(&names.affinity_set))],
             );
         }
         writer.rule(
-            ctx,
             chain,
-            format_args!(
-                "meta l4proto {} dnat to {}",
-                port.protocol,
-                SocketAddr::new(endpoint.ip, endpoint.port)
-            ),
+            vec![
+                Expr::L4Proto(port.protocol),
+                Expr::Dnat(SocketAddr::new(endpoint.ip, endpoint.port)),
+            ],
         );
-    }
-}
-
-fn protocol_name(name: &ServicePortName) -> &'static str {
-    match name.protocol {
-        kp_model::Protocol::Tcp => "tcp",
-        kp_model::Protocol::Udp => "udp",
-        kp_model::Protocol::Sctp => "sctp",
     }
 }

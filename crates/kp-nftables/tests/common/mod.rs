@@ -134,7 +134,7 @@ impl World {
         assert_eq!(outcome.full, full || outcome.full);
         let transactions = self.applier.transactions();
         for transaction in &transactions[self.last_sync_start..] {
-            self.table.apply(&transaction.text).unwrap();
+            self.table.apply(&transaction.transaction).unwrap();
         }
         transactions.last().unwrap().text.clone()
     }
