@@ -12,9 +12,9 @@ use crate::IptablesError;
 /// which match upstream's on a current iptables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IptablesOptions {
-    /// `iptables.masqueradeBit`: bit of the packet mark that asks for SNAT
-    /// (0..=31, default 14 → `0x4000`).
-    pub masquerade_bit: u8,
+    /// `iptables.masqueradeBit`: the packet mark that asks for SNAT
+    /// (default bit 14 → `0x00004000`).
+    pub masquerade_mark: MasqueradeMark,
     /// `iptables.masqueradeAll`: SNAT all traffic sent to ClusterIPs.
     pub masquerade_all: bool,
     /// `detectLocalMode` and its parameters.
@@ -47,7 +47,7 @@ pub struct ResolvedDetector {
 impl Default for IptablesOptions {
     fn default() -> Self {
         IptablesOptions {
-            masquerade_bit: 14,
+            masquerade_mark: MasqueradeMark::default(),
             masquerade_all: false,
             local_detector: LocalDetector::None,
             localhost_node_ports: true,
@@ -62,20 +62,8 @@ impl Default for IptablesOptions {
 impl IptablesOptions {
     /// Checks values a user can get wrong.
     pub fn validate(&self) -> Result<(), IptablesError> {
-        MasqueradeMark::from_config(
-            Some(i32::from(self.masquerade_bit)),
-            "iptables.masqueradeBit",
-        )?;
         self.local_detector.validate()?;
         Ok(())
-    }
-
-    /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
-    /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
-    pub fn masquerade_mark(&self) -> String {
-        MasqueradeMark::new(self.masquerade_bit & 31)
-            .unwrap_or_default()
-            .to_string()
     }
 
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
@@ -116,27 +104,6 @@ impl ResolvedDetector {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn mark_is_formatted_like_upstream() {
-        assert_eq!(IptablesOptions::default().masquerade_mark(), "0x00004000");
-        let options = IptablesOptions {
-            masquerade_bit: 0,
-            ..IptablesOptions::default()
-        };
-        assert_eq!(options.masquerade_mark(), "0x00000001");
-    }
-
-    #[test]
-    fn out_of_range_bit_names_the_field() {
-        let options = IptablesOptions {
-            masquerade_bit: 32,
-            ..IptablesOptions::default()
-        };
-        let error = options.validate().unwrap_err().to_string();
-        assert!(error.contains("iptables.masqueradeBit"), "{error}");
-        assert!(error.contains("0 to 31"), "{error}");
-    }
 
     #[test]
     fn detector_uses_first_cidr_of_the_family() {

@@ -336,7 +336,7 @@ impl Renderer {
         self.names.begin();
         let (total_endpoints, max_endpoints) = endpoint_counts(input.service_ports);
         self.precompute_probabilities(max_endpoints);
-        let mark = self.options.masquerade_mark();
+        let mark = self.options.masquerade_mark.to_string();
         let ctx = context(&self.options, &self.probabilities, input, total_endpoints);
 
         // First pass: everything but the nat rules.
@@ -531,7 +531,7 @@ fn render_lines(
     options: &IptablesOptions,
     total_endpoints: usize,
 ) -> (Vec<ChainName>, Vec<String>) {
-    let mark = options.masquerade_mark();
+    let mark = options.masquerade_mark.to_string();
     write_head(ctx, buffers, &mark, options.random_fully);
     let mut active = Vec::with_capacity(input.service_ports.len() * 2 + total_endpoints);
     let walked: Result<(), std::convert::Infallible> =

@@ -254,7 +254,7 @@ fn each_local_detector() {
 fn node_port_addresses_and_host_features() {
     let mut world = World::v4()
         .options(|o| {
-            o.masquerade_bit = 5;
+            o.masquerade_mark = kp_node::MasqueradeMark::new(5).unwrap();
             o.random_fully = false;
             o.nfacct_localhost_node_ports = true;
             o.nfacct_invalid_dropped = true;

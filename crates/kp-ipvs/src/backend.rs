@@ -125,7 +125,7 @@ pub struct IpvsOptions {
     /// leaves the kernel's value).
     pub timeouts: [Duration; 3],
     /// `iptables.masqueradeBit` (0..=31).
-    pub masquerade_bit: u8,
+    pub masquerade_mark: MasqueradeMark,
     /// `iptables.masqueradeAll`.
     pub masquerade_all: bool,
     /// `detectLocalMode` and its parameters.
@@ -169,7 +169,7 @@ impl Default for IpvsOptions {
             exclude_cidrs: Vec::new(),
             strict_arp: false,
             timeouts: [Duration::ZERO; 3],
-            masquerade_bit: 14,
+            masquerade_mark: MasqueradeMark::default(),
             masquerade_all: false,
             local_detector: LocalDetector::None,
             node_port_addresses: NodePortAddresses::All,
@@ -248,9 +248,7 @@ impl IpvsBackend {
             ResolvedDetector::resolve(&self.options.local_detector, self.family, &node.pod_cidrs)
                 .map(|detector| detector.if_not_local);
         RuleOptions {
-            masquerade_mark: MasqueradeMark::new(self.options.masquerade_bit & 31)
-                .unwrap_or_default()
-                .to_string(),
+            masquerade_mark: self.options.masquerade_mark.to_string(),
             masquerade_all: self.options.masquerade_all,
             not_local,
             random_fully: true,

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
 use kp_nftables::model::{ChainKind, Command, Name};
 use kp_nftables::{Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Transaction};
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
 

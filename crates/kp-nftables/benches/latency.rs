@@ -28,9 +28,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NodeInfo, ServicePortName};
 use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::testing::service;
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::{require_root, Topology};

@@ -30,7 +30,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
@@ -39,6 +38,7 @@ use kp_nftables::{
     Applier, NetlinkApplier, NftablesBackend, NftablesOptions, Programmed, RenderInput, Renderer,
     Transaction,
 };
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncRequest};
 use kp_testkit::netns::Netns;
 

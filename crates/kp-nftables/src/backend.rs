@@ -556,7 +556,7 @@ fn options_from_config(config: &KubeProxyConfiguration) -> Result<NftablesOption
     let mark =
         MasqueradeMark::from_config(config.nftables.masquerade_bit, "nftables.masqueradeBit")?;
     let options = NftablesOptions {
-        masquerade_bit: mark.bit(),
+        masquerade_mark: mark,
         masquerade_all: config.nftables.masquerade_all,
         local_detector: LocalDetector::from_config(config)?,
     };

@@ -256,7 +256,7 @@ fn write_port_name(out: &mut String, port: &ServicePortName) {
     let parts = [
         &*port.service.namespace,
         &*port.service.name,
-        protocol_name(port),
+        port.protocol.as_rule_str(),
         &*port.port,
     ];
     for (i, part) in parts.into_iter().enumerate() {
@@ -270,14 +270,6 @@ fn write_port_name(out: &mut String, port: &ServicePortName) {
                 '_'
             }
         }));
-    }
-}
-
-fn protocol_name(port: &ServicePortName) -> &'static str {
-    match port.protocol {
-        kp_model::Protocol::Tcp => "tcp",
-        kp_model::Protocol::Udp => "udp",
-        kp_model::Protocol::Sctp => "sctp",
     }
 }
 

@@ -12,9 +12,9 @@ use crate::NftablesError;
 /// defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftablesOptions {
-    /// `nftables.masqueradeBit`: bit of the packet mark that asks for SNAT
-    /// (0..=31, default 14 → `0x4000`).
-    pub masquerade_bit: u8,
+    /// `nftables.masqueradeBit`: the packet mark that asks for SNAT
+    /// (default bit 14 → `0x00004000`).
+    pub masquerade_mark: MasqueradeMark,
     /// `nftables.masqueradeAll`: SNAT all traffic sent to ClusterIPs.
     pub masquerade_all: bool,
     /// `detectLocalMode` and its parameters (shared with the iptables mode).
@@ -33,7 +33,7 @@ pub(crate) struct NftDetector {
 impl Default for NftablesOptions {
     fn default() -> Self {
         Self {
-            masquerade_bit: 14,
+            masquerade_mark: MasqueradeMark::default(),
             masquerade_all: false,
             local_detector: LocalDetector::None,
         }
@@ -43,27 +43,8 @@ impl Default for NftablesOptions {
 impl NftablesOptions {
     /// Checks values a user can get wrong.
     pub fn validate(&self) -> Result<(), NftablesError> {
-        MasqueradeMark::from_config(
-            Some(i32::from(self.masquerade_bit)),
-            "nftables.masqueradeBit",
-        )?;
         self.local_detector.validate()?;
         Ok(())
-    }
-
-    /// The masquerade mark as upstream formats it (Go `%#08x`: the digits
-    /// padded to 8, then `0x`), e.g. `0x00004000` for bit 14.
-    pub fn masquerade_mark(&self) -> String {
-        MasqueradeMark::new(self.masquerade_bit & 31)
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    /// The masquerade mark: bit `masquerade_bit` set.
-    pub(crate) fn masquerade_mark_value(&self) -> u32 {
-        MasqueradeMark::new(self.masquerade_bit & 31)
-            .unwrap_or_default()
-            .value()
     }
 
     /// The detector's matches for `family`; `node_pod_cidrs` are the Node's
@@ -112,26 +93,6 @@ pub fn family_keyword(family: IpFamily) -> &'static str {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn mark_is_formatted_like_upstream() {
-        assert_eq!(NftablesOptions::default().masquerade_mark(), "0x00004000");
-        let options = NftablesOptions {
-            masquerade_bit: 0,
-            ..NftablesOptions::default()
-        };
-        assert_eq!(options.masquerade_mark(), "0x00000001");
-    }
-
-    #[test]
-    fn out_of_range_bit_names_the_field() {
-        let options = NftablesOptions {
-            masquerade_bit: 32,
-            ..NftablesOptions::default()
-        };
-        let error = options.validate().unwrap_err().to_string();
-        assert!(error.contains("nftables.masqueradeBit"), "{error}");
-    }
 
     #[test]
     fn detectors_in_nft_syntax() {

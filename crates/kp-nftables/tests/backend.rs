@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{service, World};
-use kp_iptables::NodePortAddresses;
 use kp_model::{IpFamily, NamespacedName};
 use kp_nftables::{Applier, NftablesBackend, NftablesOptions};
+use kp_node::NodePortAddresses;
 
 fn changed(ns: &str, name: &str) -> BTreeSet<NamespacedName> {
     BTreeSet::from([NamespacedName::new(ns, name)])
@@ -144,9 +144,9 @@ fn a_dry_run_prints_exactly_what_a_full_sync_commits() {
 
     let out = Shared::default();
     let options = NftablesOptions {
-        local_detector: kp_iptables::LocalDetector::ClusterCidr(vec![
-            kp_testkit::plan::POD_CIDR.into()
-        ]),
+        local_detector: kp_node::LocalDetector::ClusterCidr(
+            vec![kp_testkit::plan::POD_CIDR.into()],
+        ),
         ..NftablesOptions::default()
     };
     let mut dry = NftablesBackend::dry_run(

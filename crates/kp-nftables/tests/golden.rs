@@ -1,6 +1,7 @@
 //! Golden transactions: the exact `nft -f` text of a full sync and of the
-//! partial sync that follows one endpoint change. Set `KP_UPDATE_GOLDEN=1`
-//! to rewrite the files after a deliberate change, and review the diff.
+//! partial sync that follows one endpoint change. A difference fails and
+//! leaves the new text for `scripts/update-golden` (see
+//! `kp_testkit::golden`); review its diff.
 //!
 //! | object | addresses |
 //! |---|---|
@@ -15,8 +16,8 @@ mod common;
 use std::path::PathBuf;
 
 use common::{service, World};
-use kp_iptables::NodePortAddresses;
 use kp_model::IpFamily;
+use kp_node::NodePortAddresses;
 
 fn world() -> World {
     let mut world = World::v4();
@@ -44,12 +45,7 @@ fn assert_golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var_os("KP_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (KP_UPDATE_GOLDEN=1 writes it)", path.display()));
-    pretty_assertions::assert_eq!(expected, text);
+    kp_testkit::golden::assert_golden(&path, text);
 }
 
 #[test]

@@ -19,9 +19,9 @@ use kernel::{
     at, build, netlink_backend_v4, node_v4, pod_ip, require, sync_backend, three_pods,
     web_and_fillers, POD_TCP_PORT,
 };
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NodeInfo, ServicePortName};
 use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::testing::service;
 use kp_sync::ServicePortState;
 use kp_testkit::netns::connect;

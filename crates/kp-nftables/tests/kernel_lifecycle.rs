@@ -13,8 +13,8 @@ mod kernel;
 use std::time::Duration;
 
 use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
-use kp_iptables::NodePortAddresses;
 use kp_model::IpFamily;
+use kp_node::NodePortAddresses;
 use kp_testkit::builders::service;
 use kp_testkit::netns::{connect, hits, wait_until, TcpSession};
 

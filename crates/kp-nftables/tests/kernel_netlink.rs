@@ -21,12 +21,12 @@ use std::sync::Arc;
 
 use common::{service, World};
 use kernel::require;
-use kp_iptables::NodePortAddresses;
 use kp_model::{IpFamily, Protocol};
 use kp_nftables::model::{
     AddrField, Address, ChainKind, Command, Expr, Name, Rule, SetSpec, Verdict, IPV4,
 };
 use kp_nftables::{Applier, NetlinkApplier, NftApplier, Transaction};
+use kp_node::NodePortAddresses;
 use kp_testkit::netns::Netns;
 
 fn golden(name: &str) -> String {

@@ -35,13 +35,13 @@ fn a_rule_the_kernel_refuses_names_its_service_and_nothing_is_applied() {
     with_bad.insert(name, state);
     let applier = kp_nftables::NetlinkApplier::new().refusing_rules_of("ns2/bad/");
     let options = kp_nftables::NftablesOptions {
-        local_detector: kp_iptables::LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
+        local_detector: kp_node::LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
         ..kp_nftables::NftablesOptions::default()
     };
     let mut backend = kp_nftables::NftablesBackend::new(
         IpFamily::V4,
         options,
-        kp_iptables::NodePortAddresses::All,
+        kp_node::NodePortAddresses::All,
         Box::new(applier),
     )
     .unwrap();

@@ -121,7 +121,7 @@ fn internal_traffic_policy_local_without_local_endpoints_drops() {
 fn udp_and_node_ports_on_selected_addresses() {
     let mut world = World::with(
         kp_model::IpFamily::V4,
-        kp_iptables::NodePortAddresses::Select {
+        kp_node::NodePortAddresses::Select {
             cidrs: Vec::new(),
             primary: true,
         },

@@ -243,7 +243,7 @@ fn write_fixed_rules(
     input: &RenderInput<'_>,
     out: &mut Vec<Command>,
 ) {
-    let mark = options.masquerade_mark_value();
+    let mark = options.masquerade_mark.value();
     let dispatch = |map: &'static str| Expr::DispatchVmap {
         with_addr: true,
         map: Name::Fixed(map),

@@ -11,10 +11,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, ServicePortName};
 use kp_nftables::tracer::{Packet, Table, Verdict};
 use kp_nftables::{FakeApplier, NftablesBackend, NftablesOptions};
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::{Backend, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest};
 use kp_testkit::plan;
 

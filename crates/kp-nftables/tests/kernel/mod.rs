@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_iptables::{LocalDetector, NodePortAddresses};
 use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
 use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncOutcome};
 use kp_testkit::builders::endpoint_slice;
 use kp_testkit::netns::{require_root, require_tool, Topology, TopologyBuilder};

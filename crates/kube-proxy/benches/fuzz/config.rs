@@ -190,7 +190,11 @@ fn iptables_options(cfg: &KubeProxyConfiguration) -> Result<IptablesOptions, Str
     cfg.cluster_cidrs().map_err(|e| e.to_string())?;
     let masquerade_bit = cfg.iptables.masquerade_bit.unwrap_or(14);
     Ok(IptablesOptions {
-        masquerade_bit: u8::try_from(masquerade_bit).map_err(|e| e.to_string())?,
+        masquerade_mark: kp_node::MasqueradeMark::from_config(
+            Some(masquerade_bit),
+            "iptables.masqueradeBit",
+        )
+        .map_err(|e| e.to_string())?,
         masquerade_all: cfg.iptables.masquerade_all,
         localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
         conntrack_tcp_be_liberal: cfg.conntrack.tcp_be_liberal,

@@ -224,7 +224,7 @@ fn options(gen: &mut Gen) -> (IptablesOptions, NodePortAddresses) {
         _ => LocalDetector::InterfaceNamePrefix("veth".to_owned()),
     };
     let options = IptablesOptions {
-        masquerade_bit: gen.below(32) as u8,
+        masquerade_mark: kp_node::MasqueradeMark::new(gen.below(32) as u8).unwrap_or_default(),
         masquerade_all: gen.chance(0.2),
         local_detector,
         localhost_node_ports: gen.chance(0.7),

@@ -19,7 +19,7 @@ pub fn options(config: &KubeProxyConfiguration) -> anyhow::Result<IptablesOption
     let mark =
         MasqueradeMark::from_config(config.iptables.masquerade_bit, "iptables.masqueradeBit")?;
     let options = IptablesOptions {
-        masquerade_bit: mark.bit(),
+        masquerade_mark: mark,
         masquerade_all: config.iptables.masquerade_all,
         local_detector: LocalDetector::from_config(config)?,
         localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),

@@ -54,11 +54,10 @@ pub fn options(
             duration(config.ipvs.tcp_fin_timeout),
             duration(config.ipvs.udp_timeout),
         ],
-        masquerade_bit: MasqueradeMark::from_config(
+        masquerade_mark: MasqueradeMark::from_config(
             config.iptables.masquerade_bit,
             "iptables.masqueradeBit",
-        )?
-        .bit(),
+        )?,
         masquerade_all: config.iptables.masquerade_all,
         local_detector: LocalDetector::from_config(config)?,
         node_port_addresses: NodePortAddresses::from_config(config)?,
