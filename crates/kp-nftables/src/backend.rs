@@ -30,9 +30,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_config::KubeProxyConfiguration;
 use kp_model::{IpFamily, NamespacedName, NodeInfo};
-use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
+use kp_node::NodePortAddresses;
 use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 
 use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
@@ -73,23 +72,21 @@ pub struct NftablesBackend {
     ruleset: SharedRuleset,
 }
 
-/// The nftables backend of `family` as the binary configures it:
-/// `nftables.masqueradeBit`, `nftables.masqueradeAll`, `detectLocalMode`
-/// with `clusterCIDR` or `detectLocal`, and `nodePortAddresses` (unset
-/// means `primary` in this mode). With `dry_run` every transaction is
-/// written to stdout and nothing is touched.
-pub fn from_config(
-    config: &KubeProxyConfiguration,
+/// The nftables backend of `family` with `options` and NodePorts on
+/// `node_port_addresses`: with `dry_run` every transaction is written to
+/// stdout and nothing is touched; otherwise it commits over netlink, and
+/// both families' backends of the process share one ruleset. The binary
+/// maps the configuration to the options.
+pub fn build(
     family: IpFamily,
+    options: NftablesOptions,
+    node_port_addresses: NodePortAddresses,
     dry_run: bool,
 ) -> Result<NftablesBackend, NftablesError> {
-    let options = options_from_config(config)?;
-    let addresses = NodePortAddresses::from_config(config)?;
     if dry_run {
-        NftablesBackend::dry_run(family, options, addresses, Box::new(io::stdout()))
+        NftablesBackend::dry_run(family, options, node_port_addresses, Box::new(io::stdout()))
     } else {
-        // Both families' backends of the process share one ruleset.
-        NftablesBackend::system(family, options, addresses)
+        NftablesBackend::system(family, options, node_port_addresses)
             .map(|backend| backend.with_shared_ruleset(generation::process_ruleset()))
     }
 }
@@ -550,18 +547,6 @@ impl std::fmt::Debug for NftablesBackend {
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
-}
-
-fn options_from_config(config: &KubeProxyConfiguration) -> Result<NftablesOptions, NftablesError> {
-    let mark =
-        MasqueradeMark::from_config(config.nftables.masquerade_bit, "nftables.masqueradeBit")?;
-    let options = NftablesOptions {
-        masquerade_mark: mark,
-        masquerade_all: config.nftables.masquerade_all,
-        local_detector: LocalDetector::from_config(config)?,
-    };
-    options.validate()?;
-    Ok(options)
 }
 
 /// Counts after the transaction, for logs and metrics, from the record

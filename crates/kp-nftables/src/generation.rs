@@ -108,7 +108,7 @@ pub struct Ruleset {
 pub type SharedRuleset = Arc<Mutex<Ruleset>>;
 
 /// The ruleset of the proxy process: the network namespace it runs in,
-/// shared by its IPv4 and IPv6 backends ([`crate::from_config`]).
+/// shared by its IPv4 and IPv6 backends ([`crate::build`]).
 pub fn process_ruleset() -> SharedRuleset {
     static PROCESS: OnceLock<SharedRuleset> = OnceLock::new();
     Arc::clone(PROCESS.get_or_init(SharedRuleset::default))

@@ -36,7 +36,7 @@ pub mod state;
 pub mod tracer;
 
 pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier, TransactionStream};
-pub use backend::{cleanup, cleanup_with, from_config, NftablesBackend, MODE};
+pub use backend::{build, cleanup, cleanup_with, NftablesBackend, MODE};
 pub use model::{Command, Transaction};
 pub use netlink::NetlinkApplier;
 pub use options::NftablesOptions;

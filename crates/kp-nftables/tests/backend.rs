@@ -172,27 +172,6 @@ fn a_dry_run_prints_exactly_what_a_full_sync_commits() {
 }
 
 #[test]
-fn the_configuration_maps_onto_the_options() {
-    let mut config = kp_config::KubeProxyConfiguration::defaulted();
-    config.mode = "nftables".to_owned();
-    config.cluster_cidr = "10.244.0.0/16".to_owned();
-    config.nftables.masquerade_bit = Some(40);
-    let error = kp_nftables::from_config(&config, IpFamily::V4, true).unwrap_err();
-    assert!(
-        error.to_string().contains("nftables.masqueradeBit"),
-        "{error}"
-    );
-
-    config.nftables.masquerade_bit = Some(15);
-    config.node_port_addresses = Some(vec!["not-a-cidr".to_owned()]);
-    let error = kp_nftables::from_config(&config, IpFamily::V4, true).unwrap_err();
-    assert!(error.to_string().contains("nodePortAddresses"), "{error}");
-
-    config.node_port_addresses = None;
-    assert!(kp_nftables::from_config(&config, IpFamily::V4, true).is_ok());
-}
-
-#[test]
 fn a_partial_sync_rewrites_only_the_chains_whose_text_changed() {
     let mut world = World::v4();
     let web = || {

@@ -3,16 +3,38 @@
 
 use kp_config::KubeProxyConfiguration;
 use kp_model::IpFamily;
+use kp_nftables::NftablesOptions;
+use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
 use kp_sync::Backend;
 
 /// The nftables backend of `family`: printing every transaction to stdout
-/// with `dry_run`, otherwise committing over netlink.
+/// with `dry_run`, otherwise committing over netlink. `nodePortAddresses`
+/// unset means `primary` in this mode.
 pub fn backend(
     family: IpFamily,
     config: &KubeProxyConfiguration,
     dry_run: bool,
 ) -> anyhow::Result<Box<dyn Backend>> {
-    Ok(Box::new(kp_nftables::from_config(config, family, dry_run)?))
+    let options = options(config)?;
+    let addresses = NodePortAddresses::from_config(config)?;
+    Ok(Box::new(kp_nftables::build(
+        family, options, addresses, dry_run,
+    )?))
+}
+
+/// The mode's settings: `nftables.masqueradeBit`, `nftables.masqueradeAll`,
+/// and `detectLocalMode` with `clusterCIDR` or `detectLocal`.
+fn options(config: &KubeProxyConfiguration) -> anyhow::Result<NftablesOptions> {
+    let options = NftablesOptions {
+        masquerade_mark: MasqueradeMark::from_config(
+            config.nftables.masquerade_bit,
+            "nftables.masqueradeBit",
+        )?,
+        masquerade_all: config.nftables.masquerade_all,
+        local_detector: LocalDetector::from_config(config)?,
+    };
+    options.validate()?;
+    Ok(options)
 }
 
 /// Deletes both tables (a table that does not exist is no error).
@@ -31,5 +53,35 @@ pub fn remove_leftovers() {
             error = %kp_sync::error_chain(&error),
             "Cannot remove the nftables mode's tables"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn the_configuration_maps_onto_the_options() {
+        let mut config = KubeProxyConfiguration::defaulted();
+        config.mode = "nftables".to_owned();
+        config.cluster_cidr = "10.244.0.0/16".to_owned();
+        config.nftables.masquerade_bit = Some(40);
+        let error = format!("{:#}", backend(IpFamily::V4, &config, true).err().unwrap());
+        assert!(error.contains("nftables.masqueradeBit"), "{error}");
+
+        config.nftables.masquerade_bit = Some(15);
+        config.node_port_addresses = Some(vec!["not-a-cidr".to_owned()]);
+        let error = format!("{:#}", backend(IpFamily::V4, &config, true).err().unwrap());
+        assert!(error.contains("nodePortAddresses"), "{error}");
+
+        config.node_port_addresses = None;
+        let options = options(&config).unwrap();
+        assert_eq!(options.masquerade_mark.to_string(), "0x00008000");
+        assert!(matches!(
+            options.local_detector,
+            LocalDetector::ClusterCidr(_)
+        ));
+        assert!(backend(IpFamily::V4, &config, true).is_ok());
     }
 }
