@@ -47,4 +47,6 @@ pub use stale::{stale_flows, sync_may_leave_stale_flows};
 pub use sysctls::{
     apply_conntrack_sysctls, apply_sysctls, conntrack_max, SysctlError, SysctlPaths, SysctlReport,
 };
-pub use table::{ConntrackError, ConntrackTable, Deletion, FakeConntrack, Listing};
+#[cfg(test)]
+pub use table::FakeConntrack;
+pub use table::{ConntrackError, ConntrackTable, Deletion, Listing};

@@ -3,6 +3,7 @@
 //! table; [`FakeConntrack`] an in-memory one for tests.
 
 use std::io;
+#[cfg(test)]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_model::IpFamily;
@@ -83,13 +84,15 @@ pub enum ConntrackError {
     },
 }
 
-/// An in-memory conntrack table for tests: clones share one table, so a
+#[cfg(test)]
+/// An in-memory conntrack table for this crate's tests: clones share one table, so a
 /// test keeps one clone to look at what the cleaner left.
 #[derive(Debug, Clone, Default)]
 pub struct FakeConntrack {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(test)]
 #[derive(Debug, Default)]
 struct FakeState {
     flows: Vec<Flow>,
@@ -97,6 +100,7 @@ struct FakeState {
     lists: usize,
 }
 
+#[cfg(test)]
 impl FakeConntrack {
     /// A table holding `flows`.
     pub fn with_flows(flows: impl IntoIterator<Item = Flow>) -> Self {
@@ -131,6 +135,7 @@ impl FakeConntrack {
     }
 }
 
+#[cfg(test)]
 impl ConntrackTable for FakeConntrack {
     fn list(&mut self, family: IpFamily) -> Result<Listing, ConntrackError> {
         let mut state = self.lock();
