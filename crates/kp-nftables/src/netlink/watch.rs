@@ -9,11 +9,11 @@
 
 use std::io;
 
+use kp_netlink::Channel;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use nix::sys::socket::MsgFlags;
 
 use super::msg::{self, Notification};
-use super::NetlinkApplier;
 use crate::generation::{Observed, Touched, Watch};
 use crate::names::TABLE;
 use kp_model::IpFamily;
@@ -42,7 +42,7 @@ enum Blind {
 pub struct NetlinkWatch {
     socket: Socket,
     /// Asks the generation on a socket of its own.
-    asker: NetlinkApplier,
+    asker: Channel,
     blind: Blind,
     /// What the commit being received changed so far.
     pending: Touched,
@@ -69,7 +69,7 @@ impl NetlinkWatch {
         );
         let mut watch = Self {
             socket,
-            asker: NetlinkApplier::new(),
+            asker: Channel::new(NETLINK_NETFILTER),
             blind: Blind::Everything,
             pending: Touched::default(),
             buffer: vec![0; 64 << 10],
@@ -92,7 +92,7 @@ impl NetlinkWatch {
     /// messages, still to come, drop it.
     fn mark_blind(&mut self) {
         self.pending = Touched::default();
-        self.blind = match self.asker.ask_generation() {
+        self.blind = match super::ask_generation(&mut self.asker) {
             Ok(generation) => Blind::UpTo(generation),
             Err(error) => {
                 tracing::debug!(error = %error, "cannot read the nftables ruleset generation; commit notifications count as unknown");
