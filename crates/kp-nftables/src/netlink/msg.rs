@@ -77,10 +77,12 @@ pub fn generation_of(reply: &OwnedReply) -> Option<u32> {
 }
 
 /// The nf_tables notifications in `datagram`, in order; other messages
-/// are skipped. A `NEWGEN` without a generation is reported as a change of
-/// no known table, so that it is never taken for a harmless commit.
+/// are skipped. A `NEWGEN` without a generation, and a datagram that ends
+/// inside a message (cut by the receive buffer), are reported as a change
+/// of no known table, so that neither is taken for a harmless commit.
 pub fn parse_notifications<'a>(datagram: &'a [u8], out: &mut Vec<Notification<'a>>) {
-    for message in messages(datagram) {
+    let mut messages = messages(datagram);
+    for message in messages.by_ref() {
         if message.kind >> 8 != u16::from(SUBSYS_NFTABLES) {
             continue;
         }
@@ -101,6 +103,12 @@ pub fn parse_notifications<'a>(datagram: &'a [u8], out: &mut Vec<Notification<'a
             .and_then(|(_, attributes)| find(attributes, TABLE_NAME))
             .map(|name| name.split(|b| *b == 0).next().unwrap_or(name));
         out.push(Notification::Change { family, table });
+    }
+    if messages.truncated() {
+        out.push(Notification::Change {
+            family: 0,
+            table: None,
+        });
     }
 }
 

@@ -83,6 +83,28 @@ fn notifications_name_the_table_of_each_change_and_end_with_the_generation() {
 }
 
 #[test]
+fn a_datagram_cut_inside_a_notification_is_a_change_of_no_known_table() {
+    let rule = nftables(Kind::NewRule as u8, 2, &[(1, b"kube-proxy\0")]);
+    let chain = nftables(Kind::DelChain as u8, 10, &[(1, b"filter\0")]);
+    let datagram = [rule, chain].concat();
+    let mut out = Vec::new();
+    parse_notifications(&datagram[..datagram.len() - 4], &mut out);
+    assert_eq!(
+        out,
+        [
+            Notification::Change {
+                family: 2,
+                table: Some(b"kube-proxy".as_slice())
+            },
+            Notification::Change {
+                family: 0,
+                table: None
+            },
+        ]
+    );
+}
+
+#[test]
 fn the_questions_name_their_table_and_family() {
     let table = table_request(10, "kube-proxy").finish(3).unwrap();
     let message = messages(&table).next().unwrap();
