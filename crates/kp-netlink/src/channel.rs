@@ -252,6 +252,7 @@ impl Channel {
             acks,
             first: Some(0),
             requests: starts.len() as u64,
+            unasked: first_asked > 0,
         };
         let mut failure = BatchFailure::default();
         self.flush(datagram, &mut failure);
@@ -351,7 +352,7 @@ impl Channel {
             return;
         };
         let result = self
-            .make_room_for_answers(datagram.acks.len())
+            .make_room_for_answers(datagram.acks.len(), datagram.unasked)
             .and_then(|()| self.send(&datagram.bytes, datagram.requests))
             .and_then(|()| self.collect(&mut datagram.acks));
         failure.refused.append(&mut datagram.acks.refused);
@@ -391,12 +392,13 @@ impl Channel {
     /// runs, each taking several hundred bytes of buffer with its
     /// `sk_buff`, and drops what does not fit (`ENOBUFS`). Past
     /// `net.core.rmem_max` this needs `CAP_NET_ADMIN`, which the proxy has.
-    fn make_room_for_answers(&mut self, answers: usize) -> Result<(), Error> {
-        let wanted = answers.saturating_mul(ANSWER_BYTES);
-        if wanted <= RECEIVE_BUFFER_DEFAULT_BYTES.max(self.receive_buffer_set) {
+    /// With requests that did not ask (`unasked`), whose refusals come
+    /// anyway, the buffer is raised at least to
+    /// [`RECEIVE_BUFFER_MIN_RAISED_BYTES`].
+    fn make_room_for_answers(&mut self, answers: usize, unasked: bool) -> Result<(), Error> {
+        let Some(size) = receive_buffer_wanted(answers, unasked, self.receive_buffer_set) else {
             return Ok(());
-        }
-        let size = wanted.max(RECEIVE_BUFFER_MIN_RAISED_BYTES);
+        };
         let socket = self.socket()?;
         setsockopt(socket, sockopt::RcvBufForce, &size)
             .map_err(|errno| Error::Send(errno.into()))?;
@@ -470,6 +472,9 @@ struct Datagram {
     first: Option<usize>,
     /// Requests in it (batch markers not counted).
     requests: u64,
+    /// Some of its requests did not ask for an acknowledgement (a batch
+    /// past [`Batch::acks_max`]).
+    unasked: bool,
 }
 
 impl Datagram {
@@ -687,6 +692,18 @@ fn encode_batch<R: Request>(
     } else {
         Err(failure)
     }
+}
+
+/// The receive buffer to set for `answers` answers, and refusals of
+/// requests that did not ask when `unasked`, on a socket whose buffer was
+/// raised to `set` bytes (0: never); `None` while it holds them already.
+fn receive_buffer_wanted(answers: usize, unasked: bool, set: usize) -> Option<usize> {
+    let mut wanted = answers.saturating_mul(ANSWER_BYTES);
+    if unasked {
+        wanted = wanted.max(RECEIVE_BUFFER_MIN_RAISED_BYTES);
+    }
+    (wanted > RECEIVE_BUFFER_DEFAULT_BYTES.max(set))
+        .then(|| wanted.max(RECEIVE_BUFFER_MIN_RAISED_BYTES))
 }
 
 /// An error when the walk over a datagram's messages ended inside one.

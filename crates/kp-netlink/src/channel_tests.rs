@@ -292,3 +292,32 @@ fn a_question_without_an_acknowledgement_ends_at_its_answer() {
         Some(2)
     );
 }
+
+#[test]
+fn the_receive_buffer_is_raised_for_many_answers_or_for_refusals_unasked() {
+    assert_eq!(
+        receive_buffer_wanted(100, false, 0),
+        None,
+        "the default holds 100"
+    );
+    assert_eq!(
+        receive_buffer_wanted(8_192, false, 0),
+        Some(8_192 * ANSWER_BYTES)
+    );
+    assert_eq!(
+        receive_buffer_wanted(300, false, 0),
+        Some(RECEIVE_BUFFER_MIN_RAISED_BYTES),
+        "never raised by less than the floor"
+    );
+    // A batch past its acknowledgement budget asks for one answer, but
+    // its refused requests answer too.
+    assert_eq!(
+        receive_buffer_wanted(1, true, 0),
+        Some(RECEIVE_BUFFER_MIN_RAISED_BYTES)
+    );
+    assert_eq!(
+        receive_buffer_wanted(1, true, RECEIVE_BUFFER_MIN_RAISED_BYTES),
+        None,
+        "raised already"
+    );
+}

@@ -81,8 +81,7 @@ impl Message {
     /// Appends raw bytes (the family header), padded to 4 bytes.
     #[must_use]
     pub fn raw(mut self, bytes: &[u8]) -> Self {
-        self.buf.extend_from_slice(bytes);
-        self.pad();
+        self.put_raw(bytes);
         self
     }
 
@@ -90,17 +89,7 @@ impl Message {
     /// left out and makes the message fail [`Message::check`].
     #[must_use]
     pub fn attr(mut self, kind: u16, value: &[u8]) -> Self {
-        let Ok(len) = u16::try_from(4 + value.len()) else {
-            self.oversize(LengthError::Attribute {
-                kind: kind & NLA_TYPE_MASK,
-                len: 4 + value.len(),
-            });
-            return self;
-        };
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.pad();
+        self.put_attr(kind, value);
         self
     }
 
@@ -130,32 +119,29 @@ impl Message {
 
     /// A big-endian `u32` attribute (nfnetlink's `NLA_BE32`).
     #[must_use]
-    pub fn be32(self, kind: u16, value: u32) -> Self {
-        self.attr(kind, &value.to_be_bytes())
+    pub fn be32(mut self, kind: u16, value: u32) -> Self {
+        self.put_be32(kind, value);
+        self
     }
 
     /// A big-endian `u64` attribute (nfnetlink's `NLA_BE64`).
     #[must_use]
-    pub fn be64(self, kind: u16, value: u64) -> Self {
-        self.attr(kind, &value.to_be_bytes())
+    pub fn be64(mut self, kind: u16, value: u64) -> Self {
+        self.put_be64(kind, value);
+        self
     }
 
     /// A NUL-terminated string attribute.
     #[must_use]
-    pub fn string(self, kind: u16, value: &str) -> Self {
-        let mut bytes = Vec::with_capacity(value.len() + 1);
-        bytes.extend_from_slice(value.as_bytes());
-        bytes.push(0);
-        self.attr(kind, &bytes)
+    pub fn string(mut self, kind: u16, value: &str) -> Self {
+        self.put_string(kind, value);
+        self
     }
 
     /// Opens a nested attribute; close it with [`Message::end`].
     #[must_use]
     pub fn begin(mut self, kind: u16) -> Self {
-        self.nests.push((self.buf.len(), kind & NLA_TYPE_MASK));
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        self.open_nest(kind);
         self
     }
 
@@ -163,6 +149,48 @@ impl Message {
     /// attribute can makes the message fail [`Message::check`].
     #[must_use]
     pub fn end(mut self) -> Self {
+        self.close_nest();
+        self
+    }
+
+    /// [`Message::raw`] in place, for encoders that write a message
+    /// through a `&mut` borrow.
+    pub fn put_raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        self.pad();
+    }
+
+    /// [`Message::attr`] in place.
+    pub fn put_attr(&mut self, kind: u16, value: &[u8]) {
+        self.put_attr_of(kind, &[value]);
+    }
+
+    /// [`Message::be32`] in place.
+    pub fn put_be32(&mut self, kind: u16, value: u32) {
+        self.put_attr(kind, &value.to_be_bytes());
+    }
+
+    /// [`Message::be64`] in place.
+    pub fn put_be64(&mut self, kind: u16, value: u64) {
+        self.put_attr(kind, &value.to_be_bytes());
+    }
+
+    /// [`Message::string`] in place.
+    pub fn put_string(&mut self, kind: u16, value: &str) {
+        self.put_attr_of(kind, &[value.as_bytes(), &[0]]);
+    }
+
+    /// [`Message::begin`] in place; close the nest with
+    /// [`Message::close_nest`].
+    pub fn open_nest(&mut self, kind: u16) {
+        self.nests.push((self.buf.len(), kind & NLA_TYPE_MASK));
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    }
+
+    /// [`Message::end`] in place.
+    pub fn close_nest(&mut self) {
         if let Some((start, kind)) = self.nests.pop() {
             let len = self.buf.len() - start;
             match u16::try_from(len) {
@@ -170,7 +198,6 @@ impl Message {
                 Err(_) => self.oversize(LengthError::Nest { kind, len }),
             }
         }
-        self
     }
 
     /// Bytes written so far inside the innermost open nest, its header
@@ -218,6 +245,24 @@ impl Message {
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
         self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
         Ok(self.buf)
+    }
+
+    /// An attribute whose value is `parts` one after the other.
+    fn put_attr_of(&mut self, kind: u16, parts: &[&[u8]]) {
+        let value_len: usize = parts.iter().map(|part| part.len()).sum();
+        let Ok(len) = u16::try_from(4 + value_len) else {
+            self.oversize(LengthError::Attribute {
+                kind: kind & NLA_TYPE_MASK,
+                len: 4 + value_len,
+            });
+            return;
+        };
+        self.buf.extend_from_slice(&len.to_ne_bytes());
+        self.buf.extend_from_slice(&kind.to_ne_bytes());
+        for part in parts {
+            self.buf.extend_from_slice(part);
+        }
+        self.pad();
     }
 
     fn oversize(&mut self, error: LengthError) {

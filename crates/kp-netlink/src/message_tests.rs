@@ -157,3 +157,57 @@ impl netlink_packet_core::NetlinkSerializable for NoopPayload {
     }
     fn serialize(&self, _buffer: &mut [u8]) {}
 }
+
+#[test]
+fn a_message_written_in_place_is_the_message_built_by_value() {
+    let built = Message::new(0x20, 0)
+        .raw(&[2, 0, 0, 0])
+        .string(1, "kube-proxy")
+        .begin(3)
+        .be32(1, 7)
+        .be64(2, 9)
+        .attr(4, &[1, 2, 3])
+        .end()
+        .finish(5)
+        .unwrap();
+    let mut written = Message::new(0x20, 0);
+    written.put_raw(&[2, 0, 0, 0]);
+    written.put_string(1, "kube-proxy");
+    written.open_nest(3);
+    written.put_be32(1, 7);
+    written.put_be64(2, 9);
+    written.put_attr(4, &[1, 2, 3]);
+    written.close_nest();
+    assert_eq!(written.finish(5).unwrap(), built);
+}
+
+#[test]
+fn a_length_too_long_written_in_place_is_an_error_too() {
+    let mut string = Message::new(1, 0);
+    string.put_string(2, &"x".repeat(65_531));
+    assert_eq!(
+        string.check(),
+        Err(LengthError::Attribute {
+            kind: 2,
+            len: 65_536
+        }),
+        "the NUL counts"
+    );
+    let mut nest = Message::new(1, 0);
+    nest.open_nest(3);
+    for _ in 0..2_000 {
+        nest.put_attr(1, &[0; 32]);
+    }
+    assert_eq!(nest.nest_len(), 4 + 2_000 * 36);
+    nest.close_nest();
+    assert_eq!(
+        nest.check(),
+        Err(LengthError::Nest {
+            kind: 3,
+            len: 72_004
+        })
+    );
+    let mut open = Message::new(1, 0);
+    open.open_nest(4);
+    assert_eq!(open.check(), Err(LengthError::OpenNest { kind: 4 }));
+}

@@ -4,6 +4,7 @@
 use std::io;
 
 use netlink_sys::Socket;
+use nix::sys::socket::{setsockopt, sockopt};
 
 use crate::Error;
 
@@ -34,6 +35,24 @@ impl Subscription {
             .set_non_blocking(true)
             .map_err(step("making the notification socket non-blocking"))?;
         Ok(Self { socket })
+    }
+
+    /// Raises the socket's receive buffer to `bytes`, so that more
+    /// notifications wait between two reads before the kernel drops them
+    /// (`ENOBUFS`). Past `net.core.rmem_max` this needs `CAP_NET_ADMIN`.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        setsockopt(&self.socket, sockopt::RcvBufForce, &bytes).map_err(io::Error::from)
+    }
+
+    /// Joins multicast group `group` (again, after [`Subscription::leave`]).
+    pub fn join(&self, group: u32) -> io::Result<()> {
+        self.socket.add_membership(group)
+    }
+
+    /// Leaves multicast group `group`: no notification of it is queued
+    /// until it is joined again.
+    pub fn leave(&self, group: u32) -> io::Result<()> {
+        self.socket.drop_membership(group)
     }
 
     /// Reads the next pending notification datagram into `buffer` (its

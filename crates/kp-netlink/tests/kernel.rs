@@ -26,6 +26,7 @@ const NFTA_TABLE_NAME: u16 = 1;
 const NFT_MSG_GETGEN: u8 = 16;
 const NFTA_GEN_ID: u16 = 1;
 const ERESTART: i32 = 85;
+const RTNLGRP_IPV4_IFADDR: u32 = 5;
 
 /// `ip address add 10.1.H.L/32 dev INDEX`.
 fn add_address(index: u32, n: u16) -> Message {
@@ -196,6 +197,28 @@ fn a_subscription_hears_a_change_and_never_blocks() {
     assert_eq!(before, Err(std::io::ErrorKind::WouldBlock));
     assert!(after, "the added address was announced");
     assert_eq!(drained, Err(std::io::ErrorKind::WouldBlock));
+}
+
+#[test]
+fn a_subscription_that_left_its_group_hears_nothing_until_it_joins_again() {
+    require_root();
+    let ns = Netns::create("nl-rejoin").unwrap();
+    let (left, joined) = ns.run(|| {
+        let watch = kp_netlink::Subscription::open(NETLINK_ROUTE, &[]).unwrap();
+        watch.set_receive_buffer(1 << 20).unwrap();
+        let mut buffer = Vec::with_capacity(4096);
+        let mut route = Channel::new(NETLINK_ROUTE);
+        watch.join(RTNLGRP_IPV4_IFADDR).unwrap();
+        watch.leave(RTNLGRP_IPV4_IFADDR).unwrap();
+        route.execute_one(add_address(LO, 2)).unwrap();
+        let left = watch.receive(&mut buffer).map_err(|e| e.kind());
+        watch.join(RTNLGRP_IPV4_IFADDR).unwrap();
+        route.execute_one(add_address(LO, 3)).unwrap();
+        let joined = watch.receive(&mut buffer).map(|len| len > 0);
+        (left, joined.unwrap())
+    });
+    assert_eq!(left, Err(std::io::ErrorKind::WouldBlock), "not a member");
+    assert!(joined, "a member again");
 }
 
 #[test]

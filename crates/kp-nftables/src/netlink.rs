@@ -8,24 +8,26 @@
 //! output is exactly what is committed; the kernel tests check that a
 //! commit over netlink leaves the table `nft -f` leaves for the same text.
 //!
+//! The socket, the batch, its acknowledgements and the questions asked
+//! after it are `kp-netlink`'s ([`Channel::execute_batch`],
+//! [`Channel::ask`]); what stays here is the nf_tables vocabulary, which
+//! line of the transaction each message belongs to, and the read-back.
 //! A transaction counts as committed only when the kernel answered every
 //! message that asked for an acknowledgement, refused none, and a read-back
-//! (the table and the ruleset generation, one request) agrees; no length
-//! is ever cut to fit its field ([`Oversize`]).
+//! (whether the table exists, and the ruleset generation) agrees; no
+//! length is ever cut to fit its field ([`LengthError`]).
 //!
 //! Why: `nft -f` lists the table before every transaction, which at 10,000
 //! Service ports costs 150–200 ms however small the change, and its
 //! evaluation of a full transaction takes seconds (see the `sync` bench).
 
-use std::io;
-
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
-use nix::sys::time::{TimeVal, TimeValLike};
+use kp_model::IpFamily;
+use kp_netlink::nfnetlink::{Batch, NFPROTO_IPV4, NFPROTO_IPV6, SUBSYS_NFTABLES};
+use kp_netlink::{BatchFailure, Channel, LengthError, Message, NETLINK_NETFILTER};
 
 use crate::applier::{Applier, ApplyError};
 use crate::generation::Watch;
 use crate::model::{Command, Transaction};
-use kp_model::IpFamily;
 
 mod exprs;
 mod msg;
@@ -34,43 +36,45 @@ mod watch;
 
 pub use watch::NetlinkWatch;
 
-pub use msg::Oversize;
+use msg::Kind;
 
-use msg::{Batch, ReadBack};
-
-/// How long a transaction's answer may take to arrive after it was sent.
-/// The kernel answers while the batch is sent, so this only bounds a
-/// kernel that never answers.
-const ANSWER_TIMEOUT_SECS: i64 = 30;
+/// Batches of at most this many messages ask for an acknowledgement of
+/// each (about 8 MiB of answers at most); larger ones of their last
+/// message only ([`Batch::acks_max`]): the kernel queues all answers at
+/// once, each taking several hundred bytes of socket buffer, so a full
+/// sync of 50,000 Service ports (some 750,000 messages) acknowledged
+/// message by message would hold hundreds of megabytes of kernel memory.
+const ACKED_MESSAGES_MAX: usize = 8192;
 /// `ERESTART`: a batch bound to a generation that has moved on.
 const ERESTART: i32 = 85;
+/// `ENOENT`: the read-back's table does not exist.
+const ENOENT: i32 = 2;
+/// `EOPNOTSUPP`: a batch of a subsystem the kernel does not have.
+const EOPNOTSUPP: i32 = 95;
 
 /// Commits transactions over a netlink socket of the namespace of the
 /// thread that opens it (on first use).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NetlinkApplier {
-    socket: Option<Socket>,
-    next_seq: u32,
+    channel: Channel,
     /// Transactions committed, part of anonymous set names.
     transactions: u64,
     /// Start time of this applier in nanoseconds, part of anonymous set
     /// names so that another process's sets never clash with ours.
     epoch: u128,
-    /// The receive buffer size set on the socket, once raised.
-    receive_buffer: usize,
     /// Tests only: rules of chains whose name holds this are encoded so
     /// that the kernel refuses them ([`NetlinkApplier::refusing_rules_of`]).
     refused_chains: Option<String>,
 }
 
 /// Why a command could not be encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum EncodeError {
     /// A value the kernel cannot take in this table: an address of the
     /// other family, or an empty address list.
     Unsupported,
     /// A length does not fit its netlink field.
-    TooLarge(Oversize),
+    TooLarge(LengthError),
     /// A comment longer than nftnl's one-byte user data length holds.
     CommentTooLong {
         /// Its length in bytes.
@@ -80,9 +84,9 @@ pub(crate) enum EncodeError {
     },
 }
 
-impl From<Oversize> for EncodeError {
-    fn from(oversize: Oversize) -> Self {
-        Self::TooLarge(oversize)
+impl From<LengthError> for EncodeError {
+    fn from(error: LengthError) -> Self {
+        Self::TooLarge(error)
     }
 }
 
@@ -97,8 +101,11 @@ pub(crate) struct Encoder {
     /// The same family.
     ip_family: IpFamily,
     table: String,
-    /// Line (1-based) of each message's sequence number, in order.
-    lines: Vec<(u32, usize)>,
+    /// The messages written, in order.
+    messages: Vec<Message>,
+    /// The line (1-based) of each message, by position.
+    lines: Vec<usize>,
+    /// The line being encoded.
     line: usize,
     set_id: u32,
     /// Prefix of anonymous set names, unique to this applier and run.
@@ -113,6 +120,7 @@ impl Encoder {
             family: nfproto(family),
             ip_family: family,
             table: crate::names::TABLE.to_owned(),
+            messages: Vec::new(),
             lines: Vec::new(),
             line: 0,
             set_id: 0,
@@ -121,8 +129,18 @@ impl Encoder {
         }
     }
 
-    fn note(&mut self, seq: u32) {
-        self.lines.push((seq, self.line));
+    /// A message of `kind` for the line being encoded.
+    fn begin(&self, kind: Kind, flags: u16) -> Message {
+        msg::request(kind, self.family, flags)
+    }
+
+    /// Adds `message`, written for the line being encoded, to the batch;
+    /// one whose lengths do not fit their fields is refused.
+    fn push(&mut self, message: Message) -> Result<(), EncodeError> {
+        message.check()?;
+        self.messages.push(message);
+        self.lines.push(self.line);
+        Ok(())
     }
 
     /// The name of anonymous set `id`. nft names them `__set%d` and lets
@@ -145,38 +163,36 @@ impl Encoder {
         self.ip_family
     }
 
-    /// Encodes `transaction` into `batch`; a command that cannot be
+    /// Encodes `transaction` into its messages; a command that cannot be
     /// encoded is named by its line.
-    fn encode(&mut self, batch: &mut Batch, transaction: &Transaction) -> Result<(), LineError> {
+    fn encode(&mut self, transaction: &Transaction) -> Result<(), LineError> {
         for (index, command) in transaction.commands.iter().enumerate() {
             self.line = index + 1;
-            self.encode_command(batch, command)
+            self.encode_command(command)
                 .map_err(|error| (index + 1, error))?;
         }
         Ok(())
     }
 
-    fn encode_command(&mut self, batch: &mut Batch, command: &Command) -> Result<(), EncodeError> {
+    fn encode_command(&mut self, command: &Command) -> Result<(), EncodeError> {
         match command {
-            Command::AddTable { comment } => self.table(batch, false, *comment),
-            Command::DeleteTable => self.table(batch, true, None),
-            Command::AddChain { name, kind } => self.add_chain(batch, name, kind),
-            Command::FlushChain(name) => self.chain_operation(batch, false, name),
-            Command::DeleteChain(name) => self.chain_operation(batch, true, name),
-            Command::AddSet(spec) => self.add_set(batch, spec),
-            Command::FlushSet { name, .. } => self.set_operation(batch, false, name),
-            Command::DeleteSet { name, .. } => self.set_operation(batch, true, name),
-            Command::AddElements { set, elements } => self.add_elements(batch, set, elements),
-            Command::DeleteElements { set, keys } => self.delete_elements(batch, set, keys),
-            Command::AddRule(rule) => self.rule(batch, rule),
+            Command::AddTable { comment } => self.table(false, *comment),
+            Command::DeleteTable => self.table(true, None),
+            Command::AddChain { name, kind } => self.add_chain(name, kind),
+            Command::FlushChain(name) => self.chain_operation(false, name),
+            Command::DeleteChain(name) => self.chain_operation(true, name),
+            Command::AddSet(spec) => self.add_set(spec),
+            Command::FlushSet { name, .. } => self.set_operation(false, name),
+            Command::DeleteSet { name, .. } => self.set_operation(true, name),
+            Command::AddElements { set, elements } => self.add_elements(set, elements),
+            Command::DeleteElements { set, keys } => self.delete_elements(set, keys),
+            Command::AddRule(rule) => self.rule(rule),
         }
     }
 
-    fn line_of(&self, seq: u32) -> Option<usize> {
-        self.lines
-            .iter()
-            .find(|(s, _)| *s == seq)
-            .map(|(_, line)| *line)
+    /// The line of message `index` of the batch.
+    fn line_of(&self, index: usize) -> Option<usize> {
+        self.lines.get(index).copied()
     }
 }
 
@@ -187,8 +203,10 @@ impl NetlinkApplier {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         Self {
+            channel: Channel::new(NETLINK_NETFILTER),
+            transactions: 0,
             epoch: epoch ^ u128::from(std::process::id()),
-            ..Self::default()
+            refused_chains: None,
         }
     }
 
@@ -203,229 +221,15 @@ impl NetlinkApplier {
         self.refused_chains = Some(pattern.to_owned());
         self
     }
-
-    fn socket(&mut self) -> io::Result<&Socket> {
-        if self.socket.is_none() {
-            let mut socket = Socket::new(NETLINK_NETFILTER)?;
-            socket.bind_auto()?;
-            socket.connect(&SocketAddr::new(0, 0))?;
-            // An error answer carries only the refused message's header,
-            // not the whole message (which can be hundreds of kilobytes).
-            socket.set_cap_ack(true)?;
-            nix::sys::socket::setsockopt(
-                &socket,
-                nix::sys::socket::sockopt::ReceiveTimeout,
-                &TimeVal::seconds(ANSWER_TIMEOUT_SECS),
-            )
-            .map_err(io::Error::from)?;
-            self.socket = Some(socket);
-        }
-        self.socket
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no socket"))
-    }
-
-    /// Sends `batch` and collects the kernel's answer to every message that
-    /// asked for one ([`Batch::ask_acks`]) and to every refused one, or to
-    /// `begin_seq` alone when the kernel refuses the batch as a whole. The
-    /// kernel processes a batch while `send` runs, so every answer is
-    /// queued when it returns; the receive timeout only keeps a kernel that
-    /// never answers from stopping the proxy for good.
-    ///
-    /// Answers that cannot be read whole are errors, never skipped: an
-    /// answer cut by a short buffer, or answers the kernel dropped because
-    /// the socket's buffer was full (`ENOBUFS`), could each have been the
-    /// refusal of a message.
-    fn send(&mut self, batch: &Batch, begin_seq: u32) -> io::Result<Answers> {
-        // Never below the floor: the buffer also takes the answers to
-        // refused messages that did not ask, and to the read-back.
-        let answers_size = batch
-            .acked
-            .len()
-            .saturating_mul(ANSWER_BUFFER_BYTES)
-            .max(RECEIVE_BUFFER_MIN);
-        let grow_receive_buffer = answers_size > self.receive_buffer;
-        let socket = self.socket()?;
-        let size = batch.bytes.len() + 4096;
-        if size > 200_000 {
-            // Raising the buffer past net.core.wmem_max needs CAP_NET_ADMIN,
-            // which the proxy has; the kernel takes a batch in one message.
-            nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBufForce, &size)
-                .map_err(io::Error::from)?;
-        }
-        if grow_receive_buffer {
-            // Room for one answer per message that asks for one (an
-            // acknowledgement takes several hundred bytes of socket buffer
-            // in the kernel, with its sk_buff).
-            nix::sys::socket::setsockopt(
-                socket,
-                nix::sys::socket::sockopt::RcvBufForce,
-                &answers_size,
-            )
-            .map_err(io::Error::from)?;
-        }
-        socket.send(&batch.bytes, 0)?;
-        let mut answers = Answers::new(begin_seq, &batch.acked);
-        let mut buffer = vec![0u8; RECEIVE_BUFFER_BYTES];
-        loop {
-            let complete = answers.complete();
-            // Once complete, only what is queued already is read.
-            let flags = if complete { nix::libc::MSG_DONTWAIT } else { 0 };
-            match socket.recv(&mut &mut buffer[..], flags | nix::libc::MSG_TRUNC) {
-                Ok(received) => answers.read(&buffer, received)?,
-                Err(error) if complete && error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) => return Err(receive_error(error, batch.acked.len())),
-            }
-        }
-        if grow_receive_buffer {
-            self.receive_buffer = answers_size;
-        }
-        Ok(answers)
-    }
 }
 
-/// The kernel's answers to one batch.
-#[derive(Debug)]
-struct Answers {
-    /// Sequence number of the batch's begin message.
-    begin_seq: u32,
-    /// The messages that asked for an answer.
-    expected: std::collections::HashSet<u32>,
-    /// `(seq, errno)` of every answer, in order (errno 0: acknowledged).
-    replies: Vec<(u32, i32)>,
-    /// The messages answered.
-    answered: std::collections::HashSet<u32>,
-    /// The kernel refused the batch as a whole.
-    refused_whole: bool,
-}
-
-impl Answers {
-    fn new(begin_seq: u32, acked: &[u32]) -> Self {
-        Self {
-            begin_seq,
-            expected: acked.iter().copied().collect(),
-            replies: Vec::with_capacity(acked.len()),
-            answered: std::collections::HashSet::with_capacity(acked.len()),
-            refused_whole: false,
-        }
-    }
-
-    /// Every message that asked is answered, or the batch was refused as a
-    /// whole.
-    fn complete(&self) -> bool {
-        self.refused_whole || self.answered.len() == self.expected.len()
-    }
-
-    /// Reads one datagram of `received` bytes (as `MSG_TRUNC` reports
-    /// it) from `buffer`; a datagram longer than the buffer was cut, and
-    /// the answers lost with it are an error, never skipped.
-    fn read(&mut self, buffer: &[u8], received: usize) -> io::Result<()> {
-        if received > buffer.len() {
-            return Err(io::Error::other(format!(
-                "an answer of {received} bytes to the transaction was cut to {} bytes",
-                buffer.len()
-            )));
-        }
-        let before = self.replies.len();
-        msg::parse_replies(&buffer[..received], &mut self.replies);
-        for (seq, code) in &self.replies[before..] {
-            if *seq == self.begin_seq && *code != 0 {
-                self.refused_whole = true;
-            }
-            if self.expected.contains(seq) {
-                self.answered.insert(*seq);
-            }
-        }
-        Ok(())
-    }
-
-    /// The outcome: applied (as far as the answers tell) only when every
-    /// message was acknowledged and none refused; otherwise the error,
-    /// naming every refused line of `transaction` (through `encoder`).
-    fn outcome(&self, encoder: &Encoder, transaction: &Transaction) -> Result<(), ApplyError> {
-        let begin_seq = self.begin_seq;
-        let mut refused = self.replies.iter().filter(|(_, code)| *code != 0);
-        match refused.next() {
-            None => {}
-            Some((seq, code)) if *seq == begin_seq && *code == -ERESTART => {
-                return Err(ApplyError::GenerationMoved)
-            }
-            Some((seq, code)) if *seq == begin_seq && *code == -nix::libc::EOPNOTSUPP => {
-                return Err(ApplyError::NoNftables {
-                    message: io::Error::from_raw_os_error(-code).to_string(),
-                })
-            }
-            Some(first) => {
-                let line_of = |(seq, code): &(u32, i32)| {
-                    let line = encoder
-                        .line_of(*seq)
-                        .and_then(|n| transaction.line(n).map(|l| (n, l)));
-                    (line, io::Error::from_raw_os_error(-code).to_string())
-                };
-                let (line, message) = line_of(first);
-                let also_refused: Vec<(usize, String, String)> = refused
-                    .map(line_of)
-                    .filter_map(|(line, message)| line.map(|(n, text)| (n, text, message)))
-                    .collect();
-                let numbers = line.iter().map(|(n, _)| *n);
-                let numbers = numbers.chain(also_refused.iter().map(|(n, _, _)| *n));
-                let refused = numbers
-                    .filter_map(|n| transaction.commands.get(n - 1).cloned())
-                    .collect();
-                let message = if first.0 == begin_seq {
-                    format!("{message} (the batch as a whole)")
-                } else {
-                    message
-                };
-                return Err(ApplyError::Kernel {
-                    message,
-                    line,
-                    also_refused,
-                    refused,
-                });
-            }
-        }
-        if self.answered.len() < self.expected.len() {
-            return Err(ApplyError::NotApplied {
-                reason: format!(
-                    "the kernel answered {} of the {} messages of the transaction that asked for an answer",
-                    self.answered.len(),
-                    self.expected.len()
-                ),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// Batches of at most this many messages ask for an acknowledgement of
-/// each (about 8 MiB of answers at most); larger ones of their last
-/// message only ([`Batch::ask_acks`]).
-const ACKED_MESSAGES_MAX: usize = 8192;
-/// The smallest receive buffer set on the socket (the kernel's default is
-/// about 208 KiB): about 1,400 answers.
-const RECEIVE_BUFFER_MIN: usize = 1 << 20;
-/// Receive buffer space wanted per message of a batch, for its answer.
-const ANSWER_BUFFER_BYTES: usize = 1024;
-/// Bytes read at once: answers are acknowledgements without the message
-/// (`NETLINK_CAP_ACK`), the table's description or the generation.
-const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
-
-/// A failed receive, said in the words of what it means for a transaction.
-fn receive_error(error: io::Error, messages: usize) -> io::Error {
-    match error.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("the kernel did not answer the transaction within {ANSWER_TIMEOUT_SECS} s"),
-        ),
-        _ if error.raw_os_error() == Some(nix::libc::ENOBUFS) => io::Error::new(
-            error.kind(),
-            format!(
-                "the kernel's answers to the {messages} messages of the transaction overflowed the socket's buffer ({error}); whether each was applied is unknown"
-            ),
-        ),
-        _ => error,
-    }
+/// What the read-back after a commit found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReadBack {
+    /// Whether the table exists.
+    table: bool,
+    /// The ruleset generation.
+    generation: u32,
 }
 
 /// What a transaction says the read-back must find.
@@ -449,40 +253,27 @@ impl Expected {
         before: Option<u32>,
         read: &ReadBack,
     ) -> Result<(), ApplyError> {
-        let table = format!(
-            "table {} {}",
-            crate::options::family_keyword(family),
-            crate::names::TABLE
-        );
-        if let Some(code) = read.error {
-            return Err(ApplyError::NotApplied {
-                reason: format!(
-                    "reading {table} back failed: {}",
-                    io::Error::from_raw_os_error(-code)
-                ),
-            });
-        }
+        let table = table_text(family);
         match (self.table_exists, read.table) {
-            (Some(true), Some(false)) => {
+            (Some(true), false) => {
                 return Err(ApplyError::NotApplied {
                     reason: format!("{table} does not exist after a transaction that writes it"),
                 })
             }
-            (Some(false), Some(true)) => {
+            (Some(false), true) => {
                 return Err(ApplyError::NotApplied {
                     reason: format!("{table} still exists after a transaction that deletes it"),
                 })
             }
             _ => {}
         }
-        if let (Some(before), Some(after)) = (before, read.generation) {
-            if before == after {
-                return Err(ApplyError::NotApplied {
-                    reason: format!(
-                        "the ruleset generation is still {after} after a transaction that adds rules"
-                    ),
-                });
-            }
+        if before == Some(read.generation) {
+            return Err(ApplyError::NotApplied {
+                reason: format!(
+                    "the ruleset generation is still {} after a transaction that adds rules",
+                    read.generation
+                ),
+            });
         }
         Ok(())
     }
@@ -546,12 +337,103 @@ fn encode_error(transaction: &Transaction, line: usize, error: EncodeError) -> A
     }
 }
 
+/// The error for a batch the kernel did not apply, or whose answers were
+/// lost: a refused message is named by its line of `transaction` (through
+/// `encoder`, which wrote the batch).
+fn batch_error(failure: BatchFailure, encoder: &Encoder, transaction: &Transaction) -> ApplyError {
+    if let Some(broken) = failure.broken {
+        // Answers lost or unread (a receive error, `ENOBUFS`): whether
+        // each message was applied is unknown.
+        return ApplyError::Write(broken.error.into());
+    }
+    if let Some(error) = failure.refused_whole {
+        return match error.errno() {
+            Some(ERESTART) => ApplyError::GenerationMoved,
+            Some(EOPNOTSUPP) => ApplyError::NoNftables {
+                message: error.to_string(),
+            },
+            _ => ApplyError::Kernel {
+                message: format!("{error} (the batch as a whole)"),
+                line: None,
+                also_refused: Vec::new(),
+                refused: Vec::new(),
+            },
+        };
+    }
+    let mut refused = failure.refused.iter().map(|refused| {
+        let line = encoder
+            .line_of(refused.index)
+            .and_then(|n| transaction.line(n).map(|text| (n, text)));
+        (line, refused.error.to_string())
+    });
+    let Some((line, message)) = refused.next() else {
+        // Not reached: a failure names what failed.
+        return ApplyError::NotApplied {
+            reason: "the kernel's answers reported a failure without an error".to_owned(),
+        };
+    };
+    let also_refused: Vec<(usize, String, String)> = refused
+        .filter_map(|(line, message)| line.map(|(n, text)| (n, text, message)))
+        .collect();
+    let numbers = line.iter().map(|(n, _)| *n);
+    let numbers = numbers.chain(also_refused.iter().map(|(n, _, _)| *n));
+    let refused = numbers
+        .filter_map(|n| transaction.commands.get(n - 1).cloned())
+        .collect();
+    ApplyError::Kernel {
+        message,
+        line,
+        also_refused,
+        refused,
+    }
+}
+
+/// A read-back that failed: lost answers are a failed write, a refused
+/// question means the commit cannot be confirmed.
+fn read_back_error(family: IpFamily, error: kp_netlink::Error) -> ApplyError {
+    if error.is_broken() {
+        return ApplyError::Write(error.into());
+    }
+    ApplyError::NotApplied {
+        reason: format!("reading {} back failed: {error}", table_text(family)),
+    }
+}
+
+/// `table ip kube-proxy` or `table ip6 kube-proxy`.
+fn table_text(family: IpFamily) -> String {
+    format!(
+        "table {} {}",
+        crate::options::family_keyword(family),
+        crate::names::TABLE
+    )
+}
+
 /// `NFPROTO_IPV4` or `NFPROTO_IPV6`.
 fn nfproto(family: IpFamily) -> u8 {
     match family {
-        IpFamily::V4 => 2,
-        IpFamily::V6 => 10,
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
     }
+}
+
+/// The ruleset generation (`NFT_MSG_GETGEN`), asked on `channel`.
+pub(crate) fn ask_generation(channel: &mut Channel) -> Result<u32, kp_netlink::Error> {
+    let answer = channel.ask(msg::generation_request())?;
+    msg::generation_of(&answer).ok_or(kp_netlink::Error::Malformed(
+        "the answer to NFT_MSG_GETGEN holds no generation",
+    ))
+}
+
+/// Whether this family's table exists, and the generation: the read-back
+/// after a commit, two questions.
+fn read_back(channel: &mut Channel, family: IpFamily) -> Result<ReadBack, kp_netlink::Error> {
+    let table = match channel.ask(msg::table_request(nfproto(family), crate::names::TABLE)) {
+        Ok(_) => true,
+        Err(error) if error.errno() == Some(ENOENT) => false,
+        Err(error) => return Err(error),
+    };
+    let generation = ask_generation(channel)?;
+    Ok(ReadBack { table, generation })
 }
 
 impl NetlinkApplier {
@@ -572,97 +454,45 @@ impl NetlinkApplier {
         let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
         let mut encoder = Encoder::new(family, prefix);
         encoder.refused_chains.clone_from(&self.refused_chains);
-        let mut batch = Batch::new(self.next_seq, generation);
         encoder
-            .encode(&mut batch, transaction)
+            .encode(transaction)
             .map_err(|(line, error)| encode_error(transaction, line, error))?;
-        let empty = batch.messages() == 0;
+        let messages = std::mem::take(&mut encoder.messages);
+        let empty = messages.is_empty();
         if empty && generation.is_none() {
             // Nothing to commit: an empty partial sync.
             return Ok(());
         }
-        let begin_seq = self.next_seq;
-        if empty {
-            // Only the check that the generation has not moved: the kernel
-            // answers the batch's begin (`ERESTART` if it moved).
-            batch.ask_ack_begin();
-        } else {
-            batch.ask_acks(ACKED_MESSAGES_MAX);
-        }
-        batch.finish();
-        self.next_seq = batch.next_seq.wrapping_add(1);
         let expected = Expected::of(transaction);
         let before = if expected.generation_moves {
-            Some(self.ask_generation().map_err(|e| self.failed_socket(e))?)
+            Some(
+                ask_generation(&mut self.channel)
+                    .map_err(|error| ApplyError::Write(error.into()))?,
+            )
         } else {
             None
         };
-        let answers = self
-            .send(&batch, begin_seq)
-            .map_err(|e| self.failed_socket(e))?;
-        answers.outcome(&encoder, transaction)?;
+        let mut batch = Batch::new(SUBSYS_NFTABLES).acks_max(ACKED_MESSAGES_MAX);
+        if let Some(generation) = generation {
+            // An empty batch is then only the check that the generation
+            // has not moved: the kernel answers its begin (`ERESTART`).
+            batch = batch.bound_to(generation);
+        }
+        self.channel
+            .execute_batch(&batch, messages)
+            .map_err(|failure| batch_error(failure, &encoder, transaction))?;
         if empty {
             return Ok(());
         }
-        self.check_applied(family, &expected, before)
-    }
-
-    /// Closes the socket after `error` while talking to the kernel: answers
-    /// left unread, or an overflow (`ENOBUFS`) still to be reported, must
-    /// not reach the next transaction. The next one opens a fresh socket.
-    fn failed_socket(&mut self, error: io::Error) -> ApplyError {
-        self.socket = None;
-        self.receive_buffer = 0;
-        ApplyError::Write(error)
-    }
-
-    /// The read-back after a commit the kernel acknowledged: one request
-    /// for the table and the generation.
-    fn check_applied(
-        &mut self,
-        family: IpFamily,
-        expected: &Expected,
-        before: Option<u32>,
-    ) -> Result<(), ApplyError> {
-        let read = self.read_back(family).map_err(|e| self.failed_socket(e))?;
+        let read =
+            read_back(&mut self.channel, family).map_err(|error| read_back_error(family, error))?;
         expected.judge(family, before, &read)
     }
+}
 
-    /// Asks whether this family's table exists, and the generation, in one
-    /// round trip.
-    fn read_back(&mut self, family: IpFamily) -> io::Result<ReadBack> {
-        let seq = self.next_seq;
-        self.next_seq = self.next_seq.wrapping_add(2);
-        let request =
-            Batch::table_and_generation_request(seq, nfproto(family), crate::names::TABLE);
-        let socket = self.socket()?;
-        socket.send(&request, 0)?;
-        let mut read = ReadBack::default();
-        let mut buffer = vec![0u8; 8192];
-        while !read.complete() {
-            let n = socket
-                .recv(&mut &mut buffer[..], 0)
-                .map_err(|error| receive_error(error, 2))?;
-            msg::parse_read_back(&buffer[..n.min(buffer.len())], seq, &mut read);
-        }
-        Ok(read)
-    }
-
-    /// Asks the kernel for the ruleset generation.
-    fn ask_generation(&mut self) -> io::Result<u32> {
-        let seq = self.next_seq;
-        self.next_seq = self.next_seq.wrapping_add(1);
-        let socket = self.socket()?;
-        socket.send(&Batch::generation_request(seq), 0)?;
-        let mut buffer = vec![0u8; 8192];
-        loop {
-            let n = socket.recv(&mut &mut buffer[..], 0)?;
-            match msg::parse_generation(&buffer[..n], seq) {
-                Some(Ok(generation)) => return Ok(generation),
-                Some(Err(code)) => return Err(io::Error::from_raw_os_error(-code)),
-                None => {}
-            }
-        }
+impl Default for NetlinkApplier {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -672,7 +502,7 @@ impl Applier for NetlinkApplier {
     }
 
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
-        Some(self.ask_generation().map_err(ApplyError::Write))
+        Some(ask_generation(&mut self.channel).map_err(|error| ApplyError::Write(error.into())))
     }
 
     fn watch(&mut self) -> Option<Box<dyn Watch>> {

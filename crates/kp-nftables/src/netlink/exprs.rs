@@ -5,12 +5,13 @@
 use ipnet::IpNet;
 use kp_model::IpFamily;
 
-use super::msg::{Batch, Kind, F_APPEND, F_CREATE};
+use kp_netlink::{Message, NLM_F_APPEND, NLM_F_CREATE};
+
+use super::msg::Kind;
 use super::objects::{
-    protocol_number, udata_comment, verdict_data, DATA_VALUE, ELEMENTS_BYTES_MAX, ELEM_FLAGS,
-    ELEM_KEY, ELEM_LIST_ELEMENTS, ELEM_LIST_SET, ELEM_LIST_SET_ID, ELEM_LIST_TABLE, LIST_ELEM,
-    SET_FLAGS, SET_F_ANONYMOUS, SET_F_CONSTANT, SET_F_INTERVAL, SET_ID, SET_KEY_LEN, SET_KEY_TYPE,
-    SET_NAME, SET_TABLE, TYPE_IPV4, TYPE_IPV6,
+    protocol_number, udata_comment, verdict_data, ElementList, DATA_VALUE, ELEM_FLAGS, ELEM_KEY,
+    LIST_ELEM, SET_FLAGS, SET_F_ANONYMOUS, SET_F_CONSTANT, SET_F_INTERVAL, SET_ID, SET_KEY_LEN,
+    SET_KEY_TYPE, SET_NAME, SET_TABLE, TYPE_IPV4, TYPE_IPV6,
 };
 use super::{EncodeError, Encoder};
 use crate::model::{AddrField, Address, Expr, Rule as RuleSpec, Verdict};
@@ -30,40 +31,31 @@ const REG32_00: u32 = 8;
 
 /// One expression list being written.
 struct Rule<'b> {
-    batch: &'b mut Batch,
-}
-
-/// The `NEWSETELEM` messages filling one anonymous set: as many as its
-/// elements need ([`ELEMENTS_BYTES_MAX`] each), all before the rule that
-/// binds the set (the kernel takes no element for a bound anonymous set).
-struct AnonymousElements {
-    name: String,
-    id: u32,
-    /// A message with an open element list is being written.
-    open: bool,
+    message: &'b mut Message,
 }
 
 impl Encoder {
     /// `add rule F kube-proxy CHAIN EXPRESSIONS… [comment "C"]`.
-    pub(super) fn rule(&mut self, batch: &mut Batch, spec: &RuleSpec) -> Result<(), EncodeError> {
+    pub(super) fn rule(&mut self, spec: &RuleSpec) -> Result<(), EncodeError> {
         // Anonymous sets go first: the rule refers to them by batch id.
         let mut anonymous = Vec::new();
         for expr in &spec.exprs {
             if let Expr::AddrNotIn { values, .. } = expr {
                 if values.len() > 1 {
                     let id = self.next_set_id();
-                    self.interval_set(batch, id, values)?;
+                    self.interval_set(id, values)?;
                     anonymous.push(id);
                 }
             }
         }
         let chain = spec.chain.as_str();
-        let seq = batch.begin(Kind::NewRule, self.family, F_CREATE | F_APPEND);
-        self.note(seq);
-        batch.str(RULE_TABLE, &self.table);
-        batch.str(RULE_CHAIN, chain);
-        batch.open(RULE_EXPRESSIONS);
-        let mut rule = Rule { batch };
+        let mut message = self.begin(Kind::NewRule, NLM_F_CREATE | NLM_F_APPEND);
+        message.put_string(RULE_TABLE, &self.table);
+        message.put_string(RULE_CHAIN, chain);
+        message.open_nest(RULE_EXPRESSIONS);
+        let mut rule = Rule {
+            message: &mut message,
+        };
         let mut anonymous = anonymous.into_iter();
         for expr in &spec.exprs {
             self.expression(&mut rule, expr, &mut anonymous)?;
@@ -76,23 +68,17 @@ impl Encoder {
             // Tests only (`NetlinkApplier::refusing_rules_of`).
             rule.expr("kp-refused-by-test", |_| {});
         }
-        rule.batch.close();
+        message.close_nest();
         if let Some(comment) = spec.comment {
-            rule.batch.attr(RULE_USERDATA, &udata_comment(0, comment)?);
+            message.put_attr(RULE_USERDATA, &udata_comment(0, comment)?);
         }
-        rule.batch.end()?;
-        Ok(())
+        self.push(message)
     }
 
     /// The anonymous interval set of `ip saddr != { A, B, … }`: ranges
     /// merged where they touch, each as a start element and an end
     /// element (`NFT_SET_ELEM_INTERVAL_END`) one past its last address.
-    fn interval_set(
-        &mut self,
-        batch: &mut Batch,
-        id: u32,
-        values: &[Address],
-    ) -> Result<(), EncodeError> {
+    fn interval_set(&mut self, id: u32, values: &[Address]) -> Result<(), EncodeError> {
         let v4 = self.ip_family() == IpFamily::V4;
         let mut ranges: Vec<(u128, u128)> = Vec::with_capacity(values.len());
         for value in values {
@@ -116,20 +102,19 @@ impl Encoder {
             }
         }
         let (type_id, len) = if v4 { (TYPE_IPV4, 4) } else { (TYPE_IPV6, 16) };
-        let seq = batch.begin(Kind::NewSet, self.family, F_CREATE);
-        self.note(seq);
-        batch.str(SET_TABLE, &self.table);
-        batch.str(SET_NAME, &self.anonymous_name(id));
-        batch.u32(SET_FLAGS, SET_F_INTERVAL | SET_F_ANONYMOUS | SET_F_CONSTANT);
-        batch.u32(SET_KEY_TYPE, type_id);
-        batch.u32(SET_KEY_LEN, len);
-        batch.u32(SET_ID, id);
-        batch.end()?;
-        let mut elements = AnonymousElements {
-            name: self.anonymous_name(id),
-            id,
-            open: false,
-        };
+        let name = self.anonymous_name(id);
+        let mut message = self.begin(Kind::NewSet, NLM_F_CREATE);
+        message.put_string(SET_TABLE, &self.table);
+        message.put_string(SET_NAME, &name);
+        message.put_be32(SET_FLAGS, SET_F_INTERVAL | SET_F_ANONYMOUS | SET_F_CONSTANT);
+        message.put_be32(SET_KEY_TYPE, type_id);
+        message.put_be32(SET_KEY_LEN, len);
+        message.put_be32(SET_ID, id);
+        self.push(message)?;
+        // As many element messages as the elements need, all before the
+        // rule that binds the set (the kernel takes no element for a
+        // bound anonymous set).
+        let mut elements = ElementList::new(Kind::NewSetElem, NLM_F_CREATE, &name, Some(id));
         let bytes = |value: u128| -> Vec<u8> {
             if v4 {
                 // Within u32: both ends came from IPv4 addresses.
@@ -141,13 +126,13 @@ impl Encoder {
         let max = if v4 { u128::from(u32::MAX) } else { u128::MAX };
         for (start, end) in merged {
             // A range's start and end stay in one message.
-            elements.next(self, batch)?;
-            interval_element(batch, &bytes(start), false);
+            let message = elements.next(self)?;
+            interval_element(message, &bytes(start), false);
             if end < max {
-                interval_element(batch, &bytes(end + 1), true);
+                interval_element(message, &bytes(end + 1), true);
             }
         }
-        elements.finish(batch)
+        elements.finish(self)
     }
 
     /// Writes the expressions of one match or statement.
@@ -266,7 +251,7 @@ impl Encoder {
             }
             Expr::MasqueradeFullyRandom => {
                 // NF_NAT_RANGE_PROTO_RANDOM_FULLY
-                rule.expr("masq", |b| b.u32(1, 0x10));
+                rule.expr("masq", |b| b.put_be32(1, 0x10));
             }
             Expr::Reject => {
                 // NFT_REJECT_ICMPX_UNREACH's code for the family: ICMP
@@ -277,8 +262,8 @@ impl Encoder {
                     4
                 };
                 rule.expr("reject", |b| {
-                    b.u32(1, 0);
-                    b.attr(2, &[code]);
+                    b.put_be32(1, 0);
+                    b.put_attr(2, &[code]);
                 });
             }
             Expr::Verdict(verdict) => rule.immediate_verdict(verdict),
@@ -331,52 +316,52 @@ impl Encoder {
 }
 
 impl Rule<'_> {
-    fn expr(&mut self, name: &str, attrs: impl FnOnce(&mut Batch)) {
-        self.batch.open(LIST_ELEM);
-        self.batch.str(EXPR_NAME, name);
-        self.batch.open(EXPR_DATA);
-        attrs(self.batch);
-        self.batch.close();
-        self.batch.close();
+    fn expr(&mut self, name: &str, attrs: impl FnOnce(&mut Message)) {
+        self.message.open_nest(LIST_ELEM);
+        self.message.put_string(EXPR_NAME, name);
+        self.message.open_nest(EXPR_DATA);
+        attrs(self.message);
+        self.message.close_nest();
+        self.message.close_nest();
     }
 
     fn payload(&mut self, dreg: u32, base: u32, offset: u32, len: u32) {
         self.expr("payload", |b| {
-            b.u32(1, dreg);
-            b.u32(2, base);
-            b.u32(3, offset);
-            b.u32(4, len);
+            b.put_be32(1, dreg);
+            b.put_be32(2, base);
+            b.put_be32(3, offset);
+            b.put_be32(4, len);
         });
     }
 
     fn meta(&mut self, dreg: u32, key: u32) {
         self.expr("meta", |b| {
-            b.u32(2, key);
-            b.u32(1, dreg);
+            b.put_be32(2, key);
+            b.put_be32(1, dreg);
         });
     }
 
     fn meta_set(&mut self, key: u32, sreg: u32) {
         self.expr("meta", |b| {
-            b.u32(2, key);
-            b.u32(3, sreg);
+            b.put_be32(2, key);
+            b.put_be32(3, sreg);
         });
     }
 
     fn ct_state(&mut self, dreg: u32) {
         self.expr("ct", |b| {
-            b.u32(2, 0);
-            b.u32(1, dreg);
+            b.put_be32(2, 0);
+            b.put_be32(1, dreg);
         });
     }
 
     fn cmp(&mut self, sreg: u32, op: u32, data: &[u8]) {
         self.expr("cmp", |b| {
-            b.u32(1, sreg);
-            b.u32(2, op);
-            b.open(3);
-            b.attr(DATA_VALUE, data);
-            b.close();
+            b.put_be32(1, sreg);
+            b.put_be32(2, op);
+            b.open_nest(3);
+            b.put_attr(DATA_VALUE, data);
+            b.close_nest();
         });
     }
 
@@ -388,84 +373,84 @@ impl Rule<'_> {
     /// `reg = (reg & mask) ^ xor` over `len` bytes.
     fn bitwise_xor(&mut self, reg: u32, len: u32, mask: &[u8], xor: &[u8]) {
         self.expr("bitwise", |b| {
-            b.u32(1, reg);
-            b.u32(2, reg);
-            b.u32(3, len);
-            b.open(4);
-            b.attr(DATA_VALUE, mask);
-            b.close();
-            b.open(5);
-            b.attr(DATA_VALUE, xor);
-            b.close();
+            b.put_be32(1, reg);
+            b.put_be32(2, reg);
+            b.put_be32(3, len);
+            b.open_nest(4);
+            b.put_attr(DATA_VALUE, mask);
+            b.close_nest();
+            b.open_nest(5);
+            b.put_attr(DATA_VALUE, xor);
+            b.close_nest();
         });
     }
 
     fn lookup(&mut self, set: &str, id: Option<u32>, sreg: u32, dreg: Option<u32>, invert: bool) {
         self.expr("lookup", |b| {
-            b.str(1, set);
-            b.u32(2, sreg);
+            b.put_string(1, set);
+            b.put_be32(2, sreg);
             if let Some(dreg) = dreg {
-                b.u32(3, dreg);
+                b.put_be32(3, dreg);
             }
             if let Some(id) = id {
-                b.u32(4, id);
+                b.put_be32(4, id);
             }
             if invert {
-                b.u32(5, 1);
+                b.put_be32(5, 1);
             }
         });
     }
 
     fn fib(&mut self, dreg: u32, flag: u32) {
         self.expr("fib", |b| {
-            b.u32(1, dreg);
+            b.put_be32(1, dreg);
             // NFT_FIB_RESULT_ADDRTYPE
-            b.u32(2, 3);
-            b.u32(3, flag);
+            b.put_be32(2, 3);
+            b.put_be32(3, flag);
         });
     }
 
     fn numgen(&mut self, dreg: u32, modulus: u32) {
         self.expr("numgen", |b| {
-            b.u32(1, dreg);
-            b.u32(2, modulus);
-            b.u32(3, 1);
+            b.put_be32(1, dreg);
+            b.put_be32(2, modulus);
+            b.put_be32(3, 1);
         });
     }
 
     fn dynset(&mut self, set: &str, sreg: u32) {
         self.expr("dynset", |b| {
-            b.str(1, set);
+            b.put_string(1, set);
             // NFT_DYNSET_OP_UPDATE
-            b.u32(3, 1);
-            b.u32(4, sreg);
+            b.put_be32(3, 1);
+            b.put_be32(4, sreg);
         });
     }
 
     fn immediate_value(&mut self, dreg: u32, value: &[u8]) {
         self.expr("immediate", |b| {
-            b.u32(1, dreg);
-            b.open(2);
-            b.attr(DATA_VALUE, value);
-            b.close();
+            b.put_be32(1, dreg);
+            b.open_nest(2);
+            b.put_attr(DATA_VALUE, value);
+            b.close_nest();
         });
     }
 
     fn immediate_verdict(&mut self, verdict: &Verdict) {
         self.expr("immediate", |b| {
-            b.u32(1, REG_VERDICT);
+            b.put_be32(1, REG_VERDICT);
             verdict_data(b, 2, verdict);
         });
     }
 
     fn nat_dnat(&mut self, family: u8, addr_reg: u32, port_reg: u32) {
         self.expr("nat", |b| {
-            b.u32(1, 1);
-            b.u32(2, u32::from(family));
-            b.u32(3, addr_reg);
-            b.u32(5, port_reg);
+            b.put_be32(1, 1);
+            b.put_be32(2, u32::from(family));
+            b.put_be32(3, addr_reg);
+            b.put_be32(5, port_reg);
             // NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED
-            b.u32(7, 0x3);
+            b.put_be32(7, 0x3);
         });
     }
 
@@ -481,45 +466,14 @@ impl Rule<'_> {
     }
 }
 
-impl AnonymousElements {
-    /// Makes room for the next element: ends a full message, and starts
-    /// one when none is open.
-    fn next(&mut self, encoder: &mut Encoder, batch: &mut Batch) -> Result<(), EncodeError> {
-        if self.open && batch.nest_len() >= ELEMENTS_BYTES_MAX {
-            batch.close();
-            batch.end()?;
-            self.open = false;
-        }
-        if !self.open {
-            let seq = batch.begin(Kind::NewSetElem, encoder.family, F_CREATE);
-            encoder.note(seq);
-            batch.str(ELEM_LIST_TABLE, &encoder.table);
-            batch.str(ELEM_LIST_SET, &self.name);
-            batch.u32(ELEM_LIST_SET_ID, self.id);
-            batch.open(ELEM_LIST_ELEMENTS);
-            self.open = true;
-        }
-        Ok(())
-    }
-
-    /// Ends the last message.
-    fn finish(self, batch: &mut Batch) -> Result<(), EncodeError> {
-        if self.open {
-            batch.close();
-            batch.end()?;
-        }
-        Ok(())
-    }
-}
-
-fn interval_element(batch: &mut Batch, key: &[u8], end: bool) {
-    batch.open(LIST_ELEM);
-    batch.open(ELEM_KEY);
-    batch.attr(DATA_VALUE, key);
-    batch.close();
+fn interval_element(message: &mut Message, key: &[u8], end: bool) {
+    message.open_nest(LIST_ELEM);
+    message.open_nest(ELEM_KEY);
+    message.put_attr(DATA_VALUE, key);
+    message.close_nest();
     if end {
         // NFT_SET_ELEM_INTERVAL_END
-        batch.u32(ELEM_FLAGS, 1);
+        message.put_be32(ELEM_FLAGS, 1);
     }
-    batch.close();
+    message.close_nest();
 }

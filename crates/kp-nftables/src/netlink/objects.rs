@@ -4,8 +4,9 @@
 use std::net::IpAddr;
 
 use kp_model::Protocol;
+use kp_netlink::{Message, NLM_F_CREATE};
 
-use super::msg::{Batch, Kind, F_CREATE};
+use super::msg::Kind;
 use super::{EncodeError, Encoder};
 use crate::model::{ChainKind, Hook, Key, KeyType, Name, SetElement, SetSpec, Verdict};
 
@@ -72,95 +73,76 @@ const TYPE_SERVICE: u32 = 13;
 
 /// The element messages of one command: elements beyond what one message
 /// frames ([`ELEMENTS_BYTES_MAX`]) go on in the next one.
-struct ElementList {
+pub(super) struct ElementList<'a> {
     kind: Kind,
     flags: u16,
-    /// A message with an open element list is being written.
-    open: bool,
+    set: &'a str,
+    /// The set's id in the batch, for an anonymous set created in it.
+    set_id: Option<u32>,
+    /// The message whose element list is being written.
+    message: Option<Message>,
 }
 
 impl Encoder {
     /// `add table F kube-proxy [{ comment "C" ; }]`, `delete table …`.
-    pub(super) fn table(
-        &mut self,
-        batch: &mut Batch,
-        delete: bool,
-        comment: Option<&str>,
-    ) -> Result<(), EncodeError> {
+    pub(super) fn table(&mut self, delete: bool, comment: Option<&str>) -> Result<(), EncodeError> {
         let kind = if delete {
             Kind::DelTable
         } else {
             Kind::NewTable
         };
-        let seq = batch.begin(kind, self.family, if delete { 0 } else { F_CREATE });
-        self.note(seq);
-        batch.str(TABLE_NAME, &self.table);
+        let mut message = self.begin(kind, if delete { 0 } else { NLM_F_CREATE });
+        message.put_string(TABLE_NAME, &self.table);
         if let Some(comment) = comment {
-            batch.attr(TABLE_USERDATA, &udata_comment(0, comment)?);
+            message.put_attr(TABLE_USERDATA, &udata_comment(0, comment)?);
         }
-        batch.end()?;
-        Ok(())
+        self.push(message)
     }
 
     /// `add chain F kube-proxy NAME [{ … }]`.
-    pub(super) fn add_chain(
-        &mut self,
-        batch: &mut Batch,
-        name: &Name,
-        kind: &ChainKind,
-    ) -> Result<(), EncodeError> {
-        let seq = batch.begin(Kind::NewChain, self.family, F_CREATE);
-        self.note(seq);
-        batch.str(CHAIN_TABLE, &self.table);
-        batch.str(CHAIN_NAME, name.as_str());
+    pub(super) fn add_chain(&mut self, name: &Name, kind: &ChainKind) -> Result<(), EncodeError> {
+        let mut message = self.begin(Kind::NewChain, NLM_F_CREATE);
+        message.put_string(CHAIN_TABLE, &self.table);
+        message.put_string(CHAIN_NAME, name.as_str());
         match kind {
             ChainKind::Regular => {}
             ChainKind::Commented(comment) => {
-                batch.attr(CHAIN_USERDATA, &udata_comment(0, comment)?);
+                message.put_attr(CHAIN_USERDATA, &udata_comment(0, comment)?);
             }
             ChainKind::Base {
                 chain_type,
                 hook,
                 priority,
             } => {
-                batch.open(CHAIN_HOOK);
-                batch.u32(HOOK_HOOKNUM, hook_number(*hook));
-                batch.attr(HOOK_PRIORITY, &priority.to_be_bytes());
-                batch.close();
-                batch.str(CHAIN_TYPE, chain_type.keyword());
+                message.open_nest(CHAIN_HOOK);
+                message.put_be32(HOOK_HOOKNUM, hook_number(*hook));
+                message.put_attr(HOOK_PRIORITY, &priority.to_be_bytes());
+                message.close_nest();
+                message.put_string(CHAIN_TYPE, chain_type.keyword());
             }
         }
-        batch.end()?;
-        Ok(())
+        self.push(message)
     }
 
     /// `flush chain …` (deletes its rules) or `delete chain …`.
-    pub(super) fn chain_operation(
-        &mut self,
-        batch: &mut Batch,
-        delete: bool,
-        name: &Name,
-    ) -> Result<(), EncodeError> {
+    pub(super) fn chain_operation(&mut self, delete: bool, name: &Name) -> Result<(), EncodeError> {
         let kind = if delete {
             Kind::DelChain
         } else {
             Kind::DelRule
         };
-        let seq = batch.begin(kind, self.family, 0);
-        self.note(seq);
-        batch.str(CHAIN_TABLE, &self.table);
+        let mut message = self.begin(kind, 0);
+        message.put_string(CHAIN_TABLE, &self.table);
         // NFTA_RULE_CHAIN is 2, NFTA_CHAIN_NAME is 3.
-        batch.str(if delete { CHAIN_NAME } else { 2 }, name.as_str());
-        batch.end()?;
-        Ok(())
+        message.put_string(if delete { CHAIN_NAME } else { 2 }, name.as_str());
+        self.push(message)
     }
 
     /// `add set|map F kube-proxy NAME { … }`.
-    pub(super) fn add_set(&mut self, batch: &mut Batch, spec: &SetSpec) -> Result<(), EncodeError> {
-        let seq = batch.begin(Kind::NewSet, self.family, F_CREATE);
-        self.note(seq);
-        batch.str(SET_TABLE, &self.table);
-        batch.str(SET_NAME, spec.name.as_str());
+    pub(super) fn add_set(&mut self, spec: &SetSpec) -> Result<(), EncodeError> {
+        let mut message = self.begin(Kind::NewSet, NLM_F_CREATE);
+        message.put_string(SET_TABLE, &self.table);
+        message.put_string(SET_NAME, spec.name.as_str());
         let mut type_id = 0u32;
         let mut key_len = 0u32;
         for field in spec.key {
@@ -182,134 +164,125 @@ impl Encoder {
         if spec.dynamic_timeout_secs.is_some() {
             flags |= SET_F_EVAL | SET_F_TIMEOUT;
         }
-        batch.u32(SET_FLAGS, flags);
-        batch.u32(SET_KEY_TYPE, type_id);
-        batch.u32(SET_KEY_LEN, key_len);
+        message.put_be32(SET_FLAGS, flags);
+        message.put_be32(SET_KEY_TYPE, type_id);
+        message.put_be32(SET_KEY_LEN, key_len);
         if spec.verdicts {
-            batch.u32(SET_DATA_TYPE, DATA_VERDICT);
-            batch.u32(SET_DATA_LEN, 0);
+            message.put_be32(SET_DATA_TYPE, DATA_VERDICT);
+            message.put_be32(SET_DATA_LEN, 0);
         }
         if let Some(seconds) = spec.dynamic_timeout_secs {
-            batch.u64(SET_TIMEOUT, seconds.saturating_mul(1000));
+            message.put_be64(SET_TIMEOUT, seconds.saturating_mul(1000));
         }
         let set_id = self.next_set_id();
-        batch.u32(SET_ID, set_id);
+        message.put_be32(SET_ID, set_id);
         if let Some(comment) = spec.comment {
             // NFTNL_UDATA_SET_COMMENT
-            batch.attr(SET_USERDATA, &udata_comment(7, comment)?);
+            message.put_attr(SET_USERDATA, &udata_comment(7, comment)?);
         }
-        batch.end()?;
-        Ok(())
+        self.push(message)
     }
 
     /// `flush set|map …` (deletes its elements) or `delete set|map …`.
-    pub(super) fn set_operation(
-        &mut self,
-        batch: &mut Batch,
-        delete: bool,
-        name: &Name,
-    ) -> Result<(), EncodeError> {
+    pub(super) fn set_operation(&mut self, delete: bool, name: &Name) -> Result<(), EncodeError> {
         let kind = if delete {
             Kind::DelSet
         } else {
             Kind::DelSetElem
         };
-        let seq = batch.begin(kind, self.family, 0);
-        self.note(seq);
+        let mut message = self.begin(kind, 0);
         // NFTA_SET_ELEM_LIST_TABLE and _SET have NFTA_SET_TABLE's and
         // _NAME's numbers.
-        batch.str(SET_TABLE, &self.table);
-        batch.str(SET_NAME, name.as_str());
-        batch.end()?;
-        Ok(())
+        message.put_string(SET_TABLE, &self.table);
+        message.put_string(SET_NAME, name.as_str());
+        self.push(message)
     }
 
     /// `add element … NAME { E[, E…] }`.
     pub(super) fn add_elements(
         &mut self,
-        batch: &mut Batch,
         set: &Name,
         elements: &[SetElement],
     ) -> Result<(), EncodeError> {
-        let mut list = ElementList::new(Kind::NewSetElem, F_CREATE);
+        let mut list = ElementList::new(Kind::NewSetElem, NLM_F_CREATE, set.as_str(), None);
         for element in elements {
-            list.next(self, batch, set)?;
-            batch.open(LIST_ELEM);
-            batch.open(ELEM_KEY);
-            batch.attr(DATA_VALUE, &key_bytes(&element.key));
-            batch.close();
+            let message = list.next(self)?;
+            message.open_nest(LIST_ELEM);
+            message.open_nest(ELEM_KEY);
+            message.put_attr(DATA_VALUE, &key_bytes(&element.key));
+            message.close_nest();
             if let Some(verdict) = &element.verdict {
-                verdict_data(batch, ELEM_DATA, verdict);
+                verdict_data(message, ELEM_DATA, verdict);
             }
             if let Some(comment) = &element.comment {
                 // NFTNL_UDATA_SET_ELEM_COMMENT
-                batch.attr(ELEM_USERDATA, &udata_comment(0, comment)?);
+                message.put_attr(ELEM_USERDATA, &udata_comment(0, comment)?);
             }
-            batch.close();
+            message.close_nest();
         }
-        list.finish(batch)
+        list.finish(self)
     }
 
     /// `delete element … NAME { KEY[, KEY…] }`.
-    pub(super) fn delete_elements(
-        &mut self,
-        batch: &mut Batch,
-        set: &Name,
-        keys: &[Key],
-    ) -> Result<(), EncodeError> {
-        let mut list = ElementList::new(Kind::DelSetElem, 0);
+    pub(super) fn delete_elements(&mut self, set: &Name, keys: &[Key]) -> Result<(), EncodeError> {
+        let mut list = ElementList::new(Kind::DelSetElem, 0, set.as_str(), None);
         for key in keys {
-            list.next(self, batch, set)?;
-            batch.open(LIST_ELEM);
-            batch.open(ELEM_KEY);
-            batch.attr(DATA_VALUE, &key_bytes(key));
-            batch.close();
-            batch.close();
+            let message = list.next(self)?;
+            message.open_nest(LIST_ELEM);
+            message.open_nest(ELEM_KEY);
+            message.put_attr(DATA_VALUE, &key_bytes(key));
+            message.close_nest();
+            message.close_nest();
         }
-        list.finish(batch)
+        list.finish(self)
     }
 }
 
-impl ElementList {
-    fn new(kind: Kind, flags: u16) -> Self {
+impl<'a> ElementList<'a> {
+    /// The element messages of set `set` (with `set_id`, an anonymous set
+    /// of the same batch).
+    pub(super) fn new(kind: Kind, flags: u16, set: &'a str, set_id: Option<u32>) -> Self {
         Self {
             kind,
             flags,
-            open: false,
+            set,
+            set_id,
+            message: None,
         }
     }
 
-    /// Makes room for the next element: ends a full message, and starts
-    /// one when none is open.
-    fn next(
-        &mut self,
-        encoder: &mut Encoder,
-        batch: &mut Batch,
-        set: &Name,
-    ) -> Result<(), EncodeError> {
-        if self.open && batch.nest_len() >= ELEMENTS_BYTES_MAX {
-            batch.close();
-            batch.end()?;
-            self.open = false;
-        }
-        if !self.open {
-            let seq = batch.begin(self.kind, encoder.family, self.flags);
-            encoder.note(seq);
-            batch.str(ELEM_LIST_TABLE, &encoder.table);
-            batch.str(ELEM_LIST_SET, set.as_str());
-            batch.open(ELEM_LIST_ELEMENTS);
-            self.open = true;
-        }
-        Ok(())
+    /// The message to write the next element into: a full one is ended
+    /// and another started.
+    pub(super) fn next(&mut self, encoder: &mut Encoder) -> Result<&mut Message, EncodeError> {
+        let message = match self.message.take() {
+            Some(message) if message.nest_len() < ELEMENTS_BYTES_MAX => message,
+            full => {
+                if let Some(mut full) = full {
+                    full.close_nest();
+                    encoder.push(full)?;
+                }
+                let mut message = encoder.begin(self.kind, self.flags);
+                message.put_string(ELEM_LIST_TABLE, &encoder.table);
+                message.put_string(ELEM_LIST_SET, self.set);
+                if let Some(id) = self.set_id {
+                    message.put_be32(ELEM_LIST_SET_ID, id);
+                }
+                message.open_nest(ELEM_LIST_ELEMENTS);
+                message
+            }
+        };
+        Ok(self.message.insert(message))
     }
 
     /// Ends the last message.
-    fn finish(self, batch: &mut Batch) -> Result<(), EncodeError> {
-        if self.open {
-            batch.close();
-            batch.end()?;
+    pub(super) fn finish(self, encoder: &mut Encoder) -> Result<(), EncodeError> {
+        match self.message {
+            Some(mut message) => {
+                message.close_nest();
+                encoder.push(message)
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -325,7 +298,7 @@ fn hook_number(hook: Hook) -> u32 {
 }
 
 /// A verdict as nested data.
-pub(super) fn verdict_data(batch: &mut Batch, attr: u16, verdict: &Verdict) {
+pub(super) fn verdict_data(message: &mut Message, attr: u16, verdict: &Verdict) {
     let (code, chain): (i32, Option<&Name>) = match verdict {
         Verdict::Goto(chain) => (-4, Some(chain)),
         Verdict::Jump(chain) => (-3, Some(chain)),
@@ -333,14 +306,14 @@ pub(super) fn verdict_data(batch: &mut Batch, attr: u16, verdict: &Verdict) {
         Verdict::Accept => (1, None),
         Verdict::Return => (-5, None),
     };
-    batch.open(attr);
-    batch.open(DATA_VERDICT_ATTR);
-    batch.attr(VERDICT_CODE, &code.to_be_bytes());
+    message.open_nest(attr);
+    message.open_nest(DATA_VERDICT_ATTR);
+    message.put_attr(VERDICT_CODE, &code.to_be_bytes());
     if let Some(chain) = chain {
-        batch.str(VERDICT_CHAIN, chain.as_str());
+        message.put_string(VERDICT_CHAIN, chain.as_str());
     }
-    batch.close();
-    batch.close();
+    message.close_nest();
+    message.close_nest();
 }
 
 /// A key as the kernel compares it: each concatenated field padded to 4

@@ -2,7 +2,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 
+use std::io;
 use std::sync::Arc;
+
+use kp_netlink::BatchError;
 
 use crate::model::{
     AddrField, Address, ChainKind, Command, Expr, Key, Name, Rule, SetElement, Verdict,
@@ -44,7 +47,6 @@ fn keys_are_padded_fields_in_network_order() {
 #[test]
 fn an_address_of_the_other_family_is_named_and_nothing_is_sent() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-    let mut batch = Batch::new(1, None);
     let rule = Rule::new(
         "c",
         vec![
@@ -60,7 +62,7 @@ fn an_address_of_the_other_family_is_named_and_nothing_is_sent() {
         IpFamily::V4,
         vec![Command::AddTable { comment: None }, Command::AddRule(rule)],
     );
-    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    let (line, error) = encoder.encode(&text).unwrap_err();
     assert_eq!(line, 2);
     let error = encode_error(&text, line, error);
     assert_eq!(
@@ -72,50 +74,14 @@ fn an_address_of_the_other_family_is_named_and_nothing_is_sent() {
 #[test]
 fn each_message_is_framed_with_its_length() {
     let mut encoder = Encoder::new(IpFamily::V6, "p".to_owned());
-    let mut batch = Batch::new(7, None);
     encoder
-        .encode(
-            &mut batch,
-            &transaction(IpFamily::V6, vec![chain("services")]),
-        )
+        .encode(&transaction(IpFamily::V6, vec![chain("services")]))
         .unwrap();
-    batch.finish();
-    let mut offset = 0;
-    let mut sequences = Vec::new();
-    while offset < batch.bytes.len() {
-        let len = u32::from_ne_bytes(batch.bytes[offset..offset + 4].try_into().unwrap());
-        let seq = u32::from_ne_bytes(batch.bytes[offset + 8..offset + 12].try_into().unwrap());
-        sequences.push(seq);
-        offset += len as usize;
-    }
-    assert_eq!(offset, batch.bytes.len());
-    assert_eq!(sequences, [7, 8, 9], "begin, the chain, end");
-}
-
-/// `NLMSG_ERROR` answers `(seq, errno)`, as the kernel sends them with
-/// `NETLINK_CAP_ACK`: the error code and the refused message's header.
-fn answers(replies: &[(u32, i32)]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for (seq, code) in replies {
-        bytes.extend_from_slice(&36u32.to_ne_bytes());
-        bytes.extend_from_slice(&2u16.to_ne_bytes());
-        bytes.extend_from_slice(&0u16.to_ne_bytes());
-        bytes.extend_from_slice(&seq.to_ne_bytes());
-        bytes.extend_from_slice(&0u32.to_ne_bytes());
-        bytes.extend_from_slice(&code.to_ne_bytes());
-        bytes.extend_from_slice(&[0; 16]);
-    }
-    bytes
-}
-
-/// Encodes `text` from sequence number 10 (the batch's begin).
-fn encoded(text: &Transaction) -> (Encoder, Batch) {
-    let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-    let mut batch = Batch::new(10, None);
-    encoder.encode(&mut batch, text).unwrap();
-    batch.ask_acks(ACKED_MESSAGES_MAX);
-    batch.finish();
-    (encoder, batch)
+    assert_eq!(encoder.messages.len(), 1);
+    let bytes = encoder.messages[0].clone().finish(7).unwrap();
+    let message = kp_netlink::messages(&bytes).next().unwrap();
+    assert_eq!((message.seq, message.bytes.len()), (7, bytes.len()));
+    assert_eq!(message.payload[0], NFPROTO_IPV6);
 }
 
 /// `add table`, `add chain service-…`, `add rule service-… goto …`.
@@ -130,80 +96,95 @@ fn three_lines() -> Transaction {
     )
 }
 
-#[test]
-fn acknowledged_messages_are_applied_as_far_as_the_answers_tell() {
-    let (encoder, batch) = encoded(&three_lines());
-    assert_eq!(batch.acked, [11, 12, 13]);
-    let mut read = Answers::new(10, &batch.acked);
-    let buf = answers(&[(11, 0), (12, 0), (13, 0)]);
-    read.read(&buf, buf.len()).unwrap();
-    assert!(read.complete());
-    read.outcome(&encoder, &three_lines()).unwrap();
+/// The encoder of [`three_lines`], its messages written.
+fn encoded() -> Encoder {
+    let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
+    encoder.encode(&three_lines()).unwrap();
+    encoder
+}
+
+/// `ENOMEM`.
+const ENOMEM: i32 = 12;
+/// `ENOBUFS`.
+const ENOBUFS: i32 = 105;
+
+/// A refusal of message `index` with `errno`.
+fn refusal(index: usize, errno: i32) -> BatchError {
+    BatchError {
+        index,
+        error: kp_netlink::Error::Kernel(io::Error::from_raw_os_error(errno)),
+    }
 }
 
 #[test]
-fn a_message_left_unanswered_is_not_applied() {
-    let (encoder, batch) = encoded(&three_lines());
-    let mut read = Answers::new(10, &batch.acked);
-    let buf = answers(&[(11, 0), (13, 0)]);
-    read.read(&buf, buf.len()).unwrap();
-    assert!(!read.complete(), "the answer to 12 is missing");
-    let error = read.outcome(&encoder, &three_lines()).unwrap_err();
-    assert!(
-        matches!(&error, ApplyError::NotApplied { reason } if reason.contains("2 of the 3 messages")),
-        "{error}"
-    );
-}
-
-#[test]
-fn an_answer_cut_short_is_an_error_not_skipped() {
-    // An answer longer than the buffer could have held a refusal.
-    let mut read = Answers::new(10, &[11]);
-    let buf = answers(&[(11, -22)]);
-    let error = read.read(&buf[..20], buf.len()).unwrap_err();
-    assert!(error.to_string().contains("was cut"), "{error}");
+fn every_message_knows_the_line_it_was_written_for() {
+    let encoder = encoded();
+    assert_eq!(encoder.lines, [1, 2, 3]);
+    assert_eq!(encoder.line_of(2), Some(3));
+    assert_eq!(encoder.line_of(3), None);
 }
 
 #[test]
 fn every_refused_message_is_named_with_its_line() {
-    let (encoder, batch) = encoded(&three_lines());
-    let mut read = Answers::new(10, &batch.acked);
-    let buf = answers(&[(11, 0), (12, -17), (13, -2)]);
-    read.read(&buf, buf.len()).unwrap();
-    match read.outcome(&encoder, &three_lines()).unwrap_err() {
+    let failure = BatchFailure {
+        refused: vec![refusal(1, 17), refusal(2, 2)],
+        ..BatchFailure::default()
+    };
+    match batch_error(failure, &encoded(), &three_lines()) {
         ApplyError::Kernel {
-            line, also_refused, ..
+            message,
+            line,
+            also_refused,
+            refused,
         } => {
+            assert!(message.contains("File exists"), "{message}");
             assert_eq!(line.unwrap().0, 2);
             assert_eq!(also_refused.len(), 1);
             assert_eq!(also_refused[0].0, 3);
+            assert_eq!(refused, three_lines().commands[1..]);
         }
         other => panic!("expected the refused lines, got {other}"),
     }
 }
 
 #[test]
-fn a_refusal_of_the_batch_as_a_whole_ends_the_answers_and_is_an_error() {
-    let (encoder, batch) = encoded(&three_lines());
-    let mut read = Answers::new(10, &batch.acked);
-    let buf = answers(&[(10, -12)]);
-    read.read(&buf, buf.len()).unwrap();
-    assert!(
-        read.complete(),
-        "no message answers after the batch's refusal"
-    );
-    let error = read.outcome(&encoder, &three_lines()).unwrap_err();
+fn a_refusal_of_the_batch_as_a_whole_says_so() {
+    let whole = |errno| BatchFailure {
+        refused_whole: Some(kp_netlink::Error::Kernel(io::Error::from_raw_os_error(
+            errno,
+        ))),
+        ..BatchFailure::default()
+    };
+    let error = batch_error(whole(ENOMEM), &encoded(), &three_lines());
     assert!(
         error.to_string().contains("the batch as a whole"),
         "{error}"
     );
-    let mut moved = Answers::new(10, &[11, 12, 13]);
-    let buf = answers(&[(10, -ERESTART)]);
-    moved.read(&buf, buf.len()).unwrap();
     assert!(matches!(
-        moved.outcome(&encoder, &three_lines()),
-        Err(ApplyError::GenerationMoved)
+        batch_error(whole(ERESTART), &encoded(), &three_lines()),
+        ApplyError::GenerationMoved
     ));
+    assert!(matches!(
+        batch_error(whole(EOPNOTSUPP), &encoded(), &three_lines()),
+        ApplyError::NoNftables { .. }
+    ));
+}
+
+#[test]
+fn answers_lost_leave_the_transaction_failed_whatever_was_refused() {
+    // Answers dropped by a full socket buffer could each have been a
+    // refusal: the transaction is not taken as applied, nor its refusals
+    // as the whole story.
+    let failure = BatchFailure {
+        refused: vec![refusal(1, 17)],
+        broken: Some(BatchError {
+            index: 0,
+            error: kp_netlink::Error::Receive(io::Error::from_raw_os_error(ENOBUFS)),
+        }),
+        refused_whole: None,
+    };
+    let error = batch_error(failure, &encoded(), &three_lines());
+    assert!(matches!(error, ApplyError::Write(_)), "{error}");
 }
 
 #[test]
@@ -238,11 +219,7 @@ fn the_read_back_expects_what_the_text_leaves() {
 #[test]
 fn a_commit_the_read_back_contradicts_is_not_applied() {
     let writes = Expected::of(&three_lines());
-    let read = |table, generation| msg::ReadBack {
-        table: Some(table),
-        generation: Some(generation),
-        error: None,
-    };
+    let read = |table, generation| ReadBack { table, generation };
     writes.judge(IpFamily::V4, Some(4), &read(true, 5)).unwrap();
     let missing = writes
         .judge(IpFamily::V4, Some(4), &read(false, 5))
@@ -268,13 +245,12 @@ fn a_commit_the_read_back_contradicts_is_not_applied() {
 #[test]
 fn a_comment_too_long_for_its_length_byte_names_the_rule_and_its_service() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-    let mut batch = Batch::new(1, None);
     let comment: &'static str = "c".repeat(300).leak();
     let text = transaction(
         IpFamily::V4,
         vec![Command::AddRule(goto_rule().with_comment(comment))],
     );
-    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    let (line, error) = encoder.encode(&text).unwrap_err();
     match encode_error(&text, line, error) {
         ApplyError::TooLarge { object, reason, .. } => {
             assert_eq!(
@@ -290,17 +266,16 @@ fn a_comment_too_long_for_its_length_byte_names_the_rule_and_its_service() {
 #[test]
 fn a_name_too_long_for_an_attribute_is_refused_by_name_not_cut() {
     let mut encoder = Encoder::new(IpFamily::V4, "p".to_owned());
-    let mut batch = Batch::new(1, None);
     let name = format!("service-AAAAAAAA-ns1/web/tcp/{}", "x".repeat(70_000));
     let text = transaction(IpFamily::V4, vec![chain(&name)]);
-    let (line, error) = encoder.encode(&mut batch, &text).unwrap_err();
+    let (line, error) = encoder.encode(&text).unwrap_err();
     let error = encode_error(&text, line, error);
     let message = error.to_string();
     assert!(
         matches!(&error, ApplyError::TooLarge { object, .. } if object.ends_with("(Service ns1/web)")),
         "{message}"
     );
-    assert!(message.contains("more than the 65535"), "{message}");
+    assert!(message.contains("at most 65535 bytes"), "{message}");
     assert!(
         message.len() < 1_000,
         "the line is abbreviated: {}",
@@ -340,27 +315,30 @@ fn large_element_lists_are_sent_over_several_messages_that_each_fit() {
         );
         let text = transaction(family, vec![Command::AddRule(rule)]);
         let mut encoder = Encoder::new(family, "p".to_owned());
-        let mut batch = Batch::new(1, None);
-        encoder.encode(&mut batch, &text).unwrap();
-        batch.finish();
-        let kinds: Vec<(u16, usize)> = msg::messages(&batch.bytes)
-            .map(|(kind, _, payload)| (kind & 0xff, payload.len()))
+        encoder.encode(&text).unwrap();
+        let kinds: Vec<(u16, usize)> = encoder
+            .messages
+            .iter()
+            .map(|message| {
+                let bytes = message.clone().finish(1).unwrap();
+                (u16::from_ne_bytes([bytes[4], bytes[5]]) & 0xff, bytes.len())
+            })
             .collect();
         let element_messages = kinds
             .iter()
-            .filter(|(kind, _)| *kind == msg::Kind::NewSetElem as u16)
+            .filter(|(kind, _)| *kind == Kind::NewSetElem as u16)
             .count();
         assert!(
             element_messages > 1,
             "{family}: {element_messages} element messages"
         );
         assert!(
-            kinds.iter().all(|(_, len)| *len < msg::ATTR_LEN_MAX),
+            kinds.iter().all(|(_, len)| *len < kp_netlink::ATTR_LEN_MAX),
             "{family}: every message's element list fits its nest"
         );
-        // After the batch's begin: the set, its element messages, then
-        // the rule that binds it, and the batch's end.
-        assert_eq!(kinds[1].0, msg::Kind::NewSet as u16);
-        assert_eq!(kinds[kinds.len() - 2].0, msg::Kind::NewRule as u16);
+        // The set, its element messages, then the rule that binds it.
+        assert_eq!(kinds[0].0, Kind::NewSet as u16);
+        assert_eq!(kinds[kinds.len() - 1].0, Kind::NewRule as u16);
+        assert_eq!(encoder.lines, vec![1; kinds.len()], "all of line 1");
     }
 }

@@ -9,11 +9,9 @@
 
 use std::io;
 
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-use nix::sys::socket::MsgFlags;
+use kp_netlink::{Channel, Subscription, NETLINK_NETFILTER};
 
 use super::msg::{self, Notification};
-use super::NetlinkApplier;
 use crate::generation::{Observed, Touched, Watch};
 use crate::names::TABLE;
 use kp_model::IpFamily;
@@ -24,6 +22,9 @@ const GROUP_NFTABLES: u32 = 7;
 /// commits between two syncs. A commit too large for it is lost and
 /// counts as unknown.
 const RECEIVE_BUFFER: usize = 4 << 20;
+/// Bytes read at once: the kernel sends a commit's notifications in
+/// datagrams of at most a page or two (`NLMSG_GOODSIZE`).
+const DATAGRAM_BYTES: usize = 64 << 10;
 /// `ENOBUFS`: notifications were dropped because the buffer was full.
 const ENOBUFS: i32 = 105;
 
@@ -40,9 +41,9 @@ enum Blind {
 /// of the thread that opens it.
 #[derive(Debug)]
 pub struct NetlinkWatch {
-    socket: Socket,
+    notifications: Subscription,
     /// Asks the generation on a socket of its own.
-    asker: NetlinkApplier,
+    asker: Channel,
     blind: Blind,
     /// What the commit being received changed so far.
     pending: Touched,
@@ -57,22 +58,16 @@ fn later(a: u32, b: u32) -> bool {
 impl NetlinkWatch {
     /// Joins the group in the calling thread's network namespace.
     pub fn open() -> io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_NETFILTER)?;
-        socket.bind_auto()?;
-        socket.set_non_blocking(true)?;
+        let notifications = Subscription::open(NETLINK_NETFILTER, &[])?;
         // Past net.core.rmem_max only with CAP_NET_ADMIN, which the proxy
         // has; without it the default buffer still works, losing more.
-        let _ = nix::sys::socket::setsockopt(
-            &socket,
-            nix::sys::socket::sockopt::RcvBufForce,
-            &RECEIVE_BUFFER,
-        );
+        let _ = notifications.set_receive_buffer(RECEIVE_BUFFER);
         let mut watch = Self {
-            socket,
-            asker: NetlinkApplier::new(),
+            notifications,
+            asker: Channel::new(NETLINK_NETFILTER),
             blind: Blind::Everything,
             pending: Touched::default(),
-            buffer: vec![0; 64 << 10],
+            buffer: Vec::with_capacity(DATAGRAM_BYTES),
         };
         watch.join()?;
         Ok(watch)
@@ -81,7 +76,7 @@ impl NetlinkWatch {
     /// Joins the group, then reads the generation: commits up to it may
     /// have been received in part.
     fn join(&mut self) -> io::Result<()> {
-        self.socket.add_membership(GROUP_NFTABLES)?;
+        self.notifications.join(GROUP_NFTABLES)?;
         self.mark_blind();
         Ok(())
     }
@@ -92,7 +87,7 @@ impl NetlinkWatch {
     /// messages, still to come, drop it.
     fn mark_blind(&mut self) {
         self.pending = Touched::default();
-        self.blind = match self.asker.ask_generation() {
+        self.blind = match super::ask_generation(&mut self.asker) {
             Ok(generation) => Blind::UpTo(generation),
             Err(error) => {
                 tracing::debug!(error = %error, "cannot read the nftables ruleset generation; commit notifications count as unknown");
@@ -138,22 +133,17 @@ impl NetlinkWatch {
 
 impl Watch for NetlinkWatch {
     fn drain(&mut self, out: &mut Vec<Observed>) {
+        let mut buffer = std::mem::take(&mut self.buffer);
         loop {
-            let received = self
-                .socket
-                .recv(&mut &mut self.buffer[..], MsgFlags::MSG_DONTWAIT.bits());
-            match received {
-                Ok(n) => {
-                    let buffer = std::mem::take(&mut self.buffer);
+            match self.notifications.receive(&mut buffer) {
+                Ok(received) => {
                     let mut notifications = Vec::new();
-                    msg::parse_notifications(&buffer[..n], &mut notifications);
+                    msg::parse_notifications(&buffer[..received], &mut notifications);
                     for notification in &notifications {
                         self.take(notification, out);
                     }
-                    drop(notifications);
-                    self.buffer = buffer;
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.raw_os_error() == Some(ENOBUFS) => {
                     tracing::debug!("nftables commit notifications were lost; the commits until now count as unknown");
                     self.mark_blind();
@@ -161,14 +151,15 @@ impl Watch for NetlinkWatch {
                 Err(error) => {
                     tracing::debug!(error = %error, "reading nftables commit notifications");
                     self.mark_blind();
-                    return;
+                    break;
                 }
             }
         }
+        self.buffer = buffer;
     }
 
     fn pause(&mut self) {
-        if let Err(error) = self.socket.drop_membership(GROUP_NFTABLES) {
+        if let Err(error) = self.notifications.leave(GROUP_NFTABLES) {
             tracing::debug!(error = %error, "leaving the nftables notification group");
         }
     }
