@@ -17,7 +17,7 @@
 //! the [`NetlinkApplier`], which sends the transaction to the kernel as one
 //! nf_tables netlink batch (what the proxy runs; no `nft` program), the
 //! [`NftApplier`] running `nft -f -` (the same transactions, slower), the
-//! in-memory [`FakeApplier`], or the [`DryRunApplier`]; [`cleanup`]
+//! in-memory `FakeApplier` (tests), or the [`DryRunApplier`]; [`cleanup`]
 //! deletes both tables.
 //!
 //! [`tracer`] replays the typed transactions and follows a packet through
@@ -35,7 +35,9 @@ pub mod render;
 pub mod state;
 pub mod tracer;
 
-pub use applier::{Applier, ApplyError, DryRunApplier, FakeApplier, NftApplier, TransactionStream};
+#[cfg(any(test, feature = "test-util"))]
+pub use applier::FakeApplier;
+pub use applier::{Applier, ApplyError, DryRunApplier, NftApplier, TransactionStream};
 pub use backend::{build, cleanup, cleanup_with, NftablesBackend, MODE};
 pub use model::{Command, Transaction};
 pub use netlink::NetlinkApplier;
