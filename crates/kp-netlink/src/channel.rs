@@ -9,7 +9,7 @@ use netlink_sys::{Socket, SocketAddr};
 use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::{TimeVal, TimeValLike};
 
-use crate::message::Request;
+use crate::message::{LengthError, Message, Request};
 use crate::nfnetlink::Batch;
 use crate::parse::{messages, Messages, OwnedReply, Reply};
 use crate::{Error, NLM_F_ACK};
@@ -211,8 +211,37 @@ impl Channel {
         batch: &Batch,
         requests: impl IntoIterator<Item = R>,
     ) -> Result<(), BatchFailure> {
+        let mut encoded = EncodedBatch::new();
+        let mut failure = BatchFailure::default();
+        for (index, request) in requests.into_iter().enumerate() {
+            match request.encode(0) {
+                Ok(bytes) => encoded.push_encoded(&bytes),
+                Err(error) => failure.refused.push(BatchError {
+                    index,
+                    error: error.into(),
+                }),
+            }
+        }
+        if !failure.refused.is_empty() {
+            return Err(failure);
+        }
+        self.execute_encoded_batch(batch, encoded)
+    }
+
+    /// [`Channel::execute_batch`] of requests already written one after
+    /// another into `encoded`: a batch of many requests then costs one
+    /// buffer, not one per request.
+    pub fn execute_encoded_batch(
+        &mut self,
+        batch: &Batch,
+        encoded: EncodedBatch,
+    ) -> Result<(), BatchFailure> {
         let begin_seq = self.next_seq();
-        let (mut bytes, starts) = encode_batch(batch, begin_seq, requests)?;
+        let begin = batch
+            .begin()
+            .finish(begin_seq)
+            .map_err(|error| unsent_batch(error.into()))?;
+        let (mut bytes, starts) = encoded.with_begin(&begin, begin_seq.wrapping_add(1))?;
         let first_seq = begin_seq.wrapping_add(1);
         if starts.is_empty() && batch.generation.is_none() {
             return Ok(());
@@ -462,6 +491,109 @@ impl Channel {
     }
 }
 
+/// Room before the requests of an [`EncodedBatch`] for its begin marker:
+/// the header (16 bytes), the nfgenmsg (4) and `NFNL_BATCH_GENID` (8).
+const BEGIN_ROOM: usize = 28;
+
+/// The requests of one nfnetlink batch, written one after another into one
+/// buffer that leaves room for the batch's begin marker, for
+/// [`Channel::execute_encoded_batch`]. A large batch thus lives in one
+/// allocation (which the allocator maps and unmaps on its own) instead of
+/// one small allocation per request.
+#[derive(Debug, Clone)]
+pub struct EncodedBatch {
+    bytes: Vec<u8>,
+    /// Where each request starts.
+    starts: Vec<usize>,
+}
+
+impl Default for EncodedBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EncodedBatch {
+    /// No requests.
+    pub fn new() -> Self {
+        Self {
+            bytes: vec![0; BEGIN_ROOM],
+            starts: Vec::new(),
+        }
+    }
+
+    /// Appends `message`, or says which of its lengths did not fit (then
+    /// nothing is appended). Its sequence number is set when the batch is
+    /// sent.
+    pub fn push(&mut self, message: &Message) -> Result<(), LengthError> {
+        let (bytes, len) = message.unfinished()?;
+        let start = self.bytes.len();
+        self.push_encoded(bytes);
+        // A message is at least its 16-byte header, whose first four bytes
+        // are the length.
+        if let Some(field) = self.bytes.get_mut(start..start + 4) {
+            field.copy_from_slice(&len.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// Appends a request already encoded (its length field set).
+    fn push_encoded(&mut self, request: &[u8]) {
+        self.starts.push(self.bytes.len());
+        self.bytes.extend_from_slice(request);
+        while self.bytes.len() % 4 != 0 {
+            self.bytes.push(0);
+        }
+    }
+
+    /// How many requests it holds.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Whether it holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Each request's bytes, in order (its sequence number not set yet).
+    pub fn requests(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let ends = self
+            .starts
+            .iter()
+            .skip(1)
+            .copied()
+            .chain([self.bytes.len()]);
+        self.starts
+            .iter()
+            .zip(ends)
+            .filter_map(|(&start, end)| self.bytes.get(start..end))
+    }
+
+    /// The datagram's bytes from `begin` on, the requests numbered from
+    /// `first_seq`, and where each request starts in them.
+    fn with_begin(
+        mut self,
+        begin: &[u8],
+        first_seq: u32,
+    ) -> Result<(Vec<u8>, Vec<usize>), BatchFailure> {
+        let Some(skip) = BEGIN_ROOM.checked_sub(begin.len()) else {
+            let error = LengthError::Message { len: begin.len() };
+            return Err(unsent_batch(error.into()));
+        };
+        self.bytes[skip..BEGIN_ROOM].copy_from_slice(begin);
+        self.bytes.drain(..skip);
+        for (index, start) in self.starts.iter_mut().enumerate() {
+            *start -= skip;
+            let seq = first_seq.wrapping_add(index as u32).to_ne_bytes();
+            if let Some(field) = self.bytes.get_mut(*start + 8..*start + 12) {
+                field.copy_from_slice(&seq);
+            }
+        }
+        Ok((self.bytes, self.starts))
+    }
+}
+
 /// One datagram of requests under construction, and the answers it waits
 /// for.
 #[derive(Debug, Default)]
@@ -657,41 +789,6 @@ fn open(protocol: isize) -> Result<Socket, Error> {
         source: errno.into(),
     })?;
     Ok(socket)
-}
-
-/// The begin marker of `batch` with `begin_seq` and `requests` after it,
-/// their sequence numbers running on without a gap (so that a refusal's
-/// position is its sequence number's distance from the first), and where
-/// each request starts, to ask for acknowledgements once their number is
-/// known. A request that cannot be encoded leaves the batch unsent: a
-/// batch is a transaction.
-fn encode_batch<R: Request>(
-    batch: &Batch,
-    begin_seq: u32,
-    requests: impl IntoIterator<Item = R>,
-) -> Result<(Vec<u8>, Vec<usize>), BatchFailure> {
-    let mut failure = BatchFailure::default();
-    let mut bytes = batch
-        .begin()
-        .finish(begin_seq)
-        .map_err(|error| unsent_batch(error.into()))?;
-    let first_seq = begin_seq.wrapping_add(1);
-    let mut starts = Vec::new();
-    for (index, request) in requests.into_iter().enumerate() {
-        starts.push(bytes.len());
-        match request.encode(first_seq.wrapping_add(index as u32)) {
-            Ok(encoded) => bytes.extend_from_slice(&encoded),
-            Err(error) => failure.refused.push(BatchError {
-                index,
-                error: error.into(),
-            }),
-        }
-    }
-    if failure.refused.is_empty() {
-        Ok((bytes, starts))
-    } else {
-        Err(failure)
-    }
 }
 
 /// The receive buffer to set for `answers` answers, and refusals of

@@ -321,3 +321,45 @@ fn the_receive_buffer_is_raised_for_many_answers_or_for_refusals_unasked() {
         "raised already"
     );
 }
+
+#[test]
+fn an_encoded_batch_frames_its_requests_behind_the_begin_marker() {
+    for batch in [Batch::new(10), Batch::new(10).bound_to(7)] {
+        let mut encoded = EncodedBatch::new();
+        encoded
+            .push(&Message::new(20, 0).raw(&[1, 2, 3, 4]))
+            .unwrap();
+        encoded
+            .push(&Message::new(21, 0).raw(&[5, 6, 7, 8, 9, 10, 11, 12]))
+            .unwrap();
+        assert_eq!(encoded.len(), 2);
+        let begin = batch.begin().finish(40).unwrap();
+        let (bytes, starts) = encoded.with_begin(&begin, 41).unwrap();
+        assert_eq!(&bytes[..begin.len()], &begin[..], "the begin marker first");
+        assert_eq!(starts, [begin.len(), begin.len() + 20]);
+        let read: Vec<(u32, u16, usize)> = messages(&bytes)
+            .map(|message| (message.seq, message.kind, message.bytes.len()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (40, begin_kind(&begin), begin.len()),
+                (41, 20, 20),
+                (42, 21, 24)
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_message_whose_lengths_do_not_fit_is_not_added_to_an_encoded_batch() {
+    let mut encoded = EncodedBatch::new();
+    let mut open = Message::new(20, 0);
+    open.open_nest(1);
+    assert!(encoded.push(&open).is_err());
+    assert!(encoded.is_empty());
+}
+
+fn begin_kind(begin: &[u8]) -> u16 {
+    u16::from_ne_bytes([begin[4], begin[5]])
+}

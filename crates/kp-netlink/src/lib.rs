@@ -34,7 +34,7 @@ mod subscription;
 
 use std::io;
 
-pub use channel::{BatchError, BatchFailure, Channel};
+pub use channel::{BatchError, BatchFailure, Channel, EncodedBatch};
 pub use message::{LengthError, Message, Request};
 pub use parse::{
     error_code, find, messages, read_be_u16, read_be_u32, read_be_u64, read_string, read_u16,

@@ -235,6 +235,17 @@ impl Message {
             })
     }
 
+    /// The message's bytes with its length field and sequence number left
+    /// for the sender to set, and its length, or the first length that did
+    /// not fit.
+    pub(crate) fn unfinished(&self) -> Result<(&[u8], u32), LengthError> {
+        self.check()?;
+        let len = u32::try_from(self.buf.len()).map_err(|_| LengthError::Message {
+            len: self.buf.len(),
+        })?;
+        Ok((&self.buf, len))
+    }
+
     /// The finished message with sequence number `seq`, or the first length
     /// that did not fit.
     pub fn finish(mut self, seq: u32) -> Result<Vec<u8>, LengthError> {

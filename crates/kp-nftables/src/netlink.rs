@@ -23,7 +23,7 @@
 
 use kp_model::IpFamily;
 use kp_netlink::nfnetlink::{Batch, NFPROTO_IPV4, NFPROTO_IPV6, SUBSYS_NFTABLES};
-use kp_netlink::{BatchFailure, Channel, LengthError, Message, NETLINK_NETFILTER};
+use kp_netlink::{BatchFailure, Channel, EncodedBatch, LengthError, Message, NETLINK_NETFILTER};
 
 use crate::applier::{Applier, ApplyError};
 use crate::generation::Watch;
@@ -101,8 +101,8 @@ pub(crate) struct Encoder {
     /// The same family.
     ip_family: IpFamily,
     table: String,
-    /// The messages written, in order.
-    messages: Vec<Message>,
+    /// The messages written, in order, in one buffer.
+    messages: EncodedBatch,
     /// The line (1-based) of each message, by position.
     lines: Vec<usize>,
     /// The line being encoded.
@@ -120,7 +120,7 @@ impl Encoder {
             family: nfproto(family),
             ip_family: family,
             table: crate::names::TABLE.to_owned(),
-            messages: Vec::new(),
+            messages: EncodedBatch::new(),
             lines: Vec::new(),
             line: 0,
             set_id: 0,
@@ -137,8 +137,7 @@ impl Encoder {
     /// Adds `message`, written for the line being encoded, to the batch;
     /// one whose lengths do not fit their fields is refused.
     fn push(&mut self, message: Message) -> Result<(), EncodeError> {
-        message.check()?;
-        self.messages.push(message);
+        self.messages.push(&message)?;
         self.lines.push(self.line);
         Ok(())
     }
@@ -479,7 +478,7 @@ impl NetlinkApplier {
             batch = batch.bound_to(generation);
         }
         self.channel
-            .execute_batch(&batch, messages)
+            .execute_encoded_batch(&batch, messages)
             .map_err(|failure| batch_error(failure, &encoder, transaction))?;
         if empty {
             return Ok(());

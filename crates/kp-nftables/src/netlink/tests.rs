@@ -78,9 +78,9 @@ fn each_message_is_framed_with_its_length() {
         .encode(&transaction(IpFamily::V6, vec![chain("services")]))
         .unwrap();
     assert_eq!(encoder.messages.len(), 1);
-    let bytes = encoder.messages[0].clone().finish(7).unwrap();
-    let message = kp_netlink::messages(&bytes).next().unwrap();
-    assert_eq!((message.seq, message.bytes.len()), (7, bytes.len()));
+    let bytes = encoder.messages.requests().next().unwrap();
+    let message = kp_netlink::messages(bytes).next().unwrap();
+    assert_eq!(message.bytes.len(), bytes.len());
     assert_eq!(message.payload[0], NFPROTO_IPV6);
 }
 
@@ -318,11 +318,8 @@ fn large_element_lists_are_sent_over_several_messages_that_each_fit() {
         encoder.encode(&text).unwrap();
         let kinds: Vec<(u16, usize)> = encoder
             .messages
-            .iter()
-            .map(|message| {
-                let bytes = message.clone().finish(1).unwrap();
-                (u16::from_ne_bytes([bytes[4], bytes[5]]) & 0xff, bytes.len())
-            })
+            .requests()
+            .map(|bytes| (u16::from_ne_bytes([bytes[4], bytes[5]]) & 0xff, bytes.len()))
             .collect();
         let element_messages = kinds
             .iter()
