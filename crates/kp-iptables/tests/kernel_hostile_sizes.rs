@@ -213,7 +213,7 @@ fn a_thousand_endpoints_behind_one_service_are_all_used(family: IpFamily) {
                 .collect(),
         ),
     };
-    route_range_to_pod(&topology, "ep3", range, plan.pod(&topology, "ep3"));
+    topology.route_range_to_pod("ep3", range).unwrap();
     let proxy = Proxy::start(&topology, flavor, family);
     let cluster_ip = plan.cluster_ip(30);
     let many = service("ns1", "many", |s| {
@@ -365,27 +365,4 @@ fn assert_source_ranges_in_kernel(proxy: &Proxy<'_>, ranges: usize) {
         .filter(|line| line.starts_with("-A KUBE-FW-") && line.contains(" -s "))
         .count();
     assert_eq!(firewall_rules, ranges);
-}
-
-/// Routes `range` to pod `pod`: inside the pod, every address of the
-/// range is local (its echo servers listen on the wildcard address); the
-/// node routes the range through the pod's own address `via` (a pod
-/// answers neighbour solicitations only for its interface's addresses).
-fn route_range_to_pod(topology: &Topology, pod: &str, range: &str, via: IpAddr) {
-    let host = topology.pod(pod);
-    host.netns()
-        .ip(&["route", "add", "local", range, "dev", "lo"])
-        .unwrap();
-    topology
-        .node()
-        .ip(&[
-            "route",
-            "add",
-            range,
-            "via",
-            &via.to_string(),
-            "dev",
-            host.node_interface(),
-        ])
-        .unwrap();
 }

@@ -216,25 +216,7 @@ fn a_thousand_endpoints_all_answer(family: IpFamily) {
             "fd00:10:96::20",
         ),
     };
-    let ep1 = topology.pod("ep1");
-    ep1.netns()
-        .ip(&["route", "add", "local", range, "dev", "lo"])
-        .unwrap();
-    // Through ep1's own address: a pod answers neighbour solicitations
-    // only for the addresses of its interface, not for a local route.
-    let via = pod_address(&topology, "ep1", family).to_string();
-    topology
-        .node()
-        .ip(&[
-            "route",
-            "add",
-            range,
-            "via",
-            &via,
-            "dev",
-            ep1.node_interface(),
-        ])
-        .unwrap();
+    topology.route_range_to_pod("ep1", range).unwrap();
     let proxy = Proxy::start(&topology, family);
     let (web, web_slice) = ordinary(&topology, family);
     let families: &[&str] = match family {

@@ -192,23 +192,7 @@ fn a_thousand_endpoints_all_answer(flavor: IptablesFlavor, family: IpFamily) {
             "fd00:10:96::30",
         ),
     };
-    let ep1 = topology.pod("ep1");
-    ep1.netns()
-        .ip(&["route", "add", "local", range, "dev", "lo"])
-        .unwrap();
-    let via = pod_address(&topology, "ep1", family).to_string();
-    topology
-        .node()
-        .ip(&[
-            "route",
-            "add",
-            range,
-            "via",
-            &via,
-            "dev",
-            ep1.node_interface(),
-        ])
-        .unwrap();
+    topology.route_range_to_pod("ep1", range).unwrap();
     let proxy = Proxy::start(&topology, flavor, family);
     let (web, web_slice) = ordinary(&topology, family);
     proxy.apply(

@@ -321,6 +321,33 @@ impl Topology {
         Ok(())
     }
 
+    /// Makes pod `pod` answer on every address of `range` (an IPv4 or IPv6
+    /// CIDR), for tests of many endpoints without as many pods: inside the
+    /// pod the range is local (its echo servers listen on the wildcard
+    /// address), and the node routes the range through the pod's own
+    /// address of that family (a pod answers neighbour solicitations only
+    /// for the addresses of its interface).
+    pub fn route_range_to_pod(&self, pod: &str, range: &str) -> Result<(), NetnsError> {
+        let host = self.pod(pod);
+        host.netns
+            .ip(&["route", "add", "local", range, "dev", "lo"])?;
+        let via = if range.contains(':') {
+            IpAddr::V6(host.ip_v6)
+        } else {
+            IpAddr::V4(host.ip)
+        };
+        self.node.ip(&[
+            "route",
+            "add",
+            range,
+            "via",
+            &via.to_string(),
+            "dev",
+            host.node_interface(),
+        ])?;
+        Ok(())
+    }
+
     /// Every namespace name of this topology: node, clients, pods.
     pub fn namespace_names(&self) -> Vec<String> {
         let hosts = self.clients.iter().chain(&self.pods);
