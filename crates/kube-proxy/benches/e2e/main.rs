@@ -74,7 +74,9 @@
 //! (default: a temporary directory), `KP_E2E_POLL_MS` sets how often the
 //! metrics are read while a sync is awaited (default 5; each read costs the
 //! proxy some CPU, so a larger value shows what the polling costs; the
-//! latencies are the proxy's own timestamps and do not depend on it).
+//! latencies are the proxy's own timestamps and do not depend on it),
+//! `KP_E2E_BINARY=PATH` runs that build of the binary instead of this
+//! tree's (to compare two trees in one sitting).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 mod lone;
@@ -359,14 +361,15 @@ fn report(
         "| Services | run | start (s) | KUBE-SVC after the first sync | full syncs (s, each: first, mean of later) \
          | partial syncs | patch p50 / p99 (ms) | patches applied by a partial / full sync \
          | late patches | patches seen in the nat table | a sync ran before the applying one \
-         | KUBE-SEP at 60 s (unreferenced) | restore failures | VmHWM / VmRSS (MiB) |"
+         | KUBE-SEP at 60 s (unreferenced) | restore failures | VmHWM / VmRSS (MiB) \
+         | RssAnon / RssFile at the end (MiB) |"
     );
-    println!("|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---:|---|");
+    println!("|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---:|---|---|");
     for (size, runs) in results {
         for (n, r) in runs.iter().enumerate() {
             let count = |f: &dyn Fn(&run::Patch) -> bool| r.patches.iter().filter(|p| f(p)).count();
             println!(
-                "| {size} | {} | {:.2} | {} | {} ({:.2}, {}) | {} ({} ms mean) | {:.0} / {:.0} | {} / {} | {} | {}/{} | {} | {} ({}) | {} | {:.1} / {:.1} |",
+                "| {size} | {} | {:.2} | {} | {} ({:.2}, {}) | {} ({} ms mean) | {:.0} / {:.0} | {} / {} | {} | {}/{} | {} | {} ({}) | {} | {:.1} / {:.1} | {:.1} / {:.1} |",
                 n + 1,
                 r.start_to_rules_s,
                 r.service_objects,
@@ -388,6 +391,8 @@ fn report(
                 r.restore_failures,
                 mib(r.memory.hwm_kib),
                 mib(r.memory.rss_kib),
+                mib(r.memory.anon_kib),
+                mib(r.memory.file_kib),
             );
             let wrong: Vec<String> = r
                 .patches

@@ -84,11 +84,16 @@ pub struct SyncWatch {
     pub seen: Snapshot,
 }
 
-/// VmHWM and VmRSS of a process (KiB).
+/// VmHWM and VmRSS of a process (KiB), and VmRSS split into heap and
+/// stacks (RssAnon) and mapped files, the binary's own pages among them
+/// (RssFile), so that a change in code size is told apart from one in
+/// the heap.
 #[derive(Debug, Clone, Copy)]
 pub struct Memory {
     pub hwm_kib: u64,
     pub rss_kib: u64,
+    pub anon_kib: u64,
+    pub file_kib: u64,
 }
 
 impl Proxy {
@@ -96,7 +101,11 @@ impl Proxy {
     /// runs it, against the API server of `kubeconfig`, logging to `log`.
     /// `path_first` goes before the PATH (the lone-restore capture).
     pub fn spawn(mode: Mode, kubeconfig: &Path, log: &Path, path_first: Option<&Path>) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kube-proxy"));
+        // KP_E2E_BINARY runs another build of the binary (two trees built
+        // into one target directory share the path below).
+        let binary = std::env::var_os("KP_E2E_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_kube-proxy").into());
+        let mut command = Command::new(binary);
         command
             .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(["--hostname-override", NODE_NAME])
@@ -128,6 +137,8 @@ impl Proxy {
         Memory {
             hwm_kib: kib("VmHWM:"),
             rss_kib: kib("VmRSS:"),
+            anon_kib: kib("RssAnon:"),
+            file_kib: kib("RssFile:"),
         }
     }
 
