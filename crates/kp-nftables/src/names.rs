@@ -74,6 +74,51 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 /// Verdict map: load balancer IPs subject to `loadBalancerSourceRanges`.
 pub const FIREWALL_IPS: &str = "firewall-ips";
 
+/// Every fixed chain, set and map name of the table (the per-service
+/// ones hold a `/`).
+pub const FIXED_NAMES: &[&str] = &[
+    FILTER_PREROUTING_PRE_DNAT,
+    FILTER_OUTPUT_PRE_DNAT,
+    FILTER_FORWARD,
+    FILTER_INPUT,
+    FILTER_OUTPUT,
+    NAT_OUTPUT,
+    NAT_POSTROUTING,
+    NAT_PREROUTING,
+    SERVICES,
+    CLUSTER_IPS_CHECK,
+    FIREWALL_CHECK,
+    SERVICE_ENDPOINTS_CHECK,
+    NODEPORT_ENDPOINTS_CHECK,
+    REJECT_CHAIN,
+    MARK_FOR_MASQUERADE,
+    MASQUERADING,
+    CLUSTER_IPS,
+    NODEPORT_IPS,
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+    FIREWALL_IPS,
+];
+
+/// Comment of the rule of `cluster-ips-check`.
+pub const COMMENT_INVALID_CLUSTER_IP_PORTS: &str = "Reject traffic to invalid ports of ClusterIPs";
+/// Comment of an `external-…` rule that sends pods to the cluster policy.
+pub const COMMENT_SHORT_CIRCUIT_PODS: &str = "short-circuit pod traffic";
+/// Comment of an `external-…` rule that marks the host's own traffic.
+pub const COMMENT_MASQUERADE_LOCAL: &str = "masquerade local traffic";
+/// Comment of an `external-…` rule that sends the host's own traffic to
+/// the cluster policy.
+pub const COMMENT_SHORT_CIRCUIT_LOCAL: &str = "short-circuit local traffic";
+/// Every comment a rule of the table carries.
+pub const RULE_COMMENTS: &[&str] = &[
+    COMMENT_INVALID_CLUSTER_IP_PORTS,
+    COMMENT_SHORT_CIRCUIT_PODS,
+    COMMENT_MASQUERADE_LOCAL,
+    COMMENT_SHORT_CIRCUIT_LOCAL,
+];
+
 /// Longest object name nf_tables accepts (`NFT_NAME_MAXLEN` − 1).
 pub const NAME_LENGTH_MAX: usize = 255;
 /// Longest name part after the prefix (upstream `chainNameBaseLengthMax`).

@@ -259,7 +259,7 @@ fn write_fixed_rules(
                 Expr::Reject,
             ],
         )
-        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+        .with_comment(crate::names::COMMENT_INVALID_CLUSTER_IP_PORTS),
         Rule::new(FIREWALL_CHECK, vec![dispatch(FIREWALL_IPS)]),
         Rule::new(MARK_FOR_MASQUERADE, vec![Expr::MarkSetOr(mark)]),
         Rule::new(

@@ -299,7 +299,7 @@ fn write_external_chain(
             writer.commented_rule(
                 ext,
                 vec![detector.if_local.clone(), goto(svc)],
-                "short-circuit pod traffic",
+                crate::names::COMMENT_SHORT_CIRCUIT_PODS,
             );
         }
         // The host itself picks the external address as source, so its
@@ -307,18 +307,18 @@ fn write_external_chain(
         writer.commented_rule(
             ext,
             vec![local_source(), jump_to_masquerade()],
-            "masquerade local traffic",
+            crate::names::COMMENT_MASQUERADE_LOCAL,
         );
         writer.commented_rule(
             ext,
             vec![local_source(), goto(svc)],
-            "short-circuit local traffic",
+            crate::names::COMMENT_SHORT_CIRCUIT_LOCAL,
         );
     } else {
         writer.commented_rule(
             ext,
             vec![local_source(), jump_to_masquerade()],
-            "masquerade local traffic",
+            crate::names::COMMENT_MASQUERADE_LOCAL,
         );
     }
     if plan.has_external_endpoints {
