@@ -27,6 +27,7 @@
 pub mod applier;
 pub mod backend;
 pub mod generation;
+pub mod live;
 pub mod model;
 pub mod names;
 pub mod netlink;

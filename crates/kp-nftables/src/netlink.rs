@@ -415,6 +415,34 @@ fn nfproto(family: IpFamily) -> u8 {
     }
 }
 
+/// `NFT_MSG_GETTABLE` of the `kube-proxy` table of `nfproto`: answered by
+/// the table, or `ENOENT`.
+pub(crate) fn table_question(nfproto: u8) -> Message {
+    msg::table_request(nfproto, crate::names::TABLE)
+}
+
+/// The payloads (nfgenmsg and attributes) of the messages `transaction`
+/// encodes to, with their `NFT_MSG_*` kinds: the same layout the kernel's
+/// dumps answer with, which the read-back's tests decode.
+#[cfg(test)]
+pub(crate) fn encoded_payloads(
+    transaction: &Transaction,
+) -> Result<Vec<(u8, Vec<u8>)>, LineError> {
+    let mut encoder = Encoder::new(transaction.family, "t".to_owned());
+    encoder.encode(transaction)?;
+    Ok(encoder
+        .messages
+        .requests()
+        .map(|bytes| {
+            let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
+            (
+                (kind & 0xff) as u8,
+                bytes[kp_netlink::HEADER_LEN..].to_vec(),
+            )
+        })
+        .collect())
+}
+
 /// The ruleset generation (`NFT_MSG_GETGEN`), asked on `channel`.
 pub(crate) fn ask_generation(channel: &mut Channel) -> Result<u32, kp_netlink::Error> {
     let answer = channel.ask(msg::generation_request())?;

@@ -17,8 +17,9 @@ use crate::names::MARK_FOR_MASQUERADE;
 
 use crate::model::Verdict as RuleVerdict;
 
-/// The `kube-proxy` table of one family, as transactions left it.
-#[derive(Debug, Clone, Default)]
+/// The `kube-proxy` table of one family, as transactions left it (or as
+/// [`crate::live::read_table`] read it from the kernel).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Table {
     /// Rules per chain.
     pub chains: BTreeMap<String, Vec<Rule>>,
