@@ -425,9 +425,7 @@ pub(crate) fn table_question(nfproto: u8) -> Message {
 /// encodes to, with their `NFT_MSG_*` kinds: the same layout the kernel's
 /// dumps answer with, which the read-back's tests decode.
 #[cfg(test)]
-pub(crate) fn encoded_payloads(
-    transaction: &Transaction,
-) -> Result<Vec<(u8, Vec<u8>)>, LineError> {
+pub(crate) fn encoded_payloads(transaction: &Transaction) -> Result<Vec<(u8, Vec<u8>)>, LineError> {
     let mut encoder = Encoder::new(transaction.family, "t".to_owned());
     encoder.encode(transaction)?;
     Ok(encoder

@@ -94,7 +94,9 @@ impl Table {
         Ok(())
     }
 
-    fn apply_command(&mut self, command: &Command) -> Option<()> {
+    /// Replays one command; `None` when it names a chain, set or element
+    /// the table does not hold (the kernel refuses those with `ENOENT`).
+    pub(crate) fn apply_command(&mut self, command: &Command) -> Option<()> {
         match command {
             Command::AddTable { .. } => {}
             Command::DeleteTable => *self = Self::default(),

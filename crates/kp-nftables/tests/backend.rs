@@ -310,15 +310,20 @@ fn a_commit_seen_to_leave_the_table_alone_keeps_it_trusted() {
     assert!(!periodic.contains("add rule"), "trusted again:\n{periodic}");
 }
 
-/// `add chain F kube-proxy services`.
+/// `add table F kube-proxy`, `add chain F kube-proxy services` (the
+/// table first: the fake, like the kernel, refuses a chain of a table
+/// that does not exist).
 fn services_chain(family: IpFamily) -> kp_nftables::Transaction {
     use kp_nftables::model::{ChainKind, Command, Name};
     kp_nftables::Transaction {
         family,
-        commands: vec![Command::AddChain {
-            name: Name::Fixed("services"),
-            kind: ChainKind::Regular,
-        }],
+        commands: vec![
+            Command::AddTable { comment: None },
+            Command::AddChain {
+                name: Name::Fixed("services"),
+                kind: ChainKind::Regular,
+            },
+        ],
     }
 }
 
@@ -355,4 +360,64 @@ fn a_changed_fixed_part_makes_a_full_sync_rewrite_the_table() {
     let rewrite = world.sync(true, &[]);
     assert!(rewrite.contains("192.168.99.7"), "{rewrite}");
     assert!(rewrite.contains("flush chain"), "{rewrite}");
+}
+
+#[test]
+fn the_fake_refuses_a_partial_sync_onto_a_table_that_was_never_created() {
+    use kp_nftables::model::{Command, Key, Name, SetElement, Verdict};
+    let mut applier = kp_nftables::FakeApplier::new();
+    let partial = kp_nftables::Transaction {
+        family: IpFamily::V4,
+        commands: vec![Command::AddElements {
+            set: Name::Fixed("service-ips"),
+            elements: vec![SetElement {
+                key: Key::AddrProtoPort(common::ip("10.96.0.10"), kp_model::Protocol::Tcp, 80),
+                comment: None,
+                verdict: Some(Verdict::Drop),
+            }],
+        }],
+    };
+    let error = applier.apply(&partial).unwrap_err();
+    // What the NetlinkApplier reports for the same transaction
+    // (kernel_readback.rs shows it against the kernel).
+    let kp_nftables::ApplyError::Kernel { message, line, .. } = &error else {
+        panic!("a kernel refusal, not {error:?}");
+    };
+    assert_eq!(message, "No such file or directory (os error 2)");
+    assert_eq!(line.as_ref().unwrap().0, 1);
+    assert!(applier.table(IpFamily::V4).is_none());
+}
+
+#[test]
+fn a_partial_sync_onto_a_table_someone_deleted_is_refused_and_a_full_one_repairs_it() {
+    let mut world = World::v4();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.sync(true, &[]);
+    assert!(world.applier.table(IpFamily::V4).is_some());
+
+    // Someone deletes the table; web's endpoint moves.
+    world.applier.delete_table(IpFamily::V4);
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.3", 80));
+    let error = world.try_sync(false, &changed("ns1", "web")).unwrap_err();
+    assert!(
+        error.to_string().contains("No such file or directory"),
+        "{error}"
+    );
+    assert!(
+        world.applier.table(IpFamily::V4).is_none(),
+        "nothing of a refused transaction is applied"
+    );
+
+    // The full sync that follows a failure writes the table whole.
+    let outcome = world.try_sync(true, &BTreeSet::new()).unwrap();
+    assert!(outcome.full);
+    let table = world.applier.table(IpFamily::V4).unwrap();
+    let verdict = table
+        .trace(&common::packet(
+            "10.244.1.9",
+            common::at("10.96.0.10", 80),
+            "tcp",
+        ))
+        .unwrap();
+    common::assert_goes_to(&verdict, &[common::at("10.244.2.3", 80)]);
 }

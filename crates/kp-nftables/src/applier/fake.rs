@@ -1,5 +1,11 @@
 //! [`FakeApplier`]: records transactions in memory, for tests (feature
 //! `test-util`).
+//!
+//! It is no kinder than the kernel about what a transaction may name: it
+//! keeps each family's table (as [`crate::tracer::Table`]) and refuses,
+//! as the kernel does with `ENOENT`, a command on a table, chain, set or
+//! element that does not exist, e.g. a partial sync onto a table someone
+//! deleted. A refused transaction changes nothing.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -8,6 +14,11 @@ use kp_model::IpFamily;
 use super::*;
 use crate::generation::{Observed, Touched, Watch};
 use crate::model::Transaction;
+use crate::tracer::Table;
+
+/// What the kernel answers a command on an object that does not exist
+/// (`ENOENT`), as [`crate::NetlinkApplier`] reports it.
+const NO_SUCH_OBJECT: &str = "No such file or directory (os error 2)";
 
 /// One transaction a [`FakeApplier`] received.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +47,8 @@ struct FakeInner {
     generation: Option<u32>,
     /// The simulated commit notifications, once enabled.
     watch: Option<FakeWatchState>,
+    /// The tables as committed transactions left them: IPv4, IPv6.
+    tables: [Option<Table>; 2],
 }
 
 /// What a [`FakeApplier`]'s watch received and whether it listens.
@@ -107,6 +120,22 @@ impl FakeApplier {
         inner.failures = count;
     }
 
+    /// The table of `family` as the committed transactions left it; `None`
+    /// when it does not exist.
+    pub fn table(&self, family: IpFamily) -> Option<Table> {
+        self.lock().tables[family_index(family)].clone()
+    }
+
+    /// Someone else deletes the table of `family` (`nft delete table ip
+    /// kube-proxy`).
+    pub fn delete_table(&self, family: IpFamily) {
+        let mut inner = self.lock();
+        inner.tables[family_index(family)] = None;
+        let mut touched = Touched::default();
+        touched.add(family);
+        inner.commit(touched);
+    }
+
     fn lock(&self) -> MutexGuard<'_, FakeInner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -123,12 +152,13 @@ impl Applier for FakeApplier {
         });
         if inner.successes_first > 0 {
             inner.successes_first -= 1;
-            return Ok(());
+            return inner.replay(transaction);
         }
         if inner.failures > 0 {
             inner.failures -= 1;
             return Err(ApplyError::Write(io::Error::other("fake failure")));
         }
+        inner.replay(transaction)?;
         let changes = transaction
             .commands
             .iter()
@@ -161,6 +191,37 @@ impl Applier for FakeApplier {
 }
 
 impl FakeInner {
+    /// Replays `transaction` on a copy of its family's table and keeps the
+    /// copy only if every command found what it names.
+    fn replay(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
+        let family = transaction.family;
+        let slot = &mut self.tables[family_index(family)];
+        let mut table = slot.clone();
+        for (index, command) in transaction.commands.iter().enumerate() {
+            let found = match command {
+                Command::AddTable { .. } => {
+                    table.get_or_insert_with(Table::new);
+                    true
+                }
+                Command::DeleteTable => table.take().is_some(),
+                other => table
+                    .as_mut()
+                    .and_then(|table| table.apply_command(other))
+                    .is_some(),
+            };
+            if !found {
+                return Err(ApplyError::Kernel {
+                    message: NO_SUCH_OBJECT.to_owned(),
+                    line: Some((index + 1, command.line(family).to_string())),
+                    also_refused: Vec::new(),
+                    refused: vec![command.clone()],
+                });
+            }
+        }
+        *slot = table;
+        Ok(())
+    }
+
     /// A commit that changes `touched`: the generation moves on, and a
     /// listening watch receives it.
     fn commit(&mut self, touched: Touched) {
@@ -199,5 +260,12 @@ impl Watch for FakeWatch {
         if let Some(watch) = self.state().watch.as_mut() {
             watch.listening = true;
         }
+    }
+}
+
+fn family_index(family: IpFamily) -> usize {
+    match family {
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
     }
 }
