@@ -22,7 +22,10 @@
 //!
 //! [`tracer`] replays the typed transactions and follows a packet through
 //! them, so tests can assert behaviour ("goes to one of these endpoints", "is
-//! rejected") rather than rule text alone.
+//! rejected") rather than rule text alone. [`live::read_table`] reads the
+//! table the kernel holds back into the same model, so a packet can be
+//! traced through what the kernel holds and compared with what was
+//! rendered.
 
 pub mod applier;
 pub mod backend;

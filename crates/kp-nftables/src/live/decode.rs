@@ -1062,16 +1062,21 @@ impl RuleDecoder<'_> {
             {
                 let raw = &self.raws[i + 1];
                 let timeout = raw.get(6).and_then(read_be_u64).unwrap_or(0);
-                let flags = raw.be32(8).unwrap_or(0);
-                if !raw.only(&[1, 2, 3, 4, 6, 8])
+                // NFTA_DYNSET_FLAGS is 9 (8 is padding).
+                let flags = raw.be32(9).unwrap_or(0);
+                if !raw.only(&[1, 2, 3, 4, 6, 8, 9])
                     || raw.be32(3) != Some(1)
                     || raw.slot(4) != Some(SLOT_1)
                     || timeout != 0
                     || flags != 0
                 {
-                    return Err(
-                        self.error_at(i + 1, "a dynset other than update of the source address")
-                    );
+                    return Err(self.error_at(
+                        i + 1,
+                        &format!(
+                            "a dynset other than update of the source address (attributes {:?})",
+                            raw.attrs
+                        ),
+                    ));
                 }
                 let set = raw
                     .get(1)
