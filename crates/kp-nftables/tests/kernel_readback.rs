@@ -448,3 +448,32 @@ fn the_ipv4_table_read_back_is_the_rendered_one_until_someone_changes_it() {
 fn the_ipv6_table_read_back_is_the_rendered_one_until_someone_changes_it() {
     story(IpFamily::V6, &V6);
 }
+
+#[test]
+fn a_table_of_a_thousand_services_reads_back_whole() {
+    require_root();
+    require_tool("nft");
+    let mut node = Node::start(IpFamily::V4, &V4);
+    for n in 0..1000u32 {
+        let (name, state) = service(
+            "ns2",
+            &format!("fill{n}"),
+            &format!("10.96.{}.{}", 10 + n / 250, n % 250),
+            80,
+        )
+        .local_endpoint(&format!("10.244.1.{}", 2 + n % 200), 8080)
+        .remote_endpoint(&format!("10.244.2.{}", 2 + n % 200), 8080)
+        .build();
+        node.services.insert(name, state);
+    }
+    node.sync(true, &[]);
+    let read = node.read().unwrap();
+    let intended = kernel_form(&node.intended);
+    let diff = differences(&intended, &read);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    assert_eq!(read, intended);
+    // Every dump took several datagrams: thousands of rules and elements.
+    let rules: usize = read.chains.values().map(Vec::len).sum();
+    assert!(rules > 5000, "{rules} rules");
+    assert!(read.maps["service-ips"].len() > 1000);
+}
