@@ -188,9 +188,10 @@ pub fn kernel_form_rule(rule: &Rule) -> Rule {
 }
 
 /// The differences between an intended table and a read-back, one line
-/// each (`chain C: rule 3 differs`, `map M: element K missing`), empty
-/// when they are equal. Both are compared as given; pass the intended one
-/// through [`kernel_form`] first.
+/// each (`chain C: rule 3 is …`, `set M: element K missing`), empty when
+/// they hold the same. Both are compared as given; pass the intended one
+/// through [`kernel_form`] first. Elements of dynamic sets (affinity) are
+/// left out: packets add them, no transaction does.
 pub fn differences(intended: &Table, read: &Table) -> Vec<String> {
     let mut out = Vec::new();
     for (name, rules) in &intended.chains {
@@ -229,8 +230,17 @@ pub fn differences(intended: &Table, read: &Table) -> Vec<String> {
         };
         out.push(format!("set {name}: {what}"));
     }
+    for name in intended
+        .dynamic_sets
+        .symmetric_difference(&read.dynamic_sets)
+    {
+        out.push(format!("set {name}: dynamic in one table only"));
+    }
     let empty = BTreeMap::new();
     for (name, elements) in &intended.maps {
+        if intended.dynamic_sets.contains(name) {
+            continue;
+        }
         let found = read.maps.get(name).unwrap_or(&empty);
         for (key, verdict) in elements {
             match found.get(key) {

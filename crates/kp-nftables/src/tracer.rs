@@ -28,6 +28,9 @@ pub struct Table {
     pub maps: BTreeMap<String, BTreeMap<String, Option<RuleVerdict>>>,
     /// Sets declared (affinity sets among them).
     pub sets: BTreeSet<String>,
+    /// Sets that packets add elements to (`flags dynamic`: affinity sets),
+    /// whose elements the kernel holds but no transaction writes.
+    pub dynamic_sets: BTreeSet<String>,
 }
 
 /// The first packet of a new connection.
@@ -110,11 +113,15 @@ impl Table {
             Command::AddRule(rule) => self.chains.get_mut(rule.chain.as_str())?.push(rule.clone()),
             Command::AddSet(spec) => {
                 self.sets.insert(spec.name.as_str().to_owned());
+                if spec.dynamic_timeout_secs.is_some() {
+                    self.dynamic_sets.insert(spec.name.as_str().to_owned());
+                }
                 self.maps.entry(spec.name.as_str().to_owned()).or_default();
             }
             Command::FlushSet { name, .. } => self.maps.get_mut(name.as_str())?.clear(),
             Command::DeleteSet { name, .. } => {
                 self.sets.remove(name.as_str());
+                self.dynamic_sets.remove(name.as_str());
                 self.maps.remove(name.as_str())?;
             }
             Command::AddElements { set, elements } => {

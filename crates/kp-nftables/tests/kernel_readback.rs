@@ -392,6 +392,26 @@ fn story(family: IpFamily, plan: &Plan) {
     ));
     assert_eq!(read.trace(&to_web).unwrap(), Verdict::Reject);
 
+    // A packet adds an address to an affinity set: the kernel holds an
+    // element no transaction wrote, which is not drift.
+    let affinity = intended
+        .dynamic_sets
+        .iter()
+        .next()
+        .expect("an affinity set")
+        .clone();
+    let source = format!("{{ {} }}", plan.pod);
+    node.nft(&["add", "element", keyword, "kube-proxy", &affinity, &source]);
+    let read = node.read().unwrap();
+    assert!(read.maps[&affinity].contains_key(plan.pod), "{affinity}");
+    assert_eq!(
+        differences(&intended, &read),
+        [format!(
+            "set service-ips: element {} missing",
+            plan.web_port_key
+        )]
+    );
+
     // Someone deletes the rule that sets the masquerade mark.
     let handle = node.rule_handle("mark-for-masquerade", 0);
     node.nft(&[

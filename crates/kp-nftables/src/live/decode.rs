@@ -46,6 +46,8 @@ const SET_KEY_LEN: u16 = 5;
 const SET_F_ANONYMOUS: u32 = 0x1;
 const SET_F_INTERVAL: u32 = 0x4;
 const SET_F_MAP: u32 = 0x8;
+/// `NFT_SET_EVAL`: rules add elements (`flags dynamic`).
+const SET_F_EVAL: u32 = 0x20;
 // NFTA_SET_ELEM_LIST_*, NFTA_SET_ELEM_*
 const ELEM_LIST_TABLE: u16 = 1;
 const ELEM_LIST_SET: u16 = 2;
@@ -103,6 +105,7 @@ struct SetInfo {
     anonymous: bool,
     interval: bool,
     map: bool,
+    dynamic: bool,
     /// The data type ids of its key's fields, first field first.
     fields: Vec<u32>,
     key_len: u32,
@@ -156,6 +159,9 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         if !info.anonymous {
             table.sets.insert(name.clone());
             table.maps.entry(name.clone()).or_default();
+            if info.dynamic {
+                table.dynamic_sets.insert(name.clone());
+            }
         }
         sets.insert(name, info);
     }
@@ -419,6 +425,7 @@ fn set_info(attrs: &BTreeMap<u16, &[u8]>) -> Result<SetInfo, &'static str> {
         anonymous: flags & SET_F_ANONYMOUS != 0,
         interval: flags & SET_F_INTERVAL != 0,
         map: flags & SET_F_MAP != 0,
+        dynamic: flags & SET_F_EVAL != 0,
         fields,
         key_len,
     })
