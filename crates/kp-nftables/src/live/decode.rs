@@ -166,7 +166,7 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         sets.insert(name, info);
     }
 
-    let mut anonymous: BTreeMap<String, Vec<(u128, u128, bool)>> = BTreeMap::new();
+    let mut anonymous: BTreeMap<String, Vec<(u128, bool)>> = BTreeMap::new();
     for payload in &dump.elements {
         let attrs = attributes(payload);
         if !ours(&attrs, ELEM_LIST_TABLE) {
@@ -209,11 +209,10 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
                     .get(&ELEM_FLAGS)
                     .and_then(|v| read_be_u32(v))
                     .unwrap_or(0);
-                anonymous.entry(name.clone()).or_default().push((
-                    value,
-                    value,
-                    flags & ELEM_F_INTERVAL_END != 0,
-                ));
+                anonymous
+                    .entry(name.clone())
+                    .or_default()
+                    .push((value, flags & ELEM_F_INTERVAL_END != 0));
                 continue;
             }
             let key = decode_key(info, key).ok_or_else(|| {
@@ -241,9 +240,13 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
                 .insert(key.to_string(), verdict);
         }
     }
+    let last_address = match family {
+        IpFamily::V4 => u128::from(u32::MAX),
+        IpFamily::V6 => u128::MAX,
+    };
     let anonymous: BTreeMap<String, Vec<(u128, u128)>> = anonymous
         .into_iter()
-        .map(|(name, points)| (name, intervals(points)))
+        .map(|(name, points)| (name, intervals(points, last_address)))
         .collect();
 
     for payload in &dump.chains {
@@ -300,9 +303,19 @@ pub fn model_name(name: &str) -> Name {
 }
 
 /// The prefixes that cover `start..=end` exactly, smallest address first
-/// (`width` is 32 or 128 bits).
+/// (`width` is 32 or 128 bits; an `end` past the last address of the width
+/// stops there).
 pub fn prefixes(start: u128, end: u128, width: u8) -> Vec<IpNet> {
+    let last_address = if width >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << width) - 1
+    };
+    let end = end.min(last_address);
     let mut out = Vec::new();
+    if start > end {
+        return out;
+    }
     let mut at = start;
     loop {
         // The largest block aligned at `at` that stays within `end`.
@@ -352,13 +365,14 @@ pub fn address_of(net: IpNet) -> Address {
 
 /// Ranges from the start and end points of an interval set: a start
 /// opens a range, an end point (one past the range's last address) closes
-/// it; a range open at the end runs to the last address.
-fn intervals(mut points: Vec<(u128, u128, bool)>) -> Vec<(u128, u128)> {
+/// it; a range still open at the end runs to `last_address` (the encoder
+/// writes no end point past the last address).
+fn intervals(mut points: Vec<(u128, bool)>, last_address: u128) -> Vec<(u128, u128)> {
     // At equal keys an end comes first: it closes the range before.
-    points.sort_by_key(|(value, _, end)| (*value, !*end));
+    points.sort_by_key(|(value, end)| (*value, !*end));
     let mut out = Vec::new();
     let mut open: Option<u128> = None;
-    for (value, _, end) in points {
+    for (value, end) in points {
         match (end, open) {
             (true, Some(start)) => {
                 out.push((start, value.saturating_sub(1)));
@@ -372,7 +386,7 @@ fn intervals(mut points: Vec<(u128, u128, bool)>) -> Vec<(u128, u128)> {
         }
     }
     if let Some(start) = open {
-        out.push((start, u128::MAX));
+        out.push((start, last_address));
     }
     out
 }

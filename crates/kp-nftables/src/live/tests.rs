@@ -368,6 +368,13 @@ fn prefixes_cover_a_range_exactly_with_the_fewest() {
         .map(ToString::to_string)
         .collect();
     assert_eq!(all, ["0.0.0.0/0"]);
+    // Past the last IPv4 address: cut there, not counted on for ever.
+    let past: Vec<String> = decode::prefixes(v4("255.255.255.0"), u128::MAX, 32)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(past, ["255.255.255.0/24"]);
+    assert!(decode::prefixes(5, 4, 32).is_empty());
     let all6 = decode::prefixes(0, u128::MAX, 128);
     assert_eq!(all6.len(), 1);
     assert_eq!(all6[0].prefix_len(), 0);
@@ -397,4 +404,43 @@ fn adjacent_source_ranges_are_held_merged() {
     let text: Vec<String> = values.iter().map(ToString::to_string).collect();
     assert_eq!(text, ["192.0.2.7", "198.51.100.0/24"]);
     assert_eq!(decoded, kernel_form_rule(&rule));
+}
+
+#[test]
+fn a_source_range_up_to_the_last_address_comes_back_whole() {
+    // The encoder writes no end point after the last address; the range
+    // still ends there, in both families.
+    for (family, values, want) in [
+        (
+            IpFamily::V4,
+            vec!["198.51.100.0/24", "240.0.0.0/4"],
+            vec!["198.51.100.0/24", "240.0.0.0/4"],
+        ),
+        (
+            IpFamily::V6,
+            vec!["fd00:198::/64", "ff00::/8"],
+            vec!["fd00:198::/64", "ff00::/8"],
+        ),
+    ] {
+        let chain: Arc<str> = Arc::from("firewall-AAAAAAAA-ns1/lb/tcp/p80");
+        let rule = Rule::new(
+            &chain,
+            vec![
+                Expr::AddrNotIn {
+                    field: crate::model::AddrField::Source,
+                    values: values
+                        .iter()
+                        .map(|text| Address::Prefix(text.parse().unwrap()))
+                        .collect(),
+                },
+                Expr::Verdict(crate::model::Verdict::Drop),
+            ],
+        );
+        let decoded = round_trip(family, &rule).unwrap();
+        let Expr::AddrNotIn { values, .. } = &decoded.exprs[0] else {
+            panic!("{decoded:?}");
+        };
+        let text: Vec<String> = values.iter().map(ToString::to_string).collect();
+        assert_eq!(text, want, "{family:?}");
+    }
 }
