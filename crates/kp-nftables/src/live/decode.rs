@@ -8,8 +8,10 @@
 //! `NFTA_BITWISE_OP` boolean, `NFTA_NUMGEN_OFFSET` 0, `NFTA_DYNSET_TIMEOUT`
 //! 0, `NFTA_NAT_REG_*_MAX` equal to the minimum) and numbers registers its
 //! own way (`NFT_REG32_00` comes back as `NFT_REG_1`); both are accepted.
-//! Any other attribute or shape is an error naming the chain, the rule's
-//! handle and the expression.
+//! So is the one shape `nft -f` writes differently for the same text (the
+//! [`crate::NftApplier`]): a byte-aligned prefix loads and compares only
+//! its own bytes. Any other attribute or shape is an error naming the
+//! chain, the rule's handle and the expression.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -1010,7 +1012,11 @@ impl RuleDecoder<'_> {
         let Some(field) = self.addr_field(offset) else {
             return bad("a load of a network header field other than an address");
         };
-        if len != self.addr_len() || slot != SLOT_1 {
+        // `nft -f` loads only the bytes a byte-aligned prefix covers
+        // (`ip saddr 10.244.0.0/16` loads two); the encoder loads the
+        // whole address.
+        let full = len == self.addr_len();
+        if len == 0 || len > self.addr_len() || slot != SLOT_1 {
             return bad("an address load of another length or into another register");
         }
         let next = self.shape(i + 1)?;
@@ -1018,7 +1024,7 @@ impl RuleDecoder<'_> {
             Shape::Meta {
                 key: META_L4PROTO,
                 slot: meta_slot,
-            } if field == AddrField::Destination && meta_slot == SLOT_1 + len / 4 => {
+            } if full && field == AddrField::Destination && meta_slot == SLOT_1 + len / 4 => {
                 let map = self.dispatch_tail(i + 1, meta_slot)?;
                 Ok((
                     Expr::DispatchVmap {
@@ -1056,7 +1062,7 @@ impl RuleDecoder<'_> {
                 slot: SLOT_1,
                 dslot: None,
                 invert,
-            } => {
+            } if full => {
                 if !invert {
                     return Ok((
                         Expr::AddrInSet {
@@ -1078,7 +1084,8 @@ impl RuleDecoder<'_> {
                 Ok((Expr::AddrNotIn { field, values }, 2))
             }
             Shape::Other
-                if field == AddrField::Source
+                if full
+                    && field == AddrField::Source
                     && self.raws.get(i + 1).is_some_and(|r| r.name == "dynset") =>
             {
                 let raw = &self.raws[i + 1];
@@ -1235,6 +1242,9 @@ impl RuleDecoder<'_> {
     }
 
     /// The address or prefix a comparison (after `mask`) matches.
+    /// The address or prefix a comparison with `data` (after `mask`, of
+    /// the same length) matches. A value shorter than an address is the
+    /// leading bytes of a prefix that covers them (what `nft -f` loads).
     fn address(
         &self,
         index: usize,
@@ -1242,21 +1252,25 @@ impl RuleDecoder<'_> {
         mask: Option<&[u8]>,
     ) -> Result<Address, ReadError> {
         let bad = |reason: &str| self.error_at(index, reason);
-        let ip = match (self.family, data.len()) {
-            (IpFamily::V4, 4) => {
-                IpAddr::from(<[u8; 4]>::try_from(data).map_err(|_| bad("not an address"))?)
-            }
-            (IpFamily::V6, 16) => {
-                IpAddr::from(<[u8; 16]>::try_from(data).map_err(|_| bad("not an address"))?)
-            }
-            _ => {
-                return Err(bad(
-                    "a comparison with a value of another length than an address",
-                ))
-            }
+        let full = usize::try_from(self.addr_len()).unwrap_or(16);
+        if data.is_empty() || data.len() > full || mask.is_some_and(|m| m.len() != data.len()) {
+            return Err(bad(
+                "a comparison with a value of another length than the load",
+            ));
+        }
+        let mut bytes = data.to_vec();
+        bytes.resize(full, 0);
+        let ip = match self.family {
+            IpFamily::V4 => IpAddr::from(<[u8; 4]>::try_from(&bytes[..]).unwrap_or_default()),
+            IpFamily::V6 => IpAddr::from(<[u8; 16]>::try_from(&bytes[..]).unwrap_or_default()),
         };
         let Some(mask) = mask else {
-            return Ok(Address::Host(ip));
+            if data.len() == full {
+                return Ok(Address::Host(ip));
+            }
+            let len = u8::try_from(data.len() * 8).unwrap_or(0);
+            let net = IpNet::new(ip, len).map_err(|_| bad("a prefix longer than the address"))?;
+            return Ok(address_of(net));
         };
         // The mask must be a prefix: ones, then zeros.
         let bits: u32 = mask.iter().map(|b| b.count_ones()).sum();
