@@ -222,6 +222,22 @@ pub fn differences(intended: &Table, read: &Table) -> Vec<String> {
             out.push(format!("chain {name}: not intended"));
         }
     }
+    for (name, base) in &intended.base_chains {
+        match read.base_chains.get(name) {
+            Some(got) if got == base => {}
+            Some(got) => out.push(format!(
+                "chain {name}: hooks in as {got:?}, intended {base:?}"
+            )),
+            None => out.push(format!("chain {name}: not a base chain, intended {base:?}")),
+        }
+    }
+    for (name, got) in &read.base_chains {
+        if !intended.base_chains.contains_key(name) {
+            out.push(format!(
+                "chain {name}: a base chain ({got:?}), intended a regular one"
+            ));
+        }
+    }
     for name in intended.sets.symmetric_difference(&read.sets) {
         let what = if intended.sets.contains(name) {
             "missing"

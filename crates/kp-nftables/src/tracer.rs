@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
-use crate::model::{protocol_keyword, AddrField, Command, Expr, Rule, Transaction};
+use crate::model::{
+    protocol_keyword, AddrField, ChainKind, ChainType, Command, Expr, Hook, Rule, Transaction,
+};
 use crate::names::MARK_FOR_MASQUERADE;
 
 use crate::model::Verdict as RuleVerdict;
@@ -31,6 +33,19 @@ pub struct Table {
     /// Sets that packets add elements to (`flags dynamic`: affinity sets),
     /// whose elements the kernel holds but no transaction writes.
     pub dynamic_sets: BTreeSet<String>,
+    /// The base chains: where each hooks in.
+    pub base_chains: BTreeMap<String, BaseChain>,
+}
+
+/// Where a base chain hooks in: `{ type T hook H priority P ; }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseChain {
+    /// `filter` or `nat`.
+    pub chain_type: ChainType,
+    /// The netfilter hook.
+    pub hook: Hook,
+    /// The priority at that hook.
+    pub priority: i32,
 }
 
 /// The first packet of a new connection.
@@ -103,11 +118,27 @@ impl Table {
         match command {
             Command::AddTable { .. } => {}
             Command::DeleteTable => *self = Self::default(),
-            Command::AddChain { name, .. } => {
+            Command::AddChain { name, kind } => {
                 self.chains.entry(name.as_str().to_owned()).or_default();
+                if let ChainKind::Base {
+                    chain_type,
+                    hook,
+                    priority,
+                } = *kind
+                {
+                    // `add chain` of an existing chain changes nothing.
+                    self.base_chains
+                        .entry(name.as_str().to_owned())
+                        .or_insert(BaseChain {
+                            chain_type,
+                            hook,
+                            priority,
+                        });
+                }
             }
             Command::FlushChain(name) => self.chains.get_mut(name.as_str())?.clear(),
             Command::DeleteChain(name) => {
+                self.base_chains.remove(name.as_str());
                 self.chains.remove(name.as_str())?;
             }
             Command::AddRule(rule) => self.chains.get_mut(rule.chain.as_str())?.push(rule.clone()),

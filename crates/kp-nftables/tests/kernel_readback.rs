@@ -432,6 +432,29 @@ fn story(family: IpFamily, plan: &Plan) {
         ]
     );
 
+    // Someone moves a base chain to another priority.
+    for args in [
+        vec!["flush", "chain", keyword, "kube-proxy", "filter-output"],
+        vec!["delete", "chain", keyword, "kube-proxy", "filter-output"],
+        vec![
+            "add",
+            "chain",
+            keyword,
+            "kube-proxy",
+            "filter-output",
+            "{ type filter hook output priority 5 ; }",
+        ],
+    ] {
+        node.nft(&args);
+    }
+    let diff = differences(&intended, &node.read().unwrap());
+    assert!(
+        diff.iter()
+            .any(|line| line.starts_with("chain filter-output: hooks in as")
+                && line.contains("priority: 5")),
+        "{diff:#?}"
+    );
+
     // The table deleted: the read-back says so, and the kernel refuses a
     // partial sync onto it as the FakeApplier does.
     node.nft(&["delete", "table", keyword, "kube-proxy"]);

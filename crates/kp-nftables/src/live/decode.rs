@@ -22,13 +22,20 @@ use kp_model::{IpFamily, Protocol};
 use kp_netlink::{nfnetlink, read_be_u32, read_be_u64, read_string, Attributes};
 
 use super::ReadError;
-use crate::model::{AddrField, Address, Expr, Key, Name, Rule, Verdict};
+use crate::model::{AddrField, Address, ChainType, Expr, Hook, Key, Name, Rule, Verdict};
 use crate::names;
-use crate::tracer::Table;
+use crate::tracer::{BaseChain, Table};
 
-// NFTA_CHAIN_*
+// NFTA_CHAIN_*, NFTA_HOOK_*
 const CHAIN_TABLE: u16 = 1;
 const CHAIN_NAME: u16 = 3;
+const CHAIN_HOOK: u16 = 4;
+const CHAIN_POLICY: u16 = 5;
+const CHAIN_TYPE: u16 = 7;
+const HOOK_HOOKNUM: u16 = 1;
+const HOOK_PRIORITY: u16 = 2;
+/// `NF_ACCEPT`, the policy of every base chain of the table.
+const POLICY_ACCEPT: u32 = 1;
 // NFTA_RULE_*
 const RULE_TABLE: u16 = 1;
 const RULE_CHAIN: u16 = 2;
@@ -258,6 +265,11 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         }
         let name = string(&attrs, CHAIN_NAME)
             .ok_or_else(|| object_error("a chain".to_owned(), "it has no name".to_owned()))?;
+        if let Some(hook) = attrs.get(&CHAIN_HOOK) {
+            let base = base_chain(&attrs, hook)
+                .map_err(|reason| object_error(format!("base chain {name}"), reason))?;
+            table.base_chains.insert(name.clone(), base);
+        }
         table.chains.entry(name).or_default();
     }
 
@@ -282,6 +294,47 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
             .push(rule);
     }
     Ok(table)
+}
+
+/// Where a chain with `NFTA_CHAIN_HOOK` hooks in; a policy other than
+/// accept is an error (the table never sets one, and the model has none).
+fn base_chain(attrs: &BTreeMap<u16, &[u8]>, hook: &[u8]) -> Result<BaseChain, String> {
+    let hook_attrs: BTreeMap<u16, &[u8]> = Attributes::new(hook).collect();
+    let number = hook_attrs
+        .get(&HOOK_HOOKNUM)
+        .and_then(|v| read_be_u32(v))
+        .ok_or("its hook has no number")?;
+    let hook = match number {
+        0 => Hook::Prerouting,
+        1 => Hook::Input,
+        2 => Hook::Forward,
+        3 => Hook::Output,
+        4 => Hook::Postrouting,
+        other => return Err(format!("hook number {other} is not one of the ip hooks")),
+    };
+    let priority = hook_attrs
+        .get(&HOOK_PRIORITY)
+        .and_then(|v| <[u8; 4]>::try_from(*v).ok())
+        .map(i32::from_be_bytes)
+        .ok_or("its hook has no priority")?;
+    let chain_type = match attrs.get(&CHAIN_TYPE).map(|v| read_string(v)).as_deref() {
+        Some("filter") => ChainType::Filter,
+        Some("nat") => ChainType::Nat,
+        other => return Err(format!("chain type {other:?} is not filter or nat")),
+    };
+    match attrs.get(&CHAIN_POLICY).and_then(|v| read_be_u32(v)) {
+        None | Some(POLICY_ACCEPT) => {}
+        Some(policy) => {
+            return Err(format!(
+                "its policy is {policy} (0 is drop), not accept, which this table always uses"
+            ))
+        }
+    }
+    Ok(BaseChain {
+        chain_type,
+        hook,
+        priority,
+    })
 }
 
 /// The names of the sets (anonymous ones among them) in `dump`'s set

@@ -296,6 +296,34 @@ fn every_rendered_element_decodes_back_to_its_key_and_verdict() {
 }
 
 #[test]
+fn every_rendered_chain_decodes_back_with_its_hook() {
+    for (fixture, transactions) in fixtures() {
+        let family = transactions[0].family;
+        let chains: Vec<Command> = transactions
+            .iter()
+            .flat_map(|t| &t.commands)
+            .filter(|command| matches!(command, Command::AddChain { .. }))
+            .cloned()
+            .collect();
+        let transaction = Transaction {
+            family,
+            commands: chains,
+        };
+        let mut replayed = Table::new();
+        replayed.apply(&transaction).unwrap();
+        let table = decode::decode(family, &as_dump(&transaction))
+            .unwrap_or_else(|error| panic!("{fixture}: {error}"));
+        assert_eq!(table.base_chains.len(), 8, "{fixture}");
+        assert_eq!(table.base_chains, replayed.base_chains, "{fixture}");
+        assert_eq!(
+            table.chains.keys().collect::<Vec<_>>(),
+            replayed.chains.keys().collect::<Vec<_>>(),
+            "{fixture}"
+        );
+    }
+}
+
+#[test]
 fn fixed_names_come_back_fixed_and_service_names_shared() {
     assert_eq!(
         decode::model_name("services"),
