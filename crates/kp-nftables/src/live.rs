@@ -320,46 +320,69 @@ fn dump_table(channel: &mut Channel, family: IpFamily) -> Result<Attempt, ReadEr
     }
     let mut dump = Dump::default();
     let request = |message: u8| nfnetlink::request(SUBSYS_NFTABLES, message, nfproto, NLM_F_DUMP);
-    let steps = [
-        (MSG_GETCHAIN, MSG_NEWCHAIN, "dumping its chains"),
-        (MSG_GETRULE, MSG_NEWRULE, "dumping its rules"),
-        (MSG_GETSET, MSG_NEWSET, "dumping its sets"),
+    // The kernel's chain dump takes no table filter: it lists every
+    // chain of the family, and the decoder keeps ours.
+    let whole = [
+        (
+            request(MSG_GETCHAIN),
+            MSG_NEWCHAIN,
+            &mut dump.chains,
+            "dumping its chains",
+        ),
+        (
+            request(MSG_GETRULE).string(ATTR_TABLE, TABLE),
+            MSG_NEWRULE,
+            &mut dump.rules,
+            "dumping its rules",
+        ),
+        (
+            request(MSG_GETSET).string(ATTR_TABLE, TABLE),
+            MSG_NEWSET,
+            &mut dump.sets,
+            "dumping its sets",
+        ),
     ];
-    for (ask, answer, step) in steps {
-        let out = match answer {
-            MSG_NEWCHAIN => &mut dump.chains,
-            MSG_NEWRULE => &mut dump.rules,
-            _ => &mut dump.sets,
-        };
-        let mut message = request(ask);
-        if ask != MSG_GETCHAIN {
-            message = message.string(ATTR_TABLE, TABLE);
-        }
-        match collect(channel, message, answer, out) {
-            Ok(true) => {}
-            Ok(false) => return Ok(Attempt::Changed),
-            Err(error) if error.errno() == Some(ENOENT) => return Ok(Attempt::Changed),
-            Err(error) => return Err(netlink_error(family, step, error)),
+    for (message, answer, out, step) in whole {
+        if !dump_step(channel, family, message, answer, out, step)? {
+            return Ok(Attempt::Changed);
         }
     }
     for set in decode::set_names(&dump) {
         let message = request(MSG_GETSETELEM)
             .string(ATTR_TABLE, TABLE)
             .string(ATTR_SET, &set);
-        match collect(channel, message, MSG_NEWSETELEM, &mut dump.elements) {
-            Ok(true) => {}
-            Ok(false) => return Ok(Attempt::Changed),
-            Err(error) if error.errno() == Some(ENOENT) => return Ok(Attempt::Changed),
-            Err(error) => {
-                return Err(netlink_error(
-                    family,
-                    &format!("dumping the elements of set {set}"),
-                    error,
-                ))
-            }
+        let step = format!("dumping the elements of set {set}");
+        if !dump_step(
+            channel,
+            family,
+            message,
+            MSG_NEWSETELEM,
+            &mut dump.elements,
+            &step,
+        )? {
+            return Ok(Attempt::Changed);
         }
     }
     Ok(Attempt::Read(dump))
+}
+
+/// Runs one dump (`step`, for errors) and appends the payloads of its
+/// `answer` messages to `out`; `false` when a commit came in between: the
+/// kernel marked the dump interrupted, or an object it names is gone
+/// (`ENOENT`).
+fn dump_step(
+    channel: &mut Channel,
+    family: IpFamily,
+    request: kp_netlink::Message,
+    answer: u8,
+    out: &mut Vec<Vec<u8>>,
+    step: &str,
+) -> Result<bool, ReadError> {
+    match collect(channel, request, answer, out) {
+        Ok(complete) => Ok(complete),
+        Err(error) if error.errno() == Some(ENOENT) => Ok(false),
+        Err(error) => Err(netlink_error(family, step, error)),
+    }
 }
 
 /// Runs one dump and appends the payloads of its `answer` messages to
