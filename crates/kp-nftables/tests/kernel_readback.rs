@@ -346,6 +346,17 @@ fn story(family: IpFamily, plan: &Plan) {
     let mut node = Node::start(family, plan);
     assert!(node.read().is_none(), "no table before the first sync");
 
+    // Another program's table of the same family, with a chain and a rule
+    // our decoder would refuse: not read.
+    let keyword = family_keyword(family);
+    for args in [
+        vec!["add", "table", keyword, "other"],
+        vec!["add", "chain", keyword, "other", "foreign"],
+        vec!["add", "rule", keyword, "other", "foreign", "counter"],
+    ] {
+        node.nft(&args);
+    }
+
     // A full sync, read back.
     node.sync(true, &[]);
     assert_kernel_holds_intended(&node, plan, "after the full sync");
@@ -358,7 +369,6 @@ fn story(family: IpFamily, plan: &Plan) {
 
     // Someone deletes web's ClusterIP element: the read-back misses it,
     // and a packet to it is now refused instead of DNATed.
-    let keyword = family_keyword(family);
     let element = format!("{{ {} }}", plan.web_port_key);
     node.nft(&[
         "delete",
