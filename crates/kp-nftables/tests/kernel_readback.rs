@@ -561,3 +561,94 @@ fn a_table_written_by_nft_reads_back_as_the_same_table() {
         assert_eq!(read, node.read().unwrap(), "{family:?}: nft and netlink");
     }
 }
+
+/// While another thread commits and undoes, over and over, one change that
+/// spans the first dump (a chain) and the last (a map element), every read
+/// that succeeds is the table before or after it, never half of each: the
+/// generation read before and after the dumps sends a torn read round
+/// again.
+#[test]
+fn a_read_during_commits_is_one_table_or_the_other_never_half() {
+    use kp_nftables::model::{ChainKind, Command, Expr, Key, Name, Rule, SetElement, Verdict};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    require_root();
+    require_tool("nft");
+    let mut node = Node::start(IpFamily::V4, &V4);
+    node.sync(true, &[]);
+    let chain = Name::Shared(Arc::from("service-ZZZZZZZZ-ns9/probe/tcp/p1"));
+    let key = Key::AddrProtoPort(ip("10.96.99.99"), kp_model::Protocol::Tcp, 1);
+    let add = Transaction {
+        family: IpFamily::V4,
+        commands: vec![
+            Command::AddChain {
+                name: chain.clone(),
+                kind: ChainKind::Regular,
+            },
+            Command::AddRule(Rule::new(chain.clone(), vec![Expr::Reject])),
+            Command::AddElements {
+                set: Name::Fixed("service-ips"),
+                elements: vec![SetElement {
+                    key,
+                    comment: None,
+                    verdict: Some(Verdict::Goto(chain.clone())),
+                }],
+            },
+        ],
+    };
+    let undo = Transaction {
+        family: IpFamily::V4,
+        commands: vec![
+            Command::DeleteElements {
+                set: Name::Fixed("service-ips"),
+                keys: vec![key],
+            },
+            Command::FlushChain(chain.clone()),
+            Command::DeleteChain(chain.clone()),
+        ],
+    };
+    let before = kernel_form(&node.intended);
+    let mut after = node.intended.clone();
+    after.apply(&add).unwrap();
+    let after = kernel_form(&after);
+
+    let done = AtomicBool::new(false);
+    let (reads, changing) = std::thread::scope(|scope| {
+        let netns = &node.netns;
+        let done = &done;
+        let committer = scope.spawn(|| {
+            netns.run(|| {
+                let mut applier = NetlinkApplier::new();
+                for _ in 0..1000 {
+                    applier.apply(&add).unwrap();
+                    applier.apply(&undo).unwrap();
+                }
+            });
+            done.store(true, Ordering::SeqCst);
+        });
+        let reads = netns.run(|| {
+            let (mut reads, mut changing) = (0, 0);
+            while !done.load(Ordering::SeqCst) {
+                match live::read_table(IpFamily::V4) {
+                    Ok(Some(read)) => {
+                        assert!(
+                            read == before || read == after,
+                            "a read of neither table:\n{}\n--- or ---\n{}",
+                            differences(&before, &read).join("\n"),
+                            differences(&after, &read).join("\n"),
+                        );
+                        reads += 1;
+                    }
+                    Ok(None) => panic!("the table vanished"),
+                    Err(live::ReadError::Changing { .. }) => changing += 1,
+                    Err(error) => panic!("{error}"),
+                }
+            }
+            (reads, changing)
+        });
+        committer.join().unwrap();
+        reads
+    });
+    println!("{reads} whole reads, {changing} given up while commits went on");
+    assert_eq!(node.read().unwrap(), before, "after the last undo");
+}
