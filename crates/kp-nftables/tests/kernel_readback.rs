@@ -4,6 +4,9 @@
 //! after a partial sync too. When someone deletes one map element or one
 //! rule with `nft`, the read-back shows the difference (what `kube-proxy
 //! check` reports). Both families, each in a network namespace of its own.
+//! Besides: a table of 1,000 Services reads back whole; a table written by
+//! `nft -f` reads back as the netlink one; reads during a stream of commits
+//! are each one whole table.
 //!
 //! | object | addresses |
 //! |---|---|

@@ -360,7 +360,7 @@ pub fn model_name(name: &str) -> Name {
 /// The prefixes that cover `start..=end` exactly, smallest address first
 /// (`width` is 32 or 128 bits; an `end` past the last address of the width
 /// stops there).
-pub fn prefixes(start: u128, end: u128, width: u8) -> Vec<IpNet> {
+pub(super) fn prefixes(start: u128, end: u128, width: u8) -> Vec<IpNet> {
     let last_address = if width >= 128 {
         u128::MAX
     } else {
@@ -410,7 +410,7 @@ fn net_of(at: u128, prefix_len: u8, width: u8) -> IpNet {
 }
 
 /// A host for a full-length prefix, the prefix otherwise.
-pub fn address_of(net: IpNet) -> Address {
+pub(super) fn address_of(net: IpNet) -> Address {
     if net.prefix_len() == net.max_prefix_len() {
         Address::Host(net.addr())
     } else {

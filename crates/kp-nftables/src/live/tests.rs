@@ -14,6 +14,11 @@
 //! | ns1/dns:p53 | UDP ClusterIP 10.96.0.16, endpoint 10.244.1.6 |
 //! | ns1/web6:p80 (IPv6) | ClusterIP fd00:10:96::10, NodePort 30090, endpoint [fd00:10:244:1::2]:8080 |
 //! | ns1/lb6:p80 (IPv6) | LB fd00:203::9 from fd00:198::/64 and fd00:199::/64, affinity, endpoint [fd00:10:244:1::4]:8080 |
+//! | ns1/empty6:p80 (IPv6) | ClusterIP fd00:10:96::14, no endpoints |
+//!
+//! Each cluster is rendered with each kind of local-traffic detector
+//! (cluster CIDR, interface prefix, bridge) and of NodePort addresses (all,
+//! selected, primary).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
