@@ -10,7 +10,7 @@
 //! | load_balancer_source_ranges | ns1/lb 10.96.0.43:443, NodePort 30443, LB 203.0.113.9 from 203.0.113.0/25, 192.168.99.0/24 → 10.244.2.3:8443 |
 //! | udp_sctp | kube-system/dns 10.96.0.10:53/UDP → 10.244.2.5:53; ns6/sctp 10.96.0.52:9999/SCTP, NodePort 30999 → 10.244.2.6:9999 |
 //! | etp_local | ns2/svc2 10.96.0.46:80, NodePort 30046, LB 203.0.113.10, eTP Local → 10.244.1.2:80 (local), 10.244.2.3:80 |
-//! | docker | ns1/svc1 10.96.0.41:80 → 10.244.1.2, 10.244.2.3, 10.244.2.4 :8080; Docker's 8081 → 172.17.0.2:80 |
+//! | cluster_ip, docker | ns1/svc1 10.96.0.41:80 → 10.244.1.2, 10.244.2.3, 10.244.2.4 :8080; Docker's 8081 → 172.17.0.2:80 |
 //! | ipv6 | ns1/svc1 fd00:10:96::41:80, NodePort 30080 → fd00:10:244:1::2, fd00:10:244:2::3 :8080; ns1/empty fd00:10:96::42:80 |
 //!
 //! Node 192.168.99.2 / fd00:192:168:99::2, client 192.168.99.10 /
@@ -75,6 +75,11 @@ fn trace(ruleset: &Ruleset, packet: &Packet, name: &str) -> Trace {
 fn packets(name: &str) -> Vec<Packet> {
     let sctp = |src, dst, port| tcp(src, dst, port).with_protocol(Protocol::Sctp);
     match name {
+        "cluster_ip" => vec![
+            tcp(POD, "10.96.0.41", 80),
+            tcp(CLIENT, "10.96.0.41", 80),
+            tcp("10.244.1.2", "10.96.0.41", 80),
+        ],
         "session_affinity" => vec![
             tcp(POD, "10.96.0.45", 80),
             tcp(CLIENT, "10.96.0.45", 80),
@@ -108,7 +113,8 @@ fn packets(name: &str) -> Vec<Packet> {
     }
 }
 
-const CAPTURES: [&str; 5] = [
+const CAPTURES: [&str; 6] = [
+    "cluster_ip",
     "session_affinity",
     "load_balancer_source_ranges",
     "udp_sctp",

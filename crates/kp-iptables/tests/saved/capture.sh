@@ -61,15 +61,12 @@ others() {
 
 for flavor in legacy nft; do
     mkdir -p "$flavor"
-    for name in session_affinity load_balancer_source_ranges udp_sctp etp_local cluster_ip; do
+    for out in session_affinity load_balancer_source_ranges udp_sctp etp_local cluster_ip docker; do
+        name=$out
+        [ "$out" = docker ] && name=cluster_ip
         run iptables-$flavor-restore --noflush <"$golden/$name.txt"
         jumps "run iptables-$flavor"
-        if [ "$name" = cluster_ip ]; then
-            others "run iptables-$flavor"
-            out=docker
-        else
-            out=$name
-        fi
+        [ "$out" = docker ] && others "run iptables-$flavor"
         run iptables-$flavor-save | sed -e 's/ on [A-Z][a-z][a-z] [A-Z][a-z][a-z] .*//' >"$flavor/$out.txt"
         for table in nat filter mangle; do
             run iptables-$flavor -t "$table" -F
