@@ -28,7 +28,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{IpFamily, Protocol};
 
-use crate::applier::{IptablesFlavor, SystemApplier};
+use crate::applier::{ApplyError, IptablesFlavor, SystemApplier};
 use crate::jumps::{Table, JUMP_RULES};
 
 mod parse;
@@ -47,8 +47,8 @@ const KUBELET_CHAINS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
 /// The tables a trace passes through, read from the kernel.
 const TRACED_TABLES: [Table; 2] = [Table::Nat, Table::Filter];
 
-/// Why text could not be loaded or checked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why rules could not be loaded, checked or traced.
+#[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// A line of restore text is not understood.
     #[error("restore text line {line}: {reason}: {text}")]
@@ -61,14 +61,15 @@ pub enum TraceError {
         reason: String,
     },
     /// The kernel's rules could not be read.
-    #[error("reading the {family} rules of iptables-{flavor} failed: {reason}")]
+    #[error("reading the {family} rules of iptables-{flavor} failed")]
     Live {
         /// The flavor.
-        flavor: String,
+        flavor: IptablesFlavor,
         /// `IPv4` or `IPv6`.
-        family: String,
-        /// What went wrong (the command and its error).
-        reason: String,
+        family: &'static str,
+        /// The save program's failure.
+        #[source]
+        source: ApplyError,
     },
     /// The packet reaches a rule the tracer cannot decide, and the rule
     /// could change where the packet goes.
@@ -289,10 +290,10 @@ impl Ruleset {
         for table in TRACED_TABLES {
             let saved = applier
                 .save_text(family, table)
-                .map_err(|error| TraceError::Live {
-                    flavor: applier.flavor().to_string(),
-                    family: family.as_api_str().to_owned(),
-                    reason: error_chain(&error),
+                .map_err(|source| TraceError::Live {
+                    flavor: applier.flavor(),
+                    family: family.as_api_str(),
+                    source,
                 })?;
             text.push_str(&saved);
         }
@@ -964,17 +965,6 @@ fn filter_verdict(flow: Flow, policy: Verdict) -> Verdict {
         Flow::Continue => policy,
         Flow::Stop(_) => Verdict::Accept,
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn outcome(state: State, verdict: Verdict, masqueraded: bool) -> PathOutcome {

@@ -301,3 +301,20 @@ fn a_rule_deleted_behind_our_back_changes_the_trace_of_its_service_only(flavor: 
     let differ = differing(IpFamily::V4, &node.live(IpFamily::V4), &model);
     assert_eq!(differ, BTreeSet::from(["sticky"]), "{flavor}");
 }
+
+#[test]
+fn rules_that_cannot_be_read_are_an_error_naming_the_flavor_and_family() {
+    require(IptablesFlavor::Nft);
+    let applier = SystemApplier::new(IptablesFlavor::Nft).in_network_namespace("kpt-absent");
+    let error = Ruleset::from_applier(&applier, IpFamily::V6).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "reading the IPv6 rules of iptables-nft failed",
+        "{error:?}"
+    );
+    let cause = std::error::Error::source(&error).map(ToString::to_string);
+    assert!(
+        cause.is_some_and(|c| c.contains("ip netns exec kpt-absent ip6tables-nft-save -t nat")),
+        "{error:?}"
+    );
+}
