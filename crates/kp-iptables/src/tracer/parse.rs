@@ -172,8 +172,23 @@ pub(crate) fn parse_rule(words: &[String]) -> Result<Rule, String> {
     parse_rule_with(words, Strictness::Strict)
 }
 
-/// Parses the words of a rule after `-A CHAIN`.
+/// Parses the words of a rule after `-A CHAIN`. In lenient mode a rule
+/// whose values cannot be read (a DNAT range, an address type the tracer
+/// does not know) is kept whole as one it cannot decide, with a target that
+/// may change the path.
 pub(crate) fn parse_rule_with(words: &[String], strictness: Strictness) -> Result<Rule, String> {
+    match parse_words(words, strictness) {
+        Err(reason) if strictness == Strictness::Lenient => Ok(Rule {
+            raw: words.join(" "),
+            matches: Vec::new(),
+            target: Target::Extension(format!("unreadable rule ({reason})")),
+            unknown: vec![format!("an unreadable rule ({reason})")],
+        }),
+        parsed => parsed,
+    }
+}
+
+fn parse_words(words: &[String], strictness: Strictness) -> Result<Rule, String> {
     let mut rule = Rule {
         raw: words.join(" "),
         matches: Vec::new(),
@@ -346,6 +361,15 @@ pub(crate) fn parse_rule_with(words: &[String], strictness: Strictness) -> Resul
                     rule.target = Target::Extension(name.to_owned());
                     break;
                 }
+            }
+            // A goto changes the path as a jump does, without the return.
+            "-g" => {
+                let chain = value()?;
+                if strictness == Strictness::Strict {
+                    return Err(format!("goto {chain} is not modelled"));
+                }
+                rule.target = Target::Extension(format!("-g {chain}"));
+                break;
             }
             "--to-destination" => rule.target = dnat(value()?)?,
             "--to-source" => {
@@ -555,6 +579,18 @@ mod tests {
             rule.matches,
             [Match::Source(false, "10.0.0.0/8".parse().unwrap())]
         );
+    }
+
+    #[test]
+    fn a_goto_or_an_unreadable_value_is_a_rule_that_may_change_the_path() {
+        let goto = lenient("-s 10.0.0.0/8 -g OTHER");
+        assert_eq!(goto.target, Target::Extension("-g OTHER".into()));
+        assert!(!goto.target.is_inert());
+        let range = lenient("-p tcp -j DNAT --to-destination 10.0.0.1-10.0.0.9");
+        assert!(range.matches.is_empty() && !range.unknown.is_empty());
+        assert!(!range.target.is_inert());
+        assert!(strict("-j DNAT --to-destination 10.0.0.1-10.0.0.9").is_err());
+        assert!(strict("-s 10.0.0.0/8 -g KUBE-X").is_err());
     }
 
     #[test]
