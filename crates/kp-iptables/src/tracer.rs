@@ -1,4 +1,5 @@
-//! A packet tracer over the rules this crate renders.
+//! A packet tracer over the rules this crate renders, and over the rules
+//! the kernel holds.
 //!
 //! [`Ruleset`] holds tables as `iptables-restore --noflush` would leave them
 //! after applying rendered text (and, with [`Ruleset::with_jump_rules`], the
@@ -277,8 +278,10 @@ impl Ruleset {
     }
 
     /// The nat and filter tables of `family` in the kernel, as the save
-    /// program of `flavor` lists them (`iptables-nft-save -t nat`, …), in
-    /// the calling thread's network namespace.
+    /// program of `flavor` lists them (`iptables-nft-save -t nat`, then
+    /// `-t filter`), in the calling thread's network namespace. The mangle
+    /// table is not read: neither the iptables nor the IPVS mode writes a
+    /// rule there (only the canary chain), and a trace does not pass it.
     pub fn from_live(flavor: IptablesFlavor, family: IpFamily) -> Result<Self, TraceError> {
         Self::from_applier(&SystemApplier::new(flavor), family)
     }
