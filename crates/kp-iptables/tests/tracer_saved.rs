@@ -4,14 +4,14 @@
 //! iptables-restore in a scratch namespace, with our jump rules; docker.txt
 //! adds Docker's, kubelet's and an administrator's rules).
 //!
+//! Every golden text of one family that applies alone is captured (see
+//! `CAPTURES`); the stories below use these:
+//!
 //! | capture | Services |
 //! |---|---|
 //! | session_affinity | ns1/sticky 10.96.0.45:80, ClientIP 10800 s → 10.244.1.2:80, 10.244.2.3:80 |
-//! | load_balancer_source_ranges | ns1/lb 10.96.0.43:443, NodePort 30443, LB 203.0.113.9 from 203.0.113.0/25, 192.168.99.0/24 → 10.244.2.3:8443 |
 //! | udp_sctp | kube-system/dns 10.96.0.10:53/UDP → 10.244.2.5:53; ns6/sctp 10.96.0.52:9999/SCTP, NodePort 30999 → 10.244.2.6:9999 |
-//! | etp_local | ns2/svc2 10.96.0.46:80, NodePort 30046, LB 203.0.113.10, eTP Local → 10.244.1.2:80 (local), 10.244.2.3:80 |
 //! | cluster_ip, docker | ns1/svc1 10.96.0.41:80 → 10.244.1.2, 10.244.2.3, 10.244.2.4 :8080; Docker's 8081 → 172.17.0.2:80 |
-//! | ipv6 | ns1/svc1 fd00:10:96::41:80, NodePort 30080 → fd00:10:244:1::2, fd00:10:244:2::3 :8080; ns1/empty fd00:10:96::42:80 |
 //!
 //! Node 192.168.99.2 / fd00:192:168:99::2, client 192.168.99.10 /
 //! fd00:192:168:99::10, pod 10.244.1.5 / fd00:10:244:1::5.
@@ -70,56 +70,96 @@ fn trace(ruleset: &Ruleset, packet: &Packet, name: &str) -> Trace {
         .unwrap_or_else(|e| panic!("{name}: {packet:?}: {e}"))
 }
 
-/// Every Service address of each capture, as a client, a pod and the node
-/// would reach it.
+/// Every Service address the golden text of `name` captures (`-d ADDR …
+/// --dport N` in KUBE-SERVICES, `--dport N` in KUBE-NODEPORTS at the
+/// node's address), as a pod (by address, and on the `cbr0` bridge and a
+/// `veth` for the interface detectors), a client, a client outside every
+/// source range, and the node itself would reach it; and the same
+/// addresses over another protocol.
 fn packets(name: &str) -> Vec<Packet> {
-    let sctp = |src, dst, port| tcp(src, dst, port).with_protocol(Protocol::Sctp);
-    match name {
-        "cluster_ip" => vec![
-            tcp(POD, "10.96.0.41", 80),
-            tcp(CLIENT, "10.96.0.41", 80),
-            tcp("10.244.1.2", "10.96.0.41", 80),
-        ],
-        "session_affinity" => vec![
-            tcp(POD, "10.96.0.45", 80),
-            tcp(CLIENT, "10.96.0.45", 80),
-            tcp(NODE, "10.96.0.45", 80).from_host(),
-        ],
-        "load_balancer_source_ranges" => vec![
-            tcp(CLIENT, "203.0.113.9", 443),
-            tcp("203.0.113.200", "203.0.113.9", 443),
-            tcp(POD, "10.96.0.43", 443),
-            tcp(CLIENT, NODE, 30443),
-        ],
-        "udp_sctp" => vec![
-            tcp(POD, "10.96.0.10", 53).with_protocol(Protocol::Udp),
-            tcp(POD, "10.96.0.10", 53),
-            sctp(POD, "10.96.0.52", 9999),
-            sctp(CLIENT, NODE, 30999),
-            tcp(CLIENT, NODE, 30999),
-        ],
-        "etp_local" => vec![
-            tcp(CLIENT, "203.0.113.10", 80),
-            tcp(CLIENT, NODE, 30046),
-            tcp(POD, "203.0.113.10", 80),
-            tcp(NODE, "10.96.0.46", 80).from_host(),
-        ],
-        "ipv6" => vec![
-            tcp(POD6, "fd00:10:96::41", 80),
-            tcp(CLIENT6, NODE6, 30080),
-            tcp(POD6, "fd00:10:96::42", 80),
-        ],
-        other => panic!("no packets for {other}"),
+    let (pod, client, node) = if name == "ipv6" {
+        (POD6, CLIENT6, NODE6)
+    } else {
+        (POD, CLIENT, NODE)
+    };
+    let outsider = if name == "ipv6" {
+        "2001:db8::7"
+    } else {
+        "198.51.100.7"
+    };
+    let text = read(&["golden", &format!("{name}.txt")]);
+    let mut packets = Vec::new();
+    for (protocol, dst, port) in service_addresses(&text, ip(node)) {
+        let other = match protocol {
+            Protocol::Tcp => Protocol::Udp,
+            _ => Protocol::Tcp,
+        };
+        let to = |src: &str| Packet::tcp(ip(src), dst, port).with_protocol(protocol);
+        packets.extend([
+            to(pod),
+            to(pod).from_interface("cbr0"),
+            to(pod).from_interface("veth9"),
+            to(client).from_interface("eth0"),
+            to(outsider).from_interface("eth0"),
+            to(node).from_host(),
+            to(pod).with_protocol(other),
+        ]);
     }
+    assert!(!packets.is_empty(), "{name}: no Service address found");
+    packets
 }
 
-const CAPTURES: [&str; 6] = [
+fn service_addresses(text: &str, node: IpAddr) -> Vec<(Protocol, IpAddr, u16)> {
+    let mut addresses = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let value = |option: &str| {
+            let at = words.iter().position(|w| *w == option)?;
+            words.get(at + 1).copied()
+        };
+        let (Some(protocol), Some(port)) = (value("-p"), value("--dport")) else {
+            continue;
+        };
+        let protocol = match protocol {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            other => panic!("protocol {other} in {line}"),
+        };
+        let port = port.parse().unwrap();
+        let address = match words.get(1).copied() {
+            Some("KUBE-SERVICES") => value("-d").map(|d| ip(d.split('/').next().unwrap())),
+            Some("KUBE-NODEPORTS") => Some(node),
+            _ => None,
+        };
+        if let Some(address) = address {
+            addresses.push((protocol, address, port));
+        }
+    }
+    addresses.sort_by_key(|(p, a, n)| (p.as_rule_str(), *a, *n));
+    addresses.dedup();
+    addresses
+}
+
+/// Every golden text of one family that applies alone (see capture.sh).
+const CAPTURES: [&str; 17] = [
     "cluster_ip",
-    "session_affinity",
-    "load_balancer_source_ranges",
-    "udp_sctp",
+    "detector_bridge",
+    "detector_interface_prefix",
+    "detector_node_cidr",
+    "detector_none",
     "etp_local",
+    "etp_local_no_local_endpoints",
+    "external_ips",
     "ipv6",
+    "itp_local",
+    "load_balancer_source_ranges",
+    "masquerade_all",
+    "no_endpoints",
+    "node_port",
+    "session_affinity",
+    "terminating_fallback",
+    "udp_sctp",
 ];
 
 #[test]

@@ -61,7 +61,12 @@ others() {
 
 for flavor in legacy nft; do
     mkdir -p "$flavor"
-    for out in session_affinity load_balancer_source_ranges udp_sctp etp_local cluster_ip docker; do
+    # Every golden text of one family that applies alone: partial_sync is
+    # a partial restore, and node_port_addresses needs nfacct objects.
+    for out in cluster_ip detector_bridge detector_interface_prefix detector_node_cidr \
+        detector_none etp_local etp_local_no_local_endpoints external_ips itp_local \
+        load_balancer_source_ranges masquerade_all no_endpoints node_port session_affinity \
+        terminating_fallback udp_sctp docker; do
         name=$out
         [ "$out" = docker ] && name=cluster_ip
         run iptables-$flavor-restore --noflush <"$golden/$name.txt"
