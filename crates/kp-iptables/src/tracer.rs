@@ -29,7 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{IpFamily, Protocol};
 
-use crate::applier::{ApplyError, IptablesFlavor, SystemApplier};
+use crate::applier::{ApplyError, IptablesFlavor, SystemApplier, Tool};
 use crate::jumps::{Table, JUMP_RULES};
 
 mod parse;
@@ -51,8 +51,8 @@ const TRACED_TABLES: [Table; 2] = [Table::Nat, Table::Filter];
 /// Why rules could not be loaded, checked or traced.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// A line of restore text is not understood.
-    #[error("restore text line {line}: {reason}: {text}")]
+    /// A line of restore or save text is not understood.
+    #[error("line {line}: {reason}: {text}")]
     Parse {
         /// 1-based line number.
         line: usize,
@@ -71,6 +71,15 @@ pub enum TraceError {
         /// The save program's failure.
         #[source]
         source: ApplyError,
+    },
+    /// What the save program listed of one table is not understood.
+    #[error("the output of {command} is not understood")]
+    LiveText {
+        /// The save command, e.g. `iptables-nft-save -t nat`.
+        command: String,
+        /// The line at fault.
+        #[source]
+        source: Box<TraceError>,
     },
     /// The packet reaches a rule the tracer cannot decide, and the rule
     /// could change where the packet goes.
@@ -289,7 +298,7 @@ impl Ruleset {
     /// [`Self::from_live`] with the programs `applier` runs (in the network
     /// namespace it was told to use, if any).
     pub fn from_applier(applier: &SystemApplier, family: IpFamily) -> Result<Self, TraceError> {
-        let mut text = String::new();
+        let mut ruleset = Self::new();
         for table in TRACED_TABLES {
             let saved = applier
                 .save_text(family, table)
@@ -298,9 +307,18 @@ impl Ruleset {
                     family: family.as_api_str(),
                     source,
                 })?;
-            text.push_str(&saved);
+            // One table at a time, so that a line number is the program's.
+            ruleset
+                .apply_text(&saved, Format::Save)
+                .map_err(|source| TraceError::LiveText {
+                    command: format!(
+                        "{} -t {table}",
+                        applier.flavor().program(family, Tool::Save)
+                    ),
+                    source: Box::new(source),
+                })?;
         }
-        Self::from_save(&text)
+        Ok(ruleset)
     }
 
     fn apply_text(&mut self, text: &str, format: Format) -> Result<(), TraceError> {

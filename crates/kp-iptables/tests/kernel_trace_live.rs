@@ -48,6 +48,7 @@ const NODE6: &str = "fd00:192:168:99::2";
 on_both_flavors!(
     live_rules_trace_as_the_rendered_text_for_every_service_address,
     a_rule_deleted_behind_our_back_changes_the_trace_of_its_service_only,
+    another_programs_rules_are_read_and_noted_but_one_in_our_chains_is_an_error,
 );
 
 fn world_v4() -> World {
@@ -316,5 +317,80 @@ fn rules_that_cannot_be_read_are_an_error_naming_the_flavor_and_family() {
     assert!(
         cause.is_some_and(|c| c.contains("ip netns exec kpt-absent ip6tables-nft-save -t nat")),
         "{error:?}"
+    );
+}
+
+fn another_programs_rules_are_read_and_noted_but_one_in_our_chains_is_an_error(
+    flavor: IptablesFlavor,
+) {
+    require(flavor);
+    let v4 = world_v4();
+    let text = render(&v4);
+    let node = Node::programmed(flavor, &[(&v4, &text)]);
+    let locals = [ip(NODE)];
+    let packet = tcp(POD, "10.96.0.10", 80);
+
+    // Someone logs short packets before our jump: the tracer does not
+    // model `-m length`, but a LOG rule cannot change the path.
+    node.iptables(
+        IpFamily::V4,
+        &[
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "-m",
+            "length",
+            "--length",
+            "1:100",
+            "-j",
+            "LOG",
+        ],
+    );
+    let live = node.live(IpFamily::V4);
+    let traced = trace(&live, &packet, &locals);
+    assert_eq!(
+        traced.behaviour(),
+        trace(&model(&v4, &text), &packet, &locals).behaviour()
+    );
+    for path in &traced.paths {
+        assert_eq!(path.not_followed.len(), 1, "{traced}");
+        assert!(
+            path.not_followed[0].starts_with("nat/PREROUTING -m length --length 1:100 -j LOG"),
+            "{traced}"
+        );
+    }
+
+    // The same match in one of our chains is refused when read, by name.
+    node.iptables(
+        IpFamily::V4,
+        &[
+            "-t",
+            "nat",
+            "-I",
+            "KUBE-MARK-MASQ",
+            "-m",
+            "length",
+            "--length",
+            "1:100",
+            "-j",
+            "RETURN",
+        ],
+    );
+    let error = node
+        .netns
+        .run(|| Ruleset::from_live(flavor, IpFamily::V4))
+        .unwrap_err();
+    let save = flavor.program(IpFamily::V4, kp_iptables::applier::Tool::Save);
+    assert_eq!(
+        error.to_string(),
+        format!("the output of {save} -t nat is not understood")
+    );
+    let cause = std::error::Error::source(&error).unwrap().to_string();
+    assert!(
+        cause.contains(
+            "unknown module length: -A KUBE-MARK-MASQ -m length --length 1:100 -j RETURN"
+        ),
+        "{cause}"
     );
 }
