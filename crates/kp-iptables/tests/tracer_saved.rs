@@ -174,7 +174,8 @@ fn every_capture_of_both_flavors_behaves_as_the_text_we_rendered() {
                 assert_eq!(
                     got.behaviour(),
                     want.behaviour(),
-                    "{flavor}/{name}: {packet:?}\nkernel:\n{got}\nrendered:\n{want}"
+                    "{flavor}/{name}: {packet:?} (after a change of the golden text, \
+                     run tests/saved/capture.sh as root)\nkernel:\n{got}\nrendered:\n{want}"
                 );
                 assert!(!got.paths.is_empty());
                 assert!(got.paths.iter().all(|p| p.not_followed.is_empty()), "{got}");
