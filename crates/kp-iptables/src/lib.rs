@@ -13,9 +13,11 @@
 //! in-memory [`FakeApplier`], or the [`DryRunApplier`]), keeps the canary
 //! chain, and [`cleanup`] removes everything again.
 //!
-//! [`tracer`] parses rendered text and follows a packet through it, so
-//! tests can assert behaviour ("goes to one of these endpoints", "is
-//! dropped") rather than rule text alone.
+//! [`tracer`] parses rendered text, or the kernel's rules as
+//! `iptables-save` lists them beside other software's, and follows a packet
+//! through them, so tests can assert behaviour ("goes to one of these
+//! endpoints", "is dropped") rather than rule text alone, and the kernel's
+//! state can be compared with what was rendered.
 
 pub mod applier;
 pub mod backend;

@@ -1,4 +1,5 @@
-//! A packet tracer over the rules this crate renders.
+//! A packet tracer over the rules this crate renders, and over the rules
+//! the kernel holds.
 //!
 //! [`Ruleset`] holds tables as `iptables-restore --noflush` would leave them
 //! after applying rendered text (and, with [`Ruleset::with_jump_rules`], the
@@ -9,38 +10,88 @@
 //! packet can take: the set of DNAT destinations, whether each path is
 //! masqueraded, and the filter verdict.
 //!
-//! It understands the rule shapes we write, not iptables in general:
-//! session affinity (`-m recent --rcheck`) never matches, as for a first
-//! packet, and unknown options are parse errors.
+//! Rules come from restore text we render ([`Ruleset::from_restore`]) or
+//! from the kernel as `iptables-save` prints them ([`Ruleset::from_save`],
+//! [`Ruleset::from_live`]), where other software's chains and rules sit
+//! beside ours. Every option of our own `KUBE-*` chains must be understood
+//! (anything else is an error naming the chain and rule). A rule of
+//! another chain that the tracer cannot decide is recorded on the path as
+//! "not followed" when it cannot change the packet's path, and makes the
+//! trace fail when it can.
+//!
+//! Session affinity (`-m recent --rcheck`) never matches, as for a first
+//! packet; each affinity rule the packet passes is reported on its path.
+//! `-m set` asks the [`IpSets`] given to [`Ruleset::trace_with_sets`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use kp_model::Protocol;
+use kp_model::{IpFamily, Protocol};
 
+use crate::applier::{ApplyError, IptablesFlavor, SystemApplier, Tool};
 use crate::jumps::{Table, JUMP_RULES};
 
 mod parse;
+mod sets;
 
 pub use parse::Rule;
-use parse::{parse_rule, words, Match, Target};
+use parse::{parse_rule, parse_rule_with, words, Match, Strictness, Target};
+pub use sets::{IpSetMembers, IpSets};
 
 /// How deep chain jumps may nest before the tracer assumes a loop.
 const MAX_JUMP_DEPTH: usize = 32;
 const BUILTIN_CHAINS: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+/// `KUBE-` chains that are kubelet's alone (flavor hints and its canary):
+/// they hold no rules of ours.
+const KUBELET_CHAINS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
+/// The tables a trace passes through, read from the kernel.
+const TRACED_TABLES: [Table; 2] = [Table::Nat, Table::Filter];
 
-/// Why text could not be loaded or checked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why rules could not be loaded, checked or traced.
+#[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// A line of restore text is not understood.
-    #[error("restore text line {line}: {reason}: {text}")]
+    /// A line of restore or save text is not understood.
+    #[error("line {line}: {reason}: {text}")]
     Parse {
         /// 1-based line number.
         line: usize,
         /// The line.
         text: String,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// The kernel's rules could not be read.
+    #[error("reading the {family} rules of iptables-{flavor} failed")]
+    Live {
+        /// The flavor.
+        flavor: IptablesFlavor,
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The save program's failure.
+        #[source]
+        source: ApplyError,
+    },
+    /// What the save program listed of one table is not understood.
+    #[error("the output of {command} is not understood")]
+    LiveText {
+        /// The save command, e.g. `iptables-nft-save -t nat`.
+        command: String,
+        /// The line at fault.
+        #[source]
+        source: Box<TraceError>,
+    },
+    /// The packet reaches a rule the tracer cannot decide, and the rule
+    /// could change where the packet goes.
+    #[error("{table}/{chain} rule {rule:?}: {reason}; the packet's path depends on it")]
+    Undecidable {
+        /// The table.
+        table: String,
+        /// The chain.
+        chain: String,
+        /// The rule, as written after `-A CHAIN`.
+        rule: String,
+        /// What the tracer cannot decide.
         reason: String,
     },
     /// Rules jump to chains that do not exist.
@@ -57,6 +108,8 @@ pub enum TraceError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ruleset {
     tables: BTreeMap<String, BTreeMap<String, Vec<Rule>>>,
+    /// Policies of built-in chains other than ACCEPT, by table and chain.
+    policies: BTreeMap<(String, String), Verdict>,
 }
 
 /// A packet opening a new connection.
@@ -89,20 +142,59 @@ pub enum Verdict {
 }
 
 /// One path a packet can take.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PathOutcome {
     /// Where DNAT sent it, if anywhere.
     pub destination: Option<SocketAddr>,
     /// The filter verdict.
     pub verdict: Verdict,
-    /// nat POSTROUTING masquerades it (only for accepted paths).
+    /// nat POSTROUTING masquerades (or SNATs) it (only for accepted paths).
     pub masqueraded: bool,
+    /// The chance that a new connection takes this path: the product of
+    /// the `-m statistic` outcomes on it, with the kernel's rounding.
+    pub probability: f64,
     /// The rules that matched, in order, as `table/CHAIN rule`.
     pub matched: Vec<String>,
+    /// Session affinity rules the packet passed: a later packet of the
+    /// same client within `seconds` takes their jump instead.
+    pub affinity: Vec<Affinity>,
+    /// Rules of other software's chains the tracer could not decide and
+    /// that could not change the path, as `table/CHAIN rule: reason`.
+    pub not_followed: Vec<String>,
+}
+
+/// A `-m recent --rcheck` rule (session affinity) on a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Affinity {
+    /// The recent list (`--name`): the endpoint chain that set it.
+    pub list: String,
+    /// How long a client stays on the list (`--seconds`).
+    pub seconds: Option<u32>,
+    /// The rule, as `table/CHAIN rule`.
+    pub rule: String,
+}
+
+/// What a path does, without the text of the rules: two rulesets that
+/// program the same behaviour (the text we render and the kernel's
+/// `iptables-save` of it) give equal behaviours.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathBehaviour {
+    /// Where DNAT sent it, if anywhere.
+    pub destination: Option<SocketAddr>,
+    /// The filter verdict.
+    pub verdict: Verdict,
+    /// Masqueraded.
+    pub masqueraded: bool,
+    /// The chance of the path.
+    pub probability: f64,
+    /// The chains of the matched rules, in order, as `table/CHAIN`.
+    pub chains: Vec<String>,
+    /// The affinity lists passed, with their timeouts.
+    pub affinity: Vec<(String, Option<u32>)>,
 }
 
 /// Every path of one packet.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Trace {
     /// The paths, one per combination of `-m statistic` outcomes.
     pub paths: Vec<PathOutcome>,
@@ -115,7 +207,10 @@ struct State {
     dport: u16,
     mark: u32,
     destination: Option<SocketAddr>,
+    probability: f64,
     matched: Vec<String>,
+    affinity: Vec<Affinity>,
+    not_followed: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,11 +227,30 @@ enum Terminal {
     Masquerade,
 }
 
+/// Whether a rule matches a packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    Match,
+    NoMatch,
+    /// The rule's other matches match, but one cannot be decided.
+    Unknown(String),
+}
+
+/// Which text a line comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// Restore text we render: everything must be understood.
+    Restore,
+    /// `iptables-save` output: other software's rules may hold anything.
+    Save,
+}
+
 /// What `trace` needs besides the rules.
 struct Env<'a> {
-    protocol: &'static str,
+    protocol: Protocol,
     in_interface: Option<&'a str>,
     local_ips: &'a [IpAddr],
+    sets: &'a IpSets,
 }
 
 impl Ruleset {
@@ -157,6 +271,57 @@ impl Ruleset {
     /// deletes; each table
     /// changes only at its `COMMIT`.
     pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
+        self.apply_text(text, Format::Restore)
+    }
+
+    /// The tables as `iptables-save` (legacy or nft, either family) prints
+    /// them: built-in chains with their policies and counters, `-m tcp`
+    /// and the other modules spelled out, other software's chains and
+    /// rules. A line of one of our `KUBE-*` chains that is not understood
+    /// is an error naming it; other chains' rules are kept as they are
+    /// and judged when a packet reaches them.
+    pub fn from_save(text: &str) -> Result<Self, TraceError> {
+        let mut ruleset = Self::new();
+        ruleset.apply_text(text, Format::Save)?;
+        Ok(ruleset)
+    }
+
+    /// The nat and filter tables of `family` in the kernel, as the save
+    /// program of `flavor` lists them (`iptables-nft-save -t nat`, then
+    /// `-t filter`), in the calling thread's network namespace. The mangle
+    /// table is not read: neither the iptables nor the IPVS mode writes a
+    /// rule there (only the canary chain), and a trace does not pass it.
+    pub fn from_live(flavor: IptablesFlavor, family: IpFamily) -> Result<Self, TraceError> {
+        Self::from_applier(&SystemApplier::new(flavor), family)
+    }
+
+    /// [`Self::from_live`] with the programs `applier` runs (in the network
+    /// namespace it was told to use, if any).
+    pub fn from_applier(applier: &SystemApplier, family: IpFamily) -> Result<Self, TraceError> {
+        let mut ruleset = Self::new();
+        for table in TRACED_TABLES {
+            let saved = applier
+                .save_text(family, table)
+                .map_err(|source| TraceError::Live {
+                    flavor: applier.flavor(),
+                    family: family.as_api_str(),
+                    source,
+                })?;
+            // One table at a time, so that a line number is the program's.
+            ruleset
+                .apply_text(&saved, Format::Save)
+                .map_err(|source| TraceError::LiveText {
+                    command: format!(
+                        "{} -t {table}",
+                        applier.flavor().program(family, Tool::Save)
+                    ),
+                    source: Box::new(source),
+                })?;
+        }
+        Ok(ruleset)
+    }
+
+    fn apply_text(&mut self, text: &str, format: Format) -> Result<(), TraceError> {
         let mut pending: Option<(String, BTreeMap<String, Vec<Rule>>)> = None;
         for (index, line) in text.lines().enumerate() {
             let fail = |reason: String| TraceError::Parse {
@@ -182,7 +347,10 @@ impl Ruleset {
                 pending = None;
                 continue;
             }
-            apply_line(chains, line).map_err(fail)?;
+            let policy = apply_line(chains, line, format).map_err(fail)?;
+            if let Some((chain, verdict)) = policy {
+                self.policies.insert((table.clone(), chain), verdict);
+            }
         }
         match pending {
             Some((table, _)) => Err(TraceError::Parse {
@@ -257,15 +425,28 @@ impl Ruleset {
 
     /// Follows `packet`; `local_ips` are this host's addresses (loopback is
     /// always local), which decide `-m addrtype` matches and which filter
-    /// hooks a packet takes.
-    pub fn trace(&self, packet: &Packet, local_ips: &[IpAddr]) -> Trace {
+    /// hooks a packet takes. Rules matching ipsets cannot be decided: see
+    /// [`Self::trace_with_sets`].
+    pub fn trace(&self, packet: &Packet, local_ips: &[IpAddr]) -> Result<Trace, TraceError> {
+        self.trace_with_sets(packet, local_ips, &IpSets::default())
+    }
+
+    /// [`Self::trace`], with the members of the ipsets that `-m set`
+    /// rules ask.
+    pub fn trace_with_sets(
+        &self,
+        packet: &Packet,
+        local_ips: &[IpAddr],
+        sets: &IpSets,
+    ) -> Result<Trace, TraceError> {
         let env = Env {
-            protocol: packet.protocol.as_rule_str(),
+            protocol: packet.protocol,
             in_interface: packet
                 .in_interface
                 .as_deref()
                 .filter(|_| !packet.local_origin),
             local_ips,
+            sets,
         };
         let start = State {
             src: packet.src,
@@ -273,7 +454,10 @@ impl Ruleset {
             dport: packet.dport,
             mark: 0,
             destination: None,
+            probability: 1.0,
             matched: Vec::new(),
+            affinity: Vec::new(),
+            not_followed: Vec::new(),
         };
         let nat_hook = if packet.local_origin {
             "OUTPUT"
@@ -281,7 +465,7 @@ impl Ruleset {
             "PREROUTING"
         };
         let mut paths = Vec::new();
-        for (state, _) in self.run_chain("nat", nat_hook, start, &env, 0) {
+        for (state, _) in self.run_chain("nat", nat_hook, start, &env, 0)? {
             let mut hooks = Vec::new();
             if packet.local_origin {
                 hooks.push("OUTPUT");
@@ -291,9 +475,9 @@ impl Ruleset {
             } else {
                 "FORWARD"
             });
-            paths.extend(self.filter_and_postrouting(state, &hooks, &env));
+            paths.extend(self.filter_and_postrouting(state, &hooks, &env)?);
         }
-        Trace { paths }
+        Ok(Trace { paths })
     }
 
     fn filter_and_postrouting(
@@ -301,20 +485,21 @@ impl Ruleset {
         start: State,
         hooks: &[&str],
         env: &Env<'_>,
-    ) -> Vec<PathOutcome> {
+    ) -> Result<Vec<PathOutcome>, TraceError> {
         let mut states = vec![(start, Verdict::Accept)];
         for hook in hooks {
-            states = states
-                .into_iter()
-                .flat_map(|(state, verdict)| match verdict {
-                    Verdict::Accept => self
-                        .run_chain("filter", hook, state, env, 0)
-                        .into_iter()
-                        .map(|(state, flow)| (state, filter_verdict(flow)))
-                        .collect(),
-                    refused => vec![(state, refused)],
-                })
-                .collect();
+            let mut next = Vec::new();
+            for (state, verdict) in states {
+                if verdict != Verdict::Accept {
+                    next.push((state, verdict));
+                    continue;
+                }
+                let policy = self.policy("filter", hook);
+                for (state, flow) in self.run_chain("filter", hook, state, env, 0)? {
+                    next.push((state, filter_verdict(flow, policy)));
+                }
+            }
+            states = next;
         }
         let mut paths = Vec::new();
         for (state, verdict) in states {
@@ -322,12 +507,20 @@ impl Ruleset {
                 paths.push(outcome(state, verdict, false));
                 continue;
             }
-            for (state, flow) in self.run_chain("nat", "POSTROUTING", state, env, 0) {
+            for (state, flow) in self.run_chain("nat", "POSTROUTING", state, env, 0)? {
                 let masqueraded = flow == Flow::Stop(Terminal::Masquerade);
                 paths.push(outcome(state, verdict, masqueraded));
             }
         }
-        paths
+        Ok(paths)
+    }
+
+    /// The policy of a built-in chain.
+    fn policy(&self, table: &str, chain: &str) -> Verdict {
+        self.policies
+            .get(&(table.to_owned(), chain.to_owned()))
+            .copied()
+            .unwrap_or(Verdict::Accept)
     }
 
     /// Runs `state` through one chain; returns each resulting state with
@@ -339,35 +532,76 @@ impl Ruleset {
         state: State,
         env: &Env<'_>,
         depth: usize,
-    ) -> Vec<(State, Flow)> {
+    ) -> Result<Vec<(State, Flow)>, TraceError> {
         let rules = match self.tables.get(table).and_then(|chains| chains.get(chain)) {
             Some(rules) if depth < MAX_JUMP_DEPTH => rules,
-            _ => return vec![(state, Flow::Continue)],
+            _ => return Ok(vec![(state, Flow::Continue)]),
         };
         let mut results = Vec::new();
         let mut pending = vec![(state, 0usize)];
         'paths: while let Some((mut state, start)) = pending.pop() {
             for (index, rule) in rules.iter().enumerate().skip(start) {
-                if !env.matches(rule, &state) {
-                    continue;
+                let at = || format!("{table}/{chain} {}", rule.raw);
+                match env.decide(rule, &state) {
+                    Decision::NoMatch => continue,
+                    Decision::Match => {}
+                    Decision::Unknown(reason) => {
+                        if is_own_chain(chain)
+                            || !self.cannot_change_path(table, rule, &state, env, depth)?
+                        {
+                            return Err(TraceError::Undecidable {
+                                table: table.to_owned(),
+                                chain: chain.to_owned(),
+                                rule: rule.raw.clone(),
+                                reason,
+                            });
+                        }
+                        state.not_followed.push(format!("{}: {reason}", at()));
+                        continue;
+                    }
                 }
-                if rule
+                if let Some(Match::RecentCheck { name, seconds }) = rule
                     .matches
                     .iter()
-                    .any(|m| matches!(m, Match::Probability(_)))
+                    .find(|m| matches!(m, Match::RecentCheck { .. }))
                 {
-                    pending.push((state.clone(), index + 1));
+                    // A first packet's source is on no list: the rule is
+                    // passed, and reported.
+                    state.affinity.push(Affinity {
+                        list: name.clone(),
+                        seconds: *seconds,
+                        rule: at(),
+                    });
+                    continue;
                 }
-                state.matched.push(format!("{table}/{chain} {}", rule.raw));
+                if let Some(p) = rule.matches.iter().find_map(|m| match m {
+                    Match::Probability(p) => Some(*p),
+                    _ => None,
+                }) {
+                    let chance = f64::from(p) / f64::from(1u32 << 31);
+                    let mut missed = state.clone();
+                    missed.probability *= 1.0 - chance;
+                    pending.push((missed, index + 1));
+                    state.probability *= chance;
+                }
+                state.matched.push(at());
                 let flow = match &rule.target {
                     Target::Jump(sub) => {
-                        for (next, flow) in self.run_chain(table, sub, state, env, depth + 1) {
+                        for (next, flow) in self.run_chain(table, sub, state, env, depth + 1)? {
                             match flow {
                                 Flow::Continue => pending.push((next, index + 1)),
                                 stop => results.push((next, stop)),
                             }
                         }
                         continue 'paths;
+                    }
+                    Target::Extension(name) if !rule.target.is_inert() => {
+                        return Err(TraceError::Undecidable {
+                            table: table.to_owned(),
+                            chain: chain.to_owned(),
+                            rule: rule.raw.clone(),
+                            reason: format!("target {name} is not modelled"),
+                        });
                     }
                     target => match apply_target(target, &mut state) {
                         Some(flow) => flow,
@@ -379,7 +613,30 @@ impl Ruleset {
             }
             results.push((state, Flow::Continue));
         }
-        results
+        Ok(results)
+    }
+
+    /// Whether `rule`, were it to match, would leave the packet's path as
+    /// it is: its target does nothing to the packet, or it jumps to a chain
+    /// that, entered with this packet, changes nothing and stops nothing.
+    fn cannot_change_path(
+        &self,
+        table: &str,
+        rule: &Rule,
+        state: &State,
+        env: &Env<'_>,
+        depth: usize,
+    ) -> Result<bool, TraceError> {
+        let Target::Jump(sub) = &rule.target else {
+            return Ok(rule.target.is_inert());
+        };
+        let results = self.run_chain(table, sub, state.clone(), env, depth + 1)?;
+        Ok(results.iter().all(|(after, flow)| {
+            *flow == Flow::Continue
+                && after.mark == state.mark
+                && after.destination == state.destination
+                && after.probability == state.probability
+        }))
     }
 }
 
@@ -388,15 +645,44 @@ impl Env<'_> {
         ip.is_loopback() || self.local_ips.contains(&ip)
     }
 
-    fn matches(&self, rule: &Rule, state: &State) -> bool {
-        rule.matches.iter().all(|m| match m {
-            Match::Protocol(negate, protocol) => (protocol == self.protocol) != *negate,
+    /// Whether `rule` matches; a rule whose decided matches fail does not
+    /// match, whatever its undecided ones would say.
+    fn decide(&self, rule: &Rule, state: &State) -> Decision {
+        let mut unknown = rule
+            .unknown
+            .first()
+            .map(|option| format!("the tracer does not model {option}"));
+        for m in &rule.matches {
+            match self.matches(m, state) {
+                Ok(true) => {}
+                Ok(false) => return Decision::NoMatch,
+                Err(reason) => {
+                    unknown.get_or_insert(reason);
+                }
+            }
+        }
+        match unknown {
+            Some(reason) => Decision::Unknown(reason),
+            None => Decision::Match,
+        }
+    }
+
+    fn matches(&self, m: &Match, state: &State) -> Result<bool, String> {
+        Ok(match m {
+            Match::Protocol(negate, protocol) => {
+                (protocol == self.protocol.as_rule_str()) != *negate
+            }
             Match::Source(negate, net) => net.contains(&state.src) != *negate,
             Match::Destination(negate, net) => net.contains(&state.dst) != *negate,
             Match::InInterface(negate, name) => {
                 interface_matches(name, self.in_interface) != *negate
             }
-            Match::DestinationPort(negate, port) => (*port == state.dport) != *negate,
+            Match::DestinationPort(negate, ranges) => {
+                let inside = ranges
+                    .iter()
+                    .any(|(low, high)| (*low..=*high).contains(&state.dport));
+                inside != *negate
+            }
             Match::SourceLocal(want) => self.is_local(state.src) == *want,
             Match::DestinationLocal(want) => self.is_local(state.dst) == *want,
             Match::Mark(negate, mark, mask) => ((state.mark & mask) == *mark) != *negate,
@@ -405,8 +691,33 @@ impl Env<'_> {
                 let any = states.iter().any(|s| s == "NEW" || (s == "DNAT" && dnat));
                 any != *negate
             }
-            Match::Probability(_) => true,
-            Match::RecentCheck => false,
+            Match::Probability(_) | Match::RecentCheck { .. } => true,
+            Match::Set {
+                negate,
+                name,
+                flags,
+            } => {
+                let lookup = sets::Lookup {
+                    src: state.src,
+                    dst: state.dst,
+                    protocol: self.protocol,
+                    dport: state.dport,
+                };
+                self.sets.contains(name, flags, &lookup)? != *negate
+            }
+            // A trace follows routed packets, not bridged ones.
+            Match::PhysdevIsIn(negate) => *negate,
+            Match::Ipvs {
+                vaddr,
+                vproto,
+                vport,
+            } => {
+                vaddr.is_none_or(|net| net.contains(&state.dst))
+                    && vproto
+                        .as_deref()
+                        .is_none_or(|p| p == self.protocol.as_rule_str())
+                    && vport.is_none_or(|port| port == state.dport)
+            }
         })
     }
 }
@@ -440,6 +751,33 @@ impl Trace {
     pub fn never_masqueraded(&self) -> bool {
         self.paths.iter().all(|path| !path.masqueraded)
     }
+
+    /// What each path does, without rule text (see [`PathBehaviour`]).
+    pub fn behaviour(&self) -> Vec<PathBehaviour> {
+        self.paths.iter().map(PathOutcome::behaviour).collect()
+    }
+}
+
+impl PathOutcome {
+    /// What this path does, without rule text.
+    pub fn behaviour(&self) -> PathBehaviour {
+        PathBehaviour {
+            destination: self.destination,
+            verdict: self.verdict,
+            masqueraded: self.masqueraded,
+            probability: self.probability,
+            chains: self
+                .matched
+                .iter()
+                .map(|rule| rule.split(' ').next().unwrap_or_default().to_owned())
+                .collect(),
+            affinity: self
+                .affinity
+                .iter()
+                .map(|a| (a.list.clone(), a.seconds))
+                .collect(),
+        }
+    }
 }
 
 impl fmt::Display for Trace {
@@ -451,11 +789,24 @@ impl fmt::Display for Trace {
                 .unwrap_or_else(|| "-".into());
             writeln!(
                 f,
-                "path {i}: {:?} to {to}, masqueraded: {}",
-                path.verdict, path.masqueraded
+                "path {i}: {:?} to {to}, masqueraded: {}, probability {:.4}",
+                path.verdict, path.masqueraded, path.probability
             )?;
             for rule in &path.matched {
                 writeln!(f, "    {rule}")?;
+            }
+            for affinity in &path.affinity {
+                let seconds = affinity
+                    .seconds
+                    .map_or_else(|| "-".to_owned(), |s| s.to_string());
+                writeln!(
+                    f,
+                    "    affinity: list {} for {seconds} s: {}",
+                    affinity.list, affinity.rule
+                )?;
+            }
+            for rule in &path.not_followed {
+                writeln!(f, "    not followed: {rule}")?;
             }
         }
         Ok(())
@@ -494,30 +845,47 @@ impl Packet {
     }
 }
 
-fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<(), String> {
-    let words = words(line)?;
+/// Applies one line of a table; returns the policy of a built-in chain
+/// when the line declares one other than ACCEPT.
+fn apply_line(
+    chains: &mut BTreeMap<String, Vec<Rule>>,
+    line: &str,
+    format: Format,
+) -> Result<Option<(String, Verdict)>, String> {
+    let mut words = words(line)?;
+    // `iptables-save -c` puts the counters first: `[12:345] -A CHAIN …`.
+    if format == Format::Save && words.first().is_some_and(|w| w.starts_with('[')) {
+        words.remove(0);
+    }
     match words.first().map(String::as_str) {
         Some(declaration) if declaration.starts_with(':') => {
             let chain = &declaration[1..];
             let rules = chains.entry(chain.to_owned()).or_default();
             if !BUILTIN_CHAINS.contains(&chain) {
                 rules.clear();
+                return Ok(None);
             }
-            Ok(())
+            Ok(match words.get(1).map(String::as_str) {
+                Some("DROP") => Some((chain.to_owned(), Verdict::Drop)),
+                _ => None,
+            })
         }
-        Some("-A") => {
-            let chain = words.get(1).ok_or("-A needs a chain")?;
-            let rule = parse_rule(&words[2..])?;
-            require_target(chains, &rule)?;
-            let rules = chains
-                .get_mut(chain)
-                .ok_or_else(|| format!("chain {chain} does not exist"))?;
-            rules.push(rule);
-            Ok(())
-        }
-        Some("-I") => {
-            let chain = words.get(1).ok_or("-I needs a chain")?;
-            let rule = parse_rule(&words[2..])?;
+        Some(command @ ("-A" | "-I")) => {
+            let chain = words
+                .get(1)
+                .ok_or_else(|| format!("{command} needs a chain"))?;
+            let strictness = match format {
+                Format::Save if !is_own_chain(chain) => Strictness::Lenient,
+                _ => Strictness::Strict,
+            };
+            let mut rule = parse_rule_with(&words[2..], strictness)?;
+            // A chain of other software with an upper-case name, taken for
+            // a target extension by the parser.
+            if let Target::Extension(name) = &rule.target {
+                if chains.contains_key(name) {
+                    rule.target = Target::Jump(name.clone());
+                }
+            }
             require_target(chains, &rule)?;
             let rules = if BUILTIN_CHAINS.contains(&chain.as_str()) {
                 chains.entry(chain.clone()).or_default()
@@ -526,8 +894,12 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
                     .get_mut(chain)
                     .ok_or_else(|| format!("chain {chain} does not exist"))?
             };
-            rules.insert(0, rule);
-            Ok(())
+            if command == "-A" {
+                rules.push(rule);
+            } else {
+                rules.insert(0, rule);
+            }
+            Ok(None)
         }
         Some("-X") => {
             let chain = words.get(1).ok_or("-X needs a chain")?;
@@ -545,11 +917,16 @@ fn apply_line(chains: &mut BTreeMap<String, Vec<Rule>>, line: &str) -> Result<()
             }
             chains
                 .remove(chain)
-                .map(|_| ())
+                .map(|_| None)
                 .ok_or_else(|| format!("chain {chain} does not exist"))
         }
         _ => Err("unknown command".to_owned()),
     }
+}
+
+/// Our chains: every `KUBE-` chain but kubelet's own.
+fn is_own_chain(chain: &str) -> bool {
+    chain.starts_with("KUBE-") && !KUBELET_CHAINS.contains(&chain)
 }
 
 /// As the kernel: a rule may only jump to a chain the table holds.
@@ -565,7 +942,7 @@ fn require_target(chains: &BTreeMap<String, Vec<Rule>>, rule: &Rule) -> Result<(
 /// Applies a non-jump target; `None` when the rule does not end the chain.
 fn apply_target(target: &Target, state: &mut State) -> Option<Flow> {
     match target {
-        Target::None | Target::Jump(_) => None,
+        Target::None | Target::Jump(_) | Target::Extension(_) => None,
         Target::OrMark(bits) => {
             state.mark |= bits;
             None
@@ -582,11 +959,12 @@ fn apply_target(target: &Target, state: &mut State) -> Option<Flow> {
         Target::Accept => Some(Flow::Stop(Terminal::Accept)),
         Target::Drop => Some(Flow::Stop(Terminal::Drop)),
         Target::Reject => Some(Flow::Stop(Terminal::Reject)),
-        Target::Masquerade => Some(Flow::Stop(Terminal::Masquerade)),
-        Target::Dnat(to) => {
-            state.destination = Some(*to);
-            state.dst = to.ip();
-            state.dport = to.port();
+        Target::Masquerade | Target::Snat => Some(Flow::Stop(Terminal::Masquerade)),
+        Target::Dnat(ip, port) => {
+            let port = port.unwrap_or(state.dport);
+            state.destination = Some(SocketAddr::new(*ip, port));
+            state.dst = *ip;
+            state.dport = port;
             Some(Flow::Stop(Terminal::Accept))
         }
     }
@@ -600,11 +978,13 @@ fn interface_matches(pattern: &str, interface: Option<&str>) -> bool {
     }
 }
 
-fn filter_verdict(flow: Flow) -> Verdict {
+/// The verdict of a filter hook; falling off its end takes the policy.
+fn filter_verdict(flow: Flow, policy: Verdict) -> Verdict {
     match flow {
         Flow::Stop(Terminal::Drop) => Verdict::Drop,
         Flow::Stop(Terminal::Reject) => Verdict::Reject,
-        _ => Verdict::Accept,
+        Flow::Continue => policy,
+        Flow::Stop(_) => Verdict::Accept,
     }
 }
 
@@ -613,6 +993,9 @@ fn outcome(state: State, verdict: Verdict, masqueraded: bool) -> PathOutcome {
         destination: state.destination,
         verdict,
         masqueraded,
+        probability: state.probability,
         matched: state.matched,
+        affinity: state.affinity,
+        not_followed: state.not_followed,
     }
 }

@@ -258,10 +258,18 @@ fn session_affinity_still_balances_first_packets() {
             .local_endpoint("10.244.1.2", 80)
             .remote_endpoint("10.244.2.3", 80),
     );
-    assert_goes_to(
-        &world.trace(&tcp(POD, "10.96.0.45", 80)),
-        &["10.244.1.2:80", "10.244.2.3:80"],
-    );
+    let trace = world.trace(&tcp(POD, "10.96.0.45", 80));
+    assert_goes_to(&trace, &["10.244.1.2:80", "10.244.2.3:80"]);
+    // Each path passed both affinity rules, which a returning client
+    // would match instead.
+    for path in &trace.paths {
+        let timeouts: Vec<Option<u32>> = path.affinity.iter().map(|a| a.seconds).collect();
+        assert_eq!(timeouts, [Some(10800), Some(10800)], "\n{trace}");
+        assert!(path
+            .affinity
+            .iter()
+            .all(|a| a.list.starts_with("KUBE-SEP-")));
+    }
 }
 
 #[test]

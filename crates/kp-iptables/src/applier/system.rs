@@ -57,6 +57,32 @@ impl SystemApplier {
         self.flavor
     }
 
+    /// The whole `iptables-save -t TABLE` output of `table` (the
+    /// ip6tables program for IPv6), every chain and rule of whoever wrote
+    /// them, for tools that read the kernel's state back (`kube-proxy
+    /// trace`). Syncs use [`Applier::save_table`], which keeps only what
+    /// they need.
+    pub fn save_text(&self, family: IpFamily, table: Table) -> Result<String, ApplyError> {
+        let (mut command, line) = self.command(family, Tool::Save);
+        let line = format!("{line} -t {table}");
+        let output = command
+            .args(["-t", table.as_str()])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| ApplyError::Spawn {
+                command: line.clone(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(failed(line, &output));
+        }
+        String::from_utf8(output.stdout).map_err(|error| ApplyError::Failed {
+            command: line,
+            status: "its output is not UTF-8".to_owned(),
+            stderr: error.to_string(),
+        })
+    }
+
     fn command(&self, family: IpFamily, tool: Tool) -> (Command, String) {
         let program = self.flavor.program(family, tool);
         let mut words = self.prefix.clone();

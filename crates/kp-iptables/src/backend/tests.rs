@@ -236,10 +236,12 @@ fn first_sync_is_full_creates_canaries_jumps_and_rules_in_one_restore() {
         assert!(chains.contains(&KUBE_PROXY_CANARY.to_owned()), "{table}");
     }
     assert_eq!(kernel.jumps(IpFamily::V4).len(), JUMP_RULES.len());
-    let trace = with_jumps(&kernel).trace(
-        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
-        &[ip(NODE_IP)],
-    );
+    let trace = with_jumps(&kernel)
+        .trace(
+            &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
+            &[ip(NODE_IP)],
+        )
+        .unwrap();
     let reached: Vec<String> = trace.destinations().iter().map(|d| d.to_string()).collect();
     assert_eq!(reached, ["10.244.2.3:8080"]);
     assert_eq!(outcome.rules_per_table[1].0, "nat");
@@ -300,10 +302,12 @@ fn later_partial_sync_checks_nothing_and_rewrites_only_changed_services() {
         !restore.contains(":KUBE-SERVICES") && !restore.contains("-A KUBE-SERVICES"),
         "an endpoint change leaves KUBE-SERVICES as the kernel holds it:\n{restore}"
     );
-    let trace = with_jumps(&kernel).trace(
-        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.11"), 80),
-        &[ip(NODE_IP)],
-    );
+    let trace = with_jumps(&kernel)
+        .trace(
+            &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.11"), 80),
+            &[ip(NODE_IP)],
+        )
+        .unwrap();
     assert_eq!(trace.destinations().len(), 1, "db still works");
 }
 
@@ -575,10 +579,12 @@ fn a_partial_sync_that_meets_a_wiped_table_fails_and_the_next_sync_is_full() {
     assert!(failed.is_err(), "{failed:?}");
     let outcome = grown.sync(&mut backend, false, &[]).unwrap();
     assert!(outcome.full, "the sync after the failure is full");
-    let trace = with_jumps(&kernel).trace(
-        &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
-        &[ip(NODE_IP)],
-    );
+    let trace = with_jumps(&kernel)
+        .trace(
+            &Packet::tcp(ip("10.244.1.5"), ip("10.96.0.10"), 80),
+            &[ip(NODE_IP)],
+        )
+        .unwrap();
     assert_eq!(trace.destinations().len(), 2, "both endpoints work again");
 }
 

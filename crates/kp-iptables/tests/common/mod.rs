@@ -115,7 +115,9 @@ impl World {
     /// a target, and traces `packet`.
     pub fn trace(&self, packet: &Packet) -> Trace {
         let ruleset = ruleset(&self.render());
-        ruleset.trace(packet, &self.local_ips())
+        ruleset
+            .trace(packet, &self.local_ips())
+            .unwrap_or_else(|error| panic!("trace of {packet:?}: {error}"))
     }
 }
 
