@@ -466,15 +466,19 @@ impl Ruleset {
         };
         let mut paths = Vec::new();
         for (state, _) in self.run_chain("nat", nat_hook, start, &env, 0)? {
+            // A packet of this host leaves through filter OUTPUT and, sent
+            // to one of the host's own addresses, comes back in through
+            // INPUT; it never passes FORWARD. A received packet passes INPUT
+            // or FORWARD.
             let mut hooks = Vec::new();
             if packet.local_origin {
                 hooks.push("OUTPUT");
             }
-            hooks.push(if env.is_local(state.dst) {
-                "INPUT"
-            } else {
-                "FORWARD"
-            });
+            if env.is_local(state.dst) {
+                hooks.push("INPUT");
+            } else if !packet.local_origin {
+                hooks.push("FORWARD");
+            }
             paths.extend(self.filter_and_postrouting(state, &hooks, &env)?);
         }
         Ok(Trace { paths })

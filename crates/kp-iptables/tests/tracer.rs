@@ -341,3 +341,36 @@ fn like_the_kernel_a_restore_may_not_delete_a_chain_still_jumped_to() {
         .apply("*nat\n:KUBE-SVC-A - [0:0]\n-X KUBE-SEP-B\nCOMMIT\n")
         .unwrap();
 }
+
+#[test]
+fn the_hosts_own_connection_leaves_through_output_never_forward() {
+    let trace = three_endpoints().trace(&tcp(NODE, "10.96.0.41", 80).from_host());
+    assert_goes_to(
+        &trace,
+        &["10.244.1.2:8080", "10.244.2.3:8080", "10.244.2.4:8080"],
+    );
+    for path in &trace.paths {
+        assert!(
+            path.matched
+                .iter()
+                .any(|rule| rule.starts_with("filter/OUTPUT")),
+            "no filter OUTPUT rule on the path:\n{trace}"
+        );
+        assert!(
+            !path
+                .matched
+                .iter()
+                .any(|rule| rule.starts_with("filter/FORWARD")),
+            "a packet of the host passed filter FORWARD:\n{trace}"
+        );
+    }
+    // A pod's packet to a remote endpoint is forwarded.
+    let trace = three_endpoints().trace(&tcp(POD, "10.96.0.41", 80));
+    assert!(
+        trace.paths.iter().all(|path| path
+            .matched
+            .iter()
+            .any(|rule| rule.starts_with("filter/FORWARD"))),
+        "\n{trace}"
+    );
+}
