@@ -13,11 +13,18 @@ mod modes;
 mod node_name;
 mod node_setup;
 mod rlimit;
+mod trace;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let (flags, matches) = match kp_config::parse_args(std::env::args_os()) {
+    // `kube-proxy trace …` reads the node's rules and exits; upstream's
+    // command line takes no positional argument, so the word cannot clash.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == "trace") {
+        return trace::main(&args);
+    }
+    let (flags, matches) = match kp_config::parse_args(args) {
         Ok(parsed) => parsed,
         Err(error) => {
             // --help and --version end here with exit code 0; upstream exits 1

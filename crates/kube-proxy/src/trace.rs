@@ -1,0 +1,626 @@
+//! `kube-proxy trace`: where a new connection to an address goes on this
+//! node, read from the kernel's live state in the network namespace it runs
+//! in.
+//!
+//! It needs no API server and changes nothing: it reads the rules of the
+//! mode in use (the iptables tables of the flavor the host uses, or the
+//! nftables `kube-proxy` table over netlink), follows the connection's first
+//! packet through them with the mode's tracer, and prints every path it can
+//! take: the rules it matches in order, the endpoint it is DNATed to and
+//! with which probability, session affinity, whether it is masqueraded, and
+//! the verdict. `--output json` prints the same for tools.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use clap::Parser;
+use kp_iptables::{IptablesFlavor, Table};
+use kp_model::{IpFamily, Protocol};
+use serde::Serialize;
+
+/// `kube-proxy trace` on the command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-proxy trace",
+    about = "Show where a new connection to an address goes on this node, \
+             from the kernel's live rules (changes nothing, needs no API server)"
+)]
+pub struct TraceArgs {
+    /// The destination: ADDRESS:PORT/PROTOCOL, e.g. 10.96.0.10:80/tcp,
+    /// [fd00:10:96::a]:53/udp, 192.168.99.2:30080 (tcp when no protocol is
+    /// given). A ClusterIP, a node address with a NodePort, an external IP
+    /// or a load balancer IP.
+    #[arg(long, value_parser = Destination::from_str)]
+    to: Destination,
+    /// The client's address. Left out: a process on this node. An address
+    /// of this node: a process on this node with that source. Any other: a
+    /// packet arriving from that address (a pod, another node, a client
+    /// outside the cluster).
+    #[arg(long)]
+    from: Option<IpAddr>,
+    /// The interface the packet arrives on (iptables mode; matters with
+    /// `detectLocalMode: BridgeInterface` or `InterfaceNamePrefix`).
+    #[arg(long, value_name = "NAME")]
+    in_interface: Option<String>,
+    /// The mode whose rules to read. Left out: the mode whose rules this
+    /// network namespace holds.
+    #[arg(long, value_name = "MODE")]
+    proxy_mode: Option<TraceMode>,
+    /// `text` for people, `json` for tools.
+    #[arg(long, short = 'o', default_value = "text")]
+    output: Output,
+}
+
+/// The modes whose kernel state `trace` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TraceMode {
+    Iptables,
+    Nftables,
+    Ipvs,
+    Userspace,
+}
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+/// `--to`: address, port and protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Destination {
+    addr: SocketAddr,
+    protocol: Protocol,
+}
+
+impl FromStr for Destination {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (addr, protocol) = match text.rsplit_once('/') {
+            Some((addr, protocol)) => (addr, protocol),
+            None => (text, "tcp"),
+        };
+        let protocol = match protocol.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            other => return Err(format!("protocol {other:?} is not tcp, udp or sctp")),
+        };
+        let addr = addr.parse::<SocketAddr>().map_err(|_| {
+            format!("{addr:?} is not ADDRESS:PORT (an IPv6 address goes in brackets: [fd00::a]:80)")
+        })?;
+        Ok(Self { addr, protocol })
+    }
+}
+
+/// Where the connection comes from, as the rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Origin {
+    /// A process of this node (nat OUTPUT).
+    ThisNode,
+    /// A packet received from another host or a pod (nat PREROUTING).
+    Received,
+}
+
+/// What a trace found: the same shape for every mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    mode: &'static str,
+    family: &'static str,
+    protocol: &'static str,
+    source: IpAddr,
+    destination: SocketAddr,
+    origin: Origin,
+    /// Every path a new connection can take.
+    paths: Vec<Path>,
+    /// The paths summed up.
+    outcome: Outcome,
+}
+
+/// One way through the rules.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Path {
+    /// The chance a new connection takes this path.
+    probability: f64,
+    /// `accept`, `drop` or `reject`.
+    verdict: &'static str,
+    /// The endpoint it is DNATed to.
+    endpoint: Option<SocketAddr>,
+    /// Its source is rewritten to the node's address on the way out.
+    masqueraded: bool,
+    /// Session affinity: later connections of the same client within
+    /// `seconds` go to the same endpoint.
+    affinity: Vec<Affinity>,
+    /// The rules it matched, in order.
+    rules: Vec<String>,
+    /// Rules of other software the tracer could not decide and that could
+    /// not change the path.
+    not_followed: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Affinity {
+    /// The affinity list or set.
+    name: String,
+    /// Its timeout.
+    seconds: Option<u32>,
+}
+
+/// What happens to the connection, summed over its paths.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum Outcome {
+    /// DNATed to one of these endpoints (with probabilities).
+    Dnat {
+        endpoints: Vec<Share>,
+        /// `all`, `none` or `some` of the paths are masqueraded.
+        masqueraded: &'static str,
+    },
+    /// Refused with an ICMP error (no endpoint for this traffic, or a port
+    /// of a ClusterIP that is no service port).
+    Reject,
+    /// Silently dropped (a source range or a Local policy without local
+    /// endpoints).
+    Drop,
+    /// Not touched by the proxy's rules: not a Service address and port
+    /// here.
+    NotAService,
+    /// Different paths end differently.
+    Mixed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Share {
+    endpoint: SocketAddr,
+    probability: f64,
+}
+
+/// Runs `kube-proxy trace`; `args` starts with the program name.
+pub fn main(args: &[OsString]) -> ExitCode {
+    let mut argv: Vec<OsString> = vec![OsString::from("kube-proxy trace")];
+    argv.extend(args.iter().skip(2).cloned());
+    let parsed = match TraceArgs::try_parse_from(argv) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            let code = if error.use_stderr() { 1 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(&parsed) {
+        Ok(report) => {
+            match parsed.output {
+                Output::Text => print!("{}", text(&report)),
+                Output::Json => match serde_json::to_string_pretty(&report) {
+                    Ok(json) => println!("{json}"),
+                    Err(error) => {
+                        eprintln!("kube-proxy trace: {error}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("kube-proxy trace: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads the live state and traces the connection `args` describes.
+pub fn run(args: &TraceArgs) -> anyhow::Result<Report> {
+    let destination = args.to.addr;
+    let family = IpFamily::of(&destination.ip());
+    let local = kp_host::local_addresses()
+        .map_err(|error| anyhow::anyhow!("reading this node's addresses: {error}"))?;
+    let local: Vec<IpAddr> = local
+        .into_iter()
+        .filter(|ip| IpFamily::of(ip) == family)
+        .collect();
+    if let Some(from) = args.from {
+        anyhow::ensure!(
+            IpFamily::of(&from) == family,
+            "--from {from} and --to {destination} are of different families"
+        );
+    }
+    let (source, origin) = match args.from {
+        Some(from) if local.contains(&from) => (from, Origin::ThisNode),
+        Some(from) => (from, Origin::Received),
+        None => (own_source(&local, family), Origin::ThisNode),
+    };
+    let connection = Connection {
+        source,
+        destination,
+        protocol: args.to.protocol,
+        origin,
+        in_interface: args.in_interface.clone(),
+    };
+    let mode = match args.proxy_mode {
+        Some(mode) => mode,
+        None => detect_mode(family)?,
+    };
+    let paths = match mode {
+        TraceMode::Iptables => trace_iptables(&connection, family, &local)?,
+        TraceMode::Nftables => trace_nftables(&connection, family, &local)?,
+        TraceMode::Ipvs | TraceMode::Userspace => anyhow::bail!(
+            "the {} mode's kernel state is not read by kube-proxy trace yet; \
+             it reads the iptables and nftables modes",
+            mode_name(mode)
+        ),
+    };
+    Ok(Report {
+        mode: mode_name(mode),
+        family: family.as_api_str(),
+        protocol: args.to.protocol.as_rule_str(),
+        source,
+        destination,
+        origin,
+        outcome: outcome(&paths),
+        paths,
+    })
+}
+
+/// The connection as every mode's tracer needs it.
+struct Connection {
+    source: IpAddr,
+    destination: SocketAddr,
+    protocol: Protocol,
+    origin: Origin,
+    in_interface: Option<String>,
+}
+
+/// The source address a process of this node uses when none is given: the
+/// first address of the family that is not a loopback one.
+fn own_source(local: &[IpAddr], family: IpFamily) -> IpAddr {
+    local
+        .iter()
+        .copied()
+        .find(|ip| !ip.is_loopback())
+        .unwrap_or(match family {
+            IpFamily::V4 => IpAddr::from([127, 0, 0, 1]),
+            IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        })
+}
+
+fn mode_name(mode: TraceMode) -> &'static str {
+    match mode {
+        TraceMode::Iptables => "iptables",
+        TraceMode::Nftables => "nftables",
+        TraceMode::Ipvs => "ipvs",
+        TraceMode::Userspace => "userspace",
+    }
+}
+
+/// The mode whose rules this network namespace holds: the nftables table,
+/// else the chains each iptables-based mode alone creates.
+fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
+    if kp_nftables::live::read_table(family)
+        .map_err(|error| anyhow::anyhow!("{error}"))?
+        .is_some()
+    {
+        return Ok(TraceMode::Nftables);
+    }
+    let ruleset = kp_iptables::tracer::Ruleset::from_live(IptablesFlavor::detect(), family)?;
+    let chains = ruleset.chains(Table::Nat);
+    let has = |name: &str| chains.contains(&name);
+    if has("KUBE-PORTALS-CONTAINER") {
+        return Ok(TraceMode::Userspace);
+    }
+    if has("KUBE-LOAD-BALANCER") || has("KUBE-NODE-PORT") {
+        return Ok(TraceMode::Ipvs);
+    }
+    if has("KUBE-SERVICES") {
+        return Ok(TraceMode::Iptables);
+    }
+    anyhow::bail!(
+        "no kube-proxy rules for {} in this network namespace (looked for the nftables \
+         table {} kube-proxy and the iptables chain KUBE-SERVICES); run it where the proxy \
+         runs, or name the mode with --proxy-mode",
+        family.as_api_str(),
+        match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        }
+    )
+}
+
+fn trace_iptables(
+    connection: &Connection,
+    family: IpFamily,
+    local: &[IpAddr],
+) -> anyhow::Result<Vec<Path>> {
+    use kp_iptables::tracer::{Packet, Ruleset, Verdict};
+    let flavor = IptablesFlavor::detect();
+    let ruleset = Ruleset::from_live(flavor, family)?;
+    let packet = Packet {
+        src: connection.source,
+        dst: connection.destination.ip(),
+        dport: connection.destination.port(),
+        protocol: connection.protocol,
+        in_interface: connection.in_interface.clone(),
+        local_origin: connection.origin == Origin::ThisNode,
+    };
+    let trace = ruleset.trace(&packet, local)?;
+    Ok(trace
+        .paths
+        .into_iter()
+        .map(|path| Path {
+            probability: path.probability,
+            verdict: match path.verdict {
+                Verdict::Accept => "accept",
+                Verdict::Drop => "drop",
+                Verdict::Reject => "reject",
+            },
+            endpoint: path.destination,
+            masqueraded: path.masqueraded,
+            affinity: path
+                .affinity
+                .into_iter()
+                .map(|affinity| Affinity {
+                    name: affinity.list,
+                    seconds: affinity.seconds,
+                })
+                .collect(),
+            rules: path.matched,
+            not_followed: path.not_followed,
+        })
+        .collect())
+}
+
+fn trace_nftables(
+    connection: &Connection,
+    family: IpFamily,
+    local: &[IpAddr],
+) -> anyhow::Result<Vec<Path>> {
+    use kp_nftables::tracer::{Packet, Verdict};
+    let table = kp_nftables::live::read_table(family)
+        .map_err(|error| anyhow::anyhow!("{error}"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "this network namespace has no nftables table {} kube-proxy",
+                match family {
+                    IpFamily::V4 => "ip",
+                    IpFamily::V6 => "ip6",
+                }
+            )
+        })?;
+    let packet = Packet {
+        src: connection.source,
+        dst: connection.destination.ip(),
+        protocol: connection.protocol.as_rule_str(),
+        dport: connection.destination.port(),
+        src_local: connection.origin == Origin::ThisNode,
+        dst_local: local.contains(&connection.destination.ip()),
+    };
+    let verdict = table.trace(&packet).map_err(|unknown| {
+        anyhow::anyhow!(
+            "the table holds a rule the tracer cannot follow: {}",
+            unknown.0
+        )
+    })?;
+    let single = |verdict: &'static str| Path {
+        probability: 1.0,
+        verdict,
+        endpoint: None,
+        masqueraded: false,
+        affinity: Vec::new(),
+        rules: Vec::new(),
+        not_followed: Vec::new(),
+    };
+    Ok(match verdict {
+        Verdict::Dnat {
+            endpoints,
+            masquerade,
+        } => {
+            let share = 1.0 / endpoints.len().max(1) as f64;
+            endpoints
+                .iter()
+                .map(|endpoint| Path {
+                    probability: share,
+                    endpoint: Some(*endpoint),
+                    masqueraded: masquerade.contains(endpoint),
+                    ..single("accept")
+                })
+                .collect()
+        }
+        Verdict::Reject => vec![single("reject")],
+        Verdict::Drop => vec![single("drop")],
+        Verdict::Accept => vec![single("accept")],
+    })
+}
+
+/// The paths summed up.
+fn outcome(paths: &[Path]) -> Outcome {
+    let all = |f: &dyn Fn(&Path) -> bool| !paths.is_empty() && paths.iter().all(f);
+    if all(&|p| p.verdict == "accept" && p.endpoint.is_some()) {
+        let mut endpoints: Vec<Share> = Vec::new();
+        for path in paths {
+            // Checked by `all` above: every path has an endpoint.
+            let Some(endpoint) = path.endpoint else {
+                continue;
+            };
+            match endpoints.iter_mut().find(|s| s.endpoint == endpoint) {
+                Some(share) => share.probability += path.probability,
+                None => endpoints.push(Share {
+                    endpoint,
+                    probability: path.probability,
+                }),
+            }
+        }
+        endpoints.sort_by_key(|share| share.endpoint);
+        let masqueraded = if paths.iter().all(|p| p.masqueraded) {
+            "all"
+        } else if paths.iter().any(|p| p.masqueraded) {
+            "some"
+        } else {
+            "none"
+        };
+        return Outcome::Dnat {
+            endpoints,
+            masqueraded,
+        };
+    }
+    if all(&|p| p.verdict == "reject") {
+        return Outcome::Reject;
+    }
+    if all(&|p| p.verdict == "drop") {
+        return Outcome::Drop;
+    }
+    if all(&|p| p.verdict == "accept" && p.endpoint.is_none()) {
+        return Outcome::NotAService;
+    }
+    Outcome::Mixed
+}
+
+/// The report for people.
+fn text(report: &Report) -> String {
+    let mut out = String::new();
+    let origin = match report.origin {
+        Origin::ThisNode => "a process on this node",
+        Origin::Received => "received from a pod or another host",
+    };
+    let _ = writeln!(
+        out,
+        "A new {} connection {} -> {} ({origin}), {} mode, {}:",
+        report.protocol.to_ascii_uppercase(),
+        report.source,
+        report.destination,
+        report.mode,
+        report.family
+    );
+    let _ = writeln!(out);
+    for (n, path) in report.paths.iter().enumerate() {
+        let mut summary = match (path.verdict, path.endpoint) {
+            ("accept", Some(endpoint)) => format!("DNAT to {endpoint}"),
+            ("accept", None) => "accepted, not changed".to_owned(),
+            ("drop", _) => "dropped".to_owned(),
+            (_, _) => "rejected (ICMP unreachable)".to_owned(),
+        };
+        if path.masqueraded {
+            summary.push_str(", masqueraded");
+        }
+        let _ = writeln!(
+            out,
+            "path {} (probability {:.3}): {summary}",
+            n + 1,
+            path.probability
+        );
+        for rule in &path.rules {
+            let _ = writeln!(out, "    {rule}");
+        }
+        for affinity in &path.affinity {
+            let _ = writeln!(
+                out,
+                "    session affinity: {}{}",
+                affinity.name,
+                affinity
+                    .seconds
+                    .map(|s| format!(", {s} s"))
+                    .unwrap_or_default()
+            );
+        }
+        for rule in &path.not_followed {
+            let _ = writeln!(out, "    not followed: {rule}");
+        }
+    }
+    let _ = writeln!(out);
+    let summary = match &report.outcome {
+        Outcome::Dnat {
+            endpoints,
+            masqueraded,
+        } => {
+            let list: Vec<String> = endpoints
+                .iter()
+                .map(|s| format!("{} ({:.1} %)", s.endpoint, s.probability * 100.0))
+                .collect();
+            format!(
+                "load-balanced to {} endpoint(s): {}; masqueraded on {masqueraded} paths",
+                endpoints.len(),
+                list.join(", ")
+            )
+        }
+        Outcome::Reject => "rejected (ICMP unreachable)".to_owned(),
+        Outcome::Drop => "dropped".to_owned(),
+        Outcome::NotAService => {
+            "not a Service address and port handled by the proxy here".to_owned()
+        }
+        Outcome::Mixed => "the paths end differently (see above)".to_owned(),
+    };
+    let _ = writeln!(out, "Outcome: {summary}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destination_parses_address_port_and_protocol() {
+        let d: Destination = "10.96.0.10:53/UDP".parse().unwrap();
+        assert_eq!(d.addr, "10.96.0.10:53".parse().unwrap());
+        assert_eq!(d.protocol, Protocol::Udp);
+        let d: Destination = "[fd00:10:96::a]:80".parse().unwrap();
+        assert_eq!(d.protocol, Protocol::Tcp);
+        assert_eq!(d.addr.port(), 80);
+        let error = "10.96.0.10/tcp".parse::<Destination>().unwrap_err();
+        assert!(error.contains("ADDRESS:PORT"), "{error}");
+        let error = "10.96.0.10:80/icmp".parse::<Destination>().unwrap_err();
+        assert!(error.contains("\"icmp\""), "{error}");
+    }
+
+    fn path(verdict: &'static str, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
+        Path {
+            probability,
+            verdict,
+            endpoint: endpoint.map(|e| e.parse().unwrap()),
+            masqueraded: masq,
+            affinity: Vec::new(),
+            rules: Vec::new(),
+            not_followed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn outcome_sums_the_paths_per_endpoint() {
+        let paths = [
+            path("accept", Some("10.244.1.2:80"), 0.25, true),
+            path("accept", Some("10.244.1.3:80"), 0.5, false),
+            path("accept", Some("10.244.1.2:80"), 0.25, true),
+        ];
+        let Outcome::Dnat {
+            endpoints,
+            masqueraded,
+        } = outcome(&paths)
+        else {
+            panic!("not DNAT");
+        };
+        assert_eq!(masqueraded, "some");
+        assert_eq!(endpoints.len(), 2);
+        assert_eq!(endpoints[0].endpoint, "10.244.1.2:80".parse().unwrap());
+        assert!((endpoints[0].probability - 0.5).abs() < 1e-9);
+        assert_eq!(
+            outcome(&[path("reject", None, 1.0, false)]),
+            Outcome::Reject
+        );
+        assert_eq!(outcome(&[path("drop", None, 1.0, false)]), Outcome::Drop);
+        assert_eq!(
+            outcome(&[path("accept", None, 1.0, false)]),
+            Outcome::NotAService
+        );
+        assert_eq!(
+            outcome(&[
+                path("drop", None, 0.5, false),
+                path("accept", Some("10.244.1.2:80"), 0.5, false)
+            ]),
+            Outcome::Mixed
+        );
+        assert_eq!(outcome(&[]), Outcome::Mixed);
+    }
+}

@@ -1,0 +1,269 @@
+//! `kube-proxy trace` against a running proxy: the binary programs the
+//! example manifests in a node network namespace (iptables mode with each
+//! flavor, nftables mode), then `kube-proxy trace` run in the same namespace
+//! reads the kernel's live rules and reports, for a ClusterIP, a load
+//! balancer IP with source ranges, a Service without endpoints and an
+//! address that is no Service, where a new connection goes. It changes
+//! nothing: the rules are the same before and after.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kp_testkit::netns::{require_root, wait_until, Netns, NsChild};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
+
+struct Node {
+    ns: Netns,
+    _proxy: NsChild,
+    _dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+/// A node namespace running the binary in `mode` on the example manifests;
+/// `hint` is the iptables flavor kubelet's hint chain names, if any.
+fn node(mode: &str, hint: Option<&str>) -> Node {
+    require_root();
+    let ns = Netns::create("trace").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+    ])
+    .unwrap();
+    ns.ip(&["addr", "add", "192.168.99.2/24", "dev", "eth0"])
+        .unwrap();
+    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
+    ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+    if let Some(flavor) = hint {
+        ns.exec_ok(
+            &format!("iptables-{flavor}"),
+            &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("proxy.log");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut command = ns.command(BIN);
+    command
+        .args(["--manifests", examples.to_str().unwrap()])
+        .args(["--hostname-override", "node-1"])
+        .args(["--cluster-cidr", "10.244.0.0/16"])
+        .args(["--proxy-mode", mode])
+        .args(["--metrics-bind-address", "127.0.0.1:10249"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(File::create(&log).unwrap()));
+    let proxy = NsChild::spawn(&mut command).unwrap();
+    let node = Node {
+        ns,
+        _proxy: proxy,
+        _dir: dir,
+        log,
+    };
+    let programmed = wait_until(Duration::from_secs(30), || {
+        let (code, json, _) = node.trace(&["--to", "10.96.0.10:80/tcp"]);
+        code == Some(0) && json["outcome"]["kind"] == "dnat"
+    });
+    assert!(
+        programmed,
+        "the example Services were not traced as programmed; the proxy's log:\n{}",
+        std::fs::read_to_string(&node.log).unwrap_or_default()
+    );
+    node
+}
+
+impl Node {
+    /// Runs `kube-proxy trace ARGS --output json` in the node namespace:
+    /// exit code, the report, stderr.
+    fn trace(&self, args: &[&str]) -> (Option<i32>, Value, String) {
+        let output = self
+            .ns
+            .command(BIN)
+            .arg("trace")
+            .args(args)
+            .args(["--output", "json"])
+            .output()
+            .unwrap();
+        let json = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        (
+            output.status.code(),
+            json,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    #[track_caller]
+    fn report(&self, args: &[&str]) -> Value {
+        let (code, json, stderr) = self.trace(args);
+        assert_eq!(code, Some(0), "kube-proxy trace {args:?} failed: {stderr}");
+        json
+    }
+
+    /// Every rule of the namespace, of both iptables flavors and nftables.
+    fn rules(&self) -> String {
+        let mut all = String::new();
+        for program in ["iptables-legacy-save", "iptables-nft-save"] {
+            let text = self.ns.exec_ok(program, &[]);
+            // Counters move with traffic; the rules do not.
+            all.extend(
+                text.lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .map(|l| format!("{}\n", l.split(" [").next().unwrap_or(l))),
+            );
+        }
+        // -s: without counters.
+        all + &self.ns.exec_ok("nft", &["-s", "list", "ruleset"])
+    }
+}
+
+/// The endpoints of a DNAT outcome with their probabilities.
+#[track_caller]
+fn shares(report: &Value) -> BTreeMap<String, f64> {
+    assert_eq!(report["outcome"]["kind"], "dnat", "{report:#}");
+    report["outcome"]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|share| {
+            (
+                share["endpoint"].as_str().unwrap().to_owned(),
+                share["probability"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn traces_the_examples(mode: &str, hint: Option<&str>) {
+    let node = node(mode, hint);
+    let before = node.rules();
+
+    // A pod to a ClusterIP: one of three endpoints, a third each, no
+    // masquerade (the source is in the cluster CIDR).
+    let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
+    assert_eq!(report["mode"], mode);
+    assert_eq!(report["origin"], "received");
+    let web = shares(&report);
+    assert_eq!(
+        web.keys().collect::<Vec<_>>(),
+        ["10.244.1.2:8080", "10.244.1.3:8080", "10.244.2.2:8080"],
+        "{report:#}"
+    );
+    for (endpoint, probability) in &web {
+        assert!(
+            (probability - 1.0 / 3.0).abs() < 1e-6,
+            "{endpoint} has probability {probability}:\n{report:#}"
+        );
+    }
+    assert_eq!(report["outcome"]["masqueraded"], "none", "{report:#}");
+
+    // The node itself to the same ClusterIP: masqueraded.
+    let report = node.report(&["--to", "10.96.0.10:80/tcp"]);
+    assert_eq!(report["origin"], "this-node");
+    assert_eq!(shares(&report).len(), 3);
+    assert_eq!(report["outcome"]["masqueraded"], "all", "{report:#}");
+
+    // The load balancer IP from inside a source range reaches the shop's
+    // endpoints, masqueraded (externalTrafficPolicy: Cluster); from
+    // outside the ranges it is dropped.
+    let report = node.report(&["--to", "203.0.113.10:443", "--from", "198.51.100.7"]);
+    assert_eq!(
+        shares(&report).keys().collect::<Vec<_>>(),
+        ["10.244.1.4:8443", "10.244.2.3:8443"],
+        "{report:#}"
+    );
+    assert_eq!(report["outcome"]["masqueraded"], "all", "{report:#}");
+    let report = node.report(&["--to", "203.0.113.10:443", "--from", "192.0.2.1"]);
+    assert_eq!(report["outcome"]["kind"], "drop", "{report:#}");
+
+    // A Service without endpoints: rejected.
+    let report = node.report(&["--to", "10.96.0.17:80"]);
+    assert_eq!(report["outcome"]["kind"], "reject", "{report:#}");
+
+    // No Service at that address.
+    let report = node.report(&["--to", "192.0.2.99:80", "--from", "10.244.1.5"]);
+    assert_eq!(report["outcome"]["kind"], "not-a-service", "{report:#}");
+
+    // The iptables mode names the rules on each path.
+    if mode == "iptables" {
+        let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
+        for path in report["paths"].as_array().unwrap() {
+            let rules: Vec<&str> = path["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_str().unwrap())
+                .collect();
+            assert!(
+                rules.iter().any(|r| r.contains("-j KUBE-SVC-")),
+                "{rules:#?}"
+            );
+            let endpoint = path["endpoint"].as_str().unwrap();
+            assert!(
+                rules
+                    .iter()
+                    .any(|r| r.contains(&format!("--to-destination {endpoint}"))),
+                "{rules:#?}"
+            );
+        }
+    }
+
+    let after = node.rules();
+    let changed: Vec<&str> = before
+        .lines()
+        .filter(|line| !after.lines().any(|l| l == *line))
+        .chain(
+            after
+                .lines()
+                .filter(|line| !before.lines().any(|l| l == *line)),
+        )
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "kube-proxy trace changed the rules: {changed:#?}"
+    );
+}
+
+#[test]
+fn trace_reads_the_iptables_legacy_rules() {
+    traces_the_examples("iptables", Some("legacy"));
+}
+
+#[test]
+fn trace_reads_the_iptables_nft_rules() {
+    traces_the_examples("iptables", Some("nft"));
+}
+
+#[test]
+fn trace_reads_the_nftables_table() {
+    traces_the_examples("nftables", None);
+}
+
+#[test]
+fn trace_without_rules_or_with_a_bad_destination_says_why() {
+    require_root();
+    let ns = Netns::create("trace-empty").unwrap();
+    let output = ns
+        .command(BIN)
+        .args(["trace", "--to", "10.96.0.10:80"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no kube-proxy rules"), "{stderr}");
+    assert!(stderr.contains("--proxy-mode"), "{stderr}");
+
+    let output = ns
+        .command(BIN)
+        .args(["trace", "--to", "10.96.0.10"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ADDRESS:PORT"), "{stderr}");
+}
