@@ -12,6 +12,7 @@
 //!   backend for tests.
 
 pub mod backend;
+pub mod expect;
 pub mod fan_out;
 pub mod proxier;
 pub mod runner;

@@ -9,18 +9,20 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::ArgMatches;
 use kp_config::{ConfigError, Flags, KubeProxyConfiguration, LocalMode, ProxyMode, Resolved};
-use kp_model::{NodeInfo, ProxyEventHandler};
+use kp_model::{IpFamily, NodeInfo, ProxyEventHandler};
 use kp_source::api::{observed_client_from, post_starting_event, ApiSource, RequestObserver};
 use kp_source::ManifestSource;
-use kp_sync::{FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
+use kp_sync::{Backend, FanOutHandler, Proxier, ProxierConfig, RunnerConfig};
 use tokio::sync::watch;
 
 use crate::agent::Agent;
+use crate::check::{FamilyResult, Recorder};
 use crate::config_watch::{ConfigWatch, CONFIG_CHANGED_MESSAGE};
 use crate::logging;
 use crate::modes;
 use crate::node_name::node_name;
 use crate::node_setup::{self, InitStep};
+use crate::trace::{Live, TraceMode};
 
 /// How long `--dry-run` waits for the API server's first complete lists.
 const API_LIST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -147,11 +149,94 @@ pub fn report_error(error: &anyhow::Error) {
 /// the API server), runs one sync per family and lets the backends print
 /// what they would program.
 async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyhow::Result<()> {
-    let proxiers: Vec<_> = build_proxiers(&resolved.config, mode, node_name, true)?
+    let config = &resolved.config;
+    let proxiers: Vec<_> =
+        build_proxiers(config, node_name, modes::families(mode, true), |family| {
+            Ok(modes::backend(mode, family, config, true)?)
+        })?
         .into_iter()
         .map(Arc::new)
         .collect();
-    let handler = fan_out(&proxiers);
+    load_once(resolved, &proxiers, node_name, "--dry-run").await?;
+    for proxier in &proxiers {
+        proxier
+            .sync_once()
+            .with_context(|| format!("dry-run sync for {:?}", proxier.family()))?;
+    }
+    Ok(())
+}
+
+/// `kube-proxy check`: the state loaded as `--dry-run` loads it, synced into
+/// recorders, then each family held against the kernel's live rules of the
+/// configured mode.
+pub fn check(
+    flags: &Flags,
+    matches: &ArgMatches,
+) -> anyhow::Result<Vec<(IpFamily, TraceMode, FamilyResult)>> {
+    let resolved = kp_config::resolve(flags, matches)?;
+    let config = &resolved.config;
+    logging::init_with(&logging::LogSettings::from_config(
+        &config.logging,
+        &resolved.klog,
+        true,
+    ))
+    .context("setting up logging")?;
+    let mode = config.effective_mode()?;
+    let trace_mode = crate::check::trace_mode(mode)?;
+    let node_name = node_name(&config.hostname_override).context("reading the host name")?;
+    let mut recorded = Vec::new();
+    let proxiers: Vec<_> =
+        build_proxiers(config, &node_name, modes::families(mode, false), |family| {
+            let (recorder, seen) = Recorder::new();
+            recorded.push((family, seen));
+            Ok(Box::new(recorder))
+        })?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(load_once(&resolved, &proxiers, &node_name, "check"))?;
+    for proxier in &proxiers {
+        proxier
+            .sync_once()
+            .with_context(|| format!("loading the state for {:?}", proxier.family()))?;
+    }
+    let local = kp_host::local_addresses()
+        .map_err(|error| anyhow::anyhow!("reading this node's addresses: {error}"))?;
+    let mut results = Vec::new();
+    for (family, seen) in recorded {
+        let state = seen
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the recorded state is unreadable"))?
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no sync of {family:?} was recorded"))?;
+        let live = Live::read(trace_mode, family)?;
+        let local: Vec<_> = local
+            .iter()
+            .copied()
+            .filter(|ip| family.matches(ip))
+            .collect();
+        results.push((
+            family,
+            trace_mode,
+            crate::check::check_family(family, &state, &live, &local)?,
+        ));
+    }
+    Ok(results)
+}
+
+/// Loads the objects once into `proxiers`: the manifests, or a first
+/// complete list from the API server.
+async fn load_once(
+    resolved: &Resolved,
+    proxiers: &[Arc<Proxier>],
+    node_name: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    let handler = fan_out(proxiers);
     if let Some(manifests) = &resolved.manifests {
         let mut source = ManifestSource::new(manifests, node_name);
         let report = source.load(handler.as_ref())?;
@@ -170,13 +255,8 @@ async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyho
         let _ = stop_tx.send(true);
         let _ = listing.await;
         if !synced {
-            bail!("--dry-run: no complete list of Services and EndpointSlices from the API server within {API_LIST_TIMEOUT:?}");
+            bail!("{what}: no complete list of Services and EndpointSlices from the API server within {API_LIST_TIMEOUT:?}");
         }
-    }
-    for proxier in &proxiers {
-        proxier
-            .sync_once()
-            .with_context(|| format!("dry-run sync for {:?}", proxier.family()))?;
     }
     Ok(())
 }
@@ -235,10 +315,12 @@ async fn serve(
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
     modes::remove_leftovers(mode);
     let agent = Agent::new(config, mode, node_name)?;
-    let proxiers = build_proxiers(config, mode, node_name, false)?
-        .into_iter()
-        .map(|proxier| Arc::new(agent.observe(proxier)))
-        .collect::<Vec<_>>();
+    let proxiers = build_proxiers(config, node_name, modes::families(mode, false), |family| {
+        Ok(modes::backend(mode, family, config, false)?)
+    })?
+    .into_iter()
+    .map(|proxier| Arc::new(agent.observe(proxier)))
+    .collect::<Vec<_>>();
     let handler = fan_out(&proxiers);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -284,9 +366,9 @@ async fn serve(
 /// One proxier per IP family the mode serves.
 fn build_proxiers(
     config: &KubeProxyConfiguration,
-    mode: ProxyMode,
     node_name: &str,
-    dry_run: bool,
+    families: Vec<IpFamily>,
+    mut backend: impl FnMut(IpFamily) -> anyhow::Result<Box<dyn Backend>>,
 ) -> anyhow::Result<Vec<Proxier>> {
     let periods = config
         .sync_periods()
@@ -313,8 +395,8 @@ fn build_proxiers(
         tracing::info!("detectLocalMode is NodeCIDR: no rules until the Node has spec.podCIDRs");
     }
     let mut proxiers = Vec::new();
-    for family in modes::families(mode, dry_run) {
-        let backend = modes::backend(mode, family, config, dry_run)?;
+    for family in families {
+        let backend = backend(family)?;
         let proxier_config = ProxierConfig {
             family,
             node: node.clone(),

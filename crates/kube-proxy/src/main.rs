@@ -5,6 +5,7 @@
 
 mod agent;
 mod app;
+mod check;
 mod config_watch;
 mod klog;
 mod logging;
@@ -18,11 +19,15 @@ mod trace;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // `kube-proxy trace …` reads the node's rules and exits; upstream's
-    // command line takes no positional argument, so the word cannot clash.
+    // `kube-proxy trace …` and `kube-proxy check …` read the node's rules
+    // and exit; upstream's command line takes no positional argument, so
+    // the words cannot clash.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|arg| arg == "trace") {
         return trace::main(&args);
+    }
+    if args.get(1).is_some_and(|arg| arg == "check") {
+        return check::main(&args);
     }
     let (flags, matches) = match kp_config::parse_args(args) {
         Ok(parsed) => parsed,

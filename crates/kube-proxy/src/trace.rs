@@ -56,7 +56,7 @@ pub struct TraceArgs {
 
 /// The modes whose kernel state `trace` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum TraceMode {
+pub enum TraceMode {
     Iptables,
     Nftables,
     Ipvs,
@@ -101,7 +101,7 @@ impl FromStr for Destination {
 /// Where the connection comes from, as the rules see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-enum Origin {
+pub enum Origin {
     /// A process of this node (nat OUTPUT).
     ThisNode,
     /// A packet received from another host or a pod (nat PREROUTING).
@@ -120,7 +120,7 @@ pub struct Report {
     /// Every path a new connection can take.
     paths: Vec<Path>,
     /// The paths summed up.
-    outcome: Outcome,
+    pub outcome: Outcome,
 }
 
 /// One way through the rules.
@@ -155,7 +155,7 @@ struct Affinity {
 /// What happens to the connection, summed over its paths.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-enum Outcome {
+pub enum Outcome {
     /// DNATed to one of these endpoints (with probabilities).
     Dnat {
         endpoints: Vec<Share>,
@@ -176,9 +176,11 @@ enum Outcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-struct Share {
-    endpoint: SocketAddr,
-    probability: f64,
+pub struct Share {
+    /// The endpoint.
+    pub endpoint: SocketAddr,
+    /// The chance a new connection goes there.
+    pub probability: f64,
 }
 
 /// Runs `kube-proxy trace`; `args` starts with the program name.
@@ -246,34 +248,90 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Report> {
         Some(mode) => mode,
         None => detect_mode(family)?,
     };
-    let paths = match mode {
-        TraceMode::Iptables => trace_iptables(&connection, family, &local)?,
-        TraceMode::Nftables => trace_nftables(&connection, family, &local)?,
-        TraceMode::Ipvs | TraceMode::Userspace => anyhow::bail!(
-            "the {} mode's kernel state is not read by kube-proxy trace yet; \
-             it reads the iptables and nftables modes",
-            mode_name(mode)
-        ),
-    };
-    Ok(Report {
-        mode: mode_name(mode),
-        family: family.as_api_str(),
-        protocol: args.to.protocol.as_rule_str(),
-        source,
-        destination,
-        origin,
-        outcome: outcome(&paths),
-        paths,
-    })
+    let live = Live::read(mode, family)?;
+    live.trace(&connection, &local)
+}
+
+/// One family's rules of one mode, as the kernel holds them.
+pub enum Live {
+    /// The iptables tables of the host's flavor.
+    Iptables(kp_iptables::tracer::Ruleset),
+    /// The nftables `kube-proxy` table.
+    Nftables(kp_nftables::tracer::Table),
+}
+
+impl Live {
+    /// Reads `mode`'s rules of `family` in this network namespace.
+    pub fn read(mode: TraceMode, family: IpFamily) -> anyhow::Result<Self> {
+        match mode {
+            TraceMode::Iptables => Ok(Self::Iptables(kp_iptables::tracer::Ruleset::from_live(
+                IptablesFlavor::detect(),
+                family,
+            )?)),
+            TraceMode::Nftables => {
+                let table = kp_nftables::live::read_table(family)
+                    .map_err(|error| anyhow::anyhow!("{error}"))?
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "this network namespace has no nftables table {} kube-proxy",
+                            nft_family(family)
+                        )
+                    })?;
+                Ok(Self::Nftables(table))
+            }
+            TraceMode::Ipvs | TraceMode::Userspace => anyhow::bail!(
+                "the {} mode's kernel state is not read by kube-proxy trace yet; \
+                 it reads the iptables and nftables modes",
+                mode.name()
+            ),
+        }
+    }
+
+    /// Every path of `connection` through these rules; `local` are the
+    /// node's addresses of the family.
+    pub fn trace(&self, connection: &Connection, local: &[IpAddr]) -> anyhow::Result<Report> {
+        let (mode, paths) = match self {
+            Self::Iptables(ruleset) => (
+                TraceMode::Iptables,
+                trace_iptables(ruleset, connection, local)?,
+            ),
+            Self::Nftables(table) => (
+                TraceMode::Nftables,
+                trace_nftables(table, connection, local)?,
+            ),
+        };
+        Ok(Report {
+            mode: mode.name(),
+            family: IpFamily::of(&connection.destination.ip()).as_api_str(),
+            protocol: connection.protocol.as_rule_str(),
+            source: connection.source,
+            destination: connection.destination,
+            origin: connection.origin,
+            outcome: outcome(&paths),
+            paths,
+        })
+    }
+}
+
+fn nft_family(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
 }
 
 /// The connection as every mode's tracer needs it.
-struct Connection {
-    source: IpAddr,
-    destination: SocketAddr,
-    protocol: Protocol,
-    origin: Origin,
-    in_interface: Option<String>,
+pub struct Connection {
+    /// The client's address.
+    pub source: IpAddr,
+    /// The address and port connected to.
+    pub destination: SocketAddr,
+    /// The transport protocol.
+    pub protocol: Protocol,
+    /// Whether a process of this node opens it.
+    pub origin: Origin,
+    /// The interface it arrives on, if known.
+    pub in_interface: Option<String>,
 }
 
 /// The source address a process of this node uses when none is given: the
@@ -289,12 +347,15 @@ fn own_source(local: &[IpAddr], family: IpFamily) -> IpAddr {
         })
 }
 
-fn mode_name(mode: TraceMode) -> &'static str {
-    match mode {
-        TraceMode::Iptables => "iptables",
-        TraceMode::Nftables => "nftables",
-        TraceMode::Ipvs => "ipvs",
-        TraceMode::Userspace => "userspace",
+impl TraceMode {
+    /// The mode as `--proxy-mode` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+            Self::Ipvs => "ipvs",
+            Self::Userspace => "userspace",
+        }
     }
 }
 
@@ -324,21 +385,16 @@ fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
          table {} kube-proxy and the iptables chain KUBE-SERVICES); run it where the proxy \
          runs, or name the mode with --proxy-mode",
         family.as_api_str(),
-        match family {
-            IpFamily::V4 => "ip",
-            IpFamily::V6 => "ip6",
-        }
+        nft_family(family)
     )
 }
 
 fn trace_iptables(
+    ruleset: &kp_iptables::tracer::Ruleset,
     connection: &Connection,
-    family: IpFamily,
     local: &[IpAddr],
 ) -> anyhow::Result<Vec<Path>> {
-    use kp_iptables::tracer::{Packet, Ruleset, Verdict};
-    let flavor = IptablesFlavor::detect();
-    let ruleset = Ruleset::from_live(flavor, family)?;
+    use kp_iptables::tracer::{Packet, Verdict};
     let packet = Packet {
         src: connection.source,
         dst: connection.destination.ip(),
@@ -375,22 +431,11 @@ fn trace_iptables(
 }
 
 fn trace_nftables(
+    table: &kp_nftables::tracer::Table,
     connection: &Connection,
-    family: IpFamily,
     local: &[IpAddr],
 ) -> anyhow::Result<Vec<Path>> {
     use kp_nftables::tracer::{Packet, Verdict};
-    let table = kp_nftables::live::read_table(family)
-        .map_err(|error| anyhow::anyhow!("{error}"))?
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "this network namespace has no nftables table {} kube-proxy",
-                match family {
-                    IpFamily::V4 => "ip",
-                    IpFamily::V6 => "ip6",
-                }
-            )
-        })?;
     let packet = Packet {
         src: connection.source,
         dst: connection.destination.ip(),

@@ -1,10 +1,15 @@
-//! `kube-proxy trace` against a running proxy: the binary programs the
-//! example manifests in a node network namespace (iptables mode with each
-//! flavor, nftables mode), then `kube-proxy trace` run in the same namespace
-//! reads the kernel's live rules and reports, for a ClusterIP, a load
-//! balancer IP with source ranges, a Service without endpoints and an
-//! address that is no Service, where a new connection goes. It changes
-//! nothing: the rules are the same before and after.
+//! `kube-proxy trace` and `kube-proxy check` against a running proxy: the
+//! binary programs the example manifests in a node network namespace
+//! (iptables mode with each flavor, nftables mode), then:
+//! - `kube-proxy trace` run in the same namespace reads the kernel's live
+//!   rules and reports, for a ClusterIP, a load balancer IP with source
+//!   ranges, a Service without endpoints and an address that is no Service,
+//!   where a new connection goes. It changes nothing: the rules are the
+//!   same before and after.
+//! - `kube-proxy check` with the proxy's own flags finds no difference
+//!   between the kernel and the model, and after one Service's rule or map
+//!   element is deleted behind the proxy's back, names that Service alone
+//!   and exits 1.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,14 +26,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
 
 struct Node {
     ns: Netns,
-    _proxy: NsChild,
+    mode: &'static str,
+    proxy: Option<NsChild>,
     _dir: tempfile::TempDir,
     log: std::path::PathBuf,
 }
 
 /// A node namespace running the binary in `mode` on the example manifests;
 /// `hint` is the iptables flavor kubelet's hint chain names, if any.
-fn node(mode: &str, hint: Option<&str>) -> Node {
+fn node(mode: &'static str, hint: Option<&str>) -> Node {
     require_root();
     let ns = Netns::create("trace").unwrap();
     ns.ip(&["link", "set", "lo", "up"]).unwrap();
@@ -48,13 +54,9 @@ fn node(mode: &str, hint: Option<&str>) -> Node {
     }
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("proxy.log");
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut command = ns.command(BIN);
     command
-        .args(["--manifests", examples.to_str().unwrap()])
-        .args(["--hostname-override", "node-1"])
-        .args(["--cluster-cidr", "10.244.0.0/16"])
-        .args(["--proxy-mode", mode])
+        .args(proxy_flags(mode))
         .args(["--metrics-bind-address", "127.0.0.1:10249"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -62,7 +64,8 @@ fn node(mode: &str, hint: Option<&str>) -> Node {
     let proxy = NsChild::spawn(&mut command).unwrap();
     let node = Node {
         ns,
-        _proxy: proxy,
+        mode,
+        proxy: Some(proxy),
         _dir: dir,
         log,
     };
@@ -78,7 +81,47 @@ fn node(mode: &str, hint: Option<&str>) -> Node {
     node
 }
 
+/// The proxy's flags for `mode` on the example manifests.
+fn proxy_flags(mode: &str) -> Vec<String> {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    [
+        "--manifests",
+        examples.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+        "--proxy-mode",
+        mode,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 impl Node {
+    /// Runs `kube-proxy check` with the proxy's flags: exit code, stdout
+    /// and stderr.
+    fn check(&self) -> (Option<i32>, String, String) {
+        let output = self
+            .ns
+            .command(BIN)
+            .arg("check")
+            .args(proxy_flags(self.mode))
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Stops the proxy (its rules stay), so nothing repairs what a test
+    /// breaks.
+    fn stop_proxy(&mut self) {
+        self.proxy = None;
+    }
+
     /// Runs `kube-proxy trace ARGS --output json` in the node namespace:
     /// exit code, the report, stderr.
     fn trace(&self, args: &[&str]) -> (Option<i32>, Value, String) {
@@ -139,7 +182,7 @@ fn shares(report: &Value) -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn traces_the_examples(mode: &str, hint: Option<&str>) {
+fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
     let node = node(mode, hint);
     let before = node.rules();
 
@@ -266,4 +309,86 @@ fn trace_without_rules_or_with_a_bad_destination_says_why() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("ADDRESS:PORT"), "{stderr}");
+}
+
+/// `kube-proxy check` finds the kernel as the model says, then names the
+/// one Service whose rule `break_it` deleted.
+fn checks_the_examples(mode: &'static str, hint: Option<&str>, break_it: &dyn Fn(&Netns)) {
+    let mut node = node(mode, hint);
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("IPv4:"))
+        .unwrap_or_else(|| panic!("no IPv4 line:\n{stdout}"));
+    let checked: usize = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    // Every example Service port's ClusterIP at least, and its other
+    // addresses: 11 service ports, 18 connections.
+    assert_eq!(checked, 18, "{stdout}");
+    assert!(line.ends_with(": 0 different"), "{stdout}");
+
+    node.stop_proxy();
+    break_it(&node.ns);
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let different: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("DIFFERENT"))
+        .collect();
+    assert_eq!(different.len(), 1, "{stdout}");
+    assert!(
+        different[0].starts_with("DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(": 1 different"), "{stdout}");
+}
+
+#[test]
+fn check_finds_a_deleted_iptables_rule() {
+    checks_the_examples("iptables", Some("legacy"), &|ns| {
+        ns.exec_ok(
+            "iptables-legacy",
+            &[
+                "-t",
+                "nat",
+                "-D",
+                "KUBE-SERVICES",
+                "-d",
+                "10.96.0.10/32",
+                "-p",
+                "tcp",
+                "-m",
+                "comment",
+                "--comment",
+                "demo/web:http cluster IP",
+                "-m",
+                "tcp",
+                "--dport",
+                "80",
+                "-j",
+                "KUBE-SVC-XRY76EGRC3BSCIIJ",
+            ],
+        );
+    });
+}
+
+#[test]
+fn check_finds_a_deleted_nftables_map_element() {
+    checks_the_examples("nftables", None, &|ns| {
+        ns.exec_ok(
+            "nft",
+            &[
+                "delete",
+                "element",
+                "ip",
+                "kube-proxy",
+                "service-ips",
+                "{ 10.96.0.10 . tcp . 80 }",
+            ],
+        );
+    });
 }

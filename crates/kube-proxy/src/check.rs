@@ -1,0 +1,262 @@
+//! `kube-proxy check`: holds the kernel's live rules against what the
+//! model says every Service address should do, and names each difference.
+//!
+//! It takes the proxy's own command line (mode, `--config`, `--kubeconfig`
+//! or `--manifests`, `--hostname-override`, …), so an operator runs it with
+//! the DaemonSet's arguments. The state comes through the same sync loop
+//! the proxy runs, into a backend that only records what one sync would
+//! program; [`kp_sync::expect`] turns each service port into connections
+//! and what must happen to them, and the tracer of `kube-proxy trace`
+//! follows each connection through the rules the kernel holds. Exit code 0:
+//! no difference; 1: differences (each printed); 2: the check could not run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use kp_model::{IpFamily, NodeInfo, ServicePortName};
+use kp_sync::expect::{self, Expected, Probe};
+use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest};
+
+use crate::trace::{Connection, Live, Origin, Outcome, TraceMode};
+
+/// What one sync handed the backend: every service port and the node.
+type Recorded = (BTreeMap<ServicePortName, ServicePortState>, NodeInfo);
+
+/// A backend that records the state instead of programming it.
+pub struct Recorder {
+    seen: Arc<Mutex<Option<Recorded>>>,
+}
+
+impl Recorder {
+    /// A recorder and the slot it writes into.
+    pub fn new() -> (Self, Arc<Mutex<Option<Recorded>>>) {
+        let seen = Arc::new(Mutex::new(None));
+        (
+            Self {
+                seen: Arc::clone(&seen),
+            },
+            seen,
+        )
+    }
+}
+
+impl Backend for Recorder {
+    fn mode(&self) -> &'static str {
+        "check"
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
+        let recorded = (request.service_ports.clone(), request.node.clone());
+        match self.seen.lock() {
+            Ok(mut seen) => *seen = Some(recorded),
+            Err(poisoned) => *poisoned.into_inner() = Some(recorded),
+        }
+        Ok(SyncOutcome {
+            full: true,
+            ..SyncOutcome::default()
+        })
+    }
+}
+
+/// One connection whose fate differs from the model's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference {
+    /// The connection and what the model says.
+    pub probe: Probe,
+    /// What the kernel's rules do with it.
+    pub found: String,
+}
+
+/// The result of checking one family.
+#[derive(Debug, Default)]
+pub struct FamilyResult {
+    /// Connections checked.
+    pub checked: usize,
+    /// Service ports they belong to.
+    pub service_ports: usize,
+    /// Those that differ.
+    pub differences: Vec<Difference>,
+}
+
+/// Runs `kube-proxy check`; `args` starts with the program name.
+pub fn main(args: &[OsString]) -> ExitCode {
+    let argv = std::iter::once(args.first().cloned().unwrap_or_default())
+        .chain(args.iter().skip(2).cloned());
+    let (flags, matches) = match kp_config::parse_args(argv) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            let code = if error.use_stderr() { 2 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    match crate::app::check(&flags, &matches) {
+        Ok(results) => {
+            let mut differences = 0;
+            for (family, mode, result) in &results {
+                for difference in &result.differences {
+                    println!(
+                        "DIFFERENT {}: the model says {}; the {} rules: {}",
+                        difference.probe,
+                        difference.probe.expected,
+                        mode.name(),
+                        difference.found
+                    );
+                }
+                println!(
+                    "{}: {} connections to {} service ports checked against the {} rules: {} different",
+                    family.as_api_str(),
+                    result.checked,
+                    result.service_ports,
+                    mode.name(),
+                    result.differences.len()
+                );
+                differences += result.differences.len();
+            }
+            if differences == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("kube-proxy check: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Checks one family's recorded state against `live`.
+pub fn check_family(
+    family: IpFamily,
+    recorded: &Recorded,
+    live: &Live,
+    local: &[IpAddr],
+) -> anyhow::Result<FamilyResult> {
+    let (service_ports, node) = recorded;
+    let node_ips: Vec<IpAddr> = node.addresses_of(family).collect();
+    let mut result = FamilyResult {
+        service_ports: service_ports.len(),
+        ..FamilyResult::default()
+    };
+    for (name, state) in service_ports {
+        for probe in expect::probes(name, state, family, &node_ips) {
+            let connection = Connection {
+                source: probe.source,
+                destination: probe.destination,
+                protocol: probe.protocol,
+                origin: Origin::Received,
+                in_interface: None,
+            };
+            let report = live.trace(&connection, local)?;
+            result.checked += 1;
+            if let Some(found) = differs(&probe.expected, &report.outcome) {
+                result.differences.push(Difference { probe, found });
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// How `outcome` differs from `expected`, if it does.
+fn differs(expected: &Expected, outcome: &Outcome) -> Option<String> {
+    let same = match (expected, outcome) {
+        (
+            Expected::Endpoints {
+                endpoints,
+                masquerade,
+            },
+            Outcome::Dnat {
+                endpoints: found,
+                masqueraded,
+            },
+        ) => {
+            let found: BTreeSet<SocketAddr> = found.iter().map(|share| share.endpoint).collect();
+            &found == endpoints
+                && match masquerade {
+                    Some(true) => *masqueraded == "all",
+                    Some(false) => *masqueraded == "none",
+                    None => true,
+                }
+        }
+        (Expected::Reject, Outcome::Reject) | (Expected::Drop, Outcome::Drop) => true,
+        _ => false,
+    };
+    (!same).then(|| describe(outcome))
+}
+
+fn describe(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Dnat {
+            endpoints,
+            masqueraded,
+        } => {
+            let list: Vec<String> = endpoints.iter().map(|s| s.endpoint.to_string()).collect();
+            format!(
+                "DNAT to one of {{{}}}, masqueraded on {masqueraded} paths",
+                list.join(", ")
+            )
+        }
+        Outcome::Reject => "rejected".to_owned(),
+        Outcome::Drop => "dropped".to_owned(),
+        Outcome::NotAService => "not handled (no rule for this address and port)".to_owned(),
+        Outcome::Mixed => "paths that end differently".to_owned(),
+    }
+}
+
+/// The trace mode of a configured proxy mode.
+pub fn trace_mode(mode: kp_config::ProxyMode) -> anyhow::Result<TraceMode> {
+    Ok(match mode {
+        kp_config::ProxyMode::Iptables => TraceMode::Iptables,
+        kp_config::ProxyMode::Nftables => TraceMode::Nftables,
+        kp_config::ProxyMode::Ipvs => TraceMode::Ipvs,
+        kp_config::ProxyMode::Userspace => TraceMode::Userspace,
+        other => anyhow::bail!("mode {} cannot be checked", other.as_str()),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::trace::Share;
+
+    fn share(endpoint: &str) -> Share {
+        Share {
+            endpoint: endpoint.parse().unwrap(),
+            probability: 0.5,
+        }
+    }
+
+    #[test]
+    fn endpoints_and_masquerade_must_both_match() {
+        let expected = Expected::Endpoints {
+            endpoints: ["10.244.1.2:80", "10.244.2.2:80"]
+                .iter()
+                .map(|a| a.parse().unwrap())
+                .collect(),
+            masquerade: Some(true),
+        };
+        let found = |masqueraded| Outcome::Dnat {
+            endpoints: vec![share("10.244.1.2:80"), share("10.244.2.2:80")],
+            masqueraded,
+        };
+        assert_eq!(differs(&expected, &found("all")), None);
+        assert!(differs(&expected, &found("some")).is_some());
+        let one = Outcome::Dnat {
+            endpoints: vec![share("10.244.1.2:80")],
+            masqueraded: "all",
+        };
+        let text = differs(&expected, &one).unwrap();
+        assert!(text.contains("{10.244.1.2:80}"), "{text}");
+        assert!(differs(&Expected::Reject, &Outcome::Reject).is_none());
+        assert!(differs(&Expected::Drop, &Outcome::Reject).is_some());
+        assert_eq!(
+            differs(&Expected::Reject, &Outcome::NotAService).as_deref(),
+            Some("not handled (no rule for this address and port)")
+        );
+    }
+}
