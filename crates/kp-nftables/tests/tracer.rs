@@ -562,3 +562,84 @@ fn a_service_without_endpoints_is_one_reject_path_naming_its_element() {
     assert!(check < path.matched.len() - 1);
     assert_eq!(trace.verdict(), Verdict::Reject);
 }
+
+#[test]
+fn the_kernel_form_of_the_table_gives_the_same_paths() {
+    // A read-back holds the rules in the kernel's form (an address list of
+    // one entry a comparison): the paths over it are the same, down to the
+    // chains of the rules they match.
+    let world = paths_world();
+    let read = kp_nftables::live::kernel_form(&world.table);
+    let chains = |path: &PathOutcome| -> Vec<String> {
+        let chain = |line: &String| line.split_once(": ").unwrap().0.to_owned();
+        path.matched.iter().map(chain).collect()
+    };
+    for (src, dst) in [
+        (POD, at("10.96.0.16", 80)),
+        (POD, at("10.96.0.17", 80)),
+        (POD, at("10.96.0.14", 80)),
+        (CLIENT, at("203.0.113.9", 80)),
+        ("198.51.100.7", at("203.0.113.9", 80)),
+        (CLIENT, at("203.0.113.6", 80)),
+        (CLIENT, at(NODE, 30083)),
+        (NODE, at(NODE, 30080)),
+    ] {
+        let packet = packet(src, dst, "tcp");
+        let want = world.table.trace_paths(&packet).unwrap();
+        let got = read.trace_paths(&packet).unwrap();
+        assert_eq!(got.paths.len(), want.paths.len(), "{src} -> {dst}");
+        for (got, want) in got.paths.iter().zip(&want.paths) {
+            assert_eq!(got.destination, want.destination, "{src} -> {dst}");
+            assert_eq!(got.verdict, want.verdict, "{src} -> {dst}");
+            assert_eq!(got.masqueraded, want.masqueraded, "{src} -> {dst}");
+            assert_eq!(got.probability, want.probability, "{src} -> {dst}");
+            assert_eq!(got.elements, want.elements, "{src} -> {dst}");
+            assert_eq!(got.affinity.len(), want.affinity.len(), "{src} -> {dst}");
+            assert_eq!(chains(got), chains(want), "{src} -> {dst}");
+        }
+    }
+}
+
+#[test]
+fn ipv6_paths_name_their_rules_as_ip6() {
+    let mut world = World::with(kp_model::IpFamily::V6, kp_node::NodePortAddresses::All);
+    world.put(
+        service("ns1", "web6", "fd00:10:96::10", 80)
+            .remote_endpoint("fd00:10:244:2::2", 8080)
+            .remote_endpoint("fd00:10:244:2::3", 8080),
+    );
+    world.sync(true, &[]);
+    let trace = paths(&world, "fd00:10:244:1::7", at("fd00:10:96::10", 80));
+    let destinations: Vec<_> = trace.paths.iter().map(|p| p.destination).collect();
+    assert_eq!(
+        destinations,
+        [
+            Some(at("fd00:10:244:2::2", 8080)),
+            Some(at("fd00:10:244:2::3", 8080))
+        ]
+    );
+    for path in &trace.paths {
+        assert_eq!(path.probability, 0.5);
+        line_at(
+            path,
+            "services: ip6 daddr . meta l4proto . th dport vmap @service-ips",
+        );
+        element(
+            path,
+            "service-ips",
+            "fd00:10:96::10 . tcp . 80 : goto service-",
+        );
+        let endpoint = path.destination.unwrap();
+        rule_at(
+            path,
+            "endpoint",
+            // Chain names spell an IPv6 address with dots.
+            &format!(
+                "ns1/web6/tcp/p80__{}/{}",
+                endpoint.ip().to_string().replace(':', "."),
+                endpoint.port()
+            ),
+            &format!("meta l4proto tcp dnat to {endpoint}"),
+        );
+    }
+}
