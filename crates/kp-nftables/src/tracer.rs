@@ -126,9 +126,10 @@ pub struct PathOutcome {
     /// `nft -f` reads it (`services: ip daddr . meta l4proto . th dport
     /// vmap @service-ips`).
     pub matched: Vec<String>,
-    /// The map elements the path took a verdict from, in order, as
+    /// The elements the path found, in order: of a verdict map as
     /// `MAP: KEY : VERDICT` (`service-ips: 10.96.0.10 . tcp . 80 : goto
-    /// service-…`).
+    /// service-…`), of a set as `SET: KEY` (`cluster-ips: 10.96.0.10`).
+    /// Affinity sets are listed in `affinity` instead.
     pub elements: Vec<String>,
     /// The affinity sets the path looked up (a first packet finds no
     /// entry) or added its source to.
@@ -278,9 +279,7 @@ impl Table {
         }
         Some(())
     }
-}
 
-impl Table {
     /// Every path `packet` can take through the table's base chains.
     pub fn trace_paths(&self, packet: &Packet) -> Result<Trace, Unknown> {
         let context = Context {
@@ -301,9 +300,10 @@ impl Table {
                 paths.push(walk.outcome(verdict));
                 continue;
             }
-            // Routing: delivered here (input), or forwarded on (forward,
-            // then postrouting); a local packet sent elsewhere is done.
-            let rest: &[Hook] = match (walk.delivered_locally(packet), packet.src_local) {
+            // Routing: delivered here when the (DNATed) destination is an
+            // address of this host (input), else forwarded on (forward, then
+            // postrouting); a local packet sent elsewhere is done.
+            let rest: &[Hook] = match (walk.dst_local(packet), packet.src_local) {
                 (true, _) => &[Hook::Input],
                 (false, false) => &[Hook::Forward, Hook::Postrouting],
                 (false, true) => &[],
@@ -458,9 +458,14 @@ impl Table {
                 }
                 Expr::AddrInSet { field, set } => {
                     let addr = walk.address(packet, *field).to_string();
-                    self.maps
+                    let found = self
+                        .maps
                         .get(set.as_str())
-                        .is_some_and(|set| set.contains_key(&addr))
+                        .is_some_and(|elements| elements.contains_key(&addr));
+                    if found {
+                        walk.elements.push(format!("{set}: {addr}"));
+                    }
+                    found
                 }
                 Expr::DestinationPort { protocol, port } => {
                     protocol_keyword(*protocol) == packet.protocol && *port == walk.dport
@@ -624,11 +629,6 @@ impl Walk {
         (self.dst == packet.dst && packet.dst_local)
             || (self.dst == packet.src && packet.src_local)
             || self.dst.is_loopback()
-    }
-
-    /// Whether routing delivers the packet to this host.
-    fn delivered_locally(&self, packet: &Packet) -> bool {
-        self.dst_local(packet)
     }
 
     fn outcome(self, verdict: PathVerdict) -> PathOutcome {

@@ -564,6 +564,25 @@ fn a_service_without_endpoints_is_one_reject_path_naming_its_element() {
 }
 
 #[test]
+fn an_unknown_port_of_a_cluster_ip_is_rejected_naming_its_set_element() {
+    let world = paths_world();
+    let trace = paths(&world, POD, at("10.96.0.10", 81));
+    let [path] = trace.paths.as_slice() else {
+        panic!("one path: {trace:#?}");
+    };
+    assert_eq!(path.verdict, PathVerdict::Reject);
+    assert_eq!(path.destination, None);
+    assert_eq!(path.elements, ["cluster-ips: 10.96.0.10"]);
+    assert_eq!(
+        path.matched.last().map(String::as_str),
+        Some(
+            "cluster-ips-check: ip daddr @cluster-ips reject \
+             comment \"Reject traffic to invalid ports of ClusterIPs\""
+        )
+    );
+}
+
+#[test]
 fn the_kernel_form_of_the_table_gives_the_same_paths() {
     // A read-back holds the rules in the kernel's form (an address list of
     // one entry a comparison): the paths over it are the same, down to the
