@@ -409,8 +409,7 @@ impl Table {
         let packet = context.packet;
         let unknown = |expr: &Expr| {
             Unknown(format!(
-                "chain {}: rule {}: {}",
-                rule.chain,
+                "{}: `{}` is not followed",
                 rule_text(rule, context.family),
                 expr.text(context.family)
             ))
