@@ -1,23 +1,38 @@
 //! A packet tracer over the transactions this crate renders.
 //!
 //! [`Table::apply`] replays transactions (a full one, then partial ones) on
-//! an in-memory model of the `kube-proxy` table; [`Table::trace`] follows a
-//! new connection's first packet through it the way the kernel's hooks
-//! would: source-range firewall before DNAT, the `services` dispatch and
-//! the per-service chains in nat, then the refusal checks after DNAT. It
-//! reads the typed commands ([`crate::model`]), not their text, and fails
-//! loudly on a statement it does not follow, so a renderer change cannot
-//! slip past it unnoticed.
+//! an in-memory model of the `kube-proxy` table; [`Table::trace_paths`]
+//! follows a new connection's first packet through it the way the kernel's
+//! hooks would: the base chains of each hook in priority order (prerouting
+//! or output, then input, or forward and postrouting, by where the possibly
+//! DNATed packet is delivered), every jump, goto, verdict map and mark on
+//! the way. A `numgen random mod N V` match forks the walk (one in `N`
+//! takes it), so the result lists every path with its probability, the
+//! rules it matched (as `--dry-run` prints them), the map elements it
+//! consulted and the affinity sets it passed. [`Table::trace`] sums the
+//! paths up as one [`Verdict`].
+//!
+//! It reads the typed commands ([`crate::model`]), not their text, and
+//! fails loudly on a statement it does not follow, so a renderer change
+//! cannot slip past it unnoticed. A looped-back packet (the node to its
+//! own address) passes output, postrouting and input; the prerouting it
+//! passes again on `lo` is not walked, since nat there is already decided.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
+use kp_model::IpFamily;
+
+use crate::model::Verdict as RuleVerdict;
 use crate::model::{
     protocol_keyword, AddrField, ChainKind, ChainType, Command, Expr, Hook, Rule, Transaction,
 };
-use crate::names::MARK_FOR_MASQUERADE;
+use crate::names::TABLE;
+use crate::options::family_keyword;
 
-use crate::model::Verdict as RuleVerdict;
+/// How deep jumps and gotos may nest before the tracer assumes a loop
+/// (the kernel refuses more than 16 levels, `NFT_JUMP_STACK_SIZE`).
+const MAX_DEPTH: usize = 16;
 
 /// The `kube-proxy` table of one family, as transactions left it (or as
 /// [`crate::live::read_table`] read it from the kernel).
@@ -33,6 +48,9 @@ pub struct Table {
     /// Sets that packets add elements to (`flags dynamic`: affinity sets),
     /// whose elements the kernel holds but no transaction writes.
     pub dynamic_sets: BTreeSet<String>,
+    /// The timeout of each set declared with one (`timeout 300s`), in
+    /// seconds: how long an affinity entry lives.
+    pub timeouts_secs: BTreeMap<String, u64>,
     /// The base chains: where each hooks in.
     pub base_chains: BTreeMap<String, BaseChain>,
 }
@@ -65,7 +83,7 @@ pub struct Packet {
     pub dst_local: bool,
 }
 
-/// What happens to a packet.
+/// What happens to a packet, summed up over its paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// DNATed to one of these endpoints; `masquerade` lists the endpoints
@@ -84,17 +102,105 @@ pub enum Verdict {
     Accept,
 }
 
+/// Every path a new connection can take, like `kp_iptables::tracer::Trace`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// The paths, one per combination of `numgen` outcomes, in rule order.
+    pub paths: Vec<PathOutcome>,
+}
+
+/// One path a packet can take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathOutcome {
+    /// Where DNAT sent it, if anywhere.
+    pub destination: Option<SocketAddr>,
+    /// How the path ends.
+    pub verdict: PathVerdict,
+    /// nat postrouting masquerades it (the mark set on the path, then
+    /// `masquerade` in the masquerading chain).
+    pub masqueraded: bool,
+    /// The chance that a new connection takes this path: the product of
+    /// the `numgen random mod N` outcomes on it (1 when there is none).
+    pub probability: f64,
+    /// The rules that matched, in order, as `CHAIN: RULE` with the rule as
+    /// `nft -f` reads it (`services: ip daddr . meta l4proto . th dport
+    /// vmap @service-ips`).
+    pub matched: Vec<String>,
+    /// The elements the path found, in order: of a verdict map as
+    /// `MAP: KEY : VERDICT` (`service-ips: 10.96.0.10 . tcp . 80 : goto
+    /// service-…`), of a set as `SET: KEY` (`cluster-ips: 10.96.0.10`).
+    /// Affinity sets are listed in `affinity` instead.
+    pub elements: Vec<String>,
+    /// The affinity sets the path looked up (a first packet finds no
+    /// entry) or added its source to.
+    pub affinity: Vec<Affinity>,
+}
+
+/// How a path ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathVerdict {
+    /// Let through (no rule refused it).
+    Accept,
+    /// Silently dropped.
+    Drop,
+    /// Refused with an ICMP error.
+    Reject,
+}
+
+/// An affinity set on a path: a later packet of the same client within
+/// `timeout_secs` finds its entry and goes to the same endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Affinity {
+    /// The set.
+    pub set: String,
+    /// Its timeout, if it was declared with one.
+    pub timeout_secs: Option<u64>,
+    /// The rule, as `CHAIN: RULE`.
+    pub rule: String,
+}
+
 /// A command or rule the tracer does not follow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tracer cannot read {0:?}")]
 pub struct Unknown(pub String);
 
-/// One path through the nat chains.
-#[derive(Debug, Clone, Default)]
-struct Path {
-    masquerade: bool,
-    dnat: Option<SocketAddr>,
-    dropped: bool,
+/// A packet's state on one path, as far as it has been walked.
+#[derive(Debug, Clone)]
+struct Walk {
+    /// The destination, DNATed or not.
+    dst: IpAddr,
+    dport: u16,
+    mark: u32,
+    destination: Option<SocketAddr>,
+    masqueraded: bool,
+    probability: f64,
+    matched: Vec<String>,
+    elements: Vec<String>,
+    affinity: Vec<Affinity>,
+}
+
+/// Where a rule or chain leaves a walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// On to the next rule.
+    Next,
+    /// Back to the calling chain (end of chain, `return`, or a goto's
+    /// chain ending).
+    Return,
+    /// The base chain accepts (`accept`, `dnat`, `masquerade`); the next
+    /// base chain of the hook still sees the packet.
+    Accept,
+    /// Dropped.
+    Drop,
+    /// Rejected.
+    Reject,
+}
+
+/// What a walk needs besides the table.
+#[derive(Debug, Clone, Copy)]
+struct Context<'a> {
+    packet: &'a Packet,
+    family: IpFamily,
 }
 
 impl Table {
@@ -144,8 +250,10 @@ impl Table {
             Command::AddRule(rule) => self.chains.get_mut(rule.chain.as_str())?.push(rule.clone()),
             Command::AddSet(spec) => {
                 self.sets.insert(spec.name.as_str().to_owned());
-                if spec.dynamic_timeout_secs.is_some() {
+                if let Some(timeout) = spec.dynamic_timeout_secs {
                     self.dynamic_sets.insert(spec.name.as_str().to_owned());
+                    self.timeouts_secs
+                        .insert(spec.name.as_str().to_owned(), timeout);
                 }
                 self.maps.entry(spec.name.as_str().to_owned()).or_default();
             }
@@ -153,6 +261,7 @@ impl Table {
             Command::DeleteSet { name, .. } => {
                 self.sets.remove(name.as_str());
                 self.dynamic_sets.remove(name.as_str());
+                self.timeouts_secs.remove(name.as_str());
                 self.maps.remove(name.as_str())?;
             }
             Command::AddElements { set, elements } => {
@@ -171,245 +280,378 @@ impl Table {
         Some(())
     }
 
-    /// Follows `packet` through the table.
+    /// Every path `packet` can take through the table's base chains.
+    pub fn trace_paths(&self, packet: &Packet) -> Result<Trace, Unknown> {
+        let context = Context {
+            packet,
+            family: match packet.dst {
+                IpAddr::V4(_) => IpFamily::V4,
+                IpAddr::V6(_) => IpFamily::V6,
+            },
+        };
+        let first: &[Hook] = if packet.src_local {
+            &[Hook::Output, Hook::Postrouting]
+        } else {
+            &[Hook::Prerouting]
+        };
+        let mut paths = Vec::new();
+        for (walk, stopped) in self.run_hooks(first, context, vec![Walk::new(packet)])? {
+            if let Some(verdict) = stopped {
+                paths.push(walk.outcome(verdict));
+                continue;
+            }
+            // Routing: delivered here when the (DNATed) destination is an
+            // address of this host (input), else forwarded on (forward, then
+            // postrouting); a local packet sent elsewhere is done.
+            let rest: &[Hook] = match (walk.dst_local(packet), packet.src_local) {
+                (true, _) => &[Hook::Input],
+                (false, false) => &[Hook::Forward, Hook::Postrouting],
+                (false, true) => &[],
+            };
+            for (walk, stopped) in self.run_hooks(rest, context, vec![walk])? {
+                paths.push(walk.outcome(stopped.unwrap_or(PathVerdict::Accept)));
+            }
+        }
+        Ok(Trace { paths })
+    }
+
+    /// Follows `packet` through the table: its paths summed up.
     pub fn trace(&self, packet: &Packet) -> Result<Verdict, Unknown> {
-        if self.firewall_drops(packet)? {
-            return Ok(Verdict::Drop);
-        }
-        let paths = self.run_chain("services", packet, 0)?;
-        let dnat: Vec<&Path> = paths.iter().filter(|p| p.dnat.is_some()).collect();
-        if paths.iter().any(|p| p.dropped) {
-            return Ok(Verdict::Drop);
-        }
-        if !dnat.is_empty() {
-            let endpoints = dnat.iter().filter_map(|p| p.dnat).collect();
-            let masquerade = dnat
+        Ok(self.trace_paths(packet)?.verdict())
+    }
+
+    /// Runs `walks` through the base chains of each of `hooks` in turn,
+    /// each hook's in priority order; a walk stops at a drop or reject.
+    fn run_hooks(
+        &self,
+        hooks: &[Hook],
+        context: Context<'_>,
+        walks: Vec<Walk>,
+    ) -> Result<Vec<(Walk, Option<PathVerdict>)>, Unknown> {
+        let mut live = walks;
+        let mut stopped = Vec::new();
+        for hook in hooks {
+            let mut chains: Vec<(&String, &BaseChain)> = self
+                .base_chains
                 .iter()
-                .filter(|p| p.masquerade)
-                .filter_map(|p| p.dnat)
+                .filter(|(_, base)| base.hook == *hook)
                 .collect();
-            return Ok(Verdict::Dnat {
-                endpoints,
-                masquerade,
-            });
-        }
-        Ok(self.refusal(packet))
-    }
-
-    fn firewall_drops(&self, packet: &Packet) -> Result<bool, Unknown> {
-        let Some(verdict) = self.lookup("firewall-ips", &ip_key(packet)) else {
-            return Ok(false);
-        };
-        let RuleVerdict::Goto(chain) = verdict else {
-            return Err(Unknown(format!("firewall-ips verdict {verdict}")));
-        };
-        let paths = self.run_chain(chain.as_str(), packet, 0)?;
-        Ok(paths.iter().any(|p| p.dropped))
-    }
-
-    /// The filter checks after DNAT, for a packet nat left alone.
-    fn refusal(&self, packet: &Packet) -> Verdict {
-        let by_verdict = |verdict: &RuleVerdict| {
-            if *verdict == RuleVerdict::Drop {
-                Verdict::Drop
-            } else {
-                Verdict::Reject
-            }
-        };
-        if let Some(verdict) = self.lookup("no-endpoint-services", &ip_key(packet)) {
-            return by_verdict(verdict);
-        }
-        if self.node_port_address(packet) {
-            if let Some(verdict) = self.lookup("no-endpoint-nodeports", &port_key(packet)) {
-                return by_verdict(verdict);
+            chains.sort_by_key(|(name, base)| (base.priority, *name));
+            for (chain, _) in chains {
+                let mut next = Vec::new();
+                for walk in live {
+                    for (walk, flow) in self.run_chain(chain, context, walk, 0)? {
+                        match flow {
+                            Flow::Drop => stopped.push((walk, Some(PathVerdict::Drop))),
+                            Flow::Reject => stopped.push((walk, Some(PathVerdict::Reject))),
+                            Flow::Next | Flow::Return | Flow::Accept => next.push(walk),
+                        }
+                    }
+                }
+                live = next;
             }
         }
-        if self
-            .maps
-            .get("cluster-ips")
-            .is_some_and(|ips| ips.contains_key(&packet.dst.to_string()))
-        {
-            return Verdict::Reject;
-        }
-        Verdict::Accept
+        stopped.extend(live.into_iter().map(|walk| (walk, None)));
+        Ok(stopped)
     }
 
-    fn node_port_address(&self, packet: &Packet) -> bool {
-        match self.maps.get("nodeport-ips") {
-            Some(ips) => ips.contains_key(&packet.dst.to_string()),
-            None => packet.dst_local && !packet.dst.is_loopback(),
-        }
-    }
-
-    /// The verdict of map element `key`.
-    fn lookup(&self, map: &str, key: &str) -> Option<&RuleVerdict> {
-        self.maps.get(map)?.get(key)?.as_ref()
-    }
-
-    fn run_chain(&self, chain: &str, packet: &Packet, depth: usize) -> Result<Vec<Path>, Unknown> {
-        if depth > 16 {
-            return Err(Unknown(format!("chain loop at {chain}")));
+    /// Runs `walk` through `chain`'s rules; every way out of it, in the
+    /// order of the rules that ended them (falling off the end last).
+    fn run_chain(
+        &self,
+        chain: &str,
+        context: Context<'_>,
+        walk: Walk,
+        depth: usize,
+    ) -> Result<Vec<(Walk, Flow)>, Unknown> {
+        if depth > MAX_DEPTH {
+            return Err(Unknown(format!(
+                "chain {chain}: jumps nest deeper than {MAX_DEPTH}"
+            )));
         }
         let rules = self
             .chains
             .get(chain)
-            .ok_or_else(|| Unknown(format!("missing chain {chain}")))?;
-        self.run_rules(rules, packet, depth, Path::default())
-    }
-
-    /// Runs `rules` from the first; a `numgen random mod N 0 goto C` rule
-    /// may or may not be taken, so both continuations are followed.
-    fn run_rules(
-        &self,
-        rules: &[Rule],
-        packet: &Packet,
-        depth: usize,
-        mut state: Path,
-    ) -> Result<Vec<Path>, Unknown> {
-        for (index, rule) in rules.iter().enumerate() {
-            if let [Expr::NumgenIs { .. }, Expr::Verdict(RuleVerdict::Goto(target))] =
-                rule.exprs.as_slice()
-            {
-                let mut paths = match self.enter(target.as_str(), packet, depth, &state)? {
-                    Step::Done(found) => found,
-                    Step::Continue(path) => vec![path],
-                };
-                paths.extend(self.run_rules(&rules[index + 1..], packet, depth, state)?);
-                return Ok(paths);
+            .ok_or_else(|| Unknown(format!("chain {chain}: missing")))?;
+        let mut live = vec![walk];
+        let mut ended = Vec::new();
+        for rule in rules {
+            let mut next = Vec::new();
+            for walk in live {
+                for (walk, flow) in self.run_exprs(rule, 0, false, context, walk, depth)? {
+                    match flow {
+                        Flow::Next => next.push(walk),
+                        other => ended.push((walk, other)),
+                    }
+                }
             }
-            match self.run_rule(rule, packet, depth, &state)? {
-                Step::Continue(next) => state = next,
-                Step::Done(paths) => return Ok(paths),
+            live = next;
+            if live.is_empty() {
+                break;
             }
         }
-        Ok(vec![state])
+        ended.extend(live.into_iter().map(|walk| (walk, Flow::Return)));
+        Ok(ended)
     }
-}
 
-/// What a rule did.
-enum Step {
-    Continue(Path),
-    Done(Vec<Path>),
-}
-
-impl Table {
-    /// Runs one rule: its matches in order (a miss leaves the rule), then
-    /// its statement.
-    fn run_rule(
+    /// Runs `rule`'s expressions from `from` on: matches in order (a miss
+    /// leaves the rule), statements, a verdict. `recorded` says whether the
+    /// rule is already on the walk's matched list.
+    fn run_exprs(
         &self,
         rule: &Rule,
-        packet: &Packet,
+        from: usize,
+        mut recorded: bool,
+        context: Context<'_>,
+        mut walk: Walk,
         depth: usize,
-        state: &Path,
-    ) -> Result<Step, Unknown> {
-        let unknown = |expr: &Expr| Unknown(format!("{expr:?} in chain {}", rule.chain));
-        let mut next = state.clone();
-        for expr in &rule.exprs {
+    ) -> Result<Vec<(Walk, Flow)>, Unknown> {
+        let packet = context.packet;
+        let unknown = |expr: &Expr| {
+            Unknown(format!(
+                "{}: `{}` is not followed",
+                rule_text(rule, context.family),
+                expr.text(context.family)
+            ))
+        };
+        for (index, expr) in rule.exprs.iter().enumerate().skip(from) {
+            let is_match = matches!(
+                expr,
+                Expr::CtStateNew
+                    | Expr::AddrIs { .. }
+                    | Expr::AddrNotIn { .. }
+                    | Expr::AddrInSet { .. }
+                    | Expr::DestinationPort { .. }
+                    | Expr::L4Proto(_)
+                    | Expr::FibLocal(_)
+                    | Expr::InputInterface { .. }
+                    | Expr::MarkLacks(_)
+                    | Expr::NumgenIs { .. }
+                    | Expr::DispatchVmap { .. }
+            );
+            if !is_match && !recorded {
+                walk.matched.push(rule_text(rule, context.family));
+                recorded = true;
+            }
             let matched = match expr {
+                Expr::CtStateNew => true,
                 Expr::FibLocal(AddrField::Source) => packet.src_local,
-                Expr::FibLocal(AddrField::Destination) => packet.dst_local,
+                Expr::FibLocal(AddrField::Destination) => walk.dst_local(packet),
                 Expr::AddrIs {
                     field,
                     negate,
                     value,
-                } => value.net().contains(&address(packet, *field)) != *negate,
+                } => value.net().contains(&walk.address(packet, *field)) != *negate,
                 Expr::AddrNotIn { field, values } => {
-                    let addr = address(packet, *field);
+                    let addr = walk.address(packet, *field);
                     !values.iter().any(|value| value.net().contains(&addr))
                 }
+                Expr::AddrInSet { set, .. } if self.dynamic_sets.contains(set.as_str()) => {
+                    // An affinity set: a first packet has no entry there.
+                    walk.affinity.push(Affinity {
+                        set: set.as_str().to_owned(),
+                        timeout_secs: self.timeouts_secs.get(set.as_str()).copied(),
+                        rule: rule_text(rule, context.family),
+                    });
+                    false
+                }
                 Expr::AddrInSet { field, set } => {
-                    // Affinity sets hold no entries in this model.
-                    let addr = address(packet, *field).to_string();
-                    self.maps
+                    let addr = walk.address(packet, *field).to_string();
+                    let found = self
+                        .maps
                         .get(set.as_str())
-                        .is_some_and(|set| set.contains_key(&addr))
+                        .is_some_and(|elements| elements.contains_key(&addr));
+                    if found {
+                        walk.elements.push(format!("{set}: {addr}"));
+                    }
+                    found
                 }
                 Expr::DestinationPort { protocol, port } => {
-                    protocol_keyword(*protocol) == packet.protocol && *port == packet.dport
+                    protocol_keyword(*protocol) == packet.protocol && *port == walk.dport
                 }
                 Expr::L4Proto(protocol) => protocol_keyword(*protocol) == packet.protocol,
+                Expr::MarkLacks(mark) => walk.mark & mark == 0,
+                Expr::NumgenIs { modulus, value } if *value < *modulus => {
+                    // One in `modulus` packets takes the rule: fork.
+                    let share = 1.0 / f64::from(*modulus);
+                    let mut missed = walk.clone();
+                    missed.probability *= 1.0 - share;
+                    walk.probability *= share;
+                    let mut out =
+                        self.run_exprs(rule, index + 1, recorded, context, walk, depth)?;
+                    out.push((missed, Flow::Next));
+                    return Ok(out);
+                }
+                Expr::NumgenIs { .. } => false,
                 Expr::DispatchVmap { with_addr, map } => {
                     let key = if *with_addr {
-                        ip_key(packet)
-                    } else if self.node_port_address(packet) {
-                        port_key(packet)
+                        format!("{} . {} . {}", walk.dst, packet.protocol, walk.dport)
                     } else {
-                        return Ok(Step::Continue(next));
+                        format!("{} . {}", packet.protocol, walk.dport)
                     };
-                    let Some(verdict) = self.lookup(map.as_str(), &key) else {
-                        return Ok(Step::Continue(next));
+                    let Some(element) = self.maps.get(map.as_str()).and_then(|m| m.get(&key))
+                    else {
+                        return Ok(vec![(walk, Flow::Next)]);
                     };
-                    return self.verdict(verdict, packet, depth, next);
+                    let Some(verdict) = element else {
+                        return Err(Unknown(format!("map {map}: element {key} has no verdict")));
+                    };
+                    if !recorded {
+                        walk.matched.push(rule_text(rule, context.family));
+                    }
+                    walk.elements.push(format!("{map}: {key} : {verdict}"));
+                    return self.verdict(verdict, context, walk, depth);
                 }
-                Expr::UpdateSourceSet(_) => true,
+                Expr::MarkSetOr(mark) => {
+                    walk.mark |= mark;
+                    true
+                }
+                Expr::MarkSetXor(mark) => {
+                    walk.mark ^= mark;
+                    true
+                }
+                Expr::UpdateSourceSet(set) => {
+                    walk.affinity.push(Affinity {
+                        set: set.as_str().to_owned(),
+                        timeout_secs: self.timeouts_secs.get(set.as_str()).copied(),
+                        rule: rule_text(rule, context.family),
+                    });
+                    true
+                }
                 Expr::Dnat(to) => {
-                    next.dnat = Some(*to);
-                    return Ok(Step::Done(vec![next]));
+                    walk.destination = Some(*to);
+                    walk.dst = to.ip();
+                    walk.dport = to.port();
+                    return Ok(vec![(walk, Flow::Accept)]);
                 }
-                Expr::Verdict(verdict) => return self.verdict(verdict, packet, depth, next),
-                other => return Err(unknown(other)),
+                Expr::MasqueradeFullyRandom => {
+                    walk.masqueraded = true;
+                    return Ok(vec![(walk, Flow::Accept)]);
+                }
+                Expr::Reject => return Ok(vec![(walk, Flow::Reject)]),
+                Expr::Verdict(verdict) => return self.verdict(verdict, context, walk, depth),
+                Expr::InputInterface { .. } => return Err(unknown(expr)),
             };
             if !matched {
-                return Ok(Step::Continue(state.clone()));
+                return Ok(vec![(walk, Flow::Next)]);
             }
         }
-        Ok(Step::Continue(next))
+        if !recorded {
+            walk.matched.push(rule_text(rule, context.family));
+        }
+        Ok(vec![(walk, Flow::Next)])
     }
 
+    /// Where `verdict` leaves the rule that gives it.
     fn verdict(
         &self,
         verdict: &RuleVerdict,
-        packet: &Packet,
+        context: Context<'_>,
+        walk: Walk,
         depth: usize,
-        mut next: Path,
-    ) -> Result<Step, Unknown> {
+    ) -> Result<Vec<(Walk, Flow)>, Unknown> {
+        let called = |chain: &str, on_return: Flow| -> Result<Vec<(Walk, Flow)>, Unknown> {
+            let out = self.run_chain(chain, context, walk.clone(), depth + 1)?;
+            Ok(out
+                .into_iter()
+                .map(|(walk, flow)| match flow {
+                    Flow::Return => (walk, on_return),
+                    other => (walk, other),
+                })
+                .collect())
+        };
         match verdict {
-            RuleVerdict::Jump(chain) if chain.as_str() == MARK_FOR_MASQUERADE => {
-                next.masquerade = true;
-                Ok(Step::Continue(next))
-            }
-            RuleVerdict::Drop => {
-                next.dropped = true;
-                Ok(Step::Done(vec![next]))
-            }
-            RuleVerdict::Goto(target) => self.enter(target.as_str(), packet, depth, &next),
-            other => Err(Unknown(format!("verdict {other}"))),
+            RuleVerdict::Accept => Ok(vec![(walk, Flow::Accept)]),
+            RuleVerdict::Drop => Ok(vec![(walk, Flow::Drop)]),
+            RuleVerdict::Return => Ok(vec![(walk, Flow::Return)]),
+            // After a jump the rule's chain goes on; after a goto, the
+            // chain that called it does.
+            RuleVerdict::Jump(chain) => called(chain.as_str(), Flow::Next),
+            RuleVerdict::Goto(chain) => called(chain.as_str(), Flow::Return),
+        }
+    }
+}
+
+impl Trace {
+    /// The paths summed up: dropped if any path drops, DNATed if any path
+    /// is, rejected if any path rejects, else accepted.
+    pub fn verdict(&self) -> Verdict {
+        if self.paths.iter().any(|p| p.verdict == PathVerdict::Drop) {
+            return Verdict::Drop;
+        }
+        let dnat: Vec<&PathOutcome> = self
+            .paths
+            .iter()
+            .filter(|p| p.destination.is_some())
+            .collect();
+        if !dnat.is_empty() {
+            return Verdict::Dnat {
+                endpoints: dnat.iter().filter_map(|p| p.destination).collect(),
+                masquerade: dnat
+                    .iter()
+                    .filter(|p| p.masqueraded)
+                    .filter_map(|p| p.destination)
+                    .collect(),
+            };
+        }
+        if self.paths.iter().any(|p| p.verdict == PathVerdict::Reject) {
+            return Verdict::Reject;
+        }
+        Verdict::Accept
+    }
+}
+
+impl Walk {
+    fn new(packet: &Packet) -> Self {
+        Self {
+            dst: packet.dst,
+            dport: packet.dport,
+            mark: 0,
+            destination: None,
+            masqueraded: false,
+            probability: 1.0,
+            matched: Vec::new(),
+            elements: Vec::new(),
+            affinity: Vec::new(),
         }
     }
 
-    fn enter(
-        &self,
-        target: &str,
-        packet: &Packet,
-        depth: usize,
-        state: &Path,
-    ) -> Result<Step, Unknown> {
-        let found = self.run_chain(target, packet, depth + 1)?;
-        let merged = found
-            .into_iter()
-            .map(|path| Path {
-                masquerade: path.masquerade || state.masquerade,
-                ..path
-            })
-            .collect();
-        Ok(Step::Done(merged))
+    fn address(&self, packet: &Packet, field: AddrField) -> IpAddr {
+        match field {
+            AddrField::Source => packet.src,
+            AddrField::Destination => self.dst,
+        }
+    }
+
+    /// `fib daddr type local` of the (possibly DNATed) destination.
+    fn dst_local(&self, packet: &Packet) -> bool {
+        (self.dst == packet.dst && packet.dst_local)
+            || (self.dst == packet.src && packet.src_local)
+            || self.dst.is_loopback()
+    }
+
+    fn outcome(self, verdict: PathVerdict) -> PathOutcome {
+        PathOutcome {
+            destination: self.destination,
+            verdict,
+            masqueraded: self.masqueraded,
+            probability: self.probability,
+            matched: self.matched,
+            elements: self.elements,
+            affinity: self.affinity,
+        }
     }
 }
 
-fn address(packet: &Packet, field: AddrField) -> IpAddr {
-    match field {
-        AddrField::Source => packet.src,
-        AddrField::Destination => packet.dst,
-    }
-}
-
-/// `ADDRESS . PROTOCOL . PORT` of the packet's destination, as map keys
-/// are written.
-fn ip_key(packet: &Packet) -> String {
-    format!("{} . {} . {}", packet.dst, packet.protocol, packet.dport)
-}
-
-/// `PROTOCOL . PORT` of the packet's destination.
-fn port_key(packet: &Packet) -> String {
-    format!("{} . {}", packet.protocol, packet.dport)
+/// `CHAIN: RULE`, the rule as the `add rule` line of `--dry-run` prints it
+/// after the chain's name.
+fn rule_text(rule: &Rule, family: IpFamily) -> String {
+    let line = Command::AddRule(rule.clone()).line(family).to_string();
+    let prefix = format!(
+        "add rule {} {TABLE} {} ",
+        family_keyword(family),
+        rule.chain
+    );
+    let text = line.strip_prefix(&prefix).unwrap_or(&line);
+    format!("{}: {text}", rule.chain)
 }

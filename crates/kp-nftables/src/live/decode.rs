@@ -52,6 +52,8 @@ const SET_NAME: u16 = 2;
 const SET_FLAGS: u16 = 3;
 const SET_KEY_TYPE: u16 = 4;
 const SET_KEY_LEN: u16 = 5;
+/// `NFTA_SET_TIMEOUT`: the elements' default timeout, in milliseconds.
+const SET_TIMEOUT: u16 = 11;
 const SET_F_ANONYMOUS: u32 = 0x1;
 const SET_F_INTERVAL: u32 = 0x4;
 const SET_F_MAP: u32 = 0x8;
@@ -115,6 +117,8 @@ struct SetInfo {
     interval: bool,
     map: bool,
     dynamic: bool,
+    /// `timeout Ns`, in seconds.
+    timeout_secs: Option<u64>,
     /// The data type ids of its key's fields, first field first.
     fields: Vec<u32>,
     key_len: u32,
@@ -170,6 +174,9 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
             table.maps.entry(name.clone()).or_default();
             if info.dynamic {
                 table.dynamic_sets.insert(name.clone());
+            }
+            if let Some(timeout) = info.timeout_secs {
+                table.timeouts_secs.insert(name.clone(), timeout);
             }
         }
         sets.insert(name, info);
@@ -495,6 +502,10 @@ fn set_info(attrs: &BTreeMap<u16, &[u8]>) -> Result<SetInfo, &'static str> {
         interval: flags & SET_F_INTERVAL != 0,
         map: flags & SET_F_MAP != 0,
         dynamic: flags & SET_F_EVAL != 0,
+        timeout_secs: attrs
+            .get(&SET_TIMEOUT)
+            .and_then(|v| read_be_u64(v))
+            .map(|millis| millis / 1000),
         fields,
         key_len,
     })
