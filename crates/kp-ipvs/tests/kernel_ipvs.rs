@@ -269,8 +269,10 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client_from_the_node_add
 }
 
 /// externalTrafficPolicy Local: a client outside the node reaches only the
-/// local endpoint, and the endpoint sees the client's own address (the
-/// KUBE-NODE-PORT-LOCAL-TCP set returns before the masquerade mark).
+/// local endpoint through the NodePort, the external IP and the load
+/// balancer IP, and the endpoint sees the client's own address: the
+/// KUBE-NODE-PORT-LOCAL-TCP and KUBE-LOAD-BALANCER-LOCAL sets return before
+/// the masquerade mark, and KUBE-EXTERNAL-IP-LOCAL marks nothing.
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
 fn vm_external_traffic_policy_local_reaches_the_local_endpoint_with_the_client_address() {
@@ -284,6 +286,8 @@ fn vm_external_traffic_policy_local_reaches_the_local_endpoint_with_the_client_a
         .with(
             service("ns1", "local", "10.96.0.12", 80)
                 .node_port(30081)
+                .external_ip("203.0.113.6")
+                .lb_ip("203.0.113.10")
                 .etp_local()
                 .health_check_node_port(30999)
                 .endpoint(&ip_of(&topology, "ep1"), 80, true)
@@ -298,17 +302,23 @@ fn vm_external_traffic_policy_local_reaches_the_local_endpoint_with_the_client_a
         .unwrap();
 
     let client = topology.client();
-    let seen = sources_seen(client, at("192.168.99.2", 30081), 12);
-    assert_eq!(
-        seen.keys().collect::<Vec<_>>(),
-        ["ep1"],
-        "only the local endpoint: {seen:?}"
-    );
-    assert_eq!(
-        seen["ep1"].iter().collect::<Vec<_>>(),
-        [&IpAddr::V4(client.ip())],
-        "the client address is preserved"
-    );
+    for address in [
+        at("192.168.99.2", 30081),
+        at("203.0.113.6", 80),
+        at("203.0.113.10", 80),
+    ] {
+        let seen = sources_seen(client, address, 12);
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            ["ep1"],
+            "{address}: only the local endpoint: {seen:?}"
+        );
+        assert_eq!(
+            seen["ep1"].iter().collect::<Vec<_>>(),
+            [&IpAddr::V4(client.ip())],
+            "{address}: the client address is preserved"
+        );
+    }
 }
 
 /// The source addresses each endpoint saw over `n` connections from
@@ -849,13 +859,18 @@ fn vm_internal_traffic_policy_local_reaches_only_local_endpoints_and_refuses_wit
     );
 }
 
-/// A NodePort without endpoints is refused. Upstream's IPVS mode keeps the
-/// virtual server of a Service without endpoints and writes no REJECT rule
-/// for it (kubernetes#72534: the IPVS proxier needs none): IPVS itself
+/// A NodePort without endpoints is refused. Upstream's IPVS mode creates
+/// the virtual server of every node address and then syncs its real
+/// servers, whatever their number (`syncProxyRules`,
+/// pkg/proxy/ipvs/proxier.go), and writes no REJECT rule for a Service
+/// without endpoints (kubernetes#72534: the IPVS proxier needs none): IPVS itself
 /// answers a packet it finds no real server for with ICMP port unreachable
 /// (`ip_vs_leave`, net/netfilter/ipvs/ip_vs_core.c), which the client sees
 /// as a refused connection. The same holds once the last endpoint goes
 /// away again: the drained real server (weight 0) takes no new connection.
+///
+/// Without the virtual server the node's own TCP stack would refuse the
+/// connection as well, so the test also reads the virtual server back.
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
 fn vm_a_node_port_without_endpoints_is_refused_by_its_empty_virtual_server() {
