@@ -29,7 +29,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -44,10 +44,11 @@ use kp_model::{IpFamily, Protocol};
 use kp_sync::Backend;
 use kp_testkit::netns::{
     connect, expect_refused, expect_timeout, hits, hits_until_all, require_root, udp_roundtrip,
-    wait_until, TcpSession, Topology,
+    wait_until, Netns, TcpSession, Topology,
 };
 
 const NEEDS_IPVS: &str = "needs a kernel with IPVS: run scripts/ipvs-vm/run";
+
 /// How long a UDP connection entry of IPVS lives after its last datagram
 /// in the affinity test (`ipvs.udpTimeout`).
 const UDP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -98,6 +99,70 @@ fn node_addresses(topology: &Topology) -> Vec<IpAddr> {
             .map(<[IpAddr]>::to_vec)
             .unwrap()
     })
+}
+
+/// One sync of `parts` in the node namespace, which must succeed.
+#[track_caller]
+fn sync(topology: &Topology, backend: &mut IpvsBackend, parts: &RequestParts, full: bool) {
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(full)))
+        .unwrap();
+}
+
+/// The real servers of the virtual server `key` as the kernel lists them.
+#[track_caller]
+fn kernel_reals(topology: &Topology, key: &ServiceKey) -> Vec<SocketAddr> {
+    let family = IpFamily::of(&key.address);
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(family))
+        .unwrap();
+    match listed.services.get(key) {
+        Some(service) => service.reals.keys().copied().collect(),
+        None => panic!(
+            "the kernel has no virtual server {key:?}; it has {:?}",
+            listed.services.keys()
+        ),
+    }
+}
+
+/// The lines of the node's IPVS connection table (`ipvsadm -Lnc`, here
+/// `/proc/net/ip_vs_conn` with hex addresses) whose client is `client`:
+/// its connections and its persistence template.
+fn connections_of(topology: &Topology, client: Ipv4Addr) -> Vec<String> {
+    // /proc/net names the namespace of the process's main thread; the
+    // calling thread's table is under /proc/thread-self.
+    let table = topology
+        .node()
+        .run(|| std::fs::read_to_string("/proc/thread-self/net/ip_vs_conn"))
+        .unwrap();
+    let hex = format!("{:08X}", u32::from(client));
+    table
+        .lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some(hex.as_str()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Which endpoint answered each of `n` UDP datagrams from `from` to
+/// `address`, each from a new socket (a new source port, so a new IPVS
+/// connection that only the affinity template ties to the others).
+fn udp_answers(from: &Netns, address: SocketAddr, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| udp_roundtrip(from, address).unwrap().backend)
+        .collect()
+}
+
+/// The source addresses each endpoint saw over `n` connections from
+/// `from` to `address`.
+fn sources_seen(from: &Netns, address: SocketAddr, n: usize) -> BTreeMap<String, BTreeSet<IpAddr>> {
+    let mut seen: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    for _ in 0..n {
+        let reply = connect(from, address).unwrap();
+        seen.entry(reply.backend).or_default().insert(reply.source);
+    }
+    seen
 }
 
 #[test]
@@ -319,21 +384,6 @@ fn vm_external_traffic_policy_local_reaches_the_local_endpoint_with_the_client_a
             "{address}: the client address is preserved"
         );
     }
-}
-
-/// The source addresses each endpoint saw over `n` connections from
-/// `from` to `address`.
-fn sources_seen(
-    from: &kp_testkit::netns::Netns,
-    address: SocketAddr,
-    n: usize,
-) -> BTreeMap<String, BTreeSet<IpAddr>> {
-    let mut seen: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
-    for _ in 0..n {
-        let reply = connect(from, address).unwrap();
-        seen.entry(reply.backend).or_default().insert(reply.source);
-    }
-    seen
 }
 
 #[test]
@@ -667,7 +717,7 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
     use kp_ipvs::netlink::ipvs::IpvsNetlink;
     use kp_ipvs::netlink::table;
     require_ipvs();
-    let node = kp_testkit::netns::Netns::create("ipvs-table").unwrap();
+    let node = Netns::create("ipvs-table").unwrap();
     // Enough services that the kernel prints the table in many pieces.
     let mut ops = Vec::new();
     for n in 0..400u16 {
@@ -754,59 +804,6 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
             ("10.244.1.3:8082".to_owned(), 0)
         ]
     );
-}
-
-/// One sync of `parts` in the node namespace, which must succeed.
-#[track_caller]
-fn sync(topology: &Topology, backend: &mut IpvsBackend, parts: &RequestParts, full: bool) {
-    topology
-        .node()
-        .run(|| backend.sync(&parts.request(full)))
-        .unwrap();
-}
-
-/// The real servers of the virtual server `key` as the kernel lists them.
-#[track_caller]
-fn kernel_reals(topology: &Topology, key: &ServiceKey) -> Vec<SocketAddr> {
-    let family = IpFamily::of(&key.address);
-    let listed = topology
-        .node()
-        .run(|| NetlinkKernel::new().list(family))
-        .unwrap();
-    match listed.services.get(key) {
-        Some(service) => service.reals.keys().copied().collect(),
-        None => panic!(
-            "the kernel has no virtual server {key:?}; it has {:?}",
-            listed.services.keys()
-        ),
-    }
-}
-
-/// The lines of the node's IPVS connection table (`ipvsadm -Lnc`, here
-/// `/proc/net/ip_vs_conn` with hex addresses) whose client is `client`:
-/// its connections and its persistence template.
-fn connections_of(topology: &Topology, client: std::net::Ipv4Addr) -> Vec<String> {
-    // /proc/net names the namespace of the process's main thread; the
-    // calling thread's table is under /proc/thread-self.
-    let table = topology
-        .node()
-        .run(|| std::fs::read_to_string("/proc/thread-self/net/ip_vs_conn"))
-        .unwrap();
-    let hex = format!("{:08X}", u32::from(client));
-    table
-        .lines()
-        .filter(|line| line.split_whitespace().nth(1) == Some(hex.as_str()))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Which endpoint answered each of `n` UDP datagrams from `from` to
-/// `address`, each from a new socket (a new source port, so a new IPVS
-/// connection that only the affinity template ties to the others).
-fn udp_answers(from: &kp_testkit::netns::Netns, address: SocketAddr, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| udp_roundtrip(from, address).unwrap().backend)
-        .collect()
 }
 
 /// internalTrafficPolicy Local: a pod of the node reaches only the
