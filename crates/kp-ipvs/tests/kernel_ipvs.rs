@@ -1,6 +1,9 @@
 //! Kernel tests of the IPVS mode: the real netlink kernel programs IPVS,
 //! ipsets and kube-ipvs0 in a node namespace, and real connections from a
-//! pod namespace prove the result.
+//! pod namespace prove the result. The backend is the one the binary
+//! builds (`kp_ipvs::system_backend`), so the mode's iptables rules
+//! (masquerading, source ranges, the KUBE-* filter chains and their ipset
+//! matches) are in the data path of every packet.
 //!
 //! They need a kernel with IPVS, which the build machines lack, so they are
 //! `#[ignore]`d and named `vm_…`: `cargo test -p kp-ipvs` runs everything
@@ -17,62 +20,40 @@
 //! | ns1/dns, p53 53/UDP | ClusterIP 10.96.0.20, endpoint ep2 |
 //! | ns1/web6, p80 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep2 (fd00:10:96::11 with ip6tables, ep1) |
 //! | ns1/lb, p80 80/TCP | LB 203.0.113.9, loadBalancerSourceRanges client/32, endpoint ep1 |
+//! | ns1/itp, p80 80/TCP | ClusterIP 10.96.0.16, internalTrafficPolicy Local, endpoints ep1 (node-1), ep3 (node-2) |
+//! | ns1/itp-remote, p80 80/TCP | ClusterIP 10.96.0.17, internalTrafficPolicy Local, endpoint ep3 (node-2) |
+//! | ns1/np-empty, p80 80/TCP | ClusterIP 10.96.0.18, NodePort 30082, no endpoints (later ep1, then none again) |
+//! | ns1/sticky-dns, p53 53/UDP | ClusterIP 10.96.0.19, ClientIP affinity for 2 s, endpoints ep1, ep2 |
+//! | ns1/np6, p80 80/TCP | ClusterIP fd00:10:96::12, NodePort 30090, LB 2001:db8:203:113::9, endpoints ep1, ep3 |
 //! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
-use kp_iptables::{
-    Applier, ApplyError, IptablesFlavor, JumpRule, SavedTable, SystemApplier, Table,
-};
+use kp_iptables::{Applier, IptablesFlavor, SystemApplier};
 use kp_ipvs::kernel::IpvsKernel;
 use kp_ipvs::netlink::NetlinkKernel;
 use kp_ipvs::testing::{service, Ports, RequestParts};
 use kp_ipvs::{
     cleanup_with, IpvsBackend, IpvsOptions, Op, ServiceKey, SetKind, VirtualServer, DUMMY_LINK,
 };
-use kp_model::IpFamily;
+use kp_model::{IpFamily, Protocol};
 use kp_sync::Backend;
 use kp_testkit::netns::{
     connect, expect_refused, expect_timeout, hits, hits_until_all, require_root, udp_roundtrip,
-    TcpSession, Topology,
+    wait_until, Netns, TcpSession, Topology,
 };
 
 const NEEDS_IPVS: &str = "needs a kernel with IPVS: run scripts/ipvs-vm/run";
 
-/// The iptables rules are proven by the golden tests and by kp-iptables'
-/// applier; these tests prove the IPVS, ipset and link side, so restores
-/// are only counted.
-#[derive(Default)]
-struct CountingApplier(usize);
-
-impl Applier for CountingApplier {
-    fn restore(&mut self, _: IpFamily, _: &str) -> Result<(), ApplyError> {
-        self.0 += 1;
-        Ok(())
-    }
-    fn save_table(&mut self, _: IpFamily, _: Table) -> Result<SavedTable, ApplyError> {
-        Ok(SavedTable::default())
-    }
-    fn chain_exists(&mut self, _: IpFamily, _: Table, _: &str) -> Result<bool, ApplyError> {
-        Ok(self.0 > 0)
-    }
-    fn ensure_chain(&mut self, _: IpFamily, _: Table, _: &str) -> Result<(), ApplyError> {
-        Ok(())
-    }
-    fn delete_jump(&mut self, _: IpFamily, _: &JumpRule) -> Result<bool, ApplyError> {
-        Ok(false)
-    }
-    fn flush_and_delete_chain(
-        &mut self,
-        _: IpFamily,
-        _: Table,
-        _: &str,
-    ) -> Result<bool, ApplyError> {
-        Ok(false)
-    }
-}
+/// How long a UDP connection entry of IPVS lives after its last datagram
+/// in the affinity test (`ipvs.udpTimeout`).
+const UDP_TIMEOUT: Duration = Duration::from_secs(1);
+/// The affinity test's `sessionAffinityConfig.clientIP.timeoutSeconds`.
+const AFFINITY_SECS: u64 = 2;
 
 #[track_caller]
 fn require_ipvs() {
@@ -89,6 +70,99 @@ fn at(ip: &str, port: u16) -> SocketAddr {
 
 fn ip_of(topology: &Topology, pod: &str) -> String {
     topology.pod(pod).ip().to_string()
+}
+
+/// The IPVS backend of `family` as the binary builds it for the node of
+/// `topology` (kp_ipvs::system_backend): the real netlink kernel and the
+/// mode's iptables rules restored with the iptables flavor detected in the
+/// node namespace, so masquerading, source ranges and the filter chains
+/// are in the data path of every packet the tests send.
+fn node_backend(topology: &Topology, family: IpFamily) -> IpvsBackend {
+    node_backend_with(topology, family, IpvsOptions::default())
+}
+
+/// [`node_backend`] with `options`.
+fn node_backend_with(topology: &Topology, family: IpFamily, options: IpvsOptions) -> IpvsBackend {
+    // Built on a thread of the node namespace: the flavor detection runs
+    // the iptables-save programs there.
+    topology
+        .node()
+        .run(|| kp_ipvs::system_backend(family, options))
+}
+
+/// Every address of the node namespace (kube-ipvs0's included), as a
+/// masqueraded packet may leave from any of them.
+fn node_addresses(topology: &Topology) -> Vec<IpAddr> {
+    topology.node().run(|| {
+        kp_host::HostAddresses::new()
+            .addresses()
+            .map(<[IpAddr]>::to_vec)
+            .unwrap()
+    })
+}
+
+/// One sync of `parts` in the node namespace, which must succeed.
+#[track_caller]
+fn sync(topology: &Topology, backend: &mut IpvsBackend, parts: &RequestParts, full: bool) {
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(full)))
+        .unwrap();
+}
+
+/// The real servers of the virtual server `key` as the kernel lists them.
+#[track_caller]
+fn kernel_reals(topology: &Topology, key: &ServiceKey) -> Vec<SocketAddr> {
+    let family = IpFamily::of(&key.address);
+    let listed = topology
+        .node()
+        .run(|| NetlinkKernel::new().list(family))
+        .unwrap();
+    match listed.services.get(key) {
+        Some(service) => service.reals.keys().copied().collect(),
+        None => panic!(
+            "the kernel has no virtual server {key:?}; it has {:?}",
+            listed.services.keys()
+        ),
+    }
+}
+
+/// The lines of the node's IPVS connection table (`ipvsadm -Lnc`, here
+/// `/proc/net/ip_vs_conn` with hex addresses) whose client is `client`:
+/// its connections and its persistence template.
+fn connections_of(topology: &Topology, client: Ipv4Addr) -> Vec<String> {
+    // /proc/net names the namespace of the process's main thread; the
+    // calling thread's table is under /proc/thread-self.
+    let table = topology
+        .node()
+        .run(|| std::fs::read_to_string("/proc/thread-self/net/ip_vs_conn"))
+        .unwrap();
+    let hex = format!("{:08X}", u32::from(client));
+    table
+        .lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some(hex.as_str()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Which endpoint answered each of `n` UDP datagrams from `from` to
+/// `address`, each from a new socket (a new source port, so a new IPVS
+/// connection that only the affinity template ties to the others).
+fn udp_answers(from: &Netns, address: SocketAddr, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| udp_roundtrip(from, address).unwrap().backend)
+        .collect()
+}
+
+/// The source addresses each endpoint saw over `n` connections from
+/// `from` to `address`.
+fn sources_seen(from: &Netns, address: SocketAddr, n: usize) -> BTreeMap<String, BTreeSet<IpAddr>> {
+    let mut seen: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    for _ in 0..n {
+        let reply = connect(from, address).unwrap();
+        seen.entry(reply.backend).or_default().insert(reply.source);
+    }
+    seen
 }
 
 #[test]
@@ -112,12 +186,7 @@ fn vm_cluster_ip_spreads_over_three_endpoints_and_an_empty_service_refuses() {
         .with(service("ns1", "empty", "10.96.0.14", 80))
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
-    let mut backend = IpvsBackend::new(
-        IpFamily::V4,
-        IpvsOptions::default(),
-        Box::new(NetlinkKernel::new()),
-        Box::new(CountingApplier::default()),
-    );
+    let mut backend = node_backend(&topology, IpFamily::V4);
     topology
         .node()
         .run(|| backend.sync(&parts.request(true)))
@@ -179,12 +248,7 @@ fn vm_one_endpoint_change_touches_one_real_server() {
         }
         RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
     };
-    let mut backend = IpvsBackend::new(
-        IpFamily::V4,
-        IpvsOptions::default(),
-        Box::new(NetlinkKernel::new()),
-        Box::new(CountingApplier::default()),
-    );
+    let mut backend = node_backend(&topology, IpFamily::V4);
     let one = web(false);
     let two = web(true);
     topology
@@ -207,19 +271,15 @@ fn vm_one_endpoint_change_touches_one_real_server() {
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
 }
 
-/// A backend for the node of `topology`, with the real netlink kernel.
-fn node_backend(family: IpFamily) -> IpvsBackend {
-    IpvsBackend::new(
-        family,
-        IpvsOptions::default(),
-        Box::new(NetlinkKernel::new()),
-        Box::new(CountingApplier::default()),
-    )
-}
-
+/// externalTrafficPolicy Cluster: a client outside the node reaches every
+/// endpoint through the NodePort, the external IP and the load balancer
+/// IP, and each endpoint sees an address of the node, not the client's:
+/// KUBE-NODE-PORT, KUBE-EXTERNAL-IP and KUBE-LOAD-BALANCER mark the packets
+/// for KUBE-POSTROUTING's masquerade, as upstream's IPVS mode does, so the
+/// replies of an endpoint on another node come back through this one.
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
-fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
+fn vm_node_port_external_and_load_balancer_ips_answer_a_client_from_the_node_address() {
     require_ipvs();
     let topology = Topology::builder()
         .pod("ep1", |p| p.tcp(80))
@@ -235,23 +295,16 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
                 .endpoint(&ip_of(&topology, "ep1"), 80, true)
                 .endpoint(&ip_of(&topology, "ep3"), 80, false),
         )
-        .with(
-            service("ns1", "local", "10.96.0.12", 80)
-                .node_port(30081)
-                .etp_local()
-                .health_check_node_port(30999)
-                .endpoint(&ip_of(&topology, "ep1"), 80, true)
-                .endpoint(&ip_of(&topology, "ep3"), 80, false),
-        )
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
-    let mut backend = node_backend(IpFamily::V4);
+    let mut backend = node_backend(&topology, IpFamily::V4);
     topology
         .node()
         .run(|| backend.sync(&parts.request(true)))
         .unwrap();
 
     let client = topology.client();
+    let node = node_addresses(&topology);
     for address in [
         at("192.168.99.2", 30080),
         at("203.0.113.5", 80),
@@ -263,17 +316,74 @@ fn vm_node_port_external_and_load_balancer_ips_answer_a_client() {
             ["ep1", "ep3"],
             "{address}: {counts:?}"
         );
+        let seen = sources_seen(client, address, 6);
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            ["ep1", "ep3"],
+            "{address}: {seen:?}"
+        );
+        for (endpoint, sources) in &seen {
+            assert!(
+                sources.iter().all(|source| node.contains(source)),
+                "{address}: {endpoint} sees {sources:?}, not an address of the node \
+                 {node:?}: the client {} was not masqueraded",
+                client.ip()
+            );
+        }
     }
-    // externalTrafficPolicy Local: only the local endpoint, and it sees the
-    // client's own address.
-    let counts = hits(client, at("192.168.99.2", 30081), 12);
-    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1"], "{counts:?}");
-    let reply = connect(client, at("192.168.99.2", 30081)).unwrap();
-    assert_eq!(
-        reply.source,
-        IpAddr::V4(client.ip()),
-        "the client address is preserved"
-    );
+}
+
+/// externalTrafficPolicy Local: a client outside the node reaches only the
+/// local endpoint through the NodePort, the external IP and the load
+/// balancer IP, and the endpoint sees the client's own address: the
+/// KUBE-NODE-PORT-LOCAL-TCP and KUBE-LOAD-BALANCER-LOCAL sets return before
+/// the masquerade mark, and KUBE-EXTERNAL-IP-LOCAL marks nothing.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_external_traffic_policy_local_reaches_the_local_endpoint_with_the_client_address() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "local", "10.96.0.12", 80)
+                .node_port(30081)
+                .external_ip("203.0.113.6")
+                .lb_ip("203.0.113.10")
+                .etp_local()
+                .health_check_node_port(30999)
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(&topology, IpFamily::V4);
+    topology
+        .node()
+        .run(|| backend.sync(&parts.request(true)))
+        .unwrap();
+
+    let client = topology.client();
+    for address in [
+        at("192.168.99.2", 30081),
+        at("203.0.113.6", 80),
+        at("203.0.113.10", 80),
+    ] {
+        let seen = sources_seen(client, address, 12);
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            ["ep1"],
+            "{address}: only the local endpoint: {seen:?}"
+        );
+        assert_eq!(
+            seen["ep1"].iter().collect::<Vec<_>>(),
+            [&IpAddr::V4(client.ip())],
+            "{address}: the client address is preserved"
+        );
+    }
 }
 
 #[test]
@@ -300,7 +410,7 @@ fn vm_session_affinity_sticks_and_udp_round_trips() {
         )
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
-    let mut backend = node_backend(IpFamily::V4);
+    let mut backend = node_backend(&topology, IpFamily::V4);
     topology
         .node()
         .run(|| backend.sync(&parts.request(true)))
@@ -334,7 +444,7 @@ fn vm_a_removed_endpoint_keeps_its_open_connection_while_new_ones_avoid_it() {
         RequestParts::new(Ports::new().with(svc).build(), "192.168.99.2")
     };
     let (both, only_ep2) = (web(true), web(false));
-    let mut backend = node_backend(IpFamily::V4);
+    let mut backend = node_backend(&topology, IpFamily::V4);
     topology
         .node()
         .run(|| backend.sync(&both.request(true)))
@@ -398,7 +508,7 @@ fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
         )
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
-    let mut backend = node_backend(IpFamily::V4);
+    let mut backend = node_backend(&topology, IpFamily::V4);
     let foreign = ServiceKey {
         address: "192.168.99.2".parse().unwrap(),
         protocol: kp_model::Protocol::Tcp,
@@ -419,7 +529,12 @@ fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
             kp_ipvs::has_leftovers(),
             "kube-ipvs0 and the sets are found"
         );
-        let report = cleanup_with(&mut kernel, &mut []).unwrap();
+        // The rules match the sets, which cannot be destroyed while a rule
+        // holds them: the cleanup removes the chains first, with the flavor
+        // the backend restored them with.
+        let mut applier = SystemApplier::new(IptablesFlavor::detect());
+        let mut appliers: [&mut dyn Applier; 1] = [&mut applier];
+        let report = cleanup_with(&mut kernel, &mut appliers).unwrap();
         assert!(!kp_ipvs::has_leftovers(), "nothing is left to find");
         report
     });
@@ -452,6 +567,15 @@ fn vm_cleanup_leaves_nothing_of_ours_and_keeps_a_foreign_virtual_server() {
         [foreign],
         "the foreign virtual server stays"
     );
+    for table in ["nat", "filter"] {
+        let saved = topology
+            .node()
+            .exec_ok("iptables-legacy-save", &["-t", table]);
+        assert!(
+            !saved.contains("KUBE-"),
+            "no rule of ours is left:\n{saved}"
+        );
+    }
 }
 
 #[test]
@@ -475,12 +599,7 @@ fn vm_with_iptables_source_ranges_filter_and_hairpin_masquerades() {
         )
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
-    let mut backend = IpvsBackend::new(
-        IpFamily::V4,
-        IpvsOptions::default(),
-        Box::new(NetlinkKernel::new()),
-        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
-    );
+    let mut backend = node_backend(&topology, IpFamily::V4);
     topology
         .node()
         .run(|| backend.sync(&parts.request(true)))
@@ -535,7 +654,7 @@ fn vm_ipv6_cluster_ip_spreads_connections() {
         )
         .build();
     let parts6 = RequestParts::new(ports6, "fd00:192:168:99::2");
-    let mut backend6 = node_backend(IpFamily::V6);
+    let mut backend6 = node_backend(&topology, IpFamily::V6);
     topology
         .node()
         .run(|| backend6.sync(&parts6.request(true)))
@@ -575,12 +694,7 @@ fn vm_ipv6_rules_restore_with_ip6tables_and_traffic_still_flows() {
         .with(service("ns1", "web6", "fd00:10:96::11", 80).endpoint(&ep1, 80, true))
         .build();
     let parts = RequestParts::new(ports, "fd00:192:168:99::2");
-    let mut backend = IpvsBackend::new(
-        IpFamily::V6,
-        IpvsOptions::default(),
-        Box::new(NetlinkKernel::new()),
-        Box::new(SystemApplier::new(IptablesFlavor::Legacy)),
-    );
+    let mut backend = node_backend(&topology, IpFamily::V6);
     topology
         .node()
         .run(|| backend.sync(&parts.request(true)))
@@ -603,7 +717,7 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
     use kp_ipvs::netlink::ipvs::IpvsNetlink;
     use kp_ipvs::netlink::table;
     require_ipvs();
-    let node = kp_testkit::netns::Netns::create("ipvs-table").unwrap();
+    let node = Netns::create("ipvs-table").unwrap();
     // Enough services that the kernel prints the table in many pieces.
     let mut ops = Vec::new();
     for n in 0..400u16 {
@@ -690,6 +804,239 @@ fn vm_the_ipvs_table_lists_every_real_server_as_netlink_does() {
             ("10.244.1.3:8082".to_owned(), 0)
         ]
     );
+}
+
+/// internalTrafficPolicy Local: a pod of the node reaches only the
+/// endpoints on its node; with none there, the ClusterIP's virtual server
+/// has no real server and IPVS refuses the connection (as upstream's IPVS
+/// mode, whose virtual server then has no real servers either).
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_internal_traffic_policy_local_reaches_only_local_endpoints_and_refuses_without_one() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "itp", "10.96.0.16", 80)
+                .itp_local()
+                .endpoint(&ip_of(&topology, "ep1"), 80, true)
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .with(
+            service("ns1", "itp-remote", "10.96.0.17", 80)
+                .itp_local()
+                .endpoint(&ip_of(&topology, "ep3"), 80, false),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(&topology, IpFamily::V4);
+    sync(&topology, &mut backend, &parts, true);
+
+    let counts = hits(topology.pod("src"), at("10.96.0.16", 80), 12);
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["ep1"],
+        "only the endpoint on this node: {counts:?}"
+    );
+    expect_refused(topology.pod("src"), at("10.96.0.17", 80));
+    let remote_only = ServiceKey {
+        address: "10.96.0.17".parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port: 80,
+    };
+    let reals = kernel_reals(&topology, &remote_only);
+    assert!(
+        reals.is_empty(),
+        "the remote endpoint is no real server of the ClusterIP: {reals:?}"
+    );
+}
+
+/// A NodePort without endpoints is refused. Upstream's IPVS mode creates
+/// the virtual server of every node address and then syncs its real
+/// servers, whatever their number (`syncProxyRules`,
+/// pkg/proxy/ipvs/proxier.go), and writes no REJECT rule for a Service
+/// without endpoints (kubernetes#72534: the IPVS proxier needs none): IPVS itself
+/// answers a packet it finds no real server for with ICMP port unreachable
+/// (`ip_vs_leave`, net/netfilter/ipvs/ip_vs_core.c), which the client sees
+/// as a refused connection. The same holds once the last endpoint goes
+/// away again: the drained real server (weight 0) takes no new connection.
+///
+/// Without the virtual server the node's own TCP stack would refuse the
+/// connection as well, so the test also reads the virtual server back.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_a_node_port_without_endpoints_is_refused_by_its_empty_virtual_server() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let ep1 = ip_of(&topology, "ep1");
+    let with_empty = |endpoint: Option<&str>| {
+        let mut empty = service("ns1", "np-empty", "10.96.0.18", 80).node_port(30082);
+        if let Some(address) = endpoint {
+            empty = empty.endpoint(address, 80, true);
+        }
+        let np = service("ns1", "np", "10.96.0.11", 80)
+            .node_port(30080)
+            .endpoint(&ep1, 80, true);
+        RequestParts::new(Ports::new().with(np).with(empty).build(), "192.168.99.2")
+    };
+    let mut backend = node_backend(&topology, IpFamily::V4);
+    let client = topology.client();
+    let node_port = ServiceKey {
+        address: "192.168.99.2".parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port: 30082,
+    };
+
+    sync(&topology, &mut backend, &with_empty(None), true);
+    assert_eq!(
+        connect(client, at("192.168.99.2", 30080)).unwrap().backend,
+        "ep1",
+        "the NodePort with an endpoint answers"
+    );
+    expect_refused(client, at("192.168.99.2", 30082));
+    let reals = kernel_reals(&topology, &node_port);
+    assert!(
+        reals.is_empty(),
+        "the NodePort's virtual server is there, without real servers: {reals:?}"
+    );
+
+    sync(&topology, &mut backend, &with_empty(Some(&ep1)), false);
+    assert_eq!(
+        connect(client, at("192.168.99.2", 30082)).unwrap().backend,
+        "ep1"
+    );
+    sync(&topology, &mut backend, &with_empty(None), false);
+    expect_refused(client, at("192.168.99.2", 30082));
+}
+
+/// ClientIP affinity: every connection of one client goes to one endpoint
+/// while its persistence template lives, and once the template expired
+/// (`timeoutSeconds` after the client's last connection ended) the
+/// scheduler chooses again. With `rr` and two endpoints the next choice is
+/// the other endpoint, so the client moving proves the expiry.
+///
+/// UDP, since IPVS keeps a template while a connection it controls lives,
+/// and a closed TCP connection stays in TIME_WAIT for two minutes (not
+/// configurable), while a UDP one ends `ipvs.udpTimeout` after its last
+/// datagram.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_session_affinity_expires_after_its_timeout_and_the_client_moves() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.udp(53))
+        .pod("ep2", |p| p.udp(53))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "sticky-dns", "10.96.0.19", 53)
+                .protocol(Protocol::Udp)
+                .affinity_secs(AFFINITY_SECS)
+                .endpoint(&ip_of(&topology, "ep1"), 53, true)
+                .endpoint(&ip_of(&topology, "ep2"), 53, true),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let options = IpvsOptions {
+        timeouts: [Duration::ZERO, Duration::ZERO, UDP_TIMEOUT],
+        ..IpvsOptions::default()
+    };
+    let mut backend = node_backend_with(&topology, IpFamily::V4, options);
+    sync(&topology, &mut backend, &parts, true);
+    let src = topology.pod("src");
+    let address = at("10.96.0.19", 53);
+
+    let before = udp_answers(src, address, 8);
+    let first = before[0].clone();
+    assert!(
+        before.iter().all(|backend| *backend == first),
+        "every datagram sticks to one endpoint: {before:?}"
+    );
+    assert!(
+        !connections_of(&topology, src.ip()).is_empty(),
+        "the client has a persistence template"
+    );
+    // The template lives AFFINITY_SECS after the last connection ended,
+    // which is UDP_TIMEOUT after the last datagram: a few seconds in all.
+    let expired = wait_until(Duration::from_secs(15), || {
+        connections_of(&topology, src.ip()).is_empty()
+    });
+    assert!(
+        expired,
+        "the affinity of {} s expires: {:?}",
+        AFFINITY_SECS,
+        connections_of(&topology, src.ip())
+    );
+    let after = udp_answers(src, address, 8);
+    assert!(
+        after.iter().all(|backend| *backend != first),
+        "after the expiry the scheduler chose again ({first} before): {after:?}"
+    );
+    assert!(
+        after.iter().all(|backend| *backend == after[0]),
+        "and the client sticks to its new endpoint: {after:?}"
+    );
+}
+
+/// IPv6: a client outside the node reaches both endpoints through the
+/// NodePort on the node's address and through the load balancer IP, and
+/// the endpoints see an address of the node (externalTrafficPolicy Cluster
+/// masquerades, with ip6tables).
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_ipv6_node_port_and_load_balancer_ip_answer_a_client_outside_the_node() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let v6 = |pod: &str| topology.pod(pod).ip_v6().to_string();
+    let ports = Ports::new()
+        .with(
+            service("ns1", "np6", "fd00:10:96::12", 80)
+                .node_port(30090)
+                .lb_ip("2001:db8:203:113::9")
+                .endpoint(&v6("ep1"), 80, true)
+                .endpoint(&v6("ep3"), 80, false),
+        )
+        .build();
+    let parts = RequestParts::new(ports, "fd00:192:168:99::2");
+    let mut backend = node_backend(&topology, IpFamily::V6);
+    sync(&topology, &mut backend, &parts, true);
+
+    let client = topology.client();
+    let node = node_addresses(&topology);
+    for address in [
+        at("fd00:192:168:99::2", 30090),
+        at("2001:db8:203:113::9", 80),
+    ] {
+        let counts = hits_until_all(client, address, &["ep1", "ep3"], 60);
+        assert_eq!(
+            counts.keys().collect::<Vec<_>>(),
+            ["ep1", "ep3"],
+            "{address}: {counts:?}"
+        );
+        let seen = sources_seen(client, address, 6);
+        for (endpoint, sources) in &seen {
+            assert!(
+                sources.iter().all(|source| node.contains(source)),
+                "{address}: {endpoint} sees {sources:?}, not an address of the node \
+                 {node:?}: the client {} was not masqueraded",
+                client.ip_v6()
+            );
+        }
+    }
 }
 
 /// The `kube-proxy` binary scripts/ipvs-vm/run puts in the guest.
