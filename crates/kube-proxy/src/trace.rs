@@ -139,6 +139,8 @@ struct Path {
     affinity: Vec<Affinity>,
     /// The rules it matched, in order.
     rules: Vec<String>,
+    /// The set and map elements it found (nftables mode), in order.
+    elements: Vec<String>,
     /// Rules of other software the tracer could not decide and that could
     /// not change the path.
     not_followed: Vec<String>,
@@ -425,6 +427,7 @@ fn trace_iptables(
                 })
                 .collect(),
             rules: path.matched,
+            elements: Vec::new(),
             not_followed: path.not_followed,
         })
         .collect())
@@ -435,7 +438,7 @@ fn trace_nftables(
     connection: &Connection,
     local: &[IpAddr],
 ) -> anyhow::Result<Vec<Path>> {
-    use kp_nftables::tracer::{Packet, Verdict};
+    use kp_nftables::tracer::{Packet, PathVerdict};
     let packet = Packet {
         src: connection.source,
         dst: connection.destination.ip(),
@@ -444,41 +447,42 @@ fn trace_nftables(
         src_local: connection.origin == Origin::ThisNode,
         dst_local: local.contains(&connection.destination.ip()),
     };
-    let verdict = table.trace(&packet).map_err(|unknown| {
+    let trace = table.trace_paths(&packet).map_err(|unknown| {
         anyhow::anyhow!(
             "the table holds a rule the tracer cannot follow: {}",
             unknown.0
         )
     })?;
-    let single = |verdict: &'static str| Path {
-        probability: 1.0,
-        verdict,
-        endpoint: None,
-        masqueraded: false,
-        affinity: Vec::new(),
-        rules: Vec::new(),
-        not_followed: Vec::new(),
-    };
-    Ok(match verdict {
-        Verdict::Dnat {
-            endpoints,
-            masquerade,
-        } => {
-            let share = 1.0 / endpoints.len().max(1) as f64;
-            endpoints
-                .iter()
-                .map(|endpoint| Path {
-                    probability: share,
-                    endpoint: Some(*endpoint),
-                    masqueraded: masquerade.contains(endpoint),
-                    ..single("accept")
-                })
-                .collect()
-        }
-        Verdict::Reject => vec![single("reject")],
-        Verdict::Drop => vec![single("drop")],
-        Verdict::Accept => vec![single("accept")],
-    })
+    Ok(trace
+        .paths
+        .into_iter()
+        .map(|path| {
+            let mut affinity: Vec<Affinity> = Vec::new();
+            for seen in path.affinity {
+                // A lookup and an update of the same set are one affinity.
+                if affinity.iter().all(|a| a.name != seen.set) {
+                    affinity.push(Affinity {
+                        name: seen.set,
+                        seconds: seen.timeout_secs.and_then(|s| u32::try_from(s).ok()),
+                    });
+                }
+            }
+            Path {
+                probability: path.probability,
+                verdict: match path.verdict {
+                    PathVerdict::Accept => "accept",
+                    PathVerdict::Drop => "drop",
+                    PathVerdict::Reject => "reject",
+                },
+                endpoint: path.destination,
+                masqueraded: path.masqueraded,
+                affinity,
+                rules: path.matched,
+                elements: path.elements,
+                not_followed: Vec::new(),
+            }
+        })
+        .collect())
 }
 
 /// The paths summed up.
@@ -560,6 +564,9 @@ fn text(report: &Report) -> String {
         for rule in &path.rules {
             let _ = writeln!(out, "    {rule}");
         }
+        for element in &path.elements {
+            let _ = writeln!(out, "    element {element}");
+        }
         for affinity in &path.affinity {
             let _ = writeln!(
                 out,
@@ -629,6 +636,7 @@ mod tests {
             masqueraded: masq,
             affinity: Vec::new(),
             rules: Vec::new(),
+            elements: Vec::new(),
             not_followed: Vec::new(),
         }
     }

@@ -232,28 +232,51 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
     let report = node.report(&["--to", "192.0.2.99:80", "--from", "10.244.1.5"]);
     assert_eq!(report["outcome"]["kind"], "not-a-service", "{report:#}");
 
-    // The iptables mode names the rules on each path.
-    if mode == "iptables" {
-        let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
-        for path in report["paths"].as_array().unwrap() {
-            let rules: Vec<&str> = path["rules"]
+    // Each path names the rules it matched: the Service's dispatch and the
+    // endpoint's DNAT.
+    let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
+    for path in report["paths"].as_array().unwrap() {
+        let strings = |key: &str| -> Vec<String> {
+            path[key]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|r| r.as_str().unwrap())
-                .collect();
+                .map(|r| r.as_str().unwrap().to_owned())
+                .collect()
+        };
+        let rules = strings("rules");
+        let endpoint = path["endpoint"].as_str().unwrap();
+        let (dispatch, dnat) = if mode == "iptables" {
+            (
+                "-j KUBE-SVC-".to_owned(),
+                format!("--to-destination {endpoint}"),
+            )
+        } else {
+            (
+                "services: ip daddr . meta l4proto . th dport vmap @service-ips".to_owned(),
+                format!("dnat to {endpoint}"),
+            )
+        };
+        assert!(rules.iter().any(|r| r.contains(&dispatch)), "{rules:#?}");
+        assert!(rules.iter().any(|r| r.ends_with(&dnat)), "{rules:#?}");
+        if mode == "nftables" {
+            let elements = strings("elements");
             assert!(
-                rules.iter().any(|r| r.contains("-j KUBE-SVC-")),
-                "{rules:#?}"
-            );
-            let endpoint = path["endpoint"].as_str().unwrap();
-            assert!(
-                rules
+                elements
                     .iter()
-                    .any(|r| r.contains(&format!("--to-destination {endpoint}"))),
-                "{rules:#?}"
+                    .any(|e| e.starts_with("service-ips: 10.96.0.10 . tcp . 80 : goto service-")),
+                "{elements:#?}"
             );
         }
+    }
+
+    // Session affinity, with the Service's timeout (600 s).
+    let report = node.report(&["--to", "10.96.0.15:80", "--from", "10.244.1.5"]);
+    assert_eq!(shares(&report).len(), 2, "{report:#}");
+    for path in report["paths"].as_array().unwrap() {
+        let affinity = path["affinity"].as_array().unwrap();
+        assert!(!affinity.is_empty(), "{report:#}");
+        assert!(affinity.iter().all(|a| a["seconds"] == 600), "{report:#}");
     }
 
     let after = node.rules();
