@@ -25,7 +25,7 @@ use crate::validation::validate;
 /// Flags that are not configuration fields, or that upstream honours even
 /// when `--config` is given (every logging flag: upstream copies the ones
 /// set on the command line over the file's `logging` section).
-const HONOURED_WITH_CONFIG: [&str; 28] = [
+const HONOURED_WITH_CONFIG: [&str; 30] = [
     "config",
     "write_config_to",
     "cleanup",
@@ -54,6 +54,8 @@ const HONOURED_WITH_CONFIG: [&str; 28] = [
     "version",
     "manifests",
     "dry_run",
+    "state_check_service_ports",
+    "state_check_interval",
 ];
 
 /// The validated configuration plus the options only the binary uses.
@@ -78,6 +80,11 @@ pub struct Resolved {
     pub manifests: Option<PathBuf>,
     /// `--dry-run`: print the rules of one sync and exit.
     pub dry_run: bool,
+    /// `--state-check-service-ports`: how many service ports each check of
+    /// the kernel's state covers (0: no checks).
+    pub state_check_service_ports: usize,
+    /// `--state-check-interval`: the least time between two checks.
+    pub state_check_interval: std::time::Duration,
     /// Where logs go, from klog's flags (`--logtostderr`, `--log-file`, ...).
     pub klog: KlogOptions,
 }
@@ -136,6 +143,17 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
         master: flags.master.clone(),
         manifests: flags.manifests.clone(),
         dry_run: flags.dry_run,
+        state_check_service_ports: flags.state_check_service_ports,
+        state_check_interval: flags.state_check_interval.to_std().ok_or_else(|| {
+            ConfigError::Invalid(crate::validation::ValidationErrors(vec![
+                crate::validation::FieldError {
+                    field: "--state-check-interval".to_owned(),
+                    kind: crate::validation::FieldErrorKind::Invalid,
+                    value: flags.state_check_interval.to_string(),
+                    detail: "must not be negative".to_owned(),
+                },
+            ]))
+        })?,
         klog,
     })
 }

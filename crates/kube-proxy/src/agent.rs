@@ -79,6 +79,11 @@ impl Agent {
         })
     }
 
+    /// The metrics registry, for observers the binary adds.
+    pub fn registry(&self) -> std::sync::MutexGuard<'_, prometheus_client::registry::Registry> {
+        self.metrics.registry()
+    }
+
     /// The API client to post events with.
     pub fn use_api_client(&self, client: &kube::Client) {
         // Set once: a second call would be the same client.

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use crate::agent::Agent;
 use crate::check::{FamilyResult, Recorder};
 use crate::config_watch::{ConfigWatch, CONFIG_CHANGED_MESSAGE};
+use crate::drift::DriftCheck;
 use crate::logging;
 use crate::modes;
 use crate::node_name::node_name;
@@ -315,11 +316,25 @@ async fn serve(
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
     modes::remove_leftovers(mode);
     let agent = Agent::new(config, mode, node_name)?;
+    let drift = DriftCheck::start(
+        crate::check::trace_mode(mode)?,
+        resolved.state_check_service_ports,
+        resolved.state_check_interval,
+        &mut agent.registry(),
+    );
     let proxiers = build_proxiers(config, node_name, modes::families(mode, false), |family| {
         Ok(modes::backend(mode, family, config, false)?)
     })?
     .into_iter()
-    .map(|proxier| Arc::new(agent.observe(proxier)))
+    .map(|proxier| {
+        let proxier = agent.observe(proxier);
+        Arc::new(match &drift {
+            Some(drift) => {
+                proxier.with_observer(Arc::clone(drift) as Arc<dyn kp_sync::SyncObserver>)
+            }
+            None => proxier,
+        })
+    })
     .collect::<Vec<_>>();
     let handler = fan_out(&proxiers);
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -23,7 +23,7 @@ use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest}
 use crate::trace::{Connection, Live, Origin, Outcome, TraceMode};
 
 /// What one sync handed the backend: every service port and the node.
-type Recorded = (BTreeMap<ServicePortName, ServicePortState>, NodeInfo);
+pub type Recorded = (BTreeMap<ServicePortName, ServicePortState>, NodeInfo);
 
 /// A backend that records the state instead of programming it.
 pub struct Recorder {

@@ -7,6 +7,7 @@ mod agent;
 mod app;
 mod check;
 mod config_watch;
+mod drift;
 mod klog;
 mod logging;
 mod malloc_tuning;

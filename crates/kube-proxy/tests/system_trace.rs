@@ -186,6 +186,19 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
     let node = node(mode, hint);
     let before = node.rules();
 
+    // The proxy checked its own rules after its first full sync and found
+    // them as the model says.
+    let mut metrics = String::new();
+    let checked = wait_until(Duration::from_secs(20), || {
+        metrics = node
+            .ns
+            .run(|| kp_testkit::http::get(("127.0.0.1", 10249), "/metrics"))
+            .map(|reply| reply.body)
+            .unwrap_or_default();
+        metrics.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0")
+    });
+    assert!(checked, "no state check reported:\n{metrics}");
+
     // A pod to a ClusterIP: one of three endpoints, a third each, no
     // masquerade (the source is in the cluster CIDR).
     let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
