@@ -129,6 +129,16 @@ pub fn main(args: &[OsString]) -> ExitCode {
     }
 }
 
+/// The connections to check for one family's recorded state.
+pub fn family_probes(family: IpFamily, recorded: &Recorded) -> Vec<Probe> {
+    let (service_ports, node) = recorded;
+    let node_ips: Vec<IpAddr> = node.addresses_of(family).collect();
+    service_ports
+        .iter()
+        .flat_map(|(name, state)| expect::probes(name, state, family, &node_ips))
+        .collect()
+}
+
 /// Checks one family's recorded state against `live`.
 pub fn check_family(
     family: IpFamily,
@@ -136,29 +146,42 @@ pub fn check_family(
     live: &Live,
     local: &[IpAddr],
 ) -> anyhow::Result<FamilyResult> {
-    let (service_ports, node) = recorded;
-    let node_ips: Vec<IpAddr> = node.addresses_of(family).collect();
-    let mut result = FamilyResult {
-        service_ports: service_ports.len(),
-        ..FamilyResult::default()
-    };
-    for (name, state) in service_ports {
-        for probe in expect::probes(name, state, family, &node_ips) {
-            let connection = Connection {
-                source: probe.source,
-                destination: probe.destination,
-                protocol: probe.protocol,
-                origin: Origin::Received,
-                in_interface: None,
-            };
-            let report = live.trace(&connection, local)?;
-            result.checked += 1;
-            if let Some(found) = differs(&probe.expected, &report.outcome) {
-                result.differences.push(Difference { probe, found });
-            }
+    let probes = family_probes(family, recorded);
+    Ok(FamilyResult {
+        service_ports: recorded.0.len(),
+        checked: probes.len(),
+        differences: check_probes(probes, live, local)?,
+    })
+}
+
+/// The probes whose connections `live` handles differently from what they
+/// expect.
+pub fn check_probes(
+    probes: Vec<Probe>,
+    live: &Live,
+    local: &[IpAddr],
+) -> anyhow::Result<Vec<Difference>> {
+    let mut differences = Vec::new();
+    for probe in probes {
+        if let Some(found) = check_probe(&probe, live, local)? {
+            differences.push(Difference { probe, found });
         }
     }
-    Ok(result)
+    Ok(differences)
+}
+
+/// What `live` does with `probe`'s connection, when that differs from what
+/// it expects.
+pub fn check_probe(probe: &Probe, live: &Live, local: &[IpAddr]) -> anyhow::Result<Option<String>> {
+    let connection = Connection {
+        source: probe.source,
+        destination: probe.destination,
+        protocol: probe.protocol,
+        origin: Origin::Received,
+        in_interface: None,
+    };
+    let report = live.trace(&connection, local)?;
+    Ok(differs(&probe.expected, &report.outcome))
 }
 
 /// How `outcome` differs from `expected`, if it does.

@@ -9,9 +9,15 @@
 //! back (another program flushing a table, a commit the kernel dropped) is
 //! reported within one check.
 //!
-//! The sample bounds the tracing; reading the rules costs what the mode's
-//! ruleset costs to list (docs/OPERATIONS.md gives the figures at 10,000
-//! Services), which is why the checks are spaced.
+//! The proxy computes what each sampled connection must do (the model's
+//! side); a short-lived child process, the same binary started as
+//! `kube-proxy __state-check MODE FAMILY`, reads the kernel's rules and
+//! traces the connections (the kernel's side) and exits. Reading a whole
+//! ruleset costs memory in proportion to it (some 60 MiB at 10,000
+//! Services in nftables mode), which would stay in the proxy's heap after
+//! one check; in the child it is returned to the kernel when the child
+//! exits. The sample bounds the tracing, the interval how often the rules
+//! are read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -26,8 +32,20 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::check::{check_family, Recorded};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::{ExitCode, Stdio};
+
+use kp_model::{Protocol, ServicePortName};
+use kp_sync::expect::{Expected, Frontend, Probe};
+use serde::{Deserialize, Serialize};
+
+use crate::check::{check_probe, family_probes, Difference, FamilyResult, Recorded};
 use crate::trace::{Live, TraceMode};
+
+/// The first argument that starts the binary as a check worker.
+pub const WORKER: &str = "__state-check";
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -147,22 +165,10 @@ fn run(mode: TraceMode, jobs: &Receiver<Job>, gauge: &Family<Labels, Gauge<i64, 
         let family = job.family;
         let labels = vec![("ip_family", family.as_api_str().to_owned())];
         let started = Instant::now();
-        let checked = Live::read(mode, family).and_then(|live| {
-            let local: Vec<IpAddr> = kp_host::local_addresses()
-                .map_err(|error| anyhow::anyhow!("reading this node's addresses: {error}"))?
-                .into_iter()
-                .filter(|ip| family.matches(ip))
-                .collect();
-            check_family(family, &job.recorded, &live, &local)
-        });
-        match checked {
+        match check_in_child(mode, family, &job.recorded) {
             Ok(result) => {
-                let services: BTreeSet<&NamespacedName> = result
-                    .differences
-                    .iter()
-                    .map(|difference| &difference.probe.service.service)
-                    .collect();
-                let drifted = i64::try_from(services.len()).unwrap_or(i64::MAX);
+                let drifted =
+                    i64::try_from(drifted_services(&result.differences)).unwrap_or(i64::MAX);
                 let before = gauge.get_or_create(&labels).set(drifted);
                 match result.differences.first() {
                     Some(first) => tracing::error!(
@@ -197,75 +203,286 @@ fn run(mode: TraceMode, jobs: &Receiver<Job>, gauge: &Family<Labels, Gauge<i64, 
     }
 }
 
+/// How many Services the differences belong to.
+fn drifted_services(differences: &[Difference]) -> usize {
+    differences
+        .iter()
+        .map(|difference| &difference.probe.service.service)
+        .collect::<BTreeSet<&NamespacedName>>()
+        .len()
+}
+
+/// One probe as the worker reads it.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireProbe {
+    namespace: String,
+    name: String,
+    port: String,
+    protocol: String,
+    frontend: String,
+    destination: SocketAddr,
+    source: IpAddr,
+    expected: WireExpected,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum WireExpected {
+    Endpoints {
+        endpoints: Vec<SocketAddr>,
+        masquerade: Option<bool>,
+    },
+    Reject,
+    Drop,
+}
+
+/// One difference as the worker writes it: the probe's position and what
+/// the kernel does.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireDifference {
+    index: usize,
+    found: String,
+}
+
+const FRONTENDS: [Frontend; 4] = [
+    Frontend::ClusterIp,
+    Frontend::NodePort,
+    Frontend::ExternalIp,
+    Frontend::LoadBalancerIp,
+];
+
+impl From<&Probe> for WireProbe {
+    fn from(probe: &Probe) -> Self {
+        Self {
+            namespace: probe.service.service.namespace.to_string(),
+            name: probe.service.service.name.to_string(),
+            port: probe.service.port.to_string(),
+            protocol: probe.protocol.as_api_str().to_owned(),
+            frontend: probe.frontend.to_string(),
+            destination: probe.destination,
+            source: probe.source,
+            expected: match &probe.expected {
+                Expected::Endpoints {
+                    endpoints,
+                    masquerade,
+                } => WireExpected::Endpoints {
+                    endpoints: endpoints.iter().copied().collect(),
+                    masquerade: *masquerade,
+                },
+                Expected::Reject => WireExpected::Reject,
+                Expected::Drop => WireExpected::Drop,
+            },
+        }
+    }
+}
+
+impl TryFrom<WireProbe> for Probe {
+    type Error = anyhow::Error;
+
+    fn try_from(wire: WireProbe) -> anyhow::Result<Self> {
+        let protocol = Protocol::from_api(&wire.protocol)
+            .ok_or_else(|| anyhow::anyhow!("protocol {:?}", wire.protocol))?;
+        let frontend = FRONTENDS
+            .into_iter()
+            .find(|f| f.to_string() == wire.frontend)
+            .ok_or_else(|| anyhow::anyhow!("frontend {:?}", wire.frontend))?;
+        Ok(Self {
+            service: ServicePortName::new(
+                NamespacedName::new(&wire.namespace, &wire.name),
+                &wire.port,
+                protocol,
+            ),
+            frontend,
+            destination: wire.destination,
+            protocol,
+            source: wire.source,
+            expected: match wire.expected {
+                WireExpected::Endpoints {
+                    endpoints,
+                    masquerade,
+                } => Expected::Endpoints {
+                    endpoints: endpoints.into_iter().collect(),
+                    masquerade,
+                },
+                WireExpected::Reject => Expected::Reject,
+                WireExpected::Drop => Expected::Drop,
+            },
+        })
+    }
+}
+
+/// Checks `recorded` in a child process: the probes go to its stdin, the
+/// differences come back on its stdout.
+fn check_in_child(
+    mode: TraceMode,
+    family: IpFamily,
+    recorded: &Recorded,
+) -> anyhow::Result<FamilyResult> {
+    let probes = family_probes(family, recorded);
+    let wire: Vec<WireProbe> = probes.iter().map(WireProbe::from).collect();
+    let input = serde_json::to_vec(&wire)?;
+    let exe =
+        std::env::current_exe().map_err(|error| anyhow::anyhow!("finding the binary: {error}"))?;
+    let mut child = std::process::Command::new(exe)
+        .args([WORKER, mode.name(), family.as_api_str()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| anyhow::anyhow!("starting the check worker: {error}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&input)
+            .map_err(|error| anyhow::anyhow!("writing to the check worker: {error}"))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|error| anyhow::anyhow!("waiting for the check worker: {error}"))?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "the check worker failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let found: Vec<WireDifference> = serde_json::from_slice(&output.stdout)
+        .map_err(|error| anyhow::anyhow!("reading the check worker's answer: {error}"))?;
+    let mut differences = Vec::new();
+    for difference in found {
+        let probe = probes
+            .get(difference.index)
+            .ok_or_else(|| anyhow::anyhow!("the check worker named probe {}", difference.index))?;
+        differences.push(Difference {
+            probe: probe.clone(),
+            found: difference.found,
+        });
+    }
+    Ok(FamilyResult {
+        checked: probes.len(),
+        service_ports: recorded.0.len(),
+        differences,
+    })
+}
+
+/// `kube-proxy __state-check MODE FAMILY`: reads probes (JSON) on stdin,
+/// the kernel's rules of MODE and FAMILY, and writes the differences
+/// (JSON) on stdout; `args` starts with the program name.
+pub fn worker_main(args: &[OsString]) -> ExitCode {
+    match worker(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn worker(args: &[OsString]) -> anyhow::Result<()> {
+    let arg = |n: usize| {
+        args.get(n)
+            .and_then(|a| a.to_str())
+            .ok_or_else(|| anyhow::anyhow!("usage: kube-proxy {WORKER} MODE FAMILY"))
+    };
+    let mode = match arg(2)? {
+        "iptables" => TraceMode::Iptables,
+        "nftables" => TraceMode::Nftables,
+        other => anyhow::bail!("mode {other:?} cannot be checked"),
+    };
+    let family = match arg(3)? {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        other => anyhow::bail!("family {other:?}"),
+    };
+    let mut input = Vec::new();
+    std::io::stdin().read_to_end(&mut input)?;
+    let wire: Vec<WireProbe> = serde_json::from_slice(&input)?;
+    let live = Live::read(mode, family)?;
+    let local: Vec<IpAddr> = kp_host::local_addresses()
+        .map_err(|error| anyhow::anyhow!("reading this node's addresses: {error}"))?
+        .into_iter()
+        .filter(|ip| family.matches(ip))
+        .collect();
+    let mut found = Vec::new();
+    for (index, wire) in wire.into_iter().enumerate() {
+        let probe = Probe::try_from(wire)?;
+        if let Some(outcome) = check_probe(&probe, &live, &local)? {
+            found.push(WireDifference {
+                index,
+                found: outcome,
+            });
+        }
+    }
+    serde_json::to_writer(std::io::stdout().lock(), &found)?;
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use kp_model::NodeInfo;
     use kp_sync::testing::service;
-    use kp_sync::StaleConntrack;
-    use kp_testkit::netns::{require_root, wait_until, Netns};
     use prometheus_client::encoding::text::encode;
 
-    fn gauge_text(registry: &Registry) -> String {
-        let mut text = String::new();
-        encode(&mut text, registry).unwrap();
-        text
+    fn recorded() -> Recorded {
+        let mut ports = BTreeMap::new();
+        for builder in [
+            service("ns", "web", "10.96.0.10", 80)
+                .endpoint("10.244.1.2", 8080, true)
+                .node_port(30080)
+                .etp_local(),
+            service("ns", "web", "10.96.0.10", 81).endpoint("10.244.1.2", 8081, true),
+            service("ns", "shop", "10.96.0.12", 443)
+                .lb_ip("203.0.113.10")
+                .source_range("198.51.100.0/24")
+                .endpoint("10.244.2.4", 8443, false),
+            service("ns", "empty", "10.96.0.11", 80),
+        ] {
+            let (name, state) = builder.build();
+            ports.insert(name, state);
+        }
+        let node = NodeInfo {
+            addresses: vec!["192.168.99.2".parse().unwrap()],
+            ..NodeInfo::default()
+        };
+        (ports, node)
     }
 
-    /// In a namespace whose kernel holds no rules at all, every Service
-    /// the sync reported is drift: two ports of one Service count once,
-    /// and a Service without endpoints (rejected in the model, not handled
-    /// in the kernel) counts too. A second full sync within the interval
-    /// is not checked again.
     #[test]
-    fn a_kernel_without_the_rules_is_drift_per_service() {
-        require_root();
-        let ns = Netns::create("drift").unwrap();
-        let text = ns.run(|| {
-            let mut registry = Registry::default();
-            let check = DriftCheck::start(
-                TraceMode::Iptables,
-                10,
-                Duration::from_secs(3600),
-                &mut registry,
-            )
-            .unwrap();
-            let mut ports = BTreeMap::new();
-            for builder in [
-                service("ns", "web", "10.96.0.10", 80).endpoint("10.244.1.2", 8080, true),
-                service("ns", "web", "10.96.0.10", 81).endpoint("10.244.1.2", 8081, true),
-                service("ns", "empty", "10.96.0.11", 80),
-            ] {
-                let (name, state) = builder.build();
-                ports.insert(name, state);
-            }
-            let node = NodeInfo::default();
-            let changed = BTreeSet::new();
-            let stale = StaleConntrack::default();
-            let request = SyncRequest {
-                family: IpFamily::V4,
-                full: true,
-                service_ports: &ports,
-                changed_services: &changed,
-                node: &node,
-                stale_conntrack: &stale,
-            };
-            check.on_synced(&request, &SyncOutcome::default());
-            let line = "kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 2";
-            let seen = wait_until(Duration::from_secs(20), || {
-                gauge_text(&registry).contains(line)
-            });
-            assert!(seen, "{}", gauge_text(&registry));
-            // Within the interval: no second sample is taken.
-            check.on_synced(&request, &SyncOutcome::default());
-            assert_eq!(check.schedule.lock().unwrap().offset, 3);
-            gauge_text(&registry)
-        });
-        assert!(
-            text.contains("# HELP kubeproxy_rs_state_drift_services"),
-            "{text}"
-        );
+    fn probes_cross_to_the_worker_unchanged() {
+        let probes = family_probes(IpFamily::V4, &recorded());
+        assert!(probes.len() >= 6, "{probes:#?}");
+        let json =
+            serde_json::to_string(&probes.iter().map(WireProbe::from).collect::<Vec<_>>()).unwrap();
+        let back: Vec<WireProbe> = serde_json::from_str(&json).unwrap();
+        let back: Vec<Probe> = back
+            .into_iter()
+            .map(|w| Probe::try_from(w).unwrap())
+            .collect();
+        assert_eq!(back, probes);
+    }
+
+    #[test]
+    fn drift_counts_services_not_ports_or_connections() {
+        let probes = family_probes(IpFamily::V4, &recorded());
+        let web: Vec<Difference> = probes
+            .iter()
+            .filter(|p| &*p.service.service.name == "web")
+            .map(|p| Difference {
+                probe: p.clone(),
+                found: "rejected".to_owned(),
+            })
+            .collect();
+        assert!(web.len() >= 3);
+        assert_eq!(drifted_services(&web), 1);
+        let all: Vec<Difference> = probes
+            .iter()
+            .map(|p| Difference {
+                probe: p.clone(),
+                found: "rejected".to_owned(),
+            })
+            .collect();
+        assert_eq!(drifted_services(&all), 3);
     }
 
     #[test]
@@ -273,6 +490,8 @@ mod tests {
         let mut registry = Registry::default();
         assert!(DriftCheck::start(TraceMode::Iptables, 0, Duration::ZERO, &mut registry).is_none());
         assert!(DriftCheck::start(TraceMode::Ipvs, 10, Duration::ZERO, &mut registry).is_none());
-        assert!(!gauge_text(&registry).contains("drift"));
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("drift"), "{text}");
     }
 }

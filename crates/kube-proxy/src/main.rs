@@ -30,6 +30,9 @@ fn main() -> ExitCode {
     if args.get(1).is_some_and(|arg| arg == "check") {
         return check::main(&args);
     }
+    if args.get(1).is_some_and(|arg| arg == drift::WORKER) {
+        return drift::worker_main(&args);
+    }
     let (flags, matches) = match kp_config::parse_args(args) {
         Ok(parsed) => parsed,
         Err(error) => {

@@ -428,3 +428,54 @@ fn check_finds_a_deleted_nftables_map_element() {
         );
     });
 }
+
+/// The worker the running proxy starts for its state checks: probes in,
+/// differences out. In a namespace without rules, a connection the model
+/// DNATs is not handled by the kernel; bad input is an error, not an
+/// empty answer.
+#[test]
+fn the_state_check_worker_names_what_the_kernel_misses() {
+    use std::io::Write;
+    require_root();
+    let ns = Netns::create("worker").unwrap();
+    let run = |mode: &str, input: &str| {
+        let mut child = ns
+            .command(BIN)
+            .args(["__state-check", mode, "IPv4"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let probes = r#"[{"namespace":"ns","name":"web","port":"http","protocol":"TCP",
+        "frontend":"cluster IP","destination":"10.96.0.10:80","source":"192.0.2.1",
+        "expected":{"kind":"endpoints","endpoints":["10.244.1.2:8080"],"masquerade":null}}]"#;
+    let output = run("iptables", probes);
+    assert!(output.status.success(), "{output:?}");
+    let found: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(found[0]["index"], 0, "{found}");
+    assert_eq!(
+        found[0]["found"], "not handled (no rule for this address and port)",
+        "{found}"
+    );
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+
+    let output = run("iptables", "[{\"namespace\": 1}]");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(!output.stderr.is_empty(), "{output:?}");
+    let output = run("nftables", probes);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no nftables table ip kube-proxy"),
+        "{stderr}"
+    );
+}
