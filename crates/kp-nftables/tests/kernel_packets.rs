@@ -34,8 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kernel::POD_TCP_PORT;
-use kernel::{at, build, node_at, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
+use kernel::{
+    at, build, node_at, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy, POD_TCP_PORT,
+};
 use kp_model::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use kp_nftables::tracer::{Packet, Table, Verdict};
 use kp_testkit::builders::service;
@@ -185,7 +186,8 @@ fn session_affinity_ends_after_its_timeout() {
     assert_eq!(table.timeouts_secs.get(&set), Some(&BRIEF_AFFINITY_SECS));
 
     // Each connection starts the timeout again: a client that keeps
-    // coming back stays past it.
+    // coming back stays past it. (The kernel's clock cannot be paused:
+    // real time has to pass.)
     let step = timeout / 2;
     for _ in 0..4 {
         std::thread::sleep(step);
