@@ -119,12 +119,22 @@ fn dropped_without_local_endpoint(flavor: IptablesFlavor, family: IpFamily) {
     );
     proxy.sync();
 
+    let client = topology.client();
+    let client_ip = match family {
+        IpFamily::V4 => IpAddr::V4(client.ip()),
+        IpFamily::V6 => IpAddr::V6(client.ip_v6()),
+    };
+    topology.count_second_node_forwarding(client_ip);
     // The same endpoint answers through the eTP Cluster NodePort, so the
     // silence below is the proxy's drop, not the path to node-2.
-    let client = topology.client();
     let cluster = connect(client, node_at(family, CLUSTER_NODE_PORT)).unwrap();
     assert_eq!(cluster.backend, "ep3");
     expect_timeout(client, node_at(family, LOCAL_NODE_PORT));
+    assert_eq!(
+        topology.second_node_forwarded(),
+        0,
+        "dropped on the node, not forwarded to node-2 without SNAT"
+    );
 }
 
 fn a_node_port_reaches_a_pod_on_the_second_node_masqueraded_to_the_node(flavor: IptablesFlavor) {

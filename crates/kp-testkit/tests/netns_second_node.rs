@@ -95,7 +95,12 @@ fn a_client_gets_no_reply_from_a_pod_of_the_second_node() {
 
     // The node forwards the client's packets to node-2, which has no route
     // back to the client's address: only SNAT on the node makes this work.
+    topology.count_second_node_forwarding(IpAddr::V4(CLIENT_IP));
     expect_timeout(client, ep3.addr(ECHO_PORT));
+    assert!(
+        topology.second_node_forwarded() > 0,
+        "the client's packets reach node-2 and ep3; only the replies are lost"
+    );
     expect_timeout(client, ep3.addr_v6(ECHO_PORT));
     // Nor is node-2 on the client's link, though its address is in the
     // client's /24 (/64).

@@ -32,6 +32,10 @@ const SECOND_NODE_ROLE: &str = "node2";
 /// [`TopologyBuilder::with_second_node`]); the second node's end is its
 /// `eth0`.
 pub const SECOND_NODE_LINK: &str = "node2";
+/// The second node's nftables table and counter of
+/// [`Topology::count_second_node_forwarding`].
+const PROBE_TABLE: &str = "kpt_probe";
+const PROBE_COUNTER: &str = "forwarded";
 
 /// Describes a [`Topology`]; see [`Topology::builder`].
 #[derive(Debug, Default)]
@@ -336,6 +340,61 @@ impl Topology {
         match &self.second_node {
             Some(netns) => netns,
             None => panic!("this topology has no second node; build it with_second_node()"),
+        }
+    }
+
+    /// Starts counting the packets the second node forwards from `source`
+    /// (an nftables counter in table `inet kpt_probe` of the second node:
+    /// `nft add rule inet kpt_probe forward ip saddr SOURCE counter name
+    /// forwarded`); read it with [`second_node_forwarded`](Self::second_node_forwarded).
+    /// A client sees a dropped connection and one forwarded to node-2
+    /// without SNAT alike (no answer); the count tells them apart. Call it
+    /// once per topology.
+    ///
+    /// # Panics
+    /// If the topology has no second node, or `nft` fails.
+    #[track_caller]
+    pub fn count_second_node_forwarding(&self, source: IpAddr) {
+        let second = self.second_node();
+        let family = if source.is_ipv6() { "ip6" } else { "ip" };
+        second.exec_ok("nft", &["add", "table", "inet", PROBE_TABLE]);
+        second.exec_ok(
+            "nft",
+            &["add", "counter", "inet", PROBE_TABLE, PROBE_COUNTER],
+        );
+        second.exec_ok(
+            "nft",
+            &[
+                "add chain inet",
+                PROBE_TABLE,
+                "forward { type filter hook forward priority 0; }",
+            ],
+        );
+        let rule = format!("{family} saddr {source} counter name {PROBE_COUNTER}");
+        second.exec_ok("nft", &["add rule inet", PROBE_TABLE, "forward", &rule]);
+    }
+
+    /// How many packets the second node forwarded from the source given to
+    /// [`count_second_node_forwarding`](Self::count_second_node_forwarding).
+    ///
+    /// # Panics
+    /// If the topology has no second node, counting was not started, or
+    /// `nft`'s output has no packet count.
+    #[track_caller]
+    pub fn second_node_forwarded(&self) -> u64 {
+        let listing = self.second_node().exec_ok(
+            "nft",
+            &["list", "counter", "inet", PROBE_TABLE, PROBE_COUNTER],
+        );
+        let mut words = listing.split_whitespace();
+        let count = words
+            .by_ref()
+            .find(|word| *word == "packets")
+            .and_then(|_| words.next())
+            .and_then(|count| count.parse().ok());
+        match count {
+            Some(count) => count,
+            None => panic!("no packet count in `nft list counter`: {listing}"),
         }
     }
 
