@@ -121,6 +121,19 @@ impl TopologyBuilder {
     /// the clients, so a pod there can answer a client only if the proxy
     /// masqueraded the connection to the node's address. See the module
     /// documentation of [`crate::netns`] for the layout.
+    ///
+    /// ```no_run
+    /// use kp_testkit::netns::Topology;
+    ///
+    /// let topology = Topology::builder()
+    ///     .with_second_node()
+    ///     .pod("ep1", |p| p.tcp(8080))
+    ///     .remote_pod("ep3", |p| p.tcp(8080))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(topology.pod("ep3").ip().to_string(), "10.244.2.2");
+    /// let _node2 = topology.second_node();
+    /// ```
     pub fn with_second_node(mut self) -> Self {
         self.second_node = true;
         self
