@@ -26,6 +26,28 @@
 //! - *Client* namespaces stand outside the node: `eth0` with an address of
 //!   the node network (/24, /64, so the node is on-link) and routes to the
 //!   service, pod and external ranges via the node IP.
+//! - With [`TopologyBuilder::with_second_node`], a *second node*
+//!   namespace (`node-2`) holds the remote pods instead:
+//!
+//! ```text
+//!   client eth0 192.168.99.10 ──veth── cl0   ┐
+//!   ep1    eth0 10.244.1.2    ──veth── pod0  ├ node 192.168.99.2
+//!   node-2 eth0 192.168.99.3  ──veth── node2 ┘
+//!   ep3    eth0 10.244.2.2    ──veth── pod1 of node-2 (gateway 169.254.1.1)
+//!
+//!   node:   10.244.2.0/24 via 192.168.99.3 dev node2
+//!   node-2: 192.168.99.2/32 dev eth0, 10.244.1.0/24 via 192.168.99.2,
+//!           a host route per pod; no default route
+//! ```
+//!
+//!   The second node is reached only over its own veth from the proxy's
+//!   node, and it has no route to the clients (192.168.99.10, …): the
+//!   clients' /24 makes 192.168.99.3 look on-link to them, but nothing on
+//!   their link answers for it. A pod there can reply to a client's
+//!   connection only when the proxy's node masqueraded it to the node's
+//!   address; without SNAT, the reply to 192.168.99.10 dies on node-2
+//!   ("network unreachable") and the client times out. The same holds for
+//!   IPv6 (fd00:192:168:99::3, fd00:10:244:2::/64).
 //!
 //! Nothing is configured in the root namespace: links are created directly
 //! inside the namespaces (`ip -n NODE link add podN type veth peer name eth0
@@ -75,7 +97,9 @@ pub use probe::{
     connect, expect_refused, expect_timeout, hits, hits_until_all, udp_roundtrip, ProbeError,
     Reply, TcpSession, PROBE_TIMEOUT,
 };
-pub use topology::{Host, PodBuilder, Topology, TopologyBuilder, POD_GATEWAY, POD_GATEWAY_V6};
+pub use topology::{
+    Host, PodBuilder, Topology, TopologyBuilder, POD_GATEWAY, POD_GATEWAY_V6, SECOND_NODE_LINK,
+};
 
 /// What went wrong while building, entering or using a test namespace.
 #[derive(Debug, thiserror::Error)]

@@ -70,6 +70,8 @@ pub const NODE_NETWORK_V6: Ipv6Net =
     Ipv6Net::new_assert(Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 0), 64);
 /// This node's IPv6 address.
 pub const NODE_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 2);
+/// The other node's IPv6 address.
+pub const OTHER_NODE_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 3);
 /// The outside client's IPv6 address.
 pub const CLIENT_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0x168, 0x99, 0, 0, 0, 0x10);
 /// The second client's IPv6 address.
@@ -211,6 +213,7 @@ mod tests {
         assert_eq!(cluster_node_ip(1), OTHER_NODE_IP);
         assert_eq!(cluster_node_ip(2).to_string(), "192.168.99.4");
         assert_eq!(cluster_node_ip_v6(0), NODE_IP_V6);
+        assert_eq!(cluster_node_ip_v6(1), OTHER_NODE_IP_V6);
         assert_eq!(cluster_pod_cidr(0), NODE_POD_CIDR);
         assert_eq!(cluster_pod_cidr(1), OTHER_NODE_POD_CIDR);
         assert_eq!(cluster_pod_cidr_v6(1), OTHER_NODE_POD_CIDR_V6);

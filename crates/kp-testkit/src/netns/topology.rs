@@ -25,6 +25,17 @@ const MAX_PODS: usize = 200;
 const MAX_CLIENTS: usize = 16;
 /// How long the node's links may take to report carrier.
 const LINK_UP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The role (namespace name suffix) of the second node.
+const SECOND_NODE_ROLE: &str = "node2";
+
+/// The node's end of the veth pair to the second node (see
+/// [`TopologyBuilder::with_second_node`]); the second node's end is its
+/// `eth0`.
+pub const SECOND_NODE_LINK: &str = "node2";
+/// The second node's nftables table and counter of
+/// [`Topology::count_second_node_forwarding`].
+const PROBE_TABLE: &str = "kpt_probe";
+const PROBE_COUNTER: &str = "forwarded";
 
 /// Describes a [`Topology`]; see [`Topology::builder`].
 #[derive(Debug, Default)]
@@ -32,6 +43,7 @@ const LINK_UP_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct TopologyBuilder {
     pods: Vec<PodSpec>,
     clients: Vec<String>,
+    second_node: bool,
 }
 
 /// The echo ports of one pod, described with [`TopologyBuilder::pod`].
@@ -51,6 +63,7 @@ pub struct Topology {
     servers: EchoServers,
     pods: Vec<Host>,
     clients: Vec<Host>,
+    second_node: Option<Netns>,
     node: Netns,
 }
 
@@ -84,8 +97,10 @@ impl TopologyBuilder {
     }
 
     /// Adds a pod "on another node": addresses 10.244.2.2, … (and
-    /// fd00:10:244:2::2, …) in the order added, wired to the node namespace
-    /// like the local pods, since the data plane only sees its address.
+    /// fd00:10:244:2::2, …) in the order added. Without
+    /// [`with_second_node`](Self::with_second_node) it is wired to the node
+    /// namespace like the local pods, since the data plane only sees its
+    /// address; with it, the pod sits behind the second node.
     pub fn remote_pod(self, name: &str, build: impl FnOnce(PodBuilder) -> PodBuilder) -> Self {
         self.add_pod(name, true, build)
     }
@@ -98,6 +113,32 @@ impl TopologyBuilder {
         self
     }
 
+    /// Adds a second node namespace, `node-2` at 192.168.99.3
+    /// (fd00:192:168:99::3), and wires every [`remote_pod`](Self::remote_pod)
+    /// behind it instead of behind the proxy's node. The proxy's node
+    /// routes 10.244.2.0/24 (fd00:10:244:2::/64) via the second node; the
+    /// second node routes only to the proxy's node and its pods, not to
+    /// the clients, so a pod there can answer a client only if the proxy
+    /// masqueraded the connection to the node's address. See the module
+    /// documentation of [`crate::netns`] for the layout.
+    ///
+    /// ```no_run
+    /// use kp_testkit::netns::Topology;
+    ///
+    /// let topology = Topology::builder()
+    ///     .with_second_node()
+    ///     .pod("ep1", |p| p.tcp(8080))
+    ///     .remote_pod("ep3", |p| p.tcp(8080))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(topology.pod("ep3").ip().to_string(), "10.244.2.2");
+    /// let _node2 = topology.second_node();
+    /// ```
+    pub fn with_second_node(mut self) -> Self {
+        self.second_node = true;
+        self
+    }
+
     /// Creates the namespaces, links, addresses and routes, and starts the
     /// echo servers. On error, whatever was created is removed again.
     pub fn build(mut self) -> Result<Topology, NetnsError> {
@@ -107,20 +148,47 @@ impl TopologyBuilder {
         self.validate()?;
         let node = Netns::create("node")?;
         configure_sysctls(&node, true)?;
+        let second_node = if self.second_node {
+            let netns = Netns::create(SECOND_NODE_ROLE)?;
+            configure_sysctls(&netns, true)?;
+            Some(netns)
+        } else {
+            None
+        };
         let clients = self.create_clients()?;
         let pods = self.create_pods()?;
-        node.ip_batch(&node_commands(&clients, &pods))?;
+        // Without a second node, remote pods hang off the proxy's node.
+        let (behind_node, behind_second): (Vec<&Host>, Vec<&Host>) = pods
+            .iter()
+            .partition(|pod| !(pod.remote && second_node.is_some()));
+        let mut commands = node_commands(&clients, &behind_node);
+        if let Some(second) = &second_node {
+            commands.extend(node_to_second_node_commands(second));
+        }
+        node.ip_batch(&commands)?;
         for client in &clients {
             client.netns.ip_batch(&client_commands(client))?;
+        }
+        if let Some(second) = &second_node {
+            second.ip_batch(&second_node_commands(&behind_second))?;
         }
         for pod in &pods {
             pod.netns.ip_batch(&pod_commands(pod))?;
         }
-        let links: Vec<&str> = clients
+        let mut links: Vec<&str> = clients
             .iter()
-            .chain(&pods)
+            .chain(behind_node.iter().copied())
             .map(Host::node_interface)
             .collect();
+        if let Some(second) = &second_node {
+            links.push(SECOND_NODE_LINK);
+            let mut second_links: Vec<&str> = behind_second
+                .iter()
+                .map(|pod| pod.node_interface())
+                .collect();
+            second_links.push("eth0");
+            wait_for_links(second, &second_links)?;
+        }
         wait_for_links(&node, &links)?;
         let mut servers = EchoServers::default();
         for (spec, pod) in self.pods.iter().zip(&pods) {
@@ -141,6 +209,7 @@ impl TopologyBuilder {
             servers,
             pods,
             clients,
+            second_node,
             node,
         })
     }
@@ -273,6 +342,75 @@ impl Topology {
         &self.node
     }
 
+    /// The second node's namespace, `node-2` (192.168.99.3), where the
+    /// remote pods live when the topology was built
+    /// [`with_second_node`](TopologyBuilder::with_second_node).
+    ///
+    /// # Panics
+    /// If the topology has no second node.
+    #[track_caller]
+    pub fn second_node(&self) -> &Netns {
+        match &self.second_node {
+            Some(netns) => netns,
+            None => panic!("this topology has no second node; build it with_second_node()"),
+        }
+    }
+
+    /// Starts counting the packets the second node forwards from `source`
+    /// (an nftables counter in table `inet kpt_probe` of the second node:
+    /// `nft add rule inet kpt_probe forward ip saddr SOURCE counter name
+    /// forwarded`); read it with [`second_node_forwarded`](Self::second_node_forwarded).
+    /// A client sees a dropped connection and one forwarded to node-2
+    /// without SNAT alike (no answer); the count tells them apart. Call it
+    /// once per topology.
+    ///
+    /// # Panics
+    /// If the topology has no second node, or `nft` fails.
+    #[track_caller]
+    pub fn count_second_node_forwarding(&self, source: IpAddr) {
+        let second = self.second_node();
+        let family = if source.is_ipv6() { "ip6" } else { "ip" };
+        second.exec_ok("nft", &["add", "table", "inet", PROBE_TABLE]);
+        second.exec_ok(
+            "nft",
+            &["add", "counter", "inet", PROBE_TABLE, PROBE_COUNTER],
+        );
+        second.exec_ok(
+            "nft",
+            &[
+                "add chain inet",
+                PROBE_TABLE,
+                "forward { type filter hook forward priority 0; }",
+            ],
+        );
+        let rule = format!("{family} saddr {source} counter name {PROBE_COUNTER}");
+        second.exec_ok("nft", &["add rule inet", PROBE_TABLE, "forward", &rule]);
+    }
+
+    /// How many packets the second node forwarded from the source given to
+    /// [`count_second_node_forwarding`](Self::count_second_node_forwarding).
+    ///
+    /// # Panics
+    /// If the topology has no second node, counting was not started, or
+    /// `nft`'s output has no packet count.
+    #[track_caller]
+    pub fn second_node_forwarded(&self) -> u64 {
+        let listing = self.second_node().exec_ok(
+            "nft",
+            &["list", "counter", "inet", PROBE_TABLE, PROBE_COUNTER],
+        );
+        let mut words = listing.split_whitespace();
+        let count = words
+            .by_ref()
+            .find(|word| *word == "packets")
+            .and_then(|_| words.next())
+            .and_then(|count| count.parse().ok());
+        match count {
+            Some(count) => count,
+            None => panic!("no packet count in `nft list counter`: {listing}"),
+        }
+    }
+
     /// The pod named `name`.
     ///
     /// # Panics
@@ -327,16 +465,21 @@ impl Topology {
     /// address), and the node routes the range through the pod's own
     /// address of that family (a pod answers neighbour solicitations only
     /// for the addresses of its interface).
+    ///
+    /// A pod behind the second node gets the route on the second node, and
+    /// the proxy's node routes the range via the second node.
     pub fn route_range_to_pod(&self, pod: &str, range: &str) -> Result<(), NetnsError> {
         let host = self.pod(pod);
         host.netns
             .ip(&["route", "add", "local", range, "dev", "lo"])?;
-        let via = if range.contains(':') {
+        let v6 = range.contains(':');
+        let via = if v6 {
             IpAddr::V6(host.ip_v6)
         } else {
             IpAddr::V4(host.ip)
         };
-        self.node.ip(&[
+        let second_node = self.second_node_of(host);
+        second_node.unwrap_or(&self.node).ip(&[
             "route",
             "add",
             range,
@@ -345,15 +488,41 @@ impl Topology {
             "dev",
             host.node_interface(),
         ])?;
+        if second_node.is_some() {
+            let second = if v6 {
+                IpAddr::V6(plan::OTHER_NODE_IP_V6)
+            } else {
+                IpAddr::V4(plan::OTHER_NODE_IP)
+            };
+            self.node.ip(&[
+                "route",
+                "add",
+                range,
+                "via",
+                &second.to_string(),
+                "dev",
+                SECOND_NODE_LINK,
+            ])?;
+        }
         Ok(())
     }
 
-    /// Every namespace name of this topology: node, clients, pods.
+    /// Every namespace name of this topology: node, second node (if any),
+    /// clients, pods.
     pub fn namespace_names(&self) -> Vec<String> {
         let hosts = self.clients.iter().chain(&self.pods);
-        std::iter::once(self.node.name().to_owned())
+        std::iter::once(&self.node)
+            .chain(&self.second_node)
+            .map(|netns| netns.name().to_owned())
             .chain(hosts.map(|host| host.netns.name().to_owned()))
             .collect()
+    }
+
+    /// The second node, if `pod` sits behind it (a remote pod of a
+    /// topology with a second node); `None` when the proxy's node holds
+    /// the other end of its veth.
+    fn second_node_of(&self, pod: &Host) -> Option<&Netns> {
+        self.second_node.as_ref().filter(|_| pod.remote)
     }
 }
 
@@ -413,7 +582,8 @@ impl Host {
         SocketAddr::new(IpAddr::V6(self.ip_v6), port)
     }
 
-    /// The node's end of this host's veth pair (`podN` or `clN`).
+    /// The node's end of this host's veth pair (`podN` or `clN`); for a
+    /// remote pod of a topology with a second node, the second node's end.
     pub fn node_interface(&self) -> &str {
         &self.node_interface
     }
@@ -479,7 +649,7 @@ pub(super) fn configure_sysctls(netns: &Netns, node: bool) -> Result<(), NetnsEr
 /// its IPv6 addresses are not usable. veth carrier changes are handled at
 /// once. Sharing one address across several links is what CNI plugins in
 /// ptp mode do with their gateway address too.
-fn node_commands(clients: &[Host], pods: &[Host]) -> Vec<String> {
+fn node_commands(clients: &[Host], pods: &[&Host]) -> Vec<String> {
     let mut commands = Vec::new();
     for client in clients {
         let (veth, peer) = (&client.node_interface, client.netns.name());
@@ -495,28 +665,88 @@ fn node_commands(clients: &[Host], pods: &[Host]) -> Vec<String> {
         commands.extend(host_routes(client, veth));
     }
     for pod in pods {
-        let (veth, peer) = (&pod.node_interface, pod.netns.name());
-        commands.push(format!(
-            "link add {veth} type veth peer name eth0 netns {peer}"
-        ));
-        commands.push(format!("link set {veth} up"));
-        commands.push(format!("address add {POD_GATEWAY}/32 dev {veth}"));
-        commands.push(format!("address add {POD_GATEWAY_V6}/64 dev {veth} nodad"));
-        commands.extend(host_routes(pod, veth));
+        commands.extend(pod_link_commands(pod, (plan::NODE_IP, plan::NODE_IP_V6)));
     }
+    commands
+}
+
+/// A gateway's (node's or second node's) end of `pod`'s veth: the pods'
+/// gateway addresses and host routes answered from `source`.
+fn pod_link_commands(pod: &Host, source: (Ipv4Addr, Ipv6Addr)) -> Vec<String> {
+    let (veth, peer) = (&pod.node_interface, pod.netns.name());
+    let mut commands = vec![
+        format!("link add {veth} type veth peer name eth0 netns {peer}"),
+        format!("link set {veth} up"),
+        format!("address add {POD_GATEWAY}/32 dev {veth}"),
+        format!("address add {POD_GATEWAY_V6}/64 dev {veth} nodad"),
+    ];
+    commands.extend(routes_from(pod, veth, source));
     commands
 }
 
 /// The node's routes to `host` through `veth`, answered from the node IP.
 fn host_routes(host: &Host, veth: &str) -> [String; 2] {
+    routes_from(host, veth, (plan::NODE_IP, plan::NODE_IP_V6))
+}
+
+/// Host routes to `host` through `veth` with source addresses `source`.
+fn routes_from(host: &Host, veth: &str, (source, source_v6): (Ipv4Addr, Ipv6Addr)) -> [String; 2] {
     [
-        format!("route add {}/32 dev {veth} src {}", host.ip, plan::NODE_IP),
+        format!("route add {}/32 dev {veth} src {source}", host.ip),
+        format!("route add {}/128 dev {veth} src {source_v6}", host.ip_v6),
+    ]
+}
+
+/// The proxy's node's end of the link to the second node: the node IP as
+/// /32 (/128) as on the client links, a host route to the second node, and
+/// the second node's pod range via the second node (host-gw routing).
+fn node_to_second_node_commands(second: &Netns) -> Vec<String> {
+    let link = SECOND_NODE_LINK;
+    let (peer, other, other_v6) = (second.name(), plan::OTHER_NODE_IP, plan::OTHER_NODE_IP_V6);
+    vec![
+        format!("link add {link} type veth peer name eth0 netns {peer}"),
+        format!("link set {link} up"),
+        format!("address add {}/32 dev {link}", plan::NODE_IP),
+        format!("address add {}/128 dev {link} nodad", plan::NODE_IP_V6),
+        format!("route add {other}/32 dev {link} src {}", plan::NODE_IP),
         format!(
-            "route add {}/128 dev {veth} src {}",
-            host.ip_v6,
+            "route add {other_v6}/128 dev {link} src {}",
             plan::NODE_IP_V6
         ),
+        format!(
+            "route add {} via {other} dev {link}",
+            plan::OTHER_NODE_POD_CIDR
+        ),
+        format!(
+            "route add {} via {other_v6} dev {link}",
+            plan::OTHER_NODE_POD_CIDR_V6
+        ),
     ]
+}
+
+/// The second node: its address on `eth0`, a host route to the proxy's
+/// node, the proxy's node's pod range via the proxy's node, and one routed
+/// veth per pod. Deliberately no default route and no route to the node
+/// network's clients: a pod reply to a client address is dropped here.
+fn second_node_commands(pods: &[&Host]) -> Vec<String> {
+    let (node, node_v6) = (plan::NODE_IP, plan::NODE_IP_V6);
+    let (own, own_v6) = (plan::OTHER_NODE_IP, plan::OTHER_NODE_IP_V6);
+    let mut commands = vec![
+        "link set eth0 up".to_owned(),
+        format!("address add {own}/32 dev eth0"),
+        format!("address add {own_v6}/128 dev eth0 nodad"),
+        format!("route add {node}/32 dev eth0 src {own}"),
+        format!("route add {node_v6}/128 dev eth0 src {own_v6}"),
+        format!("route add {} via {node} dev eth0", plan::NODE_POD_CIDR),
+        format!(
+            "route add {} via {node_v6} dev eth0",
+            plan::NODE_POD_CIDR_V6
+        ),
+    ];
+    for pod in pods {
+        commands.extend(pod_link_commands(pod, (own, own_v6)));
+    }
+    commands
 }
 
 /// A client: addresses on the node network, routes to services, pods and
