@@ -265,7 +265,7 @@ impl LiveState {
             if verdict != Verdict::Accept {
                 finished.push(run.end(flight, verdict, false, None));
             } else if packet.src_local {
-                run.from_node(flight, &mut finished)?;
+                run.sent_by_node(flight, &mut finished)?;
             } else {
                 run.received(flight, &mut finished)?;
             }
@@ -434,7 +434,7 @@ impl Run<'_> {
     /// A packet of the node after nat OUTPUT: IPVS at LOCAL_OUT, filter
     /// OUTPUT, nat POSTROUTING, and filter INPUT when it comes back to the
     /// node.
-    fn from_node(&self, flight: InFlight, out: &mut Vec<Finished>) -> Result<(), TraceError> {
+    fn sent_by_node(&self, flight: InFlight, out: &mut Vec<Finished>) -> Result<(), TraceError> {
         let at_ipvs = flight.destination();
         for scheduled in self.schedule(flight)? {
             let (flight, affinity) = match scheduled {

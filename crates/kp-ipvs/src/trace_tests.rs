@@ -79,7 +79,7 @@ fn summary(trace: &Trace) -> Vec<(Option<SocketAddr>, PathVerdict, bool, String)
             )
         })
         .collect();
-    paths.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    paths.sort_by_key(|p| (p.0, p.1));
     paths
 }
 
