@@ -159,6 +159,45 @@ fn a_real_server_of_weight_zero_takes_no_new_connection() {
 }
 
 #[test]
+fn real_servers_share_new_connections_by_weight() {
+    let mut state = live(vec![service("ns1", "web", "10.96.0.10", 80)
+        .endpoint("10.244.1.2", 80, true)
+        .endpoint("10.244.2.3", 80, false)]);
+    let key = ServiceKey {
+        address: ip("10.96.0.10"),
+        protocol: Protocol::Tcp,
+        port: 80,
+    };
+    let reals = &mut state.kernel.services.get_mut(&key).unwrap().reals;
+    reals.insert(sock("10.244.1.2:80"), 3);
+    let trace = state.trace(&from_outside("10.96.0.10", 80)).unwrap();
+    assert_eq!(
+        summary(&trace),
+        vec![
+            (
+                Some(sock("10.244.1.2:80")),
+                PathVerdict::Accept,
+                false,
+                "0.750".into()
+            ),
+            (
+                Some(sock("10.244.2.3:80")),
+                PathVerdict::Accept,
+                false,
+                "0.250".into()
+            ),
+        ],
+        "{trace}"
+    );
+    assert!(
+        trace.paths.iter().any(|p| p
+            .matched
+            .contains(&"ipvs: real server 10.244.1.2:80 weight 3 of 4".to_owned())),
+        "{trace}"
+    );
+}
+
+#[test]
 fn external_traffic_policy_local_node_port_reaches_local_endpoints_with_the_client_address() {
     let state = live(vec![service("ns1", "local", "10.96.0.12", 80)
         .node_port(30081)
@@ -388,5 +427,78 @@ fn a_virtual_server_with_flags_the_trace_does_not_model_is_named() {
     assert_eq!(
         state.trace(&from_outside(NODE, 22)).unwrap().destinations(),
         empty
+    );
+}
+
+/// A packet of a process of the node; the kernel picks a source on the
+/// route to the destination (a service address: itself, on kube-ipvs0).
+fn from_node(src: &str, dst: &str, dport: u16) -> Packet {
+    Packet {
+        src: ip(src),
+        dst: ip(dst),
+        dport,
+        protocol: Protocol::Tcp,
+        src_local: true,
+        in_interface: None,
+    }
+}
+
+#[test]
+fn the_node_reaching_a_cluster_ip_is_scheduled_at_local_out_and_masqueraded() {
+    let state = live(vec![service("ns1", "web", "10.96.0.10", 80)
+        .endpoint("10.244.1.2", 80, true)
+        .endpoint("10.244.2.3", 80, false)]);
+    let trace = state
+        .trace(&from_node("10.96.0.10", "10.96.0.10", 80))
+        .unwrap();
+    assert_eq!(
+        summary(&trace),
+        vec![
+            (
+                Some(sock("10.244.1.2:80")),
+                PathVerdict::Accept,
+                true,
+                "0.500".into()
+            ),
+            (
+                Some(sock("10.244.2.3:80")),
+                PathVerdict::Accept,
+                true,
+                "0.500".into()
+            ),
+        ],
+        "{trace}"
+    );
+    assert!(
+        trace.paths[0].matched[0].starts_with("nat/OUTPUT"),
+        "{trace}"
+    );
+}
+
+#[test]
+fn the_node_is_kept_from_a_load_balancer_ip_whose_source_ranges_exclude_it() {
+    let state = live(vec![service("ns1", "lb", "10.96.0.15", 80)
+        .lb_ip("203.0.113.9")
+        .source_range("198.51.100.0/24")
+        .endpoint("10.244.1.2", 80, true)]);
+    let trace = state
+        .trace(&from_node("203.0.113.9", "203.0.113.9", 80))
+        .unwrap();
+    assert_eq!(
+        summary(&trace),
+        vec![(
+            Some(sock("10.244.1.2:80")),
+            PathVerdict::Drop,
+            false,
+            "1.000".into()
+        )],
+        "{trace}"
+    );
+    assert!(
+        trace.paths[0]
+            .matched
+            .iter()
+            .any(|rule| rule.starts_with("filter/KUBE-IPVS-OUT-FILTER")),
+        "{trace}"
     );
 }
