@@ -801,10 +801,16 @@ impl Env<'_> {
                 vport,
             } => {
                 let (dst, dport) = state.virtual_server.unwrap_or((state.dst, state.dport));
+                // iptables-save prints the protocol's number.
+                let number = match self.protocol {
+                    Protocol::Tcp => "6",
+                    Protocol::Udp => "17",
+                    Protocol::Sctp => "132",
+                };
                 vaddr.is_none_or(|net| net.contains(&dst))
                     && vproto
                         .as_deref()
-                        .is_none_or(|p| p == self.protocol.as_rule_str())
+                        .is_none_or(|p| p == self.protocol.as_rule_str() || p == number)
                     && vport.is_none_or(|port| port == dport)
             }
         })
