@@ -1467,6 +1467,10 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
         differences.len()
     );
     assert!(differences.is_empty(), "{}", differences.join("\n"));
+    // Per Service: web 1, empty 1, np 4 (ClusterIP, NodePort, external and
+    // load balancer IP), local 3, sticky 1, dns 1, lb 3 (ClusterIP, a
+    // client inside the range and one outside), itp 1, np-empty 2.
+    assert_eq!((probes.len(), to_endpoints), (17, 13), "{probes:#?}");
     // Every kind of outcome is among the probes.
     for wanted in [Expected::Reject, Expected::Drop] {
         assert!(
