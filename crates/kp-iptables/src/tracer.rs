@@ -211,6 +211,68 @@ struct State {
     matched: Vec<String>,
     affinity: Vec<Affinity>,
     not_followed: Vec<String>,
+    /// The IPVS virtual server that scheduled the packet (see
+    /// [`InFlight::redirect`]): what `-m ipvs --vaddr` asks.
+    virtual_server: Option<(IpAddr, u16)>,
+}
+
+/// A packet part way through the hooks, for a caller that models what the
+/// kernel does between them (IPVS schedules a packet after filter INPUT or
+/// nat OUTPUT): [`Ruleset::run_hook`] passes it through one hook,
+/// [`InFlight::redirect`] sends it elsewhere, [`InFlight::finish`] ends its
+/// path.
+#[derive(Debug, Clone)]
+pub struct InFlight(State);
+
+impl InFlight {
+    /// The first packet of a new connection, before any hook.
+    pub fn new(packet: &Packet) -> Self {
+        Self(State::start(packet))
+    }
+
+    /// Where it is going now: address and port.
+    pub fn destination(&self) -> SocketAddr {
+        SocketAddr::new(self.0.dst, self.0.dport)
+    }
+
+    /// Sends it to `to` on a branch taken with `chance`, as the virtual
+    /// server at its current destination schedules it (IPVS masquerading);
+    /// `step` is recorded among the matched rules.
+    pub fn redirect(&mut self, to: SocketAddr, chance: f64, step: String) {
+        self.0.virtual_server = Some((self.0.dst, self.0.dport));
+        self.0.dst = to.ip();
+        self.0.dport = to.port();
+        self.0.destination = Some(to);
+        self.0.probability *= chance;
+        self.0.matched.push(step);
+    }
+
+    /// Records a step taken outside the rules.
+    pub fn record(&mut self, step: String) {
+        self.0.matched.push(step);
+    }
+
+    /// The path, ended with `verdict`.
+    pub fn finish(self, verdict: Verdict, masqueraded: bool) -> PathOutcome {
+        outcome(self.0, verdict, masqueraded)
+    }
+}
+
+impl State {
+    fn start(packet: &Packet) -> Self {
+        State {
+            src: packet.src,
+            dst: packet.dst,
+            dport: packet.dport,
+            mark: 0,
+            destination: None,
+            probability: 1.0,
+            matched: Vec::new(),
+            affinity: Vec::new(),
+            not_followed: Vec::new(),
+            virtual_server: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -448,17 +510,7 @@ impl Ruleset {
             local_ips,
             sets,
         };
-        let start = State {
-            src: packet.src,
-            dst: packet.dst,
-            dport: packet.dport,
-            mark: 0,
-            destination: None,
-            probability: 1.0,
-            matched: Vec::new(),
-            affinity: Vec::new(),
-            not_followed: Vec::new(),
-        };
+        let start = State::start(packet);
         let nat_hook = if packet.local_origin {
             "OUTPUT"
         } else {
@@ -482,6 +534,38 @@ impl Ruleset {
             paths.extend(self.filter_and_postrouting(state, &hooks, &env)?);
         }
         Ok(Trace { paths })
+    }
+
+    /// Passes `packet` (`in_flight`, as far as it got) through one hook:
+    /// each resulting path with the hook's verdict (its policy when the
+    /// packet falls off its end) and whether it was masqueraded there.
+    pub fn run_hook(
+        &self,
+        table: Table,
+        hook: &str,
+        packet: &Packet,
+        in_flight: InFlight,
+        local_ips: &[IpAddr],
+        sets: &IpSets,
+    ) -> Result<Vec<(InFlight, Verdict, bool)>, TraceError> {
+        let env = Env {
+            protocol: packet.protocol,
+            in_interface: packet
+                .in_interface
+                .as_deref()
+                .filter(|_| !packet.local_origin),
+            local_ips,
+            sets,
+        };
+        let policy = self.policy(table.as_str(), hook);
+        Ok(self
+            .run_chain(table.as_str(), hook, in_flight.0, &env, 0)?
+            .into_iter()
+            .map(|(state, flow)| {
+                let masqueraded = flow == Flow::Stop(Terminal::Masquerade);
+                (InFlight(state), filter_verdict(flow, policy), masqueraded)
+            })
+            .collect())
     }
 
     fn filter_and_postrouting(
@@ -716,11 +800,18 @@ impl Env<'_> {
                 vproto,
                 vport,
             } => {
-                vaddr.is_none_or(|net| net.contains(&state.dst))
+                let (dst, dport) = state.virtual_server.unwrap_or((state.dst, state.dport));
+                // iptables-save prints the protocol's number.
+                let number = match self.protocol {
+                    Protocol::Tcp => "6",
+                    Protocol::Udp => "17",
+                    Protocol::Sctp => "132",
+                };
+                vaddr.is_none_or(|net| net.contains(&dst))
                     && vproto
                         .as_deref()
-                        .is_none_or(|p| p == self.protocol.as_rule_str())
-                    && vport.is_none_or(|port| port == state.dport)
+                        .is_none_or(|p| p == self.protocol.as_rule_str() || p == number)
+                    && vport.is_none_or(|port| port == dport)
             }
         })
     }

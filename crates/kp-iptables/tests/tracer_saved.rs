@@ -19,7 +19,9 @@
 
 use std::net::IpAddr;
 
-use kp_iptables::tracer::{IpSetMembers, IpSets, Packet, Ruleset, Trace, TraceError, Verdict};
+use kp_iptables::tracer::{
+    InFlight, IpSetMembers, IpSets, Packet, Ruleset, Trace, TraceError, Verdict,
+};
 use kp_iptables::Table;
 use kp_model::Protocol;
 
@@ -447,4 +449,58 @@ fn ipvs_mode_rules_ask_the_ipsets_given_to_the_trace() {
         error.to_string().contains("KUBE-CLUSTER-IP were not given"),
         "{error}"
     );
+}
+
+/// The IPVS mode's out filter as iptables-legacy-save prints it (the
+/// protocol as its number).
+const IPVS_OUT_FILTER: &str = "*filter
+:OUTPUT ACCEPT [0:0]
+:KUBE-IPVS-OUT-FILTER - [0:0]
+-A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER
+-A KUBE-IPVS-OUT-FILTER -s 203.0.113.9/32 -m ipvs --vaddr 203.0.113.9/32 --vproto 6 --vport 80 -j DROP
+COMMIT
+";
+
+#[test]
+fn a_hook_at_a_time_asks_ipvs_matches_about_the_virtual_server_that_scheduled_the_packet() {
+    let ruleset = Ruleset::from_save(IPVS_OUT_FILTER).unwrap();
+    let lb = ip("203.0.113.9");
+    let packet = Packet::tcp(lb, lb, 80).from_host();
+    let output = |flight: InFlight| {
+        ruleset
+            .run_hook(
+                Table::Filter,
+                "OUTPUT",
+                &packet,
+                flight,
+                &[lb],
+                &IpSets::new(),
+            )
+            .unwrap()
+    };
+    let mut scheduled = InFlight::new(&packet);
+    scheduled.redirect("10.244.1.2:80".parse().unwrap(), 0.5, "ipvs".to_owned());
+    let paths = output(scheduled);
+    assert_eq!(paths.len(), 1);
+    let (flight, verdict, masqueraded) = &paths[0];
+    assert_eq!((*verdict, *masqueraded), (Verdict::Drop, false));
+    let path = flight.clone().finish(*verdict, *masqueraded);
+    assert_eq!(path.destination, Some("10.244.1.2:80".parse().unwrap()));
+    assert_eq!(path.probability, 0.5);
+    assert_eq!(path.matched.len(), 3, "{:?}", path.matched);
+    // Another port of the same virtual address is let through.
+    let other = Packet::tcp(lb, lb, 81).from_host();
+    let mut elsewhere = InFlight::new(&other);
+    elsewhere.redirect("10.244.1.2:81".parse().unwrap(), 1.0, "ipvs".to_owned());
+    let paths = ruleset
+        .run_hook(
+            Table::Filter,
+            "OUTPUT",
+            &other,
+            elsewhere,
+            &[lb],
+            &IpSets::new(),
+        )
+        .unwrap();
+    assert_eq!(paths[0].1, Verdict::Accept);
 }

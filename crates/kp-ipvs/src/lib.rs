@@ -14,6 +14,8 @@
 //!   netlink, ipset over nfnetlink, the dummy link over rtnetlink).
 //! - [`backend`]: [`IpvsBackend`], the [`kp_sync::Backend`] of the mode;
 //!   [`refused`] names the Services whose operations the kernel refused.
+//! - [`trace`]: follows a new connection through the live kernel state
+//!   (iptables rules, ipsets, IPVS) for `kube-proxy trace` and `check`.
 //! - [`text`]: `ipvsadm -Ln`/`ipset list`-like text for `--dry-run`.
 //! - [`cleanup`](mod@cleanup): `--cleanup`, which keeps foreign virtual servers.
 //! - [`setup`]: what the binary calls ([`setup::check_host`],
@@ -34,6 +36,7 @@ pub mod state;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod text;
+pub mod trace;
 
 pub use backend::{node_sysctls, IpvsBackend, IpvsOptions, MODE};
 pub use capability::{check_modules, CapabilityError, HostKernel, KernelFiles, KernelVersion};

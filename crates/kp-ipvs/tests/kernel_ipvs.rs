@@ -41,6 +41,7 @@ use kp_ipvs::{
     cleanup_with, IpvsBackend, IpvsOptions, Op, ServiceKey, SetKind, VirtualServer, DUMMY_LINK,
 };
 use kp_model::{IpFamily, Protocol};
+use kp_sync::expect::{self, Expected, Frontend, Probe};
 use kp_sync::Backend;
 use kp_testkit::netns::{
     connect, expect_refused, expect_timeout, hits, hits_until_all, require_root, udp_roundtrip,
@@ -1319,4 +1320,220 @@ fn processes() -> String {
         text.push_str(&format!("{pid} {cmdline} [{}]\n", waits.join(" ")));
     }
     text
+}
+
+/// What the trace of `probe` through `live` does differently from the
+/// model's expectation, if anything.
+fn trace_difference(live: &kp_ipvs::trace::LiveState, probe: &Probe) -> Option<String> {
+    use kp_ipvs::trace::{Packet, PathVerdict};
+    let packet = Packet {
+        src: probe.source,
+        dst: probe.destination.ip(),
+        dport: probe.destination.port(),
+        protocol: probe.protocol,
+        src_local: false,
+        in_interface: Some("cl0".to_owned()),
+    };
+    let trace = match live.trace(&packet) {
+        Ok(trace) => trace,
+        Err(error) => return Some(format!("the trace failed: {error}")),
+    };
+    let same = match &probe.expected {
+        Expected::Endpoints {
+            endpoints,
+            masquerade,
+        } => {
+            trace.always(PathVerdict::Accept)
+                && trace.destinations() == *endpoints
+                && trace.paths.iter().all(|path| path.destination.is_some())
+                && masquerade.is_none_or(|m| trace.paths.iter().all(|p| p.masqueraded == m))
+        }
+        Expected::Reject => trace.always(PathVerdict::Reject),
+        Expected::Drop => trace.always(PathVerdict::Drop),
+    };
+    (!same).then(|| {
+        format!(
+            "{probe}: the model says {}; the trace:\n{trace}",
+            probe.expected
+        )
+    })
+}
+
+/// `kube-proxy check` for the IPVS mode, in the kernel: a cluster of
+/// ClusterIPs (spread, empty, UDP, sticky, internalTrafficPolicy Local),
+/// NodePorts with both external policies, an external IP and load balancer
+/// IPs with and without source ranges is programmed by the real backend
+/// (its iptables rules included); the state read back
+/// (`kp_ipvs::trace::LiveState::read`) sends every probe of
+/// `kp_sync::expect::probes` where the model says: the same endpoints,
+/// masquerading where the model has a word on it, refusal and drop. A real
+/// server deleted behind the backend's back then shows in exactly the probe
+/// of its Service.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
+    require_ipvs();
+    let topology = Topology::builder()
+        .pod("ep1", |p| p.tcp(80).udp(53))
+        .pod("ep2", |p| p.tcp(80).udp(53))
+        .remote_pod("ep3", |p| p.tcp(80))
+        .build()
+        .unwrap();
+    let (ep1, ep2, ep3) = (
+        ip_of(&topology, "ep1"),
+        ip_of(&topology, "ep2"),
+        ip_of(&topology, "ep3"),
+    );
+    let ports = Ports::new()
+        .with(
+            service("ns1", "web", "10.96.0.10", 80)
+                .endpoint(&ep1, 80, true)
+                .endpoint(&ep2, 80, true)
+                .endpoint(&ep3, 80, false),
+        )
+        .with(service("ns1", "empty", "10.96.0.14", 80))
+        .with(
+            service("ns1", "np", "10.96.0.11", 80)
+                .node_port(30080)
+                .external_ip("203.0.113.5")
+                .lb_ip("203.0.113.9")
+                .endpoint(&ep1, 80, true)
+                .endpoint(&ep3, 80, false),
+        )
+        .with(
+            service("ns1", "local", "10.96.0.12", 80)
+                .node_port(30081)
+                .etp_local()
+                .lb_ip("203.0.113.11")
+                .endpoint(&ep1, 80, true)
+                .endpoint(&ep3, 80, false),
+        )
+        .with(
+            service("ns1", "sticky", "10.96.0.13", 80)
+                .affinity_secs(600)
+                .endpoint(&ep1, 80, true)
+                .endpoint(&ep2, 80, true),
+        )
+        .with(
+            service("ns1", "dns", "10.96.0.20", 53)
+                .udp()
+                .endpoint(&ep2, 53, true),
+        )
+        .with(
+            service("ns1", "lb", "10.96.0.15", 80)
+                .lb_ip("203.0.113.10")
+                .source_range("198.51.100.0/24")
+                .endpoint(&ep1, 80, true),
+        )
+        .with(
+            service("ns1", "itp", "10.96.0.16", 80)
+                .itp_local()
+                .endpoint(&ep1, 80, true)
+                .endpoint(&ep3, 80, false),
+        )
+        .with(service("ns1", "np-empty", "10.96.0.18", 80).node_port(30082))
+        .build();
+    let parts = RequestParts::new(ports, "192.168.99.2");
+    let mut backend = node_backend(&topology, IpFamily::V4);
+    sync(&topology, &mut backend, &parts, true);
+
+    let node_ips: Vec<IpAddr> = vec!["192.168.99.2".parse().unwrap()];
+    let probes: Vec<Probe> = parts
+        .ports
+        .iter()
+        .flat_map(|(name, state)| expect::probes(name, state, IpFamily::V4, &node_ips))
+        .collect();
+    let read = || {
+        topology
+            .node()
+            .run(|| kp_ipvs::trace::LiveState::read(IpFamily::V4))
+            .unwrap()
+    };
+    let live = read();
+    let differences: Vec<String> = probes
+        .iter()
+        .filter_map(|probe| trace_difference(&live, probe))
+        .collect();
+    let to_endpoints = probes
+        .iter()
+        .filter(|p| matches!(p.expected, Expected::Endpoints { .. }))
+        .count();
+    println!(
+        "trace: {} probes of {} service ports, {} to endpoints, {} refused or dropped, {} different",
+        probes.len(),
+        parts.ports.len(),
+        to_endpoints,
+        probes.len() - to_endpoints,
+        differences.len()
+    );
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+    // Per Service: web 1, empty 1, np 4 (ClusterIP, NodePort, external and
+    // load balancer IP), local 3, sticky 1, dns 1, lb 3 (ClusterIP, a
+    // client inside the range and one outside), itp 1, np-empty 2.
+    assert_eq!((probes.len(), to_endpoints), (17, 13), "{probes:#?}");
+    // Every kind of outcome is among the probes.
+    for wanted in [Expected::Reject, Expected::Drop] {
+        assert!(
+            probes.iter().any(|p| p.expected == wanted),
+            "no probe expects {wanted}"
+        );
+    }
+    assert!(probes.iter().any(|p| matches!(
+        p.expected,
+        Expected::Endpoints {
+            masquerade: Some(false),
+            ..
+        }
+    )));
+    assert!(probes.iter().any(|p| matches!(
+        p.expected,
+        Expected::Endpoints {
+            masquerade: Some(true),
+            ..
+        }
+    )));
+
+    // One real server of the web ClusterIP deleted behind the backend's back.
+    let web = ServiceKey {
+        address: "10.96.0.10".parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port: 80,
+    };
+    let deleted = at(&ep1, 80);
+    topology
+        .node()
+        .run(|| NetlinkKernel::new().apply(IpFamily::V4, &[Op::DeleteReal(web, deleted)]))
+        .unwrap();
+    let live = read();
+    let differing: Vec<(String, String)> = probes
+        .iter()
+        .filter_map(|probe| trace_difference(&live, probe).map(|d| (probe.to_string(), d)))
+        .collect();
+    let web_probe: Vec<String> = probes
+        .iter()
+        .filter(|p| p.frontend == Frontend::ClusterIp && p.destination == at("10.96.0.10", 80))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(web_probe.len(), 1, "{probes:#?}");
+    assert_eq!(
+        differing.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+        web_probe,
+        "{differing:#?}"
+    );
+    println!("after deleting {deleted} of {web}: {}", differing[0].1);
+    let trace = live
+        .trace(&kp_ipvs::trace::Packet {
+            src: expect::outside_client(IpFamily::V4),
+            dst: web.address,
+            dport: 80,
+            protocol: Protocol::Tcp,
+            src_local: false,
+            in_interface: None,
+        })
+        .unwrap();
+    assert_eq!(
+        trace.destinations(),
+        [at(&ep2, 80), at(&ep3, 80)].into_iter().collect(),
+        "{trace}"
+    );
 }
