@@ -1350,6 +1350,9 @@ fn trace_difference(live: &kp_ipvs::trace::LiveState, probe: &Probe) -> Option<S
         }
         Expected::Reject => trace.always(PathVerdict::Reject),
         Expected::Drop => trace.always(PathVerdict::Drop),
+        // The empty virtual server answers ICMP port unreachable, as
+        // upstream's IPVS mode does.
+        Expected::NoLocalEndpoint => trace.always(PathVerdict::Reject),
     };
     (!same).then(|| {
         format!(
@@ -1432,6 +1435,13 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
                 .endpoint(&ep3, 80, false),
         )
         .with(service("ns1", "np-empty", "10.96.0.18", 80).node_port(30082))
+        .with(
+            service("ns1", "local-far", "10.96.0.19", 80)
+                .node_port(30083)
+                .etp_local()
+                .itp_local()
+                .endpoint(&ep3, 80, false),
+        )
         .build();
     let parts = RequestParts::new(ports, "192.168.99.2");
     let mut backend = node_backend(&topology, IpFamily::V4);
@@ -1469,10 +1479,12 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
     assert!(differences.is_empty(), "{}", differences.join("\n"));
     // Per Service: web 1, empty 1, np 4 (ClusterIP, NodePort, external and
     // load balancer IP), local 3, sticky 1, dns 1, lb 3 (ClusterIP, a
-    // client inside the range and one outside), itp 1, np-empty 2.
-    assert_eq!((probes.len(), to_endpoints), (17, 13), "{probes:#?}");
+    // client inside the range and one outside), itp 1, np-empty 2,
+    // local-far 2 (its ClusterIP and NodePort, both without a local
+    // endpoint).
+    assert_eq!((probes.len(), to_endpoints), (19, 13), "{probes:#?}");
     // Every kind of outcome is among the probes.
-    for wanted in [Expected::Reject, Expected::Drop] {
+    for wanted in [Expected::Reject, Expected::Drop, Expected::NoLocalEndpoint] {
         assert!(
             probes.iter().any(|p| p.expected == wanted),
             "no probe expects {wanted}"

@@ -64,9 +64,14 @@ pub enum Expected {
     },
     /// Refused with an ICMP error: no endpoint anywhere.
     Reject,
-    /// Dropped: a Local policy leaves no endpoint on this node, or a source
-    /// range refuses the client.
+    /// Dropped: a source range refuses the client.
     Drop,
+    /// Refused because a Local policy leaves no endpoint on this node while
+    /// endpoints exist elsewhere: dropped by the iptables and nftables modes
+    /// (so a load balancer's health check moves the traffic), answered with
+    /// ICMP port unreachable by the IPVS mode's empty virtual server, as
+    /// upstream's IPVS mode does.
+    NoLocalEndpoint,
 }
 
 impl fmt::Display for Expected {
@@ -86,6 +91,7 @@ impl fmt::Display for Expected {
             }
             Self::Reject => f.write_str("rejected"),
             Self::Drop => f.write_str("dropped"),
+            Self::NoLocalEndpoint => f.write_str("refused (no local endpoint)"),
         }
     }
 }
@@ -143,7 +149,7 @@ pub fn probes(
         if !plan.has_endpoints {
             Expected::Reject
         } else if endpoints.is_empty() {
-            Expected::Drop
+            Expected::NoLocalEndpoint
         } else {
             Expected::Endpoints {
                 endpoints: endpoint_set(endpoints),
@@ -160,7 +166,7 @@ pub fn probes(
         if !plan.has_endpoints {
             Expected::Reject
         } else if endpoints.is_empty() {
-            Expected::Drop
+            Expected::NoLocalEndpoint
         } else {
             Expected::Endpoints {
                 endpoints: endpoint_set(endpoints),
@@ -321,7 +327,7 @@ mod tests {
         let all = probes(&name, &state, IpFamily::V4, &node_ips);
         assert_eq!(all.len(), 2);
         for probe in all {
-            assert_eq!(probe.expected, Expected::Drop, "{probe}");
+            assert_eq!(probe.expected, Expected::NoLocalEndpoint, "{probe}");
         }
     }
 

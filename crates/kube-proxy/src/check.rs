@@ -181,11 +181,11 @@ pub fn check_probe(probe: &Probe, live: &Live, local: &[IpAddr]) -> anyhow::Resu
         in_interface: None,
     };
     let report = live.trace(&connection, local)?;
-    Ok(differs(&probe.expected, &report.outcome))
+    Ok(differs(live.mode(), &probe.expected, &report.outcome))
 }
 
-/// How `outcome` differs from `expected`, if it does.
-fn differs(expected: &Expected, outcome: &Outcome) -> Option<String> {
+/// How `outcome` differs from `expected` in `mode`, if it does.
+fn differs(mode: TraceMode, expected: &Expected, outcome: &Outcome) -> Option<String> {
     let same = match (expected, outcome) {
         (
             Expected::Endpoints {
@@ -206,6 +206,8 @@ fn differs(expected: &Expected, outcome: &Outcome) -> Option<String> {
                 }
         }
         (Expected::Reject, Outcome::Reject) | (Expected::Drop, Outcome::Drop) => true,
+        (Expected::NoLocalEndpoint, Outcome::Drop) => mode != TraceMode::Ipvs,
+        (Expected::NoLocalEndpoint, Outcome::Reject) => mode == TraceMode::Ipvs,
         _ => false,
     };
     (!same).then(|| describe(outcome))
@@ -267,6 +269,9 @@ mod tests {
             endpoints: vec![share("10.244.1.2:80"), share("10.244.2.2:80")],
             masqueraded,
         };
+        let differs = |expected: &Expected, outcome: &Outcome| {
+            differs(TraceMode::Iptables, expected, outcome)
+        };
         assert_eq!(differs(&expected, &found("all")), None);
         assert!(differs(&expected, &found("some")).is_some());
         let one = Outcome::Dnat {
@@ -281,5 +286,14 @@ mod tests {
             differs(&Expected::Reject, &Outcome::NotAService).as_deref(),
             Some("not handled (no rule for this address and port)")
         );
+        // A Local policy without a local endpoint: dropped, except by the
+        // IPVS mode's empty virtual server, which rejects.
+        assert!(differs(&Expected::NoLocalEndpoint, &Outcome::Drop).is_none());
+        assert!(differs(&Expected::NoLocalEndpoint, &Outcome::Reject).is_some());
+        let ipvs = |outcome: &Outcome| {
+            super::differs(TraceMode::Ipvs, &Expected::NoLocalEndpoint, outcome)
+        };
+        assert!(ipvs(&Outcome::Reject).is_none());
+        assert!(ipvs(&Outcome::Drop).is_some());
     }
 }

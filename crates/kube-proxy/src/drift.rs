@@ -83,7 +83,7 @@ impl DriftCheck {
         if sample == 0 {
             return None;
         }
-        if matches!(mode, TraceMode::Ipvs | TraceMode::Userspace) {
+        if mode == TraceMode::Userspace {
             tracing::info!(
                 mode = mode.name(),
                 "The kernel state check does not read this mode's state yet; it is off"
@@ -234,6 +234,7 @@ enum WireExpected {
     },
     Reject,
     Drop,
+    NoLocalEndpoint,
 }
 
 /// One difference as the worker writes it: the probe's position and what
@@ -271,6 +272,7 @@ impl From<&Probe> for WireProbe {
                 },
                 Expected::Reject => WireExpected::Reject,
                 Expected::Drop => WireExpected::Drop,
+                Expected::NoLocalEndpoint => WireExpected::NoLocalEndpoint,
             },
         }
     }
@@ -306,6 +308,7 @@ impl TryFrom<WireProbe> for Probe {
                 },
                 WireExpected::Reject => Expected::Reject,
                 WireExpected::Drop => Expected::Drop,
+                WireExpected::NoLocalEndpoint => Expected::NoLocalEndpoint,
             },
         })
     }
@@ -386,6 +389,7 @@ fn worker(args: &[OsString]) -> anyhow::Result<()> {
     let mode = match arg(2)? {
         "iptables" => TraceMode::Iptables,
         "nftables" => TraceMode::Nftables,
+        "ipvs" => TraceMode::Ipvs,
         other => anyhow::bail!("mode {other:?} cannot be checked"),
     };
     let family = match arg(3)? {
@@ -489,7 +493,9 @@ mod tests {
     fn no_check_for_a_sample_of_zero_or_an_untraced_mode() {
         let mut registry = Registry::default();
         assert!(DriftCheck::start(TraceMode::Iptables, 0, Duration::ZERO, &mut registry).is_none());
-        assert!(DriftCheck::start(TraceMode::Ipvs, 10, Duration::ZERO, &mut registry).is_none());
+        assert!(
+            DriftCheck::start(TraceMode::Userspace, 10, Duration::ZERO, &mut registry).is_none()
+        );
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
         assert!(!text.contains("drift"), "{text}");

@@ -260,9 +260,21 @@ pub enum Live {
     Iptables(kp_iptables::tracer::Ruleset),
     /// The nftables `kube-proxy` table.
     Nftables(kp_nftables::tracer::Table),
+    /// The IPVS virtual servers, the ipsets, `kube-ipvs0` and the mode's
+    /// iptables rules.
+    Ipvs(Box<kp_ipvs::trace::LiveState>),
 }
 
 impl Live {
+    /// The mode whose rules these are.
+    pub fn mode(&self) -> TraceMode {
+        match self {
+            Self::Iptables(_) => TraceMode::Iptables,
+            Self::Nftables(_) => TraceMode::Nftables,
+            Self::Ipvs(_) => TraceMode::Ipvs,
+        }
+    }
+
     /// Reads `mode`'s rules of `family` in this network namespace.
     pub fn read(mode: TraceMode, family: IpFamily) -> anyhow::Result<Self> {
         match mode {
@@ -281,10 +293,13 @@ impl Live {
                     })?;
                 Ok(Self::Nftables(table))
             }
-            TraceMode::Ipvs | TraceMode::Userspace => anyhow::bail!(
-                "the {} mode's kernel state is not read by kube-proxy trace yet; \
-                 it reads the iptables and nftables modes",
-                mode.name()
+            TraceMode::Ipvs => Ok(Self::Ipvs(Box::new(
+                kp_ipvs::trace::LiveState::read(family)
+                    .map_err(|error| anyhow::anyhow!("{error}"))?,
+            ))),
+            TraceMode::Userspace => anyhow::bail!(
+                "the userspace mode's relay is not read by kube-proxy trace yet; \
+                 it reads the iptables, nftables and ipvs modes"
             ),
         }
     }
@@ -301,6 +316,7 @@ impl Live {
                 TraceMode::Nftables,
                 trace_nftables(table, connection, local)?,
             ),
+            Self::Ipvs(state) => (TraceMode::Ipvs, trace_ipvs(state, connection)?),
         };
         Ok(Report {
             mode: mode.name(),
@@ -481,6 +497,49 @@ fn trace_nftables(
                 elements: path.elements,
                 not_followed: Vec::new(),
             }
+        })
+        .collect())
+}
+
+fn trace_ipvs(
+    state: &kp_ipvs::trace::LiveState,
+    connection: &Connection,
+) -> anyhow::Result<Vec<Path>> {
+    use kp_ipvs::trace::{Packet, PathVerdict};
+    let packet = Packet {
+        src: connection.source,
+        dst: connection.destination.ip(),
+        dport: connection.destination.port(),
+        protocol: connection.protocol,
+        src_local: connection.origin == Origin::ThisNode,
+        in_interface: connection.in_interface.clone(),
+    };
+    let trace = state
+        .trace(&packet)
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(trace
+        .paths
+        .into_iter()
+        .map(|path| Path {
+            probability: path.probability,
+            verdict: match path.verdict {
+                PathVerdict::Accept => "accept",
+                PathVerdict::Drop => "drop",
+                PathVerdict::Reject => "reject",
+            },
+            endpoint: path.destination,
+            masqueraded: path.masqueraded,
+            affinity: path
+                .affinity
+                .into_iter()
+                .map(|affinity| Affinity {
+                    name: affinity.name,
+                    seconds: Some(affinity.timeout_secs),
+                })
+                .collect(),
+            rules: path.matched,
+            elements: path.elements,
+            not_followed: path.not_followed,
         })
         .collect())
 }
