@@ -214,7 +214,7 @@ pub fn check(
             .map_err(|_| anyhow::anyhow!("the recorded state is unreadable"))?
             .take()
             .ok_or_else(|| anyhow::anyhow!("no sync of {family:?} was recorded"))?;
-        let live = Live::read(trace_mode, family)?;
+        let live = Live::read_for_check(trace_mode, family)?;
         let local: Vec<_> = local
             .iter()
             .copied()

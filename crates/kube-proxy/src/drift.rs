@@ -400,7 +400,7 @@ fn worker(args: &[OsString]) -> anyhow::Result<()> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
     let wire: Vec<WireProbe> = serde_json::from_slice(&input)?;
-    let live = Live::read(mode, family)?;
+    let live = Live::read_for_check(mode, family)?;
     let local: Vec<IpAddr> = kp_host::local_addresses()
         .map_err(|error| anyhow::anyhow!("reading this node's addresses: {error}"))?
         .into_iter()

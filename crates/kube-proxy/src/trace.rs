@@ -275,6 +275,19 @@ impl Live {
         }
     }
 
+    /// Reads `mode`'s rules of `family` in this network namespace for a
+    /// check: a missing nftables table is an empty one (every Service then
+    /// differs), where a trace says the table is missing.
+    pub fn read_for_check(mode: TraceMode, family: IpFamily) -> anyhow::Result<Self> {
+        if mode == TraceMode::Nftables {
+            let table = kp_nftables::live::read_table(family)
+                .map_err(|error| anyhow::anyhow!("{error}"))?
+                .unwrap_or_default();
+            return Ok(Self::Nftables(table));
+        }
+        Self::read(mode, family)
+    }
+
     /// Reads `mode`'s rules of `family` in this network namespace.
     pub fn read(mode: TraceMode, family: IpFamily) -> anyhow::Result<Self> {
         match mode {
