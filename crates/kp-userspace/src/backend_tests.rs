@@ -479,3 +479,25 @@ async fn each_sync_publishes_the_routes_that_the_portal_rules_lead_to() {
     let published = crate::routes_file::RoutesFile::read(&path).unwrap();
     assert!(published.ports.is_empty(), "{published:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_routing_file_that_cannot_be_written_does_not_fail_the_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's directory would have to be inside a regular file.
+    let blocker = dir.path().join("not-a-directory");
+    std::fs::write(&blocker, b"").unwrap();
+    let path = blocker.join("routes.json");
+    let (backend, recorder) = backend(RelayOptions::default());
+    let mut backend = backend.with_routes_file(Some(path.clone()));
+    let web = name("web", "http", Protocol::Tcp);
+    let ports = BTreeMap::from([(
+        web.clone(),
+        state("10.96.0.10", Protocol::Tcp, &["127.0.0.1:1"]),
+    )]);
+
+    sync(&mut backend, &ports).unwrap();
+    sync(&mut backend, &ports).unwrap();
+    assert!(backend.relay().listener(&web).is_some());
+    assert_eq!(recorder.0.lock().unwrap().restores.len(), 2);
+    assert!(!path.exists());
+}

@@ -171,8 +171,10 @@ impl RoutesFile {
         temporary.push(".tmp");
         let temporary = PathBuf::from(temporary);
         let mut file = fs::File::create(&temporary).map_err(error)?;
+        // No fsync: the file is a view of the running relay (on tmpfs by
+        // default) and is rewritten by every sync; the rename alone keeps
+        // readers from seeing half a table.
         file.write_all(&text).map_err(error)?;
-        file.sync_data().map_err(error)?;
         drop(file);
         fs::rename(&temporary, path).map_err(error)
     }

@@ -326,3 +326,31 @@ fn a_missing_routing_file_names_the_file() {
         "{error}"
     );
 }
+
+#[test]
+fn an_ipv6_node_reaches_its_cluster_ip_through_the_dnat_to_its_address() {
+    let nat = "*nat\n\
+        -A OUTPUT -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-HOST\n\
+        -A KUBE-PORTALS-HOST -d fd00:10:96::10/128 -p tcp -m comment --comment \"ns1/web6:http\" -m tcp --dport 80 -j DNAT --to-destination [fd00:192:168:99::2]:40020\n\
+        COMMIT\n";
+    let mut web6 = port("ns1/web6:http", "TCP", 40020, "[fd00:10:96::10]:80");
+    web6.internal = vec![at("[fd00:10:244:1::2]:8080")];
+    let routes = RoutesFile {
+        family: "IPv6".to_owned(),
+        refusing_port: None,
+        ports: vec![web6],
+    };
+    let state =
+        LiveState::from_parts(IpFamily::V6, vec![ip("fd00:192:168:99::2")], nat, routes).unwrap();
+    let mut packet = tcp("fd00:192:168:99::2", "fd00:10:96::10", 80);
+    packet.src_local = true;
+
+    let trace = state.trace(&packet).unwrap();
+    assert_eq!(destinations(&trace), [at("[fd00:10:244:1::2]:8080")]);
+    // A packet of the other family is refused by name.
+    let error = state.trace(&tcp(POD, "10.96.0.10", 80)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the packet to 10.96.0.10 is not IPv6: the state read is of that family"
+    );
+}
