@@ -22,7 +22,10 @@
 //! portal rules are followed: other software's nat rules are not, and
 //! the filter table is not read (the mode writes no filter rule). A rule
 //! in a portal chain of a shape the mode does not write is an error
-//! naming it.
+//! naming it. The nat table is listed with the same save program as
+//! [`kp_iptables::tracer::Ruleset::from_live`] uses, but read here:
+//! that tracer refuses the portal rules (`unknown target REDIRECT`), as
+//! no other mode writes `REDIRECT`.
 
 use std::collections::BTreeSet;
 use std::fmt;
