@@ -80,6 +80,7 @@ fn one_run(
     services: &[Service],
     slices: &[EndpointSlice],
 ) -> (Duration, Duration, usize) {
+    let routes_dir = tempfile::tempdir().unwrap();
     let runtime = topology.node().run(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -97,7 +98,9 @@ fn one_run(
         options,
         Box::new(SystemApplier::new(flavor)),
     )
-    .with_jump_check(JumpCheck::for_flavor(flavor));
+    .with_jump_check(JumpCheck::for_flavor(flavor))
+    // Published as the binary does, but not into the machine's /run.
+    .with_routes_file(Some(routes_dir.path().join("userspace-routes-IPv4.json")));
     let proxier = Arc::new(Proxier::new(
         ProxierConfig {
             family: IpFamily::V4,

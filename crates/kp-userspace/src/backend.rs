@@ -12,9 +12,13 @@
 //! A listener that cannot be opened (its port range is full, say) leaves
 //! that service port without portal rules; every other service port is
 //! served, and the sync reports an error so the sync loop retries.
+//!
+//! After each sync the backend publishes the relay's routing table (see
+//! [`crate::routes_file`]) for `kube-proxy trace`.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use kp_iptables::{Applier, ApplyError, IptablesFlavor};
 use kp_model::{IpFamily, Protocol, ServicePortName};
@@ -27,6 +31,7 @@ use crate::portal::{
 };
 use crate::relay::{DesiredListener, OpenError, Relay};
 use crate::route::Route;
+use crate::routes_file::{self, PublishedPort, RoutesFile};
 use crate::stats::{StatsRegistry, StatsSnapshot};
 use crate::RelayOptions;
 
@@ -46,6 +51,10 @@ pub struct UserspaceBackend {
     /// restore (each sync checks it again, in the way `jump_check` says).
     jumps_in_place: bool,
     jump_check: JumpCheck,
+    /// Where the routing table is published, if anywhere.
+    routes_path: Option<PathBuf>,
+    /// Publishing failed once already (logged once, then quiet).
+    routes_failed: bool,
 }
 
 /// Why the userspace mode could not do what was asked of it.
@@ -81,7 +90,16 @@ impl UserspaceBackend {
             applier,
             jumps_in_place: false,
             jump_check: JumpCheck::InRestore,
+            routes_path: Some(routes_file::default_path(family)),
+            routes_failed: false,
         }
+    }
+
+    /// The backend publishing its routing table at `path` after each
+    /// sync (by default [`routes_file::default_path`]), or nowhere.
+    pub fn with_routes_file(mut self, path: Option<PathBuf>) -> Self {
+        self.routes_path = path;
+        self
     }
 
     /// The backend checking its jumps with `check` (by default in every
@@ -195,6 +213,49 @@ impl UserspaceBackend {
             .map_err(|source| apply_error("listing the portal jump rules", source))
     }
 
+    /// Writes the relay's routing table of `desired` to the routing file;
+    /// a failure is logged once and otherwise ignored, as the relay does
+    /// not depend on the file.
+    fn publish_routes(
+        &mut self,
+        request: &SyncRequest<'_>,
+        desired: &BTreeMap<ServicePortName, DesiredListener>,
+    ) {
+        let Some(path) = self.routes_path.as_deref() else {
+            return;
+        };
+        let ports = desired
+            .iter()
+            .filter_map(|(name, wanted)| {
+                let listener = self.relay.listener(name)?;
+                let local = request
+                    .service_ports
+                    .get(name)
+                    .is_some_and(|state| state.port.external_policy_local);
+                Some(PublishedPort::new(
+                    name.to_string(),
+                    wanted.protocol,
+                    listener.port,
+                    &wanted.route,
+                    local,
+                ))
+            })
+            .collect();
+        let table = RoutesFile {
+            family: self.family.as_api_str().to_owned(),
+            refusing_port: self.relay.refusing_port(),
+            ports,
+        };
+        match table.write_atomically(path) {
+            Ok(()) => self.routes_failed = false,
+            Err(error) if !self.routes_failed => {
+                self.routes_failed = true;
+                tracing::warn!(family = %self.family, error = %error_chain(&error), "cannot publish the relay's routing table; kube-proxy trace will not read this mode");
+            }
+            Err(_) => {}
+        }
+    }
+
     fn desired_listeners(request: &SyncRequest<'_>) -> BTreeMap<ServicePortName, DesiredListener> {
         request
             .service_ports
@@ -240,6 +301,7 @@ impl Backend for UserspaceBackend {
             .collect();
         let node_ip = request.node.addresses_of(self.family).next();
         let text = self.restore_portals(node_ip, &services)?;
+        self.publish_routes(request, &desired);
         self.relay.sweep_affinity();
         if !open_errors.is_empty() {
             return Err(BackendError::Apply {
@@ -270,6 +332,7 @@ impl fmt::Debug for UserspaceBackend {
             .field("relay", &self.relay)
             .field("jumps_in_place", &self.jumps_in_place)
             .field("jump_check", &self.jump_check)
+            .field("routes_path", &self.routes_path)
             .finish_non_exhaustive()
     }
 }
@@ -292,6 +355,18 @@ impl fmt::Display for OpenErrors {
 }
 
 impl std::error::Error for OpenErrors {}
+
+/// `error` with its causes, `: `-separated.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 /// `--cleanup`: deletes the portal jumps and chains of `family` through
 /// `applier`. Running it twice is harmless.

@@ -142,7 +142,8 @@ fn backend(options: RelayOptions) -> (UserspaceBackend, Recorder) {
         IpFamily::V4,
         options,
         Box::new(recorder.clone()),
-    );
+    )
+    .with_routes_file(None);
     (backend, recorder)
 }
 
@@ -412,4 +413,91 @@ fn cleanup_deletes_the_jumps_and_the_chains() {
     let recorded = recorder.0.lock().unwrap();
     assert_eq!(recorded.deleted_jumps.len(), 4);
     assert_eq!(recorded.deleted_chains, PORTAL_CHAINS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn each_sync_publishes_the_routes_that_the_portal_rules_lead_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kube-proxy").join("routes.json");
+    let (backend, recorder) = backend(RelayOptions::default());
+    let mut backend = backend.with_routes_file(Some(path.clone()));
+    let web = name("web", "http", Protocol::Tcp);
+    let mut ports = BTreeMap::from([(
+        web.clone(),
+        state("10.96.0.10", Protocol::Tcp, &["127.0.0.1:1", "127.0.0.2:1"]),
+    )]);
+    sync(&mut backend, &ports).unwrap();
+    let listener = backend.relay().listener(&web).unwrap();
+
+    let published = crate::routes_file::RoutesFile::read(&path).unwrap();
+    assert_eq!(published.family, "IPv4");
+    assert_eq!(published.refusing_port, backend.relay().refusing_port());
+    assert_eq!(published.ports.len(), 1);
+    let entry = &published.ports[0];
+    assert_eq!(
+        (
+            entry.name.as_str(),
+            entry.protocol.as_str(),
+            entry.relay_port
+        ),
+        ("ns1/web:http", "TCP", listener.port)
+    );
+    let endpoints: Vec<std::net::SocketAddr> = vec![
+        "127.0.0.1:1".parse().unwrap(),
+        "127.0.0.2:1".parse().unwrap(),
+    ];
+    assert_eq!(entry.internal, endpoints);
+
+    // The portal rules written and the file agree: a pod's connection to
+    // the ClusterIP reaches the relay and its two endpoints.
+    let restore = recorder.0.lock().unwrap().restores[0].clone();
+    let live = crate::trace::LiveState::from_parts(
+        IpFamily::V4,
+        vec!["192.168.99.2".parse().unwrap()],
+        &restore,
+        published,
+    )
+    .unwrap();
+    let trace = live
+        .trace(&crate::trace::Packet {
+            src: "10.244.1.5".parse().unwrap(),
+            dst: "10.96.0.10".parse().unwrap(),
+            dport: 80,
+            protocol: Protocol::Tcp,
+            src_local: false,
+            in_interface: None,
+        })
+        .unwrap();
+    assert_eq!(
+        trace.destinations().into_iter().collect::<Vec<_>>(),
+        endpoints
+    );
+
+    // The next sync replaces the file: the Service is gone.
+    ports.clear();
+    sync(&mut backend, &ports).unwrap();
+    let published = crate::routes_file::RoutesFile::read(&path).unwrap();
+    assert!(published.ports.is_empty(), "{published:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_routing_file_that_cannot_be_written_does_not_fail_the_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's directory would have to be inside a regular file.
+    let blocker = dir.path().join("not-a-directory");
+    std::fs::write(&blocker, b"").unwrap();
+    let path = blocker.join("routes.json");
+    let (backend, recorder) = backend(RelayOptions::default());
+    let mut backend = backend.with_routes_file(Some(path.clone()));
+    let web = name("web", "http", Protocol::Tcp);
+    let ports = BTreeMap::from([(
+        web.clone(),
+        state("10.96.0.10", Protocol::Tcp, &["127.0.0.1:1"]),
+    )]);
+
+    sync(&mut backend, &ports).unwrap();
+    sync(&mut backend, &ports).unwrap();
+    assert!(backend.relay().listener(&web).is_some());
+    assert_eq!(recorder.0.lock().unwrap().restores.len(), 2);
+    assert!(!path.exists());
 }

@@ -14,6 +14,11 @@
 //!   userspace proxier named them) as iptables-restore input.
 //! - [`backend`]: [`UserspaceBackend`], the `--proxy-mode userspace`
 //!   implementation of [`kp_sync::Backend`], and [`cleanup`].
+//! - [`routes_file`]: the relay's routing table, published as a JSON
+//!   file after each sync (by default
+//!   `/run/kube-proxy/userspace-routes-IPv4.json`) for `kube-proxy trace`;
+//!   [`trace`] follows a packet through the portal rules read from the
+//!   kernel and that table.
 //! - [`metrics`]: [`UserspaceMetrics`], connection counts per service
 //!   port for `/metrics`.
 
@@ -28,9 +33,11 @@ pub mod metrics;
 pub mod portal;
 pub mod relay;
 pub mod route;
+pub mod routes_file;
 pub mod sockets;
 pub mod stats;
 pub mod tcp;
+pub mod trace;
 pub mod udp;
 mod workers;
 

@@ -263,6 +263,8 @@ pub enum Live {
     /// The IPVS virtual servers, the ipsets, `kube-ipvs0` and the mode's
     /// iptables rules.
     Ipvs(Box<kp_ipvs::trace::LiveState>),
+    /// The userspace mode's portal rules and its relay's routing file.
+    Userspace(Box<kp_userspace::trace::LiveState>),
 }
 
 impl Live {
@@ -272,6 +274,7 @@ impl Live {
             Self::Iptables(_) => TraceMode::Iptables,
             Self::Nftables(_) => TraceMode::Nftables,
             Self::Ipvs(_) => TraceMode::Ipvs,
+            Self::Userspace(_) => TraceMode::Userspace,
         }
     }
 
@@ -310,10 +313,9 @@ impl Live {
                 kp_ipvs::trace::LiveState::read(family)
                     .map_err(|error| anyhow::anyhow!("{error}"))?,
             ))),
-            TraceMode::Userspace => anyhow::bail!(
-                "the userspace mode's relay is not read by kube-proxy trace yet; \
-                 it reads the iptables, nftables and ipvs modes"
-            ),
+            TraceMode::Userspace => Ok(Self::Userspace(Box::new(
+                kp_userspace::trace::LiveState::read(family)?,
+            ))),
         }
     }
 
@@ -330,6 +332,7 @@ impl Live {
                 trace_nftables(table, connection, local)?,
             ),
             Self::Ipvs(state) => (TraceMode::Ipvs, trace_ipvs(state, connection)?),
+            Self::Userspace(state) => (TraceMode::Userspace, trace_userspace(state, connection)?),
         };
         Ok(Report {
             mode: mode.name(),
@@ -519,6 +522,49 @@ fn trace_ipvs(
     connection: &Connection,
 ) -> anyhow::Result<Vec<Path>> {
     use kp_ipvs::trace::{Packet, PathVerdict};
+    let packet = Packet {
+        src: connection.source,
+        dst: connection.destination.ip(),
+        dport: connection.destination.port(),
+        protocol: connection.protocol,
+        src_local: connection.origin == Origin::ThisNode,
+        in_interface: connection.in_interface.clone(),
+    };
+    let trace = state
+        .trace(&packet)
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(trace
+        .paths
+        .into_iter()
+        .map(|path| Path {
+            probability: path.probability,
+            verdict: match path.verdict {
+                PathVerdict::Accept => "accept",
+                PathVerdict::Drop => "drop",
+                PathVerdict::Reject => "reject",
+            },
+            endpoint: path.destination,
+            masqueraded: path.masqueraded,
+            affinity: path
+                .affinity
+                .into_iter()
+                .map(|affinity| Affinity {
+                    name: affinity.name,
+                    seconds: Some(affinity.timeout_secs),
+                })
+                .collect(),
+            rules: path.matched,
+            elements: path.elements,
+            not_followed: path.not_followed,
+        })
+        .collect())
+}
+
+fn trace_userspace(
+    state: &kp_userspace::trace::LiveState,
+    connection: &Connection,
+) -> anyhow::Result<Vec<Path>> {
+    use kp_userspace::trace::{Packet, PathVerdict};
     let packet = Packet {
         src: connection.source,
         dst: connection.destination.ip(),

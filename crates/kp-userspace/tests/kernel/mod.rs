@@ -11,6 +11,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +100,19 @@ impl<'t> Proxy<'t> {
         family: IpFamily,
         options: RelayOptions,
     ) -> Self {
+        Self::start_publishing(topology, flavor, family, options, None)
+    }
+
+    /// [`Proxy::start_with`], publishing the relay's routing table at
+    /// `routes_file` (nowhere when `None`: the tests do not write to the
+    /// node's `/run/kube-proxy`).
+    pub fn start_publishing(
+        topology: &'t Topology,
+        flavor: IptablesFlavor,
+        family: IpFamily,
+        options: RelayOptions,
+        routes_file: Option<PathBuf>,
+    ) -> Self {
         // Built on a thread of the node namespace, the runtime's worker
         // threads are born there too.
         let runtime = topology.node().run(|| {
@@ -110,7 +124,8 @@ impl<'t> Proxy<'t> {
         });
         let applier = Box::new(SystemApplier::new(flavor));
         let backend = UserspaceBackend::new(runtime.handle().clone(), family, options, applier)
-            .with_jump_check(JumpCheck::for_flavor(flavor));
+            .with_jump_check(JumpCheck::for_flavor(flavor))
+            .with_routes_file(routes_file);
         let config = ProxierConfig {
             family,
             node: NodeInfo {
