@@ -74,6 +74,13 @@ pub enum Expected {
     NoLocalEndpoint,
 }
 
+impl Expected {
+    /// The connection reaches no endpoint.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, Self::Endpoints { .. })
+    }
+}
+
 impl fmt::Display for Expected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

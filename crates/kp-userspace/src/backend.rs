@@ -369,8 +369,17 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 /// `--cleanup`: deletes the portal jumps and chains of `family` through
-/// `applier`. Running it twice is harmless.
+/// `applier`, and the relay's routing file of this network namespace.
+/// Running it twice is harmless.
 pub fn cleanup(applier: &mut dyn Applier, family: IpFamily) -> Result<usize, UserspaceError> {
+    let routes = routes_file::default_path(family);
+    match std::fs::remove_file(&routes) {
+        Ok(()) => tracing::info!(path = %routes.display(), "Removed the relay's routing file"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(path = %routes.display(), %error, "Cannot remove the relay's routing file")
+        }
+    }
     let error = |source| UserspaceError::Cleanup { family, source };
     let mut removed = 0;
     for jump in &PORTAL_JUMPS {

@@ -6,8 +6,11 @@
 //! The backend writes the file after every sync (a temporary file in the
 //! same directory, then `rename(2)`, so a reader sees the old or the new
 //! table whole), by default at [`default_path`]:
-//! `/run/kube-proxy/userspace-routes-IPv4.json` and
-//! `…-IPv6.json`. When the directory cannot be created or the file
+//! `/run/kube-proxy/userspace-routes-IPv4-4026531840.json` and
+//! `…-IPv6-….json`, the number being the network namespace's inode, so
+//! proxies in different network namespaces of one host (tests, or a node
+//! running more than one) never share a file, and `kube-proxy trace` run
+//! in the proxy's namespace finds the proxy's. When the directory cannot be created or the file
 //! written, the backend logs it once and carries on: the file is a view
 //! for tools, the relay does not depend on it.
 //!
@@ -144,10 +147,27 @@ pub enum RoutesFileError {
     },
 }
 
-/// The routing file of `family` in [`DEFAULT_ROUTES_DIR`]:
-/// `/run/kube-proxy/userspace-routes-IPv4.json`.
+/// The routing file of `family` for the network namespace of the calling
+/// thread, in [`DEFAULT_ROUTES_DIR`]:
+/// `/run/kube-proxy/userspace-routes-IPv4-4026531840.json` (without the
+/// number when the namespace cannot be read).
 pub fn default_path(family: IpFamily) -> PathBuf {
-    Path::new(DEFAULT_ROUTES_DIR).join(file_name(family))
+    let name = match network_namespace_id() {
+        Some(id) => format!("userspace-routes-{}-{id}.json", family.as_api_str()),
+        None => file_name(family),
+    };
+    Path::new(DEFAULT_ROUTES_DIR).join(name)
+}
+
+/// The inode of the calling thread's network namespace
+/// (`/proc/thread-self/ns/net` links to `net:[INODE]`).
+fn network_namespace_id() -> Option<u64> {
+    let link = std::fs::read_link("/proc/thread-self/ns/net").ok()?;
+    link.to_str()?
+        .strip_prefix("net:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// `userspace-routes-IPv4.json`.

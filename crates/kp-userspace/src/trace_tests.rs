@@ -313,9 +313,17 @@ fn the_routing_file_reads_back_what_was_written() {
         !path.with_extension("json.tmp").exists(),
         "the temporary file was renamed"
     );
+    let namespace = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+    let inode = namespace
+        .to_str()
+        .unwrap()
+        .trim_start_matches("net:[")
+        .trim_end_matches(']');
     assert_eq!(
         routes_file::default_path(IpFamily::V6),
-        std::path::Path::new("/run/kube-proxy/userspace-routes-IPv6.json")
+        std::path::Path::new(&format!(
+            "/run/kube-proxy/userspace-routes-IPv6-{inode}.json"
+        ))
     );
 }
 

@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
-use kp_model::{IpFamily, NodeInfo, ServicePortName};
+use kp_model::{IpFamily, NodeInfo, Protocol, ServicePortName};
 use kp_sync::expect::{self, Expected, Probe};
 use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest};
 
@@ -181,6 +181,21 @@ pub fn check_probe(probe: &Probe, live: &Live, local: &[IpAddr]) -> anyhow::Resu
         in_interface: None,
     };
     let report = live.trace(&connection, local)?;
+    if live.mode() == TraceMode::Userspace && probe.protocol == Protocol::Sctp {
+        // The relay serves TCP and UDP (as upstream's userspace mode did):
+        // an SCTP service port gets no portal, so nothing handles it.
+        return Ok((report.outcome != Outcome::NotAService).then(|| describe(&report.outcome)));
+    }
+    if live.mode() == TraceMode::Userspace && probe.expected.is_refusal() {
+        // The relay refuses every TCP connection it cannot serve with a
+        // reset and drops every such UDP datagram, whatever the reason:
+        // it cannot answer with the ICMP error a kernel rule sends.
+        let refused = match probe.protocol {
+            Protocol::Tcp => Outcome::Reject,
+            _ => Outcome::Drop,
+        };
+        return Ok((report.outcome != refused).then(|| describe(&report.outcome)));
+    }
     Ok(differs(live.mode(), &probe.expected, &report.outcome))
 }
 
@@ -198,16 +213,20 @@ fn differs(mode: TraceMode, expected: &Expected, outcome: &Outcome) -> Option<St
             },
         ) => {
             let found: BTreeSet<SocketAddr> = found.iter().map(|share| share.endpoint).collect();
+            // The userspace relay dials every endpoint from the node: no
+            // client address survives it, whatever the policy (as in
+            // upstream's userspace mode).
             &found == endpoints
                 && match masquerade {
+                    _ if mode == TraceMode::Userspace => true,
                     Some(true) => *masqueraded == "all",
                     Some(false) => *masqueraded == "none",
                     None => true,
                 }
         }
         (Expected::Reject, Outcome::Reject) | (Expected::Drop, Outcome::Drop) => true,
-        (Expected::NoLocalEndpoint, Outcome::Drop) => mode != TraceMode::Ipvs,
         (Expected::NoLocalEndpoint, Outcome::Reject) => mode == TraceMode::Ipvs,
+        (Expected::NoLocalEndpoint, Outcome::Drop) => mode != TraceMode::Ipvs,
         _ => false,
     };
     (!same).then(|| describe(outcome))
@@ -295,5 +314,20 @@ mod tests {
         };
         assert!(ipvs(&Outcome::Reject).is_none());
         assert!(ipvs(&Outcome::Drop).is_some());
+        assert!(super::differs(TraceMode::Ipvs, &Expected::Drop, &Outcome::Reject).is_some());
+        // The userspace relay keeps no client address.
+        let userspace = |expected: &Expected, outcome: &Outcome| {
+            super::differs(TraceMode::Userspace, expected, outcome)
+        };
+        let local = Expected::Endpoints {
+            endpoints: ["10.244.1.2:80".parse().unwrap()].into_iter().collect(),
+            masquerade: Some(false),
+        };
+        let relayed = Outcome::Dnat {
+            endpoints: vec![share("10.244.1.2:80")],
+            masqueraded: "all",
+        };
+        assert!(userspace(&local, &relayed).is_none());
+        assert!(differs(&local, &relayed).is_some());
     }
 }

@@ -402,9 +402,16 @@ fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
     {
         return Ok(TraceMode::Nftables);
     }
-    let ruleset = kp_iptables::tracer::Ruleset::from_live(IptablesFlavor::detect(), family)?;
-    let chains = ruleset.chains(Table::Nat);
-    let has = |name: &str| chains.contains(&name);
+    // The chains each iptables-based mode alone declares, from the nat
+    // table's listing (not parsed as rules: the tracer of one mode does not
+    // read another's).
+    let nat = kp_iptables::SystemApplier::new(IptablesFlavor::detect())
+        .save_text(family, Table::Nat)
+        .map_err(|error| anyhow::anyhow!("listing the nat table: {error}"))?;
+    let has = |name: &str| {
+        nat.lines()
+            .any(|line| line.strip_prefix(':').and_then(|l| l.split(' ').next()) == Some(name))
+    };
     if has("KUBE-PORTALS-CONTAINER") {
         return Ok(TraceMode::Userspace);
     }

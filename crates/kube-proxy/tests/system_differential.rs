@@ -351,6 +351,11 @@ fn iptables_nft_agrees_with_the_model() {
 }
 
 #[test]
+fn userspace_agrees_with_the_model() {
+    every_case_agrees("userspace", Some("legacy"));
+}
+
+#[test]
 fn nftables_agrees_with_the_model() {
     every_case_agrees("nftables", None);
 }

@@ -548,3 +548,78 @@ fn the_state_check_worker_names_what_the_kernel_misses() {
     let found: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
 }
+
+/// The userspace mode: `trace` finds the portal rule and the relay's
+/// routing table (its mode found without `--proxy-mode`), `check` agrees
+/// with the model, the running proxy's own check too, and a portal rule
+/// deleted behind the proxy's back is named alone.
+#[test]
+fn trace_and_check_read_the_userspace_relay() {
+    let mut node = node("userspace", Some("legacy"));
+    let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"]);
+    assert_eq!(report["mode"], "userspace", "{report:#}");
+    let web = shares(&report);
+    assert_eq!(
+        web.keys().collect::<Vec<_>>(),
+        ["10.244.1.2:8080", "10.244.1.3:8080", "10.244.2.2:8080"],
+        "{report:#}"
+    );
+    assert!(
+        web.values().all(|p| (p - 1.0 / 3.0).abs() < 1e-6),
+        "{report:#}"
+    );
+    let report = node.report(&["--to", "10.96.0.17:80"]);
+    assert_eq!(report["outcome"]["kind"], "reject", "{report:#}");
+
+    let mut metrics = String::new();
+    let checked = wait_until(Duration::from_secs(20), || {
+        metrics = node
+            .ns
+            .run(|| kp_testkit::http::get(("127.0.0.1", 10249), "/metrics"))
+            .map(|reply| reply.body)
+            .unwrap_or_default();
+        metrics.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0")
+    });
+    assert!(checked, "no state check reported:\n{metrics}");
+
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("IPv4: 18 connections to 11 service ports checked against the userspace rules: 0 different"),
+        "{stdout}"
+    );
+
+    node.stop_proxy();
+    let listing = node.ns.exec_ok(
+        "iptables-legacy",
+        &[
+            "-t",
+            "nat",
+            "-L",
+            "KUBE-PORTALS-CONTAINER",
+            "-n",
+            "--line-numbers",
+        ],
+    );
+    let number = listing
+        .lines()
+        .find(|line| line.contains("10.96.0.10") && line.contains("dpt:80"))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no portal rule of demo/web:\n{listing}"))
+        .to_owned();
+    node.ns.exec_ok(
+        "iptables-legacy",
+        &["-t", "nat", "-D", "KUBE-PORTALS-CONTAINER", &number],
+    );
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let different: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("DIFFERENT"))
+        .collect();
+    assert_eq!(different.len(), 1, "{stdout}");
+    assert!(
+        different[0].starts_with("DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"),
+        "{stdout}"
+    );
+}
