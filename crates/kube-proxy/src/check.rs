@@ -20,7 +20,7 @@ use kp_model::{IpFamily, NodeInfo, Protocol, ServicePortName};
 use kp_sync::expect::{self, Expected, Probe};
 use kp_sync::{Backend, BackendError, ServicePortState, SyncOutcome, SyncRequest};
 
-use crate::trace::{Connection, Live, Origin, Outcome, TraceMode};
+use crate::trace::{Connection, Live, Masquerade, Origin, Outcome, TraceMode};
 
 /// What one sync handed the backend: every service port and the node.
 pub type Recorded = (BTreeMap<ServicePortName, ServicePortState>, NodeInfo);
@@ -129,13 +129,32 @@ pub fn main(args: &[OsString]) -> ExitCode {
     }
 }
 
-/// The connections to check for one family's recorded state.
+/// The connections to check for one family's recorded state. An address
+/// and port that several Services claim (the API lets two Services list
+/// one external IP) is left out: the kernel sends it to whichever rule
+/// comes first, and no Service's expectation holds for it alone.
 pub fn family_probes(family: IpFamily, recorded: &Recorded) -> Vec<Probe> {
     let (service_ports, node) = recorded;
     let node_ips: Vec<IpAddr> = node.addresses_of(family).collect();
-    service_ports
+    let probes: Vec<Probe> = service_ports
         .iter()
         .flat_map(|(name, state)| expect::probes(name, state, family, &node_ips))
+        .collect();
+    let mut claims: BTreeMap<(SocketAddr, Protocol), BTreeSet<&ServicePortName>> = BTreeMap::new();
+    for probe in &probes {
+        claims
+            .entry((probe.destination, probe.protocol))
+            .or_default()
+            .insert(&probe.service);
+    }
+    let shared: BTreeSet<(SocketAddr, Protocol)> = claims
+        .into_iter()
+        .filter(|(_, services)| services.len() > 1)
+        .map(|(frontend, _)| frontend)
+        .collect();
+    probes
+        .into_iter()
+        .filter(|probe| !shared.contains(&(probe.destination, probe.protocol)))
         .collect()
 }
 
@@ -219,8 +238,8 @@ fn differs(mode: TraceMode, expected: &Expected, outcome: &Outcome) -> Option<St
             &found == endpoints
                 && match masquerade {
                     _ if mode == TraceMode::Userspace => true,
-                    Some(true) => *masqueraded == "all",
-                    Some(false) => *masqueraded == "none",
+                    Some(true) => *masqueraded == Masquerade::All,
+                    Some(false) => *masqueraded == Masquerade::None,
                     None => true,
                 }
         }
@@ -240,8 +259,9 @@ fn describe(outcome: &Outcome) -> String {
         } => {
             let list: Vec<String> = endpoints.iter().map(|s| s.endpoint.to_string()).collect();
             format!(
-                "DNAT to one of {{{}}}, masqueraded on {masqueraded} paths",
-                list.join(", ")
+                "DNAT to one of {{{}}}, masqueraded on {} paths",
+                list.join(", "),
+                masqueraded.as_str()
             )
         }
         Outcome::Reject => "rejected".to_owned(),
@@ -276,6 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn an_address_two_services_claim_is_not_checked() {
+        use kp_sync::testing::service;
+        let mut ports = BTreeMap::new();
+        for builder in [
+            service("ns", "a", "10.96.0.10", 80)
+                .external_ip("203.0.113.5")
+                .endpoint("10.244.1.2", 8080, true),
+            service("ns", "b", "10.96.0.11", 80)
+                .external_ip("203.0.113.5")
+                .endpoint("10.244.1.3", 8080, true),
+        ] {
+            let (name, state) = builder.build();
+            ports.insert(name, state);
+        }
+        let probes = family_probes(IpFamily::V4, &(ports, NodeInfo::default()));
+        let destinations: Vec<String> = probes.iter().map(|p| p.destination.to_string()).collect();
+        assert_eq!(destinations, ["10.96.0.10:80", "10.96.0.11:80"]);
+    }
+
+    #[test]
     fn endpoints_and_masquerade_must_both_match() {
         let expected = Expected::Endpoints {
             endpoints: ["10.244.1.2:80", "10.244.2.2:80"]
@@ -291,11 +331,11 @@ mod tests {
         let differs = |expected: &Expected, outcome: &Outcome| {
             differs(TraceMode::Iptables, expected, outcome)
         };
-        assert_eq!(differs(&expected, &found("all")), None);
-        assert!(differs(&expected, &found("some")).is_some());
+        assert_eq!(differs(&expected, &found(Masquerade::All)), None);
+        assert!(differs(&expected, &found(Masquerade::Some)).is_some());
         let one = Outcome::Dnat {
             endpoints: vec![share("10.244.1.2:80")],
-            masqueraded: "all",
+            masqueraded: Masquerade::All,
         };
         let text = differs(&expected, &one).unwrap();
         assert!(text.contains("{10.244.1.2:80}"), "{text}");
@@ -325,7 +365,7 @@ mod tests {
         };
         let relayed = Outcome::Dnat {
             endpoints: vec![share("10.244.1.2:80")],
-            masqueraded: "all",
+            masqueraded: Masquerade::All,
         };
         assert!(userspace(&local, &relayed).is_none());
         assert!(differs(&local, &relayed).is_some());

@@ -128,8 +128,8 @@ pub struct Report {
 struct Path {
     /// The chance a new connection takes this path.
     probability: f64,
-    /// `accept`, `drop` or `reject`.
-    verdict: &'static str,
+    /// How it ends.
+    verdict: Verdict,
     /// The endpoint it is DNATed to.
     endpoint: Option<SocketAddr>,
     /// Its source is rewritten to the node's address on the way out.
@@ -154,6 +154,41 @@ struct Affinity {
     seconds: Option<u32>,
 }
 
+/// How a path ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Let through (DNATed or not).
+    Accept,
+    /// Silently dropped.
+    Drop,
+    /// Refused (ICMP unreachable, or a TCP reset by the userspace relay).
+    Reject,
+}
+
+/// On how many of a DNAT outcome's paths the source is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Masquerade {
+    /// Every path.
+    All,
+    /// No path.
+    None,
+    /// Some paths.
+    Some,
+}
+
+impl Masquerade {
+    /// As the text report says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::None => "none",
+            Self::Some => "some",
+        }
+    }
+}
+
 /// What happens to the connection, summed over its paths.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -161,8 +196,8 @@ pub enum Outcome {
     /// DNATed to one of these endpoints (with probabilities).
     Dnat {
         endpoints: Vec<Share>,
-        /// `all`, `none` or `some` of the paths are masqueraded.
-        masqueraded: &'static str,
+        /// On how many paths the source is rewritten.
+        masqueraded: Masquerade,
     },
     /// Refused with an ICMP error (no endpoint for this traffic, or a port
     /// of a ClusterIP that is no service port).
@@ -435,7 +470,7 @@ fn trace_iptables(
     connection: &Connection,
     local: &[IpAddr],
 ) -> anyhow::Result<Vec<Path>> {
-    use kp_iptables::tracer::{Packet, Verdict};
+    use kp_iptables::tracer::{Packet, Verdict as Kernel};
     let packet = Packet {
         src: connection.source,
         dst: connection.destination.ip(),
@@ -451,9 +486,9 @@ fn trace_iptables(
         .map(|path| Path {
             probability: path.probability,
             verdict: match path.verdict {
-                Verdict::Accept => "accept",
-                Verdict::Drop => "drop",
-                Verdict::Reject => "reject",
+                Kernel::Accept => Verdict::Accept,
+                Kernel::Drop => Verdict::Drop,
+                Kernel::Reject => Verdict::Reject,
             },
             endpoint: path.destination,
             masqueraded: path.masqueraded,
@@ -509,9 +544,9 @@ fn trace_nftables(
             Path {
                 probability: path.probability,
                 verdict: match path.verdict {
-                    PathVerdict::Accept => "accept",
-                    PathVerdict::Drop => "drop",
-                    PathVerdict::Reject => "reject",
+                    PathVerdict::Accept => Verdict::Accept,
+                    PathVerdict::Drop => Verdict::Drop,
+                    PathVerdict::Reject => Verdict::Reject,
                 },
                 endpoint: path.destination,
                 masqueraded: path.masqueraded,
@@ -546,9 +581,9 @@ fn trace_ipvs(
         .map(|path| Path {
             probability: path.probability,
             verdict: match path.verdict {
-                PathVerdict::Accept => "accept",
-                PathVerdict::Drop => "drop",
-                PathVerdict::Reject => "reject",
+                PathVerdict::Accept => Verdict::Accept,
+                PathVerdict::Drop => Verdict::Drop,
+                PathVerdict::Reject => Verdict::Reject,
             },
             endpoint: path.destination,
             masqueraded: path.masqueraded,
@@ -589,9 +624,9 @@ fn trace_userspace(
         .map(|path| Path {
             probability: path.probability,
             verdict: match path.verdict {
-                PathVerdict::Accept => "accept",
-                PathVerdict::Drop => "drop",
-                PathVerdict::Reject => "reject",
+                PathVerdict::Accept => Verdict::Accept,
+                PathVerdict::Drop => Verdict::Drop,
+                PathVerdict::Reject => Verdict::Reject,
             },
             endpoint: path.destination,
             masqueraded: path.masqueraded,
@@ -613,7 +648,7 @@ fn trace_userspace(
 /// The paths summed up.
 fn outcome(paths: &[Path]) -> Outcome {
     let all = |f: &dyn Fn(&Path) -> bool| !paths.is_empty() && paths.iter().all(f);
-    if all(&|p| p.verdict == "accept" && p.endpoint.is_some()) {
+    if all(&|p| p.verdict == Verdict::Accept && p.endpoint.is_some()) {
         let mut endpoints: Vec<Share> = Vec::new();
         for path in paths {
             // Checked by `all` above: every path has an endpoint.
@@ -630,24 +665,24 @@ fn outcome(paths: &[Path]) -> Outcome {
         }
         endpoints.sort_by_key(|share| share.endpoint);
         let masqueraded = if paths.iter().all(|p| p.masqueraded) {
-            "all"
+            Masquerade::All
         } else if paths.iter().any(|p| p.masqueraded) {
-            "some"
+            Masquerade::Some
         } else {
-            "none"
+            Masquerade::None
         };
         return Outcome::Dnat {
             endpoints,
             masqueraded,
         };
     }
-    if all(&|p| p.verdict == "reject") {
+    if all(&|p| p.verdict == Verdict::Reject) {
         return Outcome::Reject;
     }
-    if all(&|p| p.verdict == "drop") {
+    if all(&|p| p.verdict == Verdict::Drop) {
         return Outcome::Drop;
     }
-    if all(&|p| p.verdict == "accept" && p.endpoint.is_none()) {
+    if all(&|p| p.verdict == Verdict::Accept && p.endpoint.is_none()) {
         return Outcome::NotAService;
     }
     Outcome::Mixed
@@ -672,9 +707,9 @@ fn text(report: &Report) -> String {
     let _ = writeln!(out);
     for (n, path) in report.paths.iter().enumerate() {
         let mut summary = match (path.verdict, path.endpoint) {
-            ("accept", Some(endpoint)) => format!("DNAT to {endpoint}"),
-            ("accept", None) => "accepted, not changed".to_owned(),
-            ("drop", _) => "dropped".to_owned(),
+            (Verdict::Accept, Some(endpoint)) => format!("DNAT to {endpoint}"),
+            (Verdict::Accept, None) => "accepted, not changed".to_owned(),
+            (Verdict::Drop, _) => "dropped".to_owned(),
             (_, _) => "rejected (ICMP unreachable)".to_owned(),
         };
         if path.masqueraded {
@@ -718,9 +753,10 @@ fn text(report: &Report) -> String {
                 .map(|s| format!("{} ({:.1} %)", s.endpoint, s.probability * 100.0))
                 .collect();
             format!(
-                "load-balanced to {} endpoint(s): {}; masqueraded on {masqueraded} paths",
+                "load-balanced to {} endpoint(s): {}; masqueraded on {} paths",
                 endpoints.len(),
-                list.join(", ")
+                list.join(", "),
+                masqueraded.as_str()
             )
         }
         Outcome::Reject => "rejected (ICMP unreachable)".to_owned(),
@@ -753,7 +789,7 @@ mod tests {
         assert!(error.contains("\"icmp\""), "{error}");
     }
 
-    fn path(verdict: &'static str, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
+    fn path(verdict: Verdict, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
         Path {
             probability,
             verdict,
@@ -769,9 +805,9 @@ mod tests {
     #[test]
     fn outcome_sums_the_paths_per_endpoint() {
         let paths = [
-            path("accept", Some("10.244.1.2:80"), 0.25, true),
-            path("accept", Some("10.244.1.3:80"), 0.5, false),
-            path("accept", Some("10.244.1.2:80"), 0.25, true),
+            path(Verdict::Accept, Some("10.244.1.2:80"), 0.25, true),
+            path(Verdict::Accept, Some("10.244.1.3:80"), 0.5, false),
+            path(Verdict::Accept, Some("10.244.1.2:80"), 0.25, true),
         ];
         let Outcome::Dnat {
             endpoints,
@@ -780,23 +816,26 @@ mod tests {
         else {
             panic!("not DNAT");
         };
-        assert_eq!(masqueraded, "some");
+        assert_eq!(masqueraded, Masquerade::Some);
         assert_eq!(endpoints.len(), 2);
         assert_eq!(endpoints[0].endpoint, "10.244.1.2:80".parse().unwrap());
         assert!((endpoints[0].probability - 0.5).abs() < 1e-9);
         assert_eq!(
-            outcome(&[path("reject", None, 1.0, false)]),
+            outcome(&[path(Verdict::Reject, None, 1.0, false)]),
             Outcome::Reject
         );
-        assert_eq!(outcome(&[path("drop", None, 1.0, false)]), Outcome::Drop);
         assert_eq!(
-            outcome(&[path("accept", None, 1.0, false)]),
+            outcome(&[path(Verdict::Drop, None, 1.0, false)]),
+            Outcome::Drop
+        );
+        assert_eq!(
+            outcome(&[path(Verdict::Accept, None, 1.0, false)]),
             Outcome::NotAService
         );
         assert_eq!(
             outcome(&[
-                path("drop", None, 0.5, false),
-                path("accept", Some("10.244.1.2:80"), 0.5, false)
+                path(Verdict::Drop, None, 0.5, false),
+                path(Verdict::Accept, Some("10.244.1.2:80"), 0.5, false)
             ]),
             Outcome::Mixed
         );
