@@ -126,6 +126,31 @@ struct Svc {
 }
 
 const KINDS: [&str; 4] = ["ClusterIP", "ClusterIP", "NodePort", "LoadBalancer"];
+/// Services the proxy programs nothing for: `Headless` is a ClusterIP
+/// Service with `clusterIP: None`.
+const UNPROGRAMMED_KINDS: [&str; 2] = ["Headless", "ExternalName"];
+
+/// Whether Services of `kind` have node ports.
+fn has_node_ports(kind: &str) -> bool {
+    matches!(kind, "NodePort" | "LoadBalancer")
+}
+
+/// Clears what a Service of an unprogrammed kind may not have.
+fn strip_unprogrammed(svc: &mut Svc) {
+    if UNPROGRAMMED_KINDS.contains(&svc.kind) {
+        svc.external_ips.clear();
+        svc.lb_ips.clear();
+        svc.source_ranges.clear();
+        svc.etp_local = false;
+        svc.health_check_node_port = None;
+    }
+    if svc.kind == "ExternalName" {
+        svc.affinity = None;
+        svc.itp_local = false;
+        svc.prefer_close = false;
+        svc.slices.clear();
+    }
+}
 const PROTOCOLS: [&str; 4] = ["TCP", "TCP", "UDP", "SCTP"];
 const ZONES: [&str; 2] = ["zone-a", "zone-b"];
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
@@ -304,11 +329,15 @@ fn generate(rng: &mut Rng, n: u64, node_ports: &mut NodePorts) -> Svc {
         1 => 5 + rng.below(10) as usize,
         _ => 1 + rng.below(3) as usize,
     };
-    let mut kind = rng.pick(&KINDS);
+    let mut kind = if rng.chance(8) {
+        rng.pick(&UNPROGRAMMED_KINDS)
+    } else {
+        rng.pick(&KINDS)
+    };
     if !node_ports.room(port_count + 1) {
         kind = "ClusterIP";
     }
-    let external = kind != "ClusterIP";
+    let external = has_node_ports(kind);
     let families = families(rng);
     let mut seen = BTreeSet::new();
     let mut ports = Vec::new();
@@ -398,6 +427,7 @@ fn generate(rng: &mut Rng, n: u64, node_ports: &mut NodePorts) -> Svc {
             svc.slices.push((family, eps));
         }
     }
+    strip_unprogrammed(&mut svc);
     svc
 }
 
@@ -487,7 +517,7 @@ fn mutate(rng: &mut Rng, base: &Svc, n: u64, node_ports: &mut NodePorts) -> Svc 
         .into_iter()
         .map(|f| external_ip(rng, f, node_ports))
         .collect();
-    let external = svc.kind != "ClusterIP";
+    let external = has_node_ports(svc.kind);
     for p in &mut svc.ports {
         p.node_port = external.then(|| node_ports.take(rng));
     }
@@ -511,37 +541,51 @@ fn mutate(rng: &mut Rng, base: &Svc, n: u64, node_ports: &mut NodePorts) -> Svc 
             }
         }
     }
+    strip_unprogrammed(&mut svc);
     svc
 }
 
 /// The Service and its slices as YAML documents.
 fn render(svc: &Svc, n: u64) -> String {
     let mut out = String::new();
-    let ips: Vec<String> = svc.families.iter().map(|&f| cluster_ip(f, n)).collect();
-    let _ = write!(
-        out,
-        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: \"{}\", name: \"{}\"}}\nspec:\n  type: {}\n\
-         \x20 clusterIP: \"{}\"\n  clusterIPs: [{}]\n  ipFamilies: [{}]\n  ipFamilyPolicy: {}\n",
-        svc.namespace,
-        svc.name,
-        svc.kind,
-        ips[0],
-        ips.iter()
-            .map(|ip| format!("\"{ip}\""))
-            .collect::<Vec<_>>()
-            .join(", "),
-        svc.families
-            .iter()
-            .map(|f| f.name())
-            .collect::<Vec<_>>()
-            .join(", "),
-        if svc.families.len() == 2 {
-            "RequireDualStack"
-        } else {
-            "SingleStack"
-        },
-    );
-    if svc.kind != "ClusterIP" {
+    let ips: Vec<String> = if svc.kind == "Headless" {
+        vec!["None".to_owned()]
+    } else {
+        svc.families.iter().map(|&f| cluster_ip(f, n)).collect()
+    };
+    if svc.kind == "ExternalName" {
+        let _ = write!(
+            out,
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: \"{}\", name: \"{}\"}}\nspec:\n  type: ExternalName\n\
+             \x20 externalName: db.example.com\n",
+            svc.namespace, svc.name,
+        );
+    } else {
+        let _ = write!(
+            out,
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: \"{}\", name: \"{}\"}}\nspec:\n  type: {}\n\
+             \x20 clusterIP: \"{}\"\n  clusterIPs: [{}]\n  ipFamilies: [{}]\n  ipFamilyPolicy: {}\n",
+            svc.namespace,
+            svc.name,
+            if svc.kind == "Headless" { "ClusterIP" } else { svc.kind },
+            ips[0],
+            ips.iter()
+                .map(|ip| format!("\"{ip}\""))
+                .collect::<Vec<_>>()
+                .join(", "),
+            svc.families
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if svc.families.len() == 2 {
+                "RequireDualStack"
+            } else {
+                "SingleStack"
+            },
+        );
+    }
+    if has_node_ports(svc.kind) {
         let _ = writeln!(
             out,
             "  externalTrafficPolicy: {}",
@@ -594,6 +638,12 @@ fn render(svc: &Svc, n: u64) -> String {
         out.push_str("status:\n  loadBalancer:\n    ingress:\n");
         for ip in &svc.lb_ips {
             let _ = writeln!(out, "      - ip: \"{ip}\"");
+            // Either ipMode, or none (VIP).
+            match n % 3 {
+                0 => out.push_str("        ipMode: Proxy\n"),
+                1 => out.push_str("        ipMode: VIP\n"),
+                _ => {}
+            }
         }
     }
     for (s, (family, eps)) in svc.slices.iter().enumerate() {
@@ -994,6 +1044,10 @@ fn the_generator_reaches_the_limits() {
         "type: ClusterIP",
         "type: NodePort",
         "type: LoadBalancer",
+        "type: ExternalName",
+        "clusterIP: \"None\"",
+        "ipMode: Proxy",
+        "ipMode: VIP",
         "externalTrafficPolicy: Local",
         "internalTrafficPolicy: Local",
         "trafficDistribution: PreferClose",
