@@ -1549,3 +1549,141 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
         "{trace}"
     );
 }
+
+/// The binary's flags for the IPVS mode on the manifests in `dir`.
+fn differential_flags(dir: &Path) -> Vec<String> {
+    [
+        "--manifests",
+        dir.to_str().unwrap(),
+        "--hostname-override",
+        "node-1",
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00:10:244::/48",
+        "--proxy-mode",
+        "ipvs",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The seeds of the differential test: `KP_IPVS_TEST_DIFFERENTIAL_SEED`
+/// (default 1) and the `KP_IPVS_TEST_DIFFERENTIAL_CASES` after it
+/// (default 3: the emulated guest is slow).
+fn differential_seeds() -> std::ops::Range<u64> {
+    let number = |name: &str, default: u64| {
+        std::env::var(name).map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+        })
+    };
+    let first = number("KP_IPVS_TEST_DIFFERENTIAL_SEED", 1);
+    first..first + number("KP_IPVS_TEST_DIFFERENTIAL_CASES", 3)
+}
+
+/// Programs the random cluster of `seed` (`kp_testkit::clusters`, both
+/// families) with the binary in IPVS mode in a fresh node namespace and
+/// runs `kube-proxy check` with the same flags: `Ok` with check's output
+/// when the kernel does for every connection of both families what the
+/// model says, else `Err` with check's output, the proxy's log and the
+/// cluster.
+fn check_ipvs_cluster(binary: &str, seed: u64) -> Result<String, String> {
+    use kp_testkit::netns::NsChild;
+    use std::fs;
+    let ns = Netns::create("ipvsdiff").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+    ])
+    .unwrap();
+    ns.ip(&["addr", "add", "192.168.99.2/24", "dev", "eth0"])
+        .unwrap();
+    ns.ip(&[
+        "addr",
+        "add",
+        "fd00:192:168:99::2/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ])
+    .unwrap();
+    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
+    ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    fs::create_dir_all(&manifests).unwrap();
+    let cluster = kp_testkit::clusters::random_manifests(seed);
+    fs::write(manifests.join("cluster.yaml"), &cluster).unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let mut command = ns.command(binary);
+    command
+        .args(differential_flags(&manifests))
+        .args(["--metrics-bind-address", "127.0.0.1:10249"])
+        .args(["--healthz-bind-address", "127.0.0.1:10256"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log_path).unwrap());
+    let _proxy = NsChild::spawn(&mut command).unwrap();
+    let log = || fs::read_to_string(&log_path).unwrap_or_default();
+    let healthy = wait_until(Duration::from_secs(60), || {
+        ns.run(|| kp_testkit::http::get(("127.0.0.1", 10256), "/healthz"))
+            .is_ok_and(|reply| reply.code == 200)
+    });
+    if !healthy {
+        return Err(format!("the proxy never became healthy:\n{}", log()));
+    }
+    // Each family syncs on its own; give the second its first sync.
+    let mut last = String::new();
+    let agreed = wait_until(Duration::from_secs(20), || {
+        let output = ns
+            .command(binary)
+            .arg("check")
+            .args(differential_flags(&manifests))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        last = format!(
+            "exit {:?}\n{stdout}{}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let checked = |family: &str| {
+            stdout
+                .lines()
+                .any(|l| l.starts_with(family) && !l.contains(": 0 connections"))
+        };
+        output.status.code() == Some(0) && checked("IPv4:") && checked("IPv6:")
+    });
+    if agreed {
+        Ok(last)
+    } else {
+        Err(format!(
+            "{last}\nthe proxy's log:\n{}\nthe cluster:\n{cluster}",
+            log()
+        ))
+    }
+}
+
+/// The differential test of the IPVS mode: random clusters of both
+/// families (Services of every type and policy, endpoints in every state;
+/// the generator of the iptables and nftables modes' differential test)
+/// programmed by the binary in IPVS mode, and `kube-proxy check` with the
+/// same flags traces every Service address of both families through the
+/// kernel's live IPVS table, ipsets and iptables rules and finds each
+/// doing what the model (`kp_sync::expect`) says.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_random_clusters_of_both_families_agree_with_the_model() {
+    require_ipvs();
+    let binary = std::env::var(BINARY_VARIABLE).unwrap_or_else(|_| {
+        panic!("{BINARY_VARIABLE} does not name the kube-proxy binary: {NEEDS_IPVS}")
+    });
+    for seed in differential_seeds() {
+        match check_ipvs_cluster(&binary, seed) {
+            Ok(output) => println!("seed {seed}: {output}"),
+            Err(report) => panic!(
+                "seed {seed} (KP_IPVS_TEST_DIFFERENTIAL_SEED={seed} KP_IPVS_TEST_DIFFERENTIAL_CASES=1 \
+                 scripts/ipvs-vm/run vm_random_clusters): the IPVS mode differs from the model:\n{report}"
+            ),
+        }
+    }
+}

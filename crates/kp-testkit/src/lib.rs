@@ -6,6 +6,8 @@
 //! - [`netns`]: the network-namespace harness of kernel and system tests:
 //!   a node, pods with echo servers and outside clients, several nodes on
 //!   a fabric, and probes.
+//! - [`clusters`]: random clusters as manifests, a seed naming each, for
+//!   the differential tests of the modes against the model.
 //! - [`files`]: manifest files for `--manifests`; [`http`]: a plain `GET`.
 //! - [`golden`]: comparison with golden files, which no test can rewrite.
 //! - [`upstream`]: names upstream kube-proxy shows operators (metrics).
@@ -15,6 +17,7 @@
 
 pub mod apiserver;
 pub mod builders;
+pub mod clusters;
 pub mod files;
 pub mod golden;
 pub mod http;
