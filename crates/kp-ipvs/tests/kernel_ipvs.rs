@@ -1353,6 +1353,9 @@ fn trace_difference(live: &kp_ipvs::trace::LiveState, probe: &Probe) -> Option<S
         // The empty virtual server answers ICMP port unreachable, as
         // upstream's IPVS mode does.
         Expected::NoLocalEndpoint => trace.always(PathVerdict::Reject),
+        // The source-range sets hold the load balancer IP with or without
+        // endpoints: the client outside them is dropped first.
+        Expected::RejectUnlessFiltered => trace.always(PathVerdict::Drop),
     };
     (!same).then(|| {
         format!(

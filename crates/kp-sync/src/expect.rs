@@ -66,6 +66,12 @@ pub enum Expected {
     Reject,
     /// Dropped: a source range refuses the client.
     Drop,
+    /// Refused: no endpoint anywhere, to a client outside the load balancer
+    /// IP's source ranges: rejected by the iptables and nftables modes
+    /// (which filter only a Service with endpoints, as upstream's), dropped
+    /// by the IPVS mode (whose source-range sets hold every load balancer
+    /// IP, as upstream's).
+    RejectUnlessFiltered,
     /// Refused because a Local policy leaves no endpoint on this node while
     /// endpoints exist elsewhere: dropped by the iptables and nftables modes
     /// (so a load balancer's health check moves the traffic), answered with
@@ -99,6 +105,9 @@ impl fmt::Display for Expected {
             Self::Reject => f.write_str("rejected"),
             Self::Drop => f.write_str("dropped"),
             Self::NoLocalEndpoint => f.write_str("refused (no local endpoint)"),
+            Self::RejectUnlessFiltered => {
+                f.write_str("refused (no endpoint; outside the source ranges)")
+            }
         }
     }
 }
@@ -232,7 +241,12 @@ pub fn probes(
         .filter(|ip| IpFamily::of(ip) == family)
     {
         let destination = SocketAddr::new(*ip, port.port);
-        if !filtered {
+        // Source ranges without any endpoint: the iptables and nftables
+        // modes have no firewall then (upstream's `KUBE-FW-` exists only
+        // with endpoints) and reject every client; the IPVS mode filters
+        // first and drops a client outside the ranges.
+        let unfiltered_ranges = !filtered && !plan.has_endpoints && !ranges.is_empty();
+        if !filtered && !unfiltered_ranges {
             probes.push(probe(
                 Frontend::LoadBalancerIp,
                 destination,
@@ -252,11 +266,16 @@ pub fn probes(
             ));
         }
         if !ranges.iter().any(|range| range.contains(&outside)) {
+            let refused = if unfiltered_ranges {
+                Expected::RejectUnlessFiltered
+            } else {
+                Expected::Drop
+            };
             probes.push(probe(
                 Frontend::LoadBalancerIp,
                 destination,
                 outside,
-                &Expected::Drop,
+                &refused,
             ));
         }
     }

@@ -244,7 +244,10 @@ fn differs(mode: TraceMode, expected: &Expected, outcome: &Outcome) -> Option<St
                 }
         }
         (Expected::Reject, Outcome::Reject) | (Expected::Drop, Outcome::Drop) => true,
-        (Expected::NoLocalEndpoint, Outcome::Reject) => mode == TraceMode::Ipvs,
+        (Expected::NoLocalEndpoint | Expected::RejectUnlessFiltered, Outcome::Reject) => {
+            (*expected == Expected::RejectUnlessFiltered) != (mode == TraceMode::Ipvs)
+        }
+        (Expected::RejectUnlessFiltered, Outcome::Drop) => mode == TraceMode::Ipvs,
         (Expected::NoLocalEndpoint, Outcome::Drop) => mode != TraceMode::Ipvs,
         _ => false,
     };
@@ -355,6 +358,13 @@ mod tests {
         assert!(ipvs(&Outcome::Reject).is_none());
         assert!(ipvs(&Outcome::Drop).is_some());
         assert!(super::differs(TraceMode::Ipvs, &Expected::Drop, &Outcome::Reject).is_some());
+        // No endpoint, a client outside the source ranges: rejected, but
+        // dropped by the IPVS mode, which filters first.
+        let outside = Expected::RejectUnlessFiltered;
+        assert!(differs(&outside, &Outcome::Reject).is_none());
+        assert!(differs(&outside, &Outcome::Drop).is_some());
+        assert!(super::differs(TraceMode::Ipvs, &outside, &Outcome::Drop).is_none());
+        assert!(super::differs(TraceMode::Ipvs, &outside, &Outcome::Reject).is_some());
         // The userspace relay keeps no client address.
         let userspace = |expected: &Expected, outcome: &Outcome| {
             super::differs(TraceMode::Userspace, expected, outcome)

@@ -228,6 +228,7 @@ enum WireExpected {
     Reject,
     Drop,
     NoLocalEndpoint,
+    RejectUnlessFiltered,
 }
 
 /// One difference as the worker writes it: the probe's position and what
@@ -266,6 +267,7 @@ impl From<&Probe> for WireProbe {
                 Expected::Reject => WireExpected::Reject,
                 Expected::Drop => WireExpected::Drop,
                 Expected::NoLocalEndpoint => WireExpected::NoLocalEndpoint,
+                Expected::RejectUnlessFiltered => WireExpected::RejectUnlessFiltered,
             },
         }
     }
@@ -302,6 +304,7 @@ impl TryFrom<WireProbe> for Probe {
                 WireExpected::Reject => Expected::Reject,
                 WireExpected::Drop => Expected::Drop,
                 WireExpected::NoLocalEndpoint => Expected::NoLocalEndpoint,
+                WireExpected::RejectUnlessFiltered => Expected::RejectUnlessFiltered,
             },
         })
     }
