@@ -710,6 +710,9 @@ fn text(report: &Report) -> String {
             (Verdict::Accept, Some(endpoint)) => format!("DNAT to {endpoint}"),
             (Verdict::Accept, None) => "accepted, not changed".to_owned(),
             (Verdict::Drop, _) => "dropped".to_owned(),
+            (_, _) if report.mode == "userspace" => {
+                "rejected (the relay resets the connection)".to_owned()
+            }
             (_, _) => "rejected (ICMP unreachable)".to_owned(),
         };
         if path.masqueraded {
@@ -759,7 +762,7 @@ fn text(report: &Report) -> String {
                 masqueraded.as_str()
             )
         }
-        Outcome::Reject => "rejected (ICMP unreachable)".to_owned(),
+        Outcome::Reject => "rejected".to_owned(),
         Outcome::Drop => "dropped".to_owned(),
         Outcome::NotAService => {
             "not a Service address and port handled by the proxy here".to_owned()

@@ -247,6 +247,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        remove_run_files(&self.path());
         if let Err(error) = run_ip(&["netns", "del", &self.name], None) {
             tracing::warn!(namespace = %self.name, error = %error_chain(&error), "deleting network namespace failed");
         }
@@ -284,6 +285,25 @@ impl Drop for NsChild {
         // Already exited is fine: kill then fails and wait reaps it.
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Where a userspace-mode proxy publishes its routing table, one file per
+/// family and network namespace (`userspace-routes-IPv4-<inode>.json`, see
+/// kp-userspace's `routes_file`).
+const ROUTES_DIR: &str = "/run/kube-proxy";
+
+/// Removes the files a proxy in the namespace at `path` left in the host's
+/// run directory (a test's proxy is killed, so it never removes them).
+fn remove_run_files(path: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inode) = std::fs::metadata(path).map(|m| m.ino()) else {
+        return;
+    };
+    for family in ["IPv4", "IPv6"] {
+        let file = format!("{ROUTES_DIR}/userspace-routes-{family}-{inode}.json");
+        // Absent is the common case; nothing else can be done on failure.
+        let _ = std::fs::remove_file(file);
     }
 }
 

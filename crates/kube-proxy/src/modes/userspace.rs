@@ -24,7 +24,8 @@ pub fn backend(
     let options = relay_options(config)?;
     let backend = if dry_run {
         let applier = Box::new(DryRunApplier::new(Box::new(std::io::stdout())));
-        UserspaceBackend::new(handle, family, options, applier)
+        // A dry run changes nothing: no routing file either.
+        UserspaceBackend::new(handle, family, options, applier).with_routes_file(None)
     } else {
         let flavor = IptablesFlavor::detect();
         let applier = Box::new(SystemApplier::new(flavor));
