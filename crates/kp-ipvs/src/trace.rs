@@ -18,9 +18,13 @@
 //! iptables rules are followed by kp-iptables' tracer, which fails on a
 //! rule of our `KUBE-*` chains it does not understand; a virtual server
 //! whose settings this module does not model is an error naming it.
+//!
+//! A path's steps ([`PathOutcome::matched`]) are the iptables rules as
+//! `table/CHAIN rule`, the virtual server as `ipvs: TCP 10.96.0.10:80 rr`
+//! and the real server as `ipvs: real server 10.244.1.2:80 weight 1 of 2`;
+//! persistence is the path's [`Affinity`], named by its virtual server.
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
@@ -70,76 +74,7 @@ pub enum ReadError {
     Rules(#[source] ipt::TraceError),
 }
 
-/// The first packet of a new connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Packet {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// Destination port.
-    pub dport: u16,
-    /// Transport protocol.
-    pub protocol: Protocol,
-    /// Sent by a process of this node (nat OUTPUT, IPVS at LOCAL_OUT)
-    /// rather than received.
-    pub src_local: bool,
-    /// The interface a received packet arrived on.
-    pub in_interface: Option<String>,
-}
-
-/// How a path ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PathVerdict {
-    /// Delivered (to a real server, or to the node).
-    Accept,
-    /// Silently dropped.
-    Drop,
-    /// Refused with an ICMP error.
-    Reject,
-}
-
-/// IPVS persistence (session affinity) on a path: a later connection of
-/// the same client within the timeout goes to the same real server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Affinity {
-    /// The virtual server (`TCP 10.96.0.13:80`), or for an iptables
-    /// `-m recent` rule of other software, its list.
-    pub name: String,
-    /// The timeout in seconds (0: the rule gives none).
-    pub timeout_secs: u32,
-}
-
-/// One path the packet can take.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PathOutcome {
-    /// The real server IPVS sent it to (or where an iptables DNAT did).
-    pub destination: Option<SocketAddr>,
-    /// How it ends.
-    pub verdict: PathVerdict,
-    /// nat POSTROUTING masquerades it.
-    pub masqueraded: bool,
-    /// The chance a new connection takes this path.
-    pub probability: f64,
-    /// What it passed, in order: iptables rules as `table/CHAIN rule`, the
-    /// virtual server as `ipvs: TCP 10.96.0.10:80 rr` and the real server
-    /// as `ipvs: real server 10.244.1.2:80 weight 1 of 2`.
-    pub matched: Vec<String>,
-    /// The ipset members the matched rules found, as `SET: member`.
-    pub elements: Vec<String>,
-    /// IPVS persistence on the path.
-    pub affinity: Vec<Affinity>,
-    /// Rules of other software the iptables tracer could not decide and
-    /// that cannot change the path.
-    pub not_followed: Vec<String>,
-}
-
-/// Every path of one packet.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trace {
-    /// The paths.
-    pub paths: Vec<PathOutcome>,
-}
+pub use kp_sync::trace::{Affinity, Packet, PathOutcome, PathVerdict, Trace};
 
 /// Why a packet could not be traced.
 #[derive(Debug, thiserror::Error)]
@@ -676,54 +611,6 @@ fn member_matches(entry: &SetEntry, flags: &[&str], view: &View) -> bool {
                 && address(2).is_some_and(|other| net.contains(&other))
         }
         SetEntry::Port(p) => port(0) == Some(*p),
-    }
-}
-
-impl Trace {
-    /// The real servers of the accepted paths.
-    pub fn destinations(&self) -> BTreeSet<SocketAddr> {
-        self.paths
-            .iter()
-            .filter(|path| path.verdict == PathVerdict::Accept)
-            .filter_map(|path| path.destination)
-            .collect()
-    }
-
-    /// Every path ends in `verdict`.
-    pub fn always(&self, verdict: PathVerdict) -> bool {
-        !self.paths.is_empty() && self.paths.iter().all(|path| path.verdict == verdict)
-    }
-}
-
-impl fmt::Display for Trace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, path) in self.paths.iter().enumerate() {
-            let to = path
-                .destination
-                .map_or_else(|| "-".to_owned(), |d| d.to_string());
-            writeln!(
-                f,
-                "path {i}: {:?} to {to}, masqueraded: {}, probability {:.4}",
-                path.verdict, path.masqueraded, path.probability
-            )?;
-            for rule in &path.matched {
-                writeln!(f, "    {rule}")?;
-            }
-            for element in &path.elements {
-                writeln!(f, "    element {element}")?;
-            }
-            for affinity in &path.affinity {
-                writeln!(
-                    f,
-                    "    affinity: {} for {} s",
-                    affinity.name, affinity.timeout_secs
-                )?;
-            }
-            for rule in &path.not_followed {
-                writeln!(f, "    not followed: {rule}")?;
-            }
-        }
-        Ok(())
     }
 }
 

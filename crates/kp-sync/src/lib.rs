@@ -19,6 +19,7 @@ pub mod runner;
 pub mod status;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod trace;
 
 pub use backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,

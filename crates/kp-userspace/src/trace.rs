@@ -26,9 +26,13 @@
 //! [`kp_iptables::tracer::Ruleset::from_live`] uses, but read here:
 //! that tracer refuses the portal rules (`unknown target REDIRECT`), as
 //! no other mode writes `REDIRECT`.
+//!
+//! A path's steps ([`PathOutcome::matched`]) are the nat rules as
+//! `nat/CHAIN rule`, then the relay as `relay: PORT (NAME PROTOCOL,
+//! internal traffic) -> N endpoints` and `relay: endpoint
+//! 10.244.1.2:8080, 1 of 2`; its `elements` and `not_followed` are empty
+//! (the mode uses no set, and only its own rules are followed).
 
-use std::collections::BTreeSet;
-use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -129,76 +133,7 @@ pub enum ReadError {
     },
 }
 
-/// The first packet of a new connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Packet {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// Destination port.
-    pub dport: u16,
-    /// Transport protocol.
-    pub protocol: Protocol,
-    /// Sent by a process of this node (nat `OUTPUT`) rather than received
-    /// (nat `PREROUTING`).
-    pub src_local: bool,
-    /// The interface a received packet arrived on (the portal rules do
-    /// not match it).
-    pub in_interface: Option<String>,
-}
-
-/// How a path ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PathVerdict {
-    /// Delivered (by the relay to an endpoint, or to the node unchanged).
-    Accept,
-    /// Silently dropped (a UDP datagram the relay does not relay).
-    Drop,
-    /// Refused: the relay resets the TCP connection.
-    Reject,
-}
-
-/// ClientIP session affinity on a path: a later connection of the same
-/// client within the timeout goes to the same endpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Affinity {
-    /// The service port (`ns1/web:http`).
-    pub name: String,
-    /// The timeout in seconds.
-    pub timeout_secs: u32,
-}
-
-/// One path the packet can take.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PathOutcome {
-    /// The endpoint the relay dials.
-    pub destination: Option<SocketAddr>,
-    /// How it ends.
-    pub verdict: PathVerdict,
-    /// The endpoint sees the node's address (always, when relayed).
-    pub masqueraded: bool,
-    /// The chance a new connection takes this path.
-    pub probability: f64,
-    /// What it passed, in order: nat rules as `nat/CHAIN rule`, then the
-    /// relay as `relay: PORT (NAME PROTOCOL, internal traffic) -> N
-    /// endpoints` and `relay: endpoint 10.244.1.2:8080, 1 of 2`.
-    pub matched: Vec<String>,
-    /// Always empty: the mode uses no ipset (the same shape as the other
-    /// modes' traces).
-    pub elements: Vec<String>,
-    /// Session affinity on the path.
-    pub affinity: Vec<Affinity>,
-    /// Always empty: the trace follows only the mode's own rules.
-    pub not_followed: Vec<String>,
-}
-
-/// Every path of one packet.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trace {
-    /// The paths.
-    pub paths: Vec<PathOutcome>,
-}
+pub use kp_sync::trace::{Affinity, Packet, PathOutcome, PathVerdict, Trace};
 
 /// Why a packet could not be traced.
 #[derive(Debug, thiserror::Error)]
@@ -480,44 +415,6 @@ impl LiveState {
             })
             .collect();
         Ok(Trace { paths })
-    }
-}
-
-impl Trace {
-    /// The endpoints of the accepted paths.
-    pub fn destinations(&self) -> BTreeSet<SocketAddr> {
-        self.paths
-            .iter()
-            .filter(|path| path.verdict == PathVerdict::Accept)
-            .filter_map(|path| path.destination)
-            .collect()
-    }
-
-    /// Every path ends in `verdict`.
-    pub fn always(&self, verdict: PathVerdict) -> bool {
-        !self.paths.is_empty() && self.paths.iter().all(|path| path.verdict == verdict)
-    }
-}
-
-impl fmt::Display for Trace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, path) in self.paths.iter().enumerate() {
-            let to = path
-                .destination
-                .map_or_else(|| "-".to_owned(), |to| to.to_string());
-            writeln!(
-                f,
-                "path {}: {:?} to {to} p={:.4} masqueraded={}",
-                index + 1,
-                path.verdict,
-                path.probability,
-                path.masqueraded
-            )?;
-            for step in &path.matched {
-                writeln!(f, "  {step}")?;
-            }
-        }
-        Ok(())
     }
 }
 

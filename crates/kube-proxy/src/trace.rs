@@ -366,8 +366,14 @@ impl Live {
                 TraceMode::Nftables,
                 trace_nftables(table, connection, local)?,
             ),
-            Self::Ipvs(state) => (TraceMode::Ipvs, trace_ipvs(state, connection)?),
-            Self::Userspace(state) => (TraceMode::Userspace, trace_userspace(state, connection)?),
+            Self::Ipvs(state) => (
+                TraceMode::Ipvs,
+                mode_paths(state.trace(&packet(connection))?),
+            ),
+            Self::Userspace(state) => (
+                TraceMode::Userspace,
+                mode_paths(state.trace(&packet(connection))?),
+            ),
         };
         Ok(Report {
             mode: mode.name(),
@@ -559,66 +565,22 @@ fn trace_nftables(
         .collect())
 }
 
-fn trace_ipvs(
-    state: &kp_ipvs::trace::LiveState,
-    connection: &Connection,
-) -> anyhow::Result<Vec<Path>> {
-    use kp_ipvs::trace::{Packet, PathVerdict};
-    let packet = Packet {
+/// The packet of `connection`, as the IPVS and userspace tracers take it.
+fn packet(connection: &Connection) -> kp_sync::trace::Packet {
+    kp_sync::trace::Packet {
         src: connection.source,
         dst: connection.destination.ip(),
         dport: connection.destination.port(),
         protocol: connection.protocol,
         src_local: connection.origin == Origin::ThisNode,
         in_interface: connection.in_interface.clone(),
-    };
-    let trace = state
-        .trace(&packet)
-        .map_err(|error| anyhow::anyhow!("{error}"))?;
-    Ok(trace
-        .paths
-        .into_iter()
-        .map(|path| Path {
-            probability: path.probability,
-            verdict: match path.verdict {
-                PathVerdict::Accept => Verdict::Accept,
-                PathVerdict::Drop => Verdict::Drop,
-                PathVerdict::Reject => Verdict::Reject,
-            },
-            endpoint: path.destination,
-            masqueraded: path.masqueraded,
-            affinity: path
-                .affinity
-                .into_iter()
-                .map(|affinity| Affinity {
-                    name: affinity.name,
-                    seconds: Some(affinity.timeout_secs),
-                })
-                .collect(),
-            rules: path.matched,
-            elements: path.elements,
-            not_followed: path.not_followed,
-        })
-        .collect())
+    }
 }
 
-fn trace_userspace(
-    state: &kp_userspace::trace::LiveState,
-    connection: &Connection,
-) -> anyhow::Result<Vec<Path>> {
-    use kp_userspace::trace::{Packet, PathVerdict};
-    let packet = Packet {
-        src: connection.source,
-        dst: connection.destination.ip(),
-        dport: connection.destination.port(),
-        protocol: connection.protocol,
-        src_local: connection.origin == Origin::ThisNode,
-        in_interface: connection.in_interface.clone(),
-    };
-    let trace = state
-        .trace(&packet)
-        .map_err(|error| anyhow::anyhow!("{error}"))?;
-    Ok(trace
+/// The paths of an IPVS or userspace trace.
+fn mode_paths(trace: kp_sync::trace::Trace) -> Vec<Path> {
+    use kp_sync::trace::PathVerdict;
+    trace
         .paths
         .into_iter()
         .map(|path| Path {
@@ -642,7 +604,7 @@ fn trace_userspace(
             elements: path.elements,
             not_followed: path.not_followed,
         })
-        .collect())
+        .collect()
 }
 
 /// The paths summed up.
