@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use kp_model::{IpFamily, NamespacedName};
 use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -83,18 +84,13 @@ impl DriftCheck {
         if sample == 0 {
             return None;
         }
-        let gauge = Family::<Labels, Gauge<i64, AtomicI64>>::default();
-        registry.register(
-            "kubeproxy_rs_state_drift_services",
-            "Services whose connections, in the last check of a sample of service ports, the kernel's rules handle differently from the model (kube-proxy-rs)",
-            gauge.clone(),
-        );
+        let metrics = Metrics::register(registry);
         // One job waits at most: a check still running when the next full
         // sync ends makes that sync's sample wait for the next one.
         let (jobs, receiver) = sync_channel(1);
         let spawned = std::thread::Builder::new()
             .name("state-check".to_owned())
-            .spawn(move || run(mode, &receiver, &gauge));
+            .spawn(move || run(mode, &receiver, &metrics));
         if let Err(error) = spawned {
             tracing::warn!(%error, "Cannot start the kernel state check; it is off");
             return None;
@@ -152,46 +148,85 @@ impl SyncObserver for DriftCheck {
     }
 }
 
+/// The check's metrics.
+#[derive(Clone, Default)]
+struct Metrics {
+    /// Services that differ, per family, in the last check that ran.
+    drift: Family<Labels, Gauge<i64, AtomicI64>>,
+    /// Checks that could not run, per family.
+    failures: Family<Labels, Counter>,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "kubeproxy_rs_state_drift_services",
+            "Services whose connections, in the last check of a sample of service ports that ran, the kernel's rules handle differently from the model (kube-proxy-rs)",
+            metrics.drift.clone(),
+        );
+        // Registered as `..._failures`; the text encoding adds `_total`.
+        registry.register(
+            "kubeproxy_rs_state_check_failures",
+            "Checks of the kernel's rules against the model that could not run (the rules could not be read or traced); kubeproxy_rs_state_drift_services keeps the last check that ran (kube-proxy-rs)",
+            metrics.failures.clone(),
+        );
+        metrics
+    }
+}
+
 /// The checking thread: one job at a time until the proxy ends.
-fn run(mode: TraceMode, jobs: &Receiver<Job>, gauge: &Family<Labels, Gauge<i64, AtomicI64>>) {
+fn run(mode: TraceMode, jobs: &Receiver<Job>, metrics: &Metrics) {
     while let Ok(job) = jobs.recv() {
-        let family = job.family;
-        let labels = vec![("ip_family", family.as_api_str().to_owned())];
         let started = Instant::now();
-        match check_in_child(mode, family, &job.recorded) {
-            Ok(result) => {
-                let drifted =
-                    i64::try_from(drifted_services(&result.differences)).unwrap_or(i64::MAX);
-                let before = gauge.get_or_create(&labels).set(drifted);
-                match result.differences.first() {
-                    Some(first) => tracing::error!(
-                        family = family.as_api_str(),
-                        services = drifted,
-                        connections = result.differences.len(),
-                        first = %first.probe,
-                        expected = %first.probe.expected,
-                        found = %first.found,
-                        "The kernel's rules differ from what the proxy programmed"
-                    ),
-                    None if before > 0 => tracing::info!(
-                        family = family.as_api_str(),
-                        "The kernel's rules match the model again"
-                    ),
-                    None => {}
-                }
-                tracing::debug!(
+        let result = check_in_child(mode, job.family, &job.recorded);
+        report(metrics, job.family, result, started.elapsed());
+    }
+}
+
+/// Exports and logs one check's `result`.
+fn report(
+    metrics: &Metrics,
+    family: IpFamily,
+    result: anyhow::Result<FamilyResult>,
+    elapsed: Duration,
+) {
+    let labels = vec![("ip_family", family.as_api_str().to_owned())];
+    match result {
+        Ok(result) => {
+            let drifted = i64::try_from(drifted_services(&result.differences)).unwrap_or(i64::MAX);
+            let before = metrics.drift.get_or_create(&labels).set(drifted);
+            match result.differences.first() {
+                Some(first) => tracing::error!(
                     family = family.as_api_str(),
-                    checked = result.checked,
-                    service_ports = result.service_ports,
-                    elapsed = ?started.elapsed(),
-                    "Checked the kernel's rules"
-                );
+                    services = drifted,
+                    connections = result.differences.len(),
+                    first = %first.probe,
+                    expected = %first.probe.expected,
+                    found = %first.found,
+                    "The kernel's rules differ from what the proxy programmed"
+                ),
+                None if before > 0 => tracing::info!(
+                    family = family.as_api_str(),
+                    "The kernel's rules match the model again"
+                ),
+                None => {}
             }
-            Err(error) => tracing::warn!(
+            tracing::debug!(
+                family = family.as_api_str(),
+                checked = result.checked,
+                service_ports = result.service_ports,
+                ?elapsed,
+                "Checked the kernel's rules"
+            );
+        }
+        Err(error) => {
+            metrics.failures.get_or_create(&labels).inc();
+            tracing::warn!(
                 family = family.as_api_str(),
                 error = format!("{error:#}"),
                 "Could not check the kernel's rules"
-            ),
+            );
         }
     }
 }
@@ -484,6 +519,66 @@ mod tests {
             })
             .collect();
         assert_eq!(drifted_services(&all), 3);
+    }
+
+    fn exported(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn a_check_that_cannot_run_is_counted_and_the_last_drift_stays() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let probes = family_probes(IpFamily::V4, &recorded());
+        let differences = probes
+            .iter()
+            .filter(|p| &*p.service.service.name == "web")
+            .map(|p| Difference {
+                probe: p.clone(),
+                found: "rejected".to_owned(),
+            })
+            .collect();
+        let checked = FamilyResult {
+            checked: probes.len(),
+            service_ports: 4,
+            differences,
+        };
+        report(&metrics, IpFamily::V4, Ok(checked), Duration::ZERO);
+        let text = exported(&registry);
+        assert!(
+            text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("kubeproxy_rs_state_check_failures_total{"),
+            "{text}"
+        );
+        for _ in 0..2 {
+            let failed = Err(anyhow::anyhow!("the check worker failed"));
+            report(&metrics, IpFamily::V4, failed, Duration::ZERO);
+        }
+        let text = exported(&registry);
+        assert!(
+            text.contains("kubeproxy_rs_state_check_failures_total{ip_family=\"IPv4\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 1\n"),
+            "{text}"
+        );
+        let clean = FamilyResult {
+            checked: probes.len(),
+            service_ports: 4,
+            differences: Vec::new(),
+        };
+        report(&metrics, IpFamily::V4, Ok(clean), Duration::ZERO);
+        let text = exported(&registry);
+        assert!(
+            text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0\n"),
+            "{text}"
+        );
     }
 
     #[test]
