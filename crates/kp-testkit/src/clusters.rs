@@ -25,8 +25,10 @@ pub fn random_manifests(seed: u64) -> String {
     out
 }
 
-/// A small deterministic generator (xorshift64*), so a seed names a case.
-struct Rng(u64);
+/// A small deterministic generator (xorshift64*), so a seed names a case:
+/// the random source of every generated test input.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
 
 /// An address family of one Service.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,11 +38,13 @@ enum Family {
 }
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    /// The generator of `seed`.
+    pub fn new(seed: u64) -> Self {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    fn next(&mut self) -> u64 {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -48,16 +52,17 @@ impl Rng {
     }
 
     /// A number in `0..n`; `n` is not 0.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
     }
 
-    fn chance(&mut self, percent: u64) -> bool {
+    /// True `percent` times in 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 
     /// One of `items`, which is not empty.
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         // Below `items.len()`, so in range.
         items[self.below(items.len() as u64) as usize]
     }

@@ -7,7 +7,9 @@
 //! ready, serving and terminating, topology hints) and by mutation of the
 //! Services generated before them. Each batch is loaded by the binary
 //! (`--manifests`) in a fresh node namespace, for iptables (legacy and nft
-//! flavors) and nftables; the documents the source rejects (named in its
+//! flavors), nftables and userspace (its portal rules and relay; the IPVS
+//! mode needs the VM, where `vm_random_clusters_…` covers it); the
+//! documents the source rejects (named in its
 //! `invalid manifest` lines) are left aside, and for the rest the proxy's
 //! syncs must succeed (a sync timestamp for both families, no sync or
 //! restore failure counted, no refused Service) and `kube-proxy check`
@@ -28,6 +30,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use kp_testkit::clusters::Rng;
 use kp_testkit::netns::{require_root, wait_until, Netns, NsChild};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
@@ -35,34 +38,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
 const SERVICES: u64 = 20;
 /// How long the proxy may take to report its first sync of both families.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A small deterministic generator (xorshift64*), so a seed names a batch.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Family {
@@ -1031,6 +1006,11 @@ fn iptables_nft_programs_every_accepted_document() {
 #[test]
 fn nftables_programs_every_accepted_document() {
     every_accepted_document_programs("nftables", None);
+}
+
+#[test]
+fn userspace_programs_every_accepted_document() {
+    every_accepted_document_programs("userspace", None);
 }
 
 #[test]
