@@ -429,6 +429,14 @@ impl Backend for NftablesBackend {
         MODE
     }
 
+    /// A full sync of a table trusted at the current generation sends
+    /// only the differences from the record; after this the next sync
+    /// rebuilds the table from nothing in one transaction, as after a
+    /// failed one, which also removes what the record does not know of.
+    fn distrust_kernel(&mut self) {
+        self.forget_kernel();
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
         if request.family != self.family {
             return Err(BackendError::Render {

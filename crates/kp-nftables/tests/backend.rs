@@ -275,6 +275,34 @@ fn a_full_sync_of_an_untouched_table_sends_only_what_differs() {
 }
 
 #[test]
+fn a_table_the_state_check_distrusts_is_rebuilt_from_nothing() {
+    let mut world = World::v4().with_generations();
+    world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));
+    world.put(service("ns1", "db", "10.96.0.11", 5432).remote_endpoint("10.244.2.4", 5432));
+    world.sync(true, &[]);
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+
+    // The kernel was found holding other rules than the record says,
+    // at the generation of the proxy's own last commit: the record is not
+    // trusted, and the table is deleted and built again in one
+    // transaction.
+    kp_sync::Backend::distrust_kernel(&mut world.backend);
+    let repair = world.sync(true, &[]);
+    assert!(repair.contains("delete table"), "{repair}");
+    assert!(
+        repair.contains("ns1/db") && repair.contains("ns1/web"),
+        "{repair}"
+    );
+    common::assert_goes_to(
+        &world.trace("10.244.1.9", common::at("10.96.0.10", 80)),
+        &[common::at("10.244.2.2", 80)],
+    );
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "trusted again:\n{periodic}");
+}
+
+#[test]
 fn a_commit_seen_to_leave_the_table_alone_keeps_it_trusted() {
     let mut world = World::v4().with_watch();
     world.put(service("ns1", "web", "10.96.0.10", 80).remote_endpoint("10.244.2.2", 80));

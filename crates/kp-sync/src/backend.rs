@@ -28,6 +28,15 @@ pub trait Backend: Send {
 
     /// Renders and applies the rules for `request`.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError>;
+
+    /// The kernel was found holding rules that differ from what this
+    /// backend applied (the proxy's state check), so no record of earlier
+    /// syncs may be trusted: the sync loop calls this before the full sync
+    /// that repairs it. A backend whose full sync always rewrites its
+    /// rules, or starts from the kernel's state, has nothing to forget;
+    /// one that leaves out what it believes the kernel already holds
+    /// must forget that belief here.
+    fn distrust_kernel(&mut self) {}
 }
 
 /// Everything a backend needs for one sync.

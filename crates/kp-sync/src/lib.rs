@@ -25,6 +25,6 @@ pub use backend::{
     Backend, BackendError, ServicePortState, StaleConntrack, SyncOutcome, SyncRequest,
 };
 pub use fan_out::FanOutHandler;
-pub use proxier::{error_chain, Proxier, ProxierConfig, SyncError, SyncObserver};
+pub use proxier::{error_chain, Proxier, ProxierConfig, RepairHandle, SyncError, SyncObserver};
 pub use runner::{BoundedFrequencyRunner, RunReason, RunResult, RunnerConfig};
 pub use status::{ChangeCounts, ChangeKind, SyncStats, SyncStatus, SyncTotals};

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -78,6 +79,33 @@ pub struct Proxier {
     /// Trigger times before this are of changes made before the proxy ran,
     /// whose latency says nothing about it (upstream's `trackerStartTime`).
     started_at: SystemTime,
+    /// A [`RepairHandle`] asked for the kernel's rules to be rewritten.
+    repair: Arc<AtomicBool>,
+}
+
+/// Asks a [`Proxier`] to rewrite its rules whole at once, trusting no
+/// record of what it applied before: for the state check, which found the
+/// kernel's rules differing from what the proxy programmed.
+#[derive(Debug, Clone)]
+pub struct RepairHandle {
+    family: IpFamily,
+    requested: Arc<AtomicBool>,
+    runner: BoundedFrequencyRunner,
+}
+
+impl RepairHandle {
+    /// The family of the proxier this handle repairs.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// Makes the next sync a full one that calls
+    /// [`Backend::distrust_kernel`] first, and asks for it now (within the
+    /// runner's minimum interval). Never blocks.
+    pub fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+        self.runner.run();
+    }
 }
 
 /// A sync could not be done.
@@ -182,6 +210,16 @@ impl Proxier {
             failures: Mutex::new(Failures::default()),
             topology: TopologyOptions::default(),
             started_at: SystemTime::now(),
+            repair: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A handle that makes this proxier rewrite its rules whole.
+    pub fn repair_handle(&self) -> RepairHandle {
+        RepairHandle {
+            family: self.family,
+            requested: Arc::clone(&self.repair),
+            runner: self.runner.clone(),
         }
     }
 
@@ -326,7 +364,21 @@ impl Proxier {
             categorized,
         } = &mut *applying;
         let started = Instant::now();
-        let drained = self.drain(force_full)?;
+        let repair = self.repair.swap(false, Ordering::AcqRel);
+        let drained = self.drain(force_full || repair).inspect_err(|_| {
+            // Nothing was synced; the repair waits for the next sync.
+            if repair {
+                self.repair.store(true, Ordering::Release);
+            }
+        })?;
+        if repair {
+            tracing::warn!(
+                family = self.family.as_api_str(),
+                mode = self.mode,
+                "Rewriting the proxy rules whole: the kernel's rules differ from what was programmed"
+            );
+            backend.distrust_kernel();
+        }
         let service_ports = categorize(categorized, &drained, self.family, self.topology);
         let request = SyncRequest {
             family: self.family,

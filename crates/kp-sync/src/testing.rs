@@ -48,6 +48,9 @@ pub struct RecordedSync {
     pub stale_conntrack: StaleConntrack,
     /// Whether the fake answered this request with an error.
     pub failed: bool,
+    /// Whether [`Backend::distrust_kernel`] was called since the previous
+    /// request.
+    pub distrusted: bool,
 }
 
 /// The error a [`FakeBackend`] returns when told to fail.
@@ -63,6 +66,8 @@ struct FakeState {
     /// Services whose rules this fake refuses, as a kernel refuses a
     /// Service's rules: every sync that renders one of them fails.
     refused: BTreeSet<NamespacedName>,
+    /// [`Backend::distrust_kernel`] was called since the last request.
+    distrusted: bool,
 }
 
 impl FakeBackend {
@@ -167,6 +172,10 @@ impl Backend for FakeBackend {
         self.mode
     }
 
+    fn distrust_kernel(&mut self) {
+        self.lock().distrusted = true;
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncOutcome, BackendError> {
         let (failed, unavailable, refused) = {
             let mut state = self.lock();
@@ -182,7 +191,9 @@ impl Backend for FakeBackend {
                 .collect();
             let failed = state.failures_left > 0 || !refused.is_empty();
             state.failures_left = state.failures_left.saturating_sub(1);
-            state.requests.push(RecordedSync::new(request, failed));
+            let mut recorded = RecordedSync::new(request, failed);
+            recorded.distrusted = std::mem::take(&mut state.distrusted);
+            state.requests.push(recorded);
             let unavailable = failed && state.unavailable;
             state.unavailable &= state.failures_left > 0;
             (failed, unavailable, refused)
@@ -233,6 +244,7 @@ impl RecordedSync {
             node: request.node.clone(),
             stale_conntrack: request.stale_conntrack.clone(),
             failed,
+            distrusted: false,
         }
     }
 

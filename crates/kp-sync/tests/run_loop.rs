@@ -104,6 +104,36 @@ async fn a_failed_sync_is_retried_as_a_full_sync() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_request_syncs_in_full_at_once_after_the_backend_distrusts_the_kernel() {
+    let running = Running::start(IMMEDIATE);
+    apply(
+        &*running.proxier,
+        &[web()],
+        &[web_endpoints(&["10.244.1.2"])],
+    );
+    sources_synced(&*running.proxier);
+    within_deadline(running.backend.wait_for_syncs(1)).await;
+    let first = running.backend.take_single_request();
+    assert!(first.full && !first.distrusted);
+
+    let repair = running.proxier.repair_handle();
+    assert_eq!(repair.family(), IpFamily::V4);
+    repair.request();
+    within_deadline(running.backend.wait_for_syncs(2)).await;
+    let repaired = running.backend.take_single_request();
+    assert!(repaired.full && repaired.distrusted, "{repaired:#?}");
+    assert_eq!(repaired.service_port_names(), ["ns1/web:http"]);
+
+    // One request, one repair: the next change is an ordinary partial sync.
+    apply(&*running.proxier, &[], &[web_endpoints(&["10.244.1.3"])]);
+    within_deadline(running.backend.wait_for_syncs(3)).await;
+    let next = running.backend.take_single_request();
+    assert!(!next.full && !next.distrusted, "{next:#?}");
+
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_syncs_are_full() {
     let running = Running::start(RunnerConfig {
         max_interval: Duration::from_millis(20),

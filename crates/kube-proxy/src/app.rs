@@ -330,6 +330,7 @@ async fn serve(
         let proxier = agent.observe(proxier);
         Arc::new(match &drift {
             Some(drift) => {
+                drift.repair_with(proxier.repair_handle());
                 proxier.with_observer(Arc::clone(drift) as Arc<dyn kp_sync::SyncObserver>)
             }
             None => proxier,

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kp_model::{IpFamily, NamespacedName};
-use kp_sync::{SyncObserver, SyncOutcome, SyncRequest};
+use kp_sync::{RepairHandle, SyncObserver, SyncOutcome, SyncRequest};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -69,7 +69,11 @@ pub struct DriftCheck {
     interval: Duration,
     schedule: Mutex<Schedule>,
     jobs: SyncSender<Job>,
+    repairs: Repairs,
 }
+
+/// The proxiers' repair handles, one per family.
+type Repairs = Arc<Mutex<Vec<RepairHandle>>>;
 
 impl DriftCheck {
     /// A check of `sample` service ports at most every `interval` for the
@@ -85,12 +89,14 @@ impl DriftCheck {
             return None;
         }
         let metrics = Metrics::register(registry);
+        let repairs = Repairs::default();
+        let thread_repairs = Arc::clone(&repairs);
         // One job waits at most: a check still running when the next full
         // sync ends makes that sync's sample wait for the next one.
         let (jobs, receiver) = sync_channel(1);
         let spawned = std::thread::Builder::new()
             .name("state-check".to_owned())
-            .spawn(move || run(mode, &receiver, &metrics));
+            .spawn(move || run(mode, &receiver, &metrics, &thread_repairs));
         if let Err(error) = spawned {
             tracing::warn!(%error, "Cannot start the kernel state check; it is off");
             return None;
@@ -100,8 +106,21 @@ impl DriftCheck {
             interval,
             schedule: Mutex::new(Schedule::default()),
             jobs,
+            repairs,
         }))
     }
+
+    /// Repairs the rules of `handle`'s family through it when a check
+    /// finds them differing from the model.
+    pub fn repair_with(&self, handle: RepairHandle) {
+        lock(&self.repairs).push(handle);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl SyncObserver for DriftCheck {
@@ -109,10 +128,7 @@ impl SyncObserver for DriftCheck {
         if !request.full || request.service_ports.is_empty() {
             return;
         }
-        let mut schedule = match self.schedule.lock() {
-            Ok(schedule) => schedule,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut schedule = lock(&self.schedule);
         let now = Instant::now();
         if schedule
             .last
@@ -176,21 +192,26 @@ impl Metrics {
 }
 
 /// The checking thread: one job at a time until the proxy ends.
-fn run(mode: TraceMode, jobs: &Receiver<Job>, metrics: &Metrics) {
+fn run(mode: TraceMode, jobs: &Receiver<Job>, metrics: &Metrics, repairs: &Repairs) {
     while let Ok(job) = jobs.recv() {
         let started = Instant::now();
         let result = check_in_child(mode, job.family, &job.recorded);
-        report(metrics, job.family, result, started.elapsed());
+        if report(metrics, job.family, result, started.elapsed()) {
+            for handle in lock(repairs).iter().filter(|h| h.family() == job.family) {
+                handle.request();
+            }
+        }
     }
 }
 
-/// Exports and logs one check's `result`.
+/// Exports and logs one check's `result`; true when the kernel's rules
+/// differ from the model, so that the family's rules are to be rewritten.
 fn report(
     metrics: &Metrics,
     family: IpFamily,
     result: anyhow::Result<FamilyResult>,
     elapsed: Duration,
-) {
+) -> bool {
     let labels = vec![("ip_family", family.as_api_str().to_owned())];
     match result {
         Ok(result) => {
@@ -204,7 +225,7 @@ fn report(
                     first = %first.probe,
                     expected = %first.probe.expected,
                     found = %first.found,
-                    "The kernel's rules differ from what the proxy programmed"
+                    "The kernel's rules differ from what the proxy programmed; rewriting them"
                 ),
                 None if before > 0 => tracing::info!(
                     family = family.as_api_str(),
@@ -219,6 +240,7 @@ fn report(
                 ?elapsed,
                 "Checked the kernel's rules"
             );
+            drifted > 0
         }
         Err(error) => {
             metrics.failures.get_or_create(&labels).inc();
@@ -227,6 +249,7 @@ fn report(
                 error = format!("{error:#}"),
                 "Could not check the kernel's rules"
             );
+            false
         }
     }
 }
@@ -545,7 +568,7 @@ mod tests {
             service_ports: 4,
             differences,
         };
-        report(&metrics, IpFamily::V4, Ok(checked), Duration::ZERO);
+        assert!(report(&metrics, IpFamily::V4, Ok(checked), Duration::ZERO));
         let text = exported(&registry);
         assert!(
             text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 1\n"),
@@ -557,7 +580,7 @@ mod tests {
         );
         for _ in 0..2 {
             let failed = Err(anyhow::anyhow!("the check worker failed"));
-            report(&metrics, IpFamily::V4, failed, Duration::ZERO);
+            assert!(!report(&metrics, IpFamily::V4, failed, Duration::ZERO));
         }
         let text = exported(&registry);
         assert!(
@@ -573,7 +596,7 @@ mod tests {
             service_ports: 4,
             differences: Vec::new(),
         };
-        report(&metrics, IpFamily::V4, Ok(clean), Duration::ZERO);
+        assert!(!report(&metrics, IpFamily::V4, Ok(clean), Duration::ZERO));
         let text = exported(&registry);
         assert!(
             text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0\n"),

@@ -36,6 +36,11 @@ struct Node {
 /// A node namespace running the binary in `mode` on the example manifests;
 /// `hint` is the iptables flavor kubelet's hint chain names, if any.
 fn node(mode: &'static str, hint: Option<&str>) -> Node {
+    node_with(mode, hint, &[])
+}
+
+/// [`node`], the proxy started with `extra` flags too.
+fn node_with(mode: &'static str, hint: Option<&str>, extra: &[&str]) -> Node {
     require_root();
     let ns = Netns::create("trace").unwrap();
     ns.ip(&["link", "set", "lo", "up"]).unwrap();
@@ -59,6 +64,7 @@ fn node(mode: &'static str, hint: Option<&str>) -> Node {
     command
         .args(proxy_flags(mode))
         .args(["--metrics-bind-address", "127.0.0.1:10249"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(File::create(&log).unwrap()));
@@ -547,6 +553,84 @@ fn the_state_check_worker_names_what_the_kernel_misses() {
     assert!(output.status.success(), "{output:?}");
     let found: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+}
+
+/// The running proxy's own state check finds a rule of other software
+/// that keeps a Service's connections from its rules, logs it, counts the
+/// Service, and has the rules rewritten at once; once the rule is gone,
+/// the next check finds the kernel as the model says.
+#[test]
+fn the_running_proxy_reports_drift_and_rewrites_its_rules() {
+    let node = node_with(
+        "iptables",
+        Some("legacy"),
+        &[
+            "--state-check-interval",
+            "1s",
+            "--iptables-sync-period",
+            "2s",
+        ],
+    );
+    let metrics = || {
+        node.ns
+            .run(|| kp_testkit::http::get(("127.0.0.1", 10249), "/metrics"))
+            .map(|reply| reply.body)
+            .unwrap_or_default()
+    };
+    let log = || std::fs::read_to_string(&node.log).unwrap_or_default();
+    let drift = |services: u32| {
+        format!("kubeproxy_rs_state_drift_services{{ip_family=\"IPv4\"}} {services}\n")
+    };
+    let mut last = String::new();
+    let clean = wait_until(Duration::from_secs(20), || {
+        last = metrics();
+        last.contains(&drift(0))
+    });
+    assert!(clean, "no clean state check:\n{last}\n{}", log());
+
+    // Other software accepts web's ClusterIP before the proxy's rules see it.
+    let foreign = [
+        "-t",
+        "nat",
+        "PREROUTING",
+        "-d",
+        "10.96.0.10/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        "ACCEPT",
+    ];
+    let rule = |action: &'static str| {
+        let mut args = foreign.to_vec();
+        args.insert(2, action);
+        args
+    };
+    node.ns.exec_ok("iptables-legacy", &rule("-I"));
+    let found = wait_until(Duration::from_secs(20), || {
+        last = metrics();
+        last.contains(&drift(1))
+    });
+    assert!(found, "the drift was not counted:\n{last}\n{}", log());
+    let text = log();
+    assert!(
+        text.contains("The kernel's rules differ from what the proxy programmed; rewriting them")
+            && text.contains("demo/web:http cluster IP 10.96.0.10:80/tcp"),
+        "{text}"
+    );
+    let rewritten = wait_until(Duration::from_secs(10), || {
+        log().contains("Rewriting the proxy rules whole")
+    });
+    assert!(rewritten, "no rewrite after the drift:\n{}", log());
+
+    node.ns.exec_ok("iptables-legacy", &rule("-D"));
+    let clean = wait_until(Duration::from_secs(20), || {
+        last = metrics();
+        last.contains(&drift(0))
+    });
+    assert!(clean, "the drift stayed counted:\n{last}\n{}", log());
+    assert!(log().contains("The kernel's rules match the model again"));
 }
 
 /// The userspace mode: `trace` finds the portal rule and the relay's
