@@ -2,6 +2,7 @@
 //! request's method and path to a [`Response`].
 
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,6 +247,46 @@ async fn idle_expired(slot: &Admitted, idle_timeout: Duration) {
     }
 }
 
+/// A listening socket on `address`, as Go's `net.Listen("tcp", …)` makes
+/// it for upstream's servers: `SO_REUSEADDR`, and a wildcard address
+/// (`0.0.0.0` or `[::]`) bound as `[::]` with `IPV6_V6ONLY` off, so that
+/// the default `0.0.0.0:10256` answers on both families (kubelet's
+/// liveness probe of an IPv6-only node reaches it). Where the kernel has
+/// no IPv6, a wildcard is bound as `0.0.0.0`. Non-blocking, ready for the
+/// runtime.
+pub fn listen(address: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let open = |domain: Domain, at: SocketAddr, dual: bool| -> io::Result<Socket> {
+        let socket = Socket::new(domain, Type::STREAM, None)?;
+        if dual {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&at.into())?;
+        // Go's backlog: the kernel's somaxconn caps it.
+        socket.listen(4096)?;
+        Ok(socket)
+    };
+    let socket = if address.ip().is_unspecified() {
+        let any = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), address.port());
+        match open(Domain::IPV6, any, true) {
+            Ok(socket) => socket,
+            // No IPv6 in this kernel (`ipv6.disable=1`): IPv4 alone.
+            Err(error)
+                if address.is_ipv4()
+                    && error.raw_os_error() == Some(nix::errno::Errno::EAFNOSUPPORT as i32) =>
+            {
+                open(Domain::IPV4, address, false)?
+            }
+            Err(error) => return Err(error),
+        }
+    } else {
+        open(Domain::for_address(address), address, false)?
+    };
+    Ok(socket.into())
+}
+
 /// Binds `address` and serves `handler` until `stop`; while the address
 /// cannot be bound (taken, or not on this host yet), logs it and tries
 /// again every [`BIND_RETRY`].
@@ -256,7 +297,7 @@ pub async fn serve_retrying(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        match TcpListener::bind(address).await {
+        match listen(address).and_then(TcpListener::from_std) {
             Ok(listener) => {
                 tracing::info!(server, %address, "Serving");
                 return serve(listener, handler, stop).await;

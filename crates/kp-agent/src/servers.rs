@@ -138,7 +138,7 @@ pub fn start_server(
             stop,
         ))));
     }
-    let listener = bind_now(address).map_err(|source| BindError {
+    let listener = crate::http::listen(address).map_err(|source| BindError {
         server,
         address,
         source,
@@ -163,14 +163,6 @@ fn bind_failure_message(server: Server, address: SocketAddr) -> String {
         Server::Healthz => format!("failed to start proxier healthz on {address}"),
         Server::Metrics => format!("starting metrics server failed: cannot listen on {address}"),
     }
-}
-
-/// Binds `address` as Go's `net.Listen` does (`SO_REUSEADDR`, which the
-/// standard library sets), ready for the runtime.
-fn bind_now(address: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(address)?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
 }
 
 fn parse(server: &'static str, address: &str) -> Option<SocketAddr> {

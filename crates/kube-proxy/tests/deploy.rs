@@ -217,12 +217,12 @@ fn every_manifest_parses_into_its_type_and_the_objects_fit_together() {
         Some("/lib/modules")
     );
 
-    // Probes on the healthz port the config serves.
+    // Probes on the healthz port the config serves: the default
+    // `0.0.0.0:10256`, which answers on both families (system_bind.rs), as
+    // kubeadm leaves it; an IPv4 address written here would fail the
+    // probes of an IPv6-only node.
     let config = config_map.data.as_ref().unwrap()["config.conf"].clone();
-    assert!(
-        config.contains("healthzBindAddress: 0.0.0.0:10256"),
-        "{config}"
-    );
+    assert!(!config.contains("healthzBindAddress"), "{config}");
     for (probe, path) in [
         (&container.liveness_probe, "/livez"),
         (&container.readiness_probe, "/healthz"),

@@ -154,3 +154,52 @@ fn without_hard_fail_the_proxy_serves_on_and_binds_once_the_address_is_free() {
         "the metrics server binds once the address is free"
     );
 }
+
+/// The default healthz address `0.0.0.0:10256` answers on both families,
+/// as upstream's (Go listens on `[::]` with `IPV6_V6ONLY` off for a
+/// wildcard address): kubelet's liveness probe of a node with only an IPv6
+/// address reaches it. An IPv6 address given as such is served too.
+#[test]
+fn the_default_healthz_address_answers_on_both_families() {
+    require_root();
+    let node = Netns::create("bind-dual").unwrap();
+    node.ip(&["link", "set", "lo", "up"]).unwrap();
+    node.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+    ])
+    .unwrap();
+    node.ip(&["link", "set", "eth1", "up"]).unwrap();
+    node.ip(&["addr", "add", "192.168.99.2/24", "dev", "eth0"])
+        .unwrap();
+    node.ip(&[
+        "addr",
+        "add",
+        "fd00:192:168:99::2/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ])
+    .unwrap();
+    node.ip(&["link", "set", "eth0", "up"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _proxy = proxy(&node, dir.path(), &[]);
+
+    let livez = |address: &str| {
+        let address: std::net::SocketAddr = address.parse().unwrap();
+        node.run(|| http::get(address, "/livez"))
+            .is_ok_and(|reply| reply.code == 200)
+    };
+    let up = wait_until(Duration::from_secs(15), || livez("192.168.99.2:10256"));
+    let log = || fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert!(up, "no answer on the IPv4 address:\n{}", log());
+    for address in [
+        "127.0.0.1:10256",
+        "[fd00:192:168:99::2]:10256",
+        "[::1]:10256",
+    ] {
+        assert!(livez(address), "no answer on {address}:\n{}", log());
+    }
+    // One socket: nothing else can take the port of either family.
+    let taken = node.run(|| TcpListener::bind("[::]:10256"));
+    assert!(taken.is_err(), "[::]:10256 is free");
+}
