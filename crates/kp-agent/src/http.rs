@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -120,7 +120,13 @@ pub struct RequestHead<'a> {
     pub path: &'a str,
     /// The `Accept` header, empty when absent.
     pub accept: &'a str,
+    /// The body, at most [`MAX_BODY`] bytes.
+    pub body: &'a [u8],
 }
+
+/// The largest request body read; a longer one is answered 413. The
+/// servers take no body but `PUT /debug/flags/v`'s number.
+pub const MAX_BODY: usize = 1024;
 
 /// Maps a request to its answer.
 pub type Handler = Arc<dyn Fn(&RequestHead<'_>) -> Response + Send + Sync>;
@@ -206,11 +212,12 @@ async fn serve_connection(
     evicted: Evicted,
 ) {
     let slot = &admitted;
-    let service = service_fn(|request| {
+    let handler = &handler;
+    let service = service_fn(|request| async move {
         slot.request_started();
-        let response = answer(&handler, &request);
+        let response = answer(handler, request, limits.header_read_timeout).await;
         slot.request_answered();
-        std::future::ready(Ok::<_, Infallible>(response))
+        Ok::<_, Infallible>(response)
     });
     let mut builder = http1::Builder::new();
     // Without a timer, hyper ignores the header read timeout.
@@ -320,17 +327,37 @@ pub(crate) async fn sleep_or_stop(duration: Duration, stop: &mut watch::Receiver
     }
 }
 
-fn answer(handler: &Handler, request: &Request<Incoming>) -> hyper::Response<Full<Bytes>> {
-    let accept = request
-        .headers()
-        .get(hyper::header::ACCEPT)
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
-    let response = handler(&RequestHead {
-        method: request.method().as_str(),
-        path: request.uri().path(),
-        accept,
-    });
+/// The answer to `request`, whose body must arrive within `timeout`.
+async fn answer(
+    handler: &Handler,
+    request: Request<Incoming>,
+    timeout: Duration,
+) -> hyper::Response<Full<Bytes>> {
+    let (head, body) = request.into_parts();
+    let read = tokio::time::timeout(timeout, Limited::new(body, MAX_BODY).collect()).await;
+    let response = match read {
+        Ok(Ok(body)) => {
+            let accept = head
+                .headers
+                .get(hyper::header::ACCEPT)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default();
+            handler(&RequestHead {
+                method: head.method.as_str(),
+                path: head.uri.path(),
+                accept,
+                body: &body.to_bytes(),
+            })
+        }
+        Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Response::text(413, format!("request body longer than {MAX_BODY} bytes\n"))
+        }
+        Ok(Err(error)) => Response::text(400, format!("error reading request body: {error}\n")),
+        Err(_) => Response::text(
+            408,
+            format!("request body not received within {} s\n", timeout.as_secs()),
+        ),
+    };
     let mut builder = hyper::Response::builder()
         .status(StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
     for (name, value) in &response.headers {

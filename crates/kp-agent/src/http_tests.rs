@@ -179,3 +179,61 @@ async fn the_bound_holds_however_many_clients_connect() {
     assert!(open <= 8, "{open} connections open, bound 8");
     assert!(open >= 7, "the newest are kept: {open}");
 }
+
+/// `request` (whole, with `Connection: close`) to `address`: the answer.
+fn exchange(address: SocketAddr, request: &[u8]) -> String {
+    let mut stream = Client::connect(address).unwrap();
+    stream.set_read_timeout(Some(CLOSE_DEADLINE)).unwrap();
+    stream.write_all(request).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_reaches_the_handler_up_to_its_bound() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let handler: Handler = Arc::new(|request| {
+        Response::text(
+            200,
+            format!(
+                "{} {} {}",
+                request.method,
+                request.path,
+                String::from_utf8_lossy(request.body)
+            ),
+        )
+    });
+    tokio::spawn(serve_within(
+        listener,
+        handler,
+        ConnectionLimits::DEFAULT,
+        stop,
+    ));
+    let put = |body: String| {
+        format!(
+            "PUT /debug/flags/v HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let small = put("4".to_owned());
+    let large = put("9".repeat(MAX_BODY + 1));
+    let exact = put("7".repeat(MAX_BODY));
+    let (small, large, exact) = tokio::task::spawn_blocking(move || {
+        (
+            exchange(address, &small),
+            exchange(address, &large),
+            exchange(address, &exact),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    assert!(small.ends_with("PUT /debug/flags/v 4"), "{small}");
+    assert!(large.starts_with("HTTP/1.1 413"), "{large}");
+    assert!(exact.starts_with("HTTP/1.1 200"), "{exact}");
+    assert!(exact.ends_with(&"7".repeat(MAX_BODY)), "{exact}");
+}

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::health::ProxyHealth;
-use crate::http::{serve, serve_retrying, Handler, Response};
+use crate::http::{serve, serve_retrying, Handler, RequestHead, Response};
 use crate::metrics::{ExpositionFormat, ProxyMetrics};
 
 /// What the metrics server shows besides the metrics.
@@ -27,9 +27,16 @@ pub struct MetricsEndpoints {
     /// The running configuration as upstream's `/configz` shows it:
     /// `{"kubeproxy.config.k8s.io": {…}}`.
     pub configz: String,
-    /// `enableProfiling`.
+    /// `enableProfiling`: `/debug/pprof/` and `/debug/flags/v`.
     pub profiling: bool,
+    /// Sets the log verbosity from `PUT /debug/flags/v`'s body, answering
+    /// the text to send back or why it was refused; `None` when something
+    /// else than `-v` decides what is logged (`RUST_LOG`).
+    pub set_verbosity: Option<VerbositySetter>,
 }
+
+/// Sets the log verbosity from a text: the answer, or why not.
+pub type VerbositySetter = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
 
 /// The `/configz` body for `config`.
 pub fn configz_json(config: &kp_config::KubeProxyConfiguration) -> String {
@@ -56,7 +63,8 @@ pub fn healthz_handler(health: ProxyHealth, metrics: ProxyMetrics) -> Handler {
     })
 }
 
-/// `/metrics`, `/healthz`, `/proxyMode`, `/configz` and `/debug/pprof/`.
+/// `/metrics`, `/healthz`, `/proxyMode`, `/configz`, `/debug/pprof/` and
+/// `/debug/flags/v`.
 pub fn metrics_handler(endpoints: MetricsEndpoints) -> Handler {
     Arc::new(move |request| {
         match request.path {
@@ -67,6 +75,7 @@ pub fn metrics_handler(endpoints: MetricsEndpoints) -> Handler {
         "/healthz" => Response::text(200, "ok"),
         "/proxyMode" => Response::text(200, endpoints.mode),
         "/configz" => Response::new(200, "application/json", endpoints.configz.clone()),
+        "/debug/flags/v" if endpoints.profiling => debug_flags_v(&endpoints, request),
         path if path.starts_with("/debug/pprof") && endpoints.profiling => Response::text(
             501,
             "Go's pprof endpoints have no equivalent in kube-proxy-rs; profile the process with `perf record -g -p <pid>` instead.\n",
@@ -74,6 +83,32 @@ pub fn metrics_handler(endpoints: MetricsEndpoints) -> Handler {
         _ => Response::not_found(),
     }
     })
+}
+
+/// `PUT /debug/flags/v` with the verbosity as its body, as component-base
+/// answers it: 200 and `successfully set klog.logging.verbosity to N`, 400
+/// with the reason, 406 for another method.
+fn debug_flags_v(endpoints: &MetricsEndpoints, request: &RequestHead<'_>) -> Response {
+    let plain = |status: u16, text: &str| {
+        Response::new(status, "text/plain", format!("{text}\n"))
+            .with_header("X-Content-Type-Options", "nosniff")
+    };
+    if request.method != "PUT" {
+        return plain(406, "unsupported http method");
+    }
+    let Some(set) = &endpoints.set_verbosity else {
+        return plain(
+            400,
+            "the log verbosity is set by RUST_LOG in this process, not by -v",
+        );
+    };
+    match std::str::from_utf8(request.body) {
+        Ok(text) => match set(text) {
+            Ok(answer) => plain(200, &answer),
+            Err(reason) => plain(400, &reason),
+        },
+        Err(_) => plain(400, "the body is not UTF-8 text"),
+    }
 }
 
 /// Which of the proxy's two servers.
@@ -190,6 +225,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use std::sync::Mutex;
 
     fn hello() -> Handler {
         Arc::new(|_request| Response::text(200, "hello"))
@@ -276,6 +312,69 @@ mod tests {
         assert_eq!(reply.body, "hello");
         stop_tx.send(true).unwrap();
         task.await.unwrap();
+    }
+
+    fn endpoints_of(
+        profiling: bool,
+        settable: bool,
+    ) -> (MetricsEndpoints, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let set: VerbositySetter = Arc::new(move |text: &str| {
+            record.lock().unwrap().push(text.to_owned());
+            match text.trim() {
+                "4" => Ok("successfully set klog.logging.verbosity to 4".to_owned()),
+                other => Err(format!("failed set klog.logging.verbosity {other}")),
+            }
+        });
+        let endpoints = MetricsEndpoints {
+            metrics: ProxyMetrics::new("iptables"),
+            mode: "iptables",
+            configz: "{}".to_owned(),
+            profiling,
+            set_verbosity: settable.then_some(set),
+        };
+        (endpoints, seen)
+    }
+
+    fn call(handler: &Handler, method: &str, body: &[u8]) -> Response {
+        handler(&RequestHead {
+            method,
+            path: "/debug/flags/v",
+            accept: "",
+            body,
+        })
+    }
+
+    #[test]
+    fn debug_flags_v_sets_the_verbosity_with_profiling_only() {
+        let (endpoints, seen) = endpoints_of(true, true);
+        let handler = metrics_handler(endpoints);
+        let set = call(&handler, "PUT", b"4");
+        assert_eq!(set.status, 200);
+        assert_eq!(set.body, "successfully set klog.logging.verbosity to 4\n");
+        assert!(set
+            .headers
+            .contains(&("X-Content-Type-Options", "nosniff".to_owned())));
+        let refused = call(&handler, "PUT", b"x");
+        assert_eq!(refused.status, 400);
+        assert_eq!(refused.body, "failed set klog.logging.verbosity x\n");
+        assert_eq!(call(&handler, "GET", b"").status, 406);
+        assert_eq!(call(&handler, "PUT", &[0xff, 0xfe]).status, 400);
+        assert_eq!(*seen.lock().unwrap(), ["4", "x"]);
+
+        let (endpoints, seen) = endpoints_of(false, true);
+        let handler = metrics_handler(endpoints);
+        assert_eq!(call(&handler, "PUT", b"4").status, 404);
+        assert!(seen.lock().unwrap().is_empty());
+
+        let (endpoints, _) = endpoints_of(true, false);
+        let under_rust_log = call(&metrics_handler(endpoints), "PUT", b"4");
+        assert_eq!(under_rust_log.status, 400);
+        assert!(
+            under_rust_log.body.contains("RUST_LOG"),
+            "{under_rust_log:?}"
+        );
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl ServiceHealthServers {
         state.serving.retain(|port, stop| {
             let keep = wanted.contains_key(port);
             if !keep {
-                tracing::info!(port, "Closing health-check node port");
+                tracing::info!(v = 2, port, "Closing health-check node port");
                 let _ = stop.send(true);
             }
             keep
@@ -170,7 +170,7 @@ impl ServiceHealthServers {
             }
             match self.start(port, addresses.as_ref()) {
                 Ok(stop) => {
-                    tracing::info!(port, service = %service, "Serving health-check node port");
+                    tracing::info!(v = 2, port, service = %service, "Serving health-check node port");
                     state.serving.insert(port, stop);
                 }
                 Err(error) => tracing::warn!(

@@ -539,10 +539,11 @@ impl Proxier {
         self.status.requeue(drained.queued_since);
     }
 
-    /// Upstream's message and `elapsed` (Go's duration text), with what
-    /// the sync covered.
+    /// Upstream's message at upstream's verbosity (2) and `elapsed` (Go's
+    /// duration text), with what the sync covered.
     fn log_success(&self, stats: &SyncStats, changed: &BTreeSet<NamespacedName>) {
-        tracing::debug!(
+        tracing::info!(
+            v = 2,
             elapsed = %go_duration(stats.duration),
             ipFamily = self.family.as_api_str(),
             mode = self.mode,

@@ -170,7 +170,7 @@ impl Relay {
                 .get(name)
                 .is_some_and(|want| want.protocol == listener.protocol);
             if !keep {
-                tracing::info!(service = %name, port = listener.port, "closing listener");
+                tracing::info!(v = 2, service = %name, port = listener.port, "closing listener");
                 listener.close();
                 if listener.protocol == Protocol::Udp {
                     // Its endpoints are no longer the Service's.
@@ -204,7 +204,7 @@ impl Relay {
                 Ok(listener) => {
                     self.registry
                         .insert(name.clone(), Arc::clone(&listener.stats));
-                    tracing::info!(service = %name, port = listener.port, protocol = %want.protocol, "opened listener");
+                    tracing::info!(v = 2, service = %name, port = listener.port, protocol = %want.protocol, "opened listener");
                     self.listeners.insert(name.clone(), listener);
                 }
                 Err(error) => errors.push(error),

@@ -141,6 +141,10 @@ impl Agent {
             mode: mode.as_str(),
             configz: configz_json(config),
             profiling: config.enable_profiling,
+            set_verbosity: crate::logging::installed_verbosity().map(|verbosity| {
+                Arc::new(move |text: &str| verbosity.set_from_text(text))
+                    as kp_agent::servers::VerbositySetter
+            }),
         };
         let handler = metrics_handler(endpoints);
         let address = &config.metrics_bind_address;

@@ -11,7 +11,9 @@
 //! the message and string values quoted as Go's `%q` quotes them, numbers
 //! and booleans bare. JSON entries carry component-base's keys: `ts`
 //! (seconds since the epoch), `caller`, `msg`, `v` (the verbosity; absent
-//! on errors). A field named `error` is written as klog's `err`.
+//! on errors). A field named `error` is written as klog's `err`; a field
+//! named `v` is the entry's verbosity (`tracing::info!(v = 2, …)` is
+//! upstream's `klog.V(2).InfoS`), written only as JSON's `v`.
 
 use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -43,6 +45,9 @@ enum Value {
 struct Fields {
     message: String,
     pairs: Vec<(&'static str, Value)>,
+    /// The entry's `v` field: its klog verbosity, written as JSON's `v`
+    /// and not as a field of its own.
+    v: Option<u64>,
 }
 
 impl Fields {
@@ -71,10 +76,18 @@ impl Visit for Fields {
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
+        if field.name() == "v" {
+            self.v = Some(u64::try_from(value).unwrap_or(0));
+            return;
+        }
         self.push(field, Value::Bare(value.to_string()));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "v" {
+            self.v = Some(value);
+            return;
+        }
         self.push(field, Value::Bare(value.to_string()));
     }
 
@@ -205,13 +218,7 @@ fn json_line(at: SystemTime, level: Level, caller: &str, fields: &Fields) -> Str
     out.push_str(",\"msg\":");
     json_quote(&mut out, &fields.message);
     // klog's verbosity of the entry; errors have none.
-    let verbosity = match level {
-        Level::ERROR => None,
-        Level::WARN | Level::INFO => Some(0),
-        Level::DEBUG => Some(4),
-        Level::TRACE => Some(6),
-    };
-    if let Some(v) = verbosity {
+    if let Some(v) = crate::logging::entry_verbosity(level, fields.v) {
         let _ = write!(out, ",\"v\":{v}");
     }
     for (key, value) in &fields.pairs {
@@ -315,6 +322,7 @@ mod tests {
         Fields {
             message: message.to_owned(),
             pairs: pairs.to_vec(),
+            v: None,
         }
     }
 

@@ -31,12 +31,79 @@ fn settings_logging_to(path: &Path) -> LogSettings {
 /// Logs one INFO and one DEBUG entry from this file with `settings`, and
 /// returns what reached the log file.
 fn log_through(settings: &LogSettings, path: &Path) -> String {
-    let subscriber = build(settings, None).unwrap();
+    let (subscriber, _) = build(settings, None).unwrap();
     tracing::subscriber::with_default(subscriber, || {
         tracing::info!(entry = "routine", "Routine entry");
         tracing::debug!(entry = "detail", "Detailed entry");
     });
     std::fs::read_to_string(path).unwrap()
+}
+
+#[test]
+fn an_entry_is_written_at_the_verbosity_it_names() {
+    assert_eq!(entry_verbosity(Level::ERROR, Some(2)), None);
+    assert_eq!(entry_verbosity(Level::WARN, None), Some(0));
+    assert_eq!(entry_verbosity(Level::INFO, None), Some(0));
+    assert_eq!(entry_verbosity(Level::INFO, Some(2)), Some(2));
+    assert_eq!(entry_verbosity(Level::DEBUG, None), Some(4));
+    assert_eq!(entry_verbosity(Level::DEBUG, Some(5)), Some(5));
+    assert_eq!(entry_verbosity(Level::TRACE, None), Some(6));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kube-proxy.log");
+    let mut settings = settings_logging_to(&path);
+    settings.json = true;
+    let (subscriber, verbosity) = build(&settings, None).unwrap();
+    let verbosity = verbosity.unwrap();
+    let entries = |verbosity_now: u32| {
+        std::fs::write(&path, "").unwrap();
+        verbosity.set(verbosity_now);
+        tracing::info!("Always");
+        tracing::info!(v = 2, "At two");
+        tracing::info!(v = 3, "At three");
+        tracing::debug!("At four");
+        let text = std::fs::read_to_string(&path).unwrap();
+        text.lines()
+            .map(|line| {
+                let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+                format!("{} v={}", entry["msg"].as_str().unwrap(), entry["v"])
+            })
+            .collect::<Vec<_>>()
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        assert_eq!(entries(0), ["Always v=0"]);
+        assert_eq!(entries(1), ["Always v=0"]);
+        assert_eq!(entries(2), ["Always v=0", "At two v=2"]);
+        assert_eq!(
+            entries(4),
+            ["Always v=0", "At two v=2", "At three v=3", "At four v=4"]
+        );
+        assert_eq!(entries(0), ["Always v=0"]);
+    });
+}
+
+#[test]
+fn the_verbosity_is_set_from_text_as_component_base_answers() {
+    let verbosity = Verbosity::new(0);
+    assert_eq!(
+        verbosity.set_from_text("4\n"),
+        Ok("successfully set klog.logging.verbosity to 4".to_owned())
+    );
+    assert_eq!(verbosity.get(), 4);
+    assert_eq!(
+        verbosity.set_from_text("x"),
+        Err(
+            "failed set klog.logging.verbosity x: strconv.ParseInt: parsing \"x\": invalid syntax"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        verbosity.set_from_text("99999999999"),
+        Err("failed set klog.logging.verbosity 99999999999: strconv.ParseInt: parsing \"99999999999\": value out of range".to_owned())
+    );
+    assert_eq!(verbosity.get(), 4, "a refused value changes nothing");
+    assert!(verbosity.set_from_text("-1").is_ok());
+    assert_eq!(verbosity.get(), 0);
 }
 
 #[test]
@@ -166,7 +233,7 @@ fn settings_follow_the_configuration() {
 fn kube_rs_repeats_of_api_failures_are_dropped_and_its_other_entries_kept() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kube-proxy.log");
-    let subscriber = build(&settings_logging_to(&path), None).unwrap();
+    let (subscriber, _) = build(&settings_logging_to(&path), None).unwrap();
     tracing::subscriber::with_default(subscriber, || {
         tracing::error!(target: "kube_client::client::builder", "failed with error client error (Connect)");
         tracing::warn!(target: "kube_runtime::watcher", "watch list error with 403");

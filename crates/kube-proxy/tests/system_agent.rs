@@ -245,3 +245,84 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
     let metrics = get(&node, 10249, "/metrics").unwrap().body;
     assert!(sample(&metrics, "kubeproxy_proxy_healthz_total{code=\"503\"}").unwrap() >= 1.0);
 }
+
+/// `PUT path` with `body` on `port` of the node's loopback: the status
+/// line and the body.
+fn put(node: &Netns, port: u16, path: &str, body: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    node.run(|| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        let status = reply.lines().next().unwrap_or_default().to_owned();
+        let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        Ok::<_, std::io::Error>((status, body))
+    })
+    .unwrap()
+}
+
+/// The log verbosity changes at run time through `/debug/flags/v` with
+/// `--profiling`, as upstream's: at `-v=0` no sync is logged, after
+/// `PUT 2` each sync is ("SyncProxyRules complete", upstream's verbosity 2),
+/// and after `PUT 0` none again.
+#[test]
+fn the_verbosity_changes_at_run_time_through_debug_flags_v() {
+    require_root();
+    let node = Netns::create("verbosity").unwrap();
+    node.ip(&["link", "set", "lo", "up"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    fs::create_dir_all(&manifests).unwrap();
+    let log_path = dir.path().join("stderr");
+    let mut command = node.command(env!("CARGO_BIN_EXE_kube-proxy"));
+    command
+        .args(["--manifests", manifests.to_str().unwrap()])
+        .args([
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ])
+        .args(["--profiling", "--iptables-sync-period", "1s", "-v", "0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log_path).unwrap());
+    let _proxy = kp_testkit::netns::NsChild::spawn(&mut command).unwrap();
+    let log = || fs::read_to_string(&log_path).unwrap_or_default();
+    let syncs = || log().matches("\"SyncProxyRules complete\"").count();
+    let synced = wait_until(Duration::from_secs(20), || {
+        get(&node, 10256, "/healthz").is_ok_and(|reply| reply.code == 200)
+    });
+    assert!(synced, "the proxy never synced:\n{}", log());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(syncs(), 0, "a sync was logged at -v=0:\n{}", log());
+
+    let (status, body) = put(&node, 10249, "/debug/flags/v", "2");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert_eq!(body, "successfully set klog.logging.verbosity to 2\n");
+    let logged = wait_until(Duration::from_secs(10), || syncs() >= 2);
+    assert!(logged, "no sync logged at -v=2:\n{}", log());
+    assert!(log().contains("\"Log verbosity changed through /debug/flags/v\""));
+
+    let (status, body) = put(&node, 10249, "/debug/flags/v", "two");
+    assert_eq!(status, "HTTP/1.1 400 Bad Request", "{body}");
+    let (status, _) = put(&node, 10249, "/debug/flags/v", "0");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    std::thread::sleep(Duration::from_millis(500));
+    let at_zero = syncs();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        syncs(),
+        at_zero,
+        "syncs logged after -v went back to 0:\n{}",
+        log()
+    );
+    let not_put = get(&node, 10249, "/debug/flags/v").unwrap();
+    assert_eq!(not_put.code, 406);
+}
