@@ -57,6 +57,7 @@ impl Agent {
                 NFACCT_LOCALHOST_NODE_PORTS,
             );
         }
+        register_build_info(&mut metrics.registry());
         let conntrack = ConntrackMetrics::new();
         conntrack.register(&mut metrics.registry());
         if mode == ProxyMode::Userspace {
@@ -226,4 +227,39 @@ mod tests {
         );
         assert!(selected.iter().all(|ip| ip.is_loopback()), "{selected:?}");
     }
+}
+
+/// component-base's `kubernetes_build_info`, which dashboards read for the
+/// version each node runs: `major` and `minor` are the Kubernetes release
+/// whose kube-proxy this build matches, `git_version` this program's
+/// version (`v0.1.0-kube-proxy-rs`, so a dashboard tells it from
+/// upstream's), `compiler` `rustc`, `platform` as Go names it. Labels
+/// that have no value here (Go's version, a build date) are left out.
+fn register_build_info(registry: &mut prometheus_client::registry::Registry) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let (major, minor) = kp_config::KUBERNETES_COMPAT_VERSION;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    let labels = vec![
+        ("major", major.to_string()),
+        ("minor", minor.to_string()),
+        (
+            "git_version",
+            format!("v{}-kube-proxy-rs", env!("CARGO_PKG_VERSION")),
+        ),
+        ("compiler", "rustc".to_owned()),
+        ("platform", format!("{}/{arch}", std::env::consts::OS)),
+    ];
+    let info = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    info.get_or_create(&labels).set(1);
+    registry.register(
+        "kubernetes_build_info",
+        "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+        info,
+    );
 }

@@ -158,6 +158,22 @@ fn the_servers_answer_as_upstreams_do_and_follow_the_syncs() {
             > 0.0
     );
     assert!(sample(&metrics.body, "process_resident_memory_bytes").unwrap() > 0.0);
+    // The version dashboards show, under component-base's name.
+    let build_info = metrics
+        .body
+        .lines()
+        .find(|l| l.starts_with("kubernetes_build_info{major=\"1\",minor=\""))
+        .unwrap_or_else(|| panic!("no kubernetes_build_info:\n{}", metrics.body));
+    assert!(
+        build_info.contains(&format!(
+            "git_version=\"v{}-kube-proxy-rs\"",
+            env!("CARGO_PKG_VERSION")
+        )) && build_info.contains("compiler=\"rustc\"")
+            && build_info.contains("platform=\"linux/")
+            && build_info.ends_with("} 1"),
+        "{build_info}"
+    );
+    assert!(metrics.body.contains("# TYPE kubernetes_build_info gauge"));
     assert!(
         sample(
             &metrics.body,
