@@ -201,34 +201,6 @@ impl SyncObserver for ServiceEvents {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use kp_model::{IpFamily, NodeInfo};
-
-    use super::*;
-
-    #[test]
-    fn health_check_ports_listen_on_the_selected_node_port_addresses() {
-        let node = NodeInfo::default();
-        let everywhere = health_check_addresses(&KubeProxyConfiguration::default()).unwrap();
-        assert_eq!(everywhere(IpFamily::V4, &node), None);
-
-        let config = KubeProxyConfiguration {
-            node_port_addresses: Some(vec!["127.0.0.0/8".to_owned()]),
-            ..KubeProxyConfiguration::default()
-        };
-        let loopback = health_check_addresses(&config).unwrap();
-        let selected = loopback(IpFamily::V4, &node).unwrap();
-        assert!(
-            selected.contains(&"127.0.0.1".parse().unwrap()),
-            "{selected:?}"
-        );
-        assert!(selected.iter().all(|ip| ip.is_loopback()), "{selected:?}");
-    }
-}
-
 /// component-base's `kubernetes_build_info`, which dashboards read for the
 /// version each node runs: `major` and `minor` are the Kubernetes release
 /// whose kube-proxy this build matches, `git_version` this program's
@@ -262,4 +234,32 @@ fn register_build_info(registry: &mut prometheus_client::registry::Registry) {
         "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
         info,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kp_model::{IpFamily, NodeInfo};
+
+    use super::*;
+
+    #[test]
+    fn health_check_ports_listen_on_the_selected_node_port_addresses() {
+        let node = NodeInfo::default();
+        let everywhere = health_check_addresses(&KubeProxyConfiguration::default()).unwrap();
+        assert_eq!(everywhere(IpFamily::V4, &node), None);
+
+        let config = KubeProxyConfiguration {
+            node_port_addresses: Some(vec!["127.0.0.0/8".to_owned()]),
+            ..KubeProxyConfiguration::default()
+        };
+        let loopback = health_check_addresses(&config).unwrap();
+        let selected = loopback(IpFamily::V4, &node).unwrap();
+        assert!(
+            selected.contains(&"127.0.0.1".parse().unwrap()),
+            "{selected:?}"
+        );
+        assert!(selected.iter().all(|ip| ip.is_loopback()), "{selected:?}");
+    }
 }
