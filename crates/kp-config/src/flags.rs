@@ -281,12 +281,15 @@ pub struct Flags {
     /// Print the rules one sync would program, then exit without changing anything.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set, help_heading = PROJECT_HEADING)]
     pub dry_run: bool,
-    /// After a full sync, hold the kernel's rules of up to this many service ports (a rotating sample) against the model, log the first difference and export kubeproxy_rs_state_drift_service_ports; 0 turns the check off.
+    /// After a full sync, hold the kernel's rules of up to this many service ports (a rotating sample) against the model, log the first difference, export kubeproxy_rs_state_drift_services and rewrite a drifted family's rules; 0 turns the check off.
     #[arg(long, value_name = "N", default_value = "100", help_heading = PROJECT_HEADING)]
     pub state_check_service_ports: usize,
     /// The least time between two such checks.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = GoDuration::parse, help_heading = PROJECT_HEADING)]
     pub state_check_interval: GoDuration,
+    /// When the --config file changes, wait a random time of up to this long before exiting to load it, so that the nodes of a fleet whose ConfigMap changed do not all restart, and list the API server, in the same second; 0 exits at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = GoDuration::parse, help_heading = PROJECT_HEADING)]
+    pub config_change_exit_jitter: GoDuration,
 }
 
 /// The `name=bool` pairs of one `--feature-gates` occurrence, in order.

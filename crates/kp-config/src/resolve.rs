@@ -25,7 +25,7 @@ use crate::validation::validate;
 /// Flags that are not configuration fields, or that upstream honours even
 /// when `--config` is given (every logging flag: upstream copies the ones
 /// set on the command line over the file's `logging` section).
-const HONOURED_WITH_CONFIG: [&str; 30] = [
+const HONOURED_WITH_CONFIG: [&str; 31] = [
     "config",
     "write_config_to",
     "cleanup",
@@ -56,6 +56,7 @@ const HONOURED_WITH_CONFIG: [&str; 30] = [
     "dry_run",
     "state_check_service_ports",
     "state_check_interval",
+    "config_change_exit_jitter",
 ];
 
 /// The validated configuration plus the options only the binary uses.
@@ -85,8 +86,25 @@ pub struct Resolved {
     pub state_check_service_ports: usize,
     /// `--state-check-interval`: the least time between two checks.
     pub state_check_interval: std::time::Duration,
+    /// `--config-change-exit-jitter`: the longest random wait before the
+    /// exit that a changed `--config` file causes.
+    pub config_change_exit_jitter: std::time::Duration,
     /// Where logs go, from klog's flags (`--logtostderr`, `--log-file`, ...).
     pub klog: KlogOptions,
+}
+
+/// The duration of the flag `name`, which must not be negative.
+fn not_negative(name: &str, value: crate::GoDuration) -> Result<std::time::Duration, ConfigError> {
+    value.to_std().ok_or_else(|| {
+        ConfigError::Invalid(crate::validation::ValidationErrors(vec![
+            crate::validation::FieldError {
+                field: name.to_owned(),
+                kind: crate::validation::FieldErrorKind::Invalid,
+                value: value.to_string(),
+                detail: "must not be negative".to_owned(),
+            },
+        ]))
+    })
 }
 
 /// Parses a command line (the first item is the program name).
@@ -144,16 +162,11 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
         manifests: flags.manifests.clone(),
         dry_run: flags.dry_run,
         state_check_service_ports: flags.state_check_service_ports,
-        state_check_interval: flags.state_check_interval.to_std().ok_or_else(|| {
-            ConfigError::Invalid(crate::validation::ValidationErrors(vec![
-                crate::validation::FieldError {
-                    field: "--state-check-interval".to_owned(),
-                    kind: crate::validation::FieldErrorKind::Invalid,
-                    value: flags.state_check_interval.to_string(),
-                    detail: "must not be negative".to_owned(),
-                },
-            ]))
-        })?,
+        state_check_interval: not_negative("--state-check-interval", flags.state_check_interval)?,
+        config_change_exit_jitter: not_negative(
+            "--config-change-exit-jitter",
+            flags.config_change_exit_jitter,
+        )?,
         klog,
     })
 }

@@ -80,7 +80,7 @@ pub fn run(flags: &Flags, matches: &ArgMatches) -> anyhow::Result<()> {
             let stop = async {
                 tokio::select! {
                     () = shutdown_signal() => Ok(()),
-                    changed = config_changed(config_watch) => changed,
+                    changed = config_changed(config_watch, resolved.config_change_exit_jitter) => changed,
                 }
             };
             serve(&resolved, mode, &node_name, stop).await
@@ -110,15 +110,27 @@ fn init_only(config: &KubeProxyConfiguration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Completes when the `--config` file changed (never without one), with the
-/// error that ends the process so that the DaemonSet restarts it with the
-/// new configuration.
-async fn config_changed(watch: Option<ConfigWatch>) -> anyhow::Result<()> {
+/// Completes when the `--config` file changed (never without one) and a
+/// random wait of up to `jitter` has passed, with the error that ends the
+/// process so that the DaemonSet restarts it with the new configuration.
+/// The proxy serves on with the old configuration while it waits; the wait
+/// spreads the restarts of a fleet whose ConfigMap changed, and with them
+/// the lists each restarted proxy asks of the API server.
+async fn config_changed(watch: Option<ConfigWatch>, jitter: Duration) -> anyhow::Result<()> {
     let Some(watch) = watch else {
         return std::future::pending().await;
     };
     match watch.changed().await {
         Ok(changed) => {
+            let wait = random_up_to(jitter);
+            if !wait.is_zero() {
+                tracing::info!(
+                    path = %changed.path.display(),
+                    wait = %kp_sync::proxier::go_duration(wait),
+                    "Configuration file changed; exiting after a random wait so that the nodes do not all restart at once"
+                );
+                tokio::time::sleep(wait).await;
+            }
             tracing::error!(
                 path = %changed.path.display(),
                 change = %changed.change,
@@ -456,5 +468,41 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
+    }
+}
+
+/// A random duration from 0 to `max`, in milliseconds: the standard
+/// library's per-process random hash keys are the randomness (the wait
+/// needs no more).
+fn random_up_to(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let millis = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    if millis == 0 {
+        return Duration::ZERO;
+    }
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    Duration::from_millis(hasher.finish() % (millis + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_waits_stay_within_their_bound_and_spread_over_it() {
+        assert_eq!(random_up_to(Duration::ZERO), Duration::ZERO);
+        let max = Duration::from_secs(30);
+        let draws: Vec<Duration> = (0..200).map(|_| random_up_to(max)).collect();
+        assert!(draws.iter().all(|d| *d <= max), "{draws:?}");
+        let low = draws.iter().filter(|d| **d < max / 2).count();
+        // 200 fair draws fall below the middle between 60 and 140 times
+        // but for a chance of less than one in 10^7.
+        assert!((60..=140).contains(&low), "{low} of 200 below 15 s");
     }
 }

@@ -91,7 +91,13 @@ struct Proxy {
     _dir: tempfile::TempDir,
 }
 
+/// The proxy on `config`, exiting at once when it changes.
 fn start(node: &Netns, config: &Path) -> Proxy {
+    start_with(node, config, "0s")
+}
+
+/// The proxy on `config`, with `--config-change-exit-jitter=jitter`.
+fn start_with(node: &Netns, config: &Path, jitter: &str) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     for (name, text) in manifests() {
         fs::write(dir.path().join(name), text).unwrap();
@@ -101,6 +107,7 @@ fn start(node: &Netns, config: &Path) -> Proxy {
     command
         .args(["--config", config.to_str().unwrap()])
         .args(["--manifests", dir.path().to_str().unwrap()])
+        .arg(format!("--config-change-exit-jitter={jitter}"))
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())
         .stderr(File::create(dir.path().join("proxy.err")).unwrap());
@@ -154,6 +161,32 @@ impl Proxy {
 
     fn still_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+}
+
+/// With a jitter, the proxy waits a random time of up to it (logging the
+/// wait) before it exits, and serves on meanwhile.
+#[test]
+fn a_changed_config_file_ends_the_proxy_within_its_jitter() {
+    require_root();
+    let node = Netns::create("cfgjitter").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    fs::write(&path, config("30s")).unwrap();
+    let mut proxy = start_with(&node, &path, "4s");
+
+    let changed = std::time::Instant::now();
+    fs::write(&path, config("45s")).unwrap();
+    proxy.assert_ended_by_config_change(&node);
+    let waited = changed.elapsed();
+    let output = proxy.output();
+    // Four seconds at most, and the exit's own time.
+    assert!(waited < Duration::from_secs(7), "{waited:?}\n{output}");
+    if waited > Duration::from_millis(1500) {
+        assert!(
+            output.contains("exiting after a random wait"),
+            "{waited:?}\n{output}"
+        );
     }
 }
 
