@@ -52,15 +52,24 @@ type Labels = Vec<(&'static str, String)>;
 
 /// One sample to check.
 struct Job {
+    /// Tells this job's entry in [`Changed`] from a later job's.
+    id: u64,
     family: IpFamily,
     recorded: Recorded,
 }
+
+/// Per family, the job being checked and the Services that syncs changed
+/// since its sample was taken: the kernel the check reads may already hold
+/// their newer rules, so a difference of theirs says nothing.
+type Changed = Arc<Mutex<BTreeMap<IpFamily, (u64, BTreeSet<NamespacedName>)>>>;
 
 /// When the last check started and where the next sample begins.
 #[derive(Default)]
 struct Schedule {
     last: Option<Instant>,
     offset: usize,
+    /// The last job's id.
+    jobs: u64,
 }
 
 /// The sync observer that hands samples to the checking thread.
@@ -70,6 +79,7 @@ pub struct DriftCheck {
     schedule: Mutex<Schedule>,
     jobs: SyncSender<Job>,
     repairs: Repairs,
+    changed: Changed,
 }
 
 /// The proxiers' repair handles, one per family.
@@ -90,13 +100,19 @@ impl DriftCheck {
         }
         let metrics = Metrics::register(registry);
         let repairs = Repairs::default();
-        let thread_repairs = Arc::clone(&repairs);
+        let changed = Changed::default();
+        let shared = Shared {
+            mode,
+            metrics,
+            repairs: Arc::clone(&repairs),
+            changed: Arc::clone(&changed),
+        };
         // One job waits at most: a check still running when the next full
         // sync ends makes that sync's sample wait for the next one.
         let (jobs, receiver) = sync_channel(1);
         let spawned = std::thread::Builder::new()
             .name("state-check".to_owned())
-            .spawn(move || run(mode, &receiver, &metrics, &thread_repairs));
+            .spawn(move || run(&receiver, &shared));
         if let Err(error) = spawned {
             tracing::warn!(%error, "Cannot start the kernel state check; it is off");
             return None;
@@ -107,6 +123,7 @@ impl DriftCheck {
             schedule: Mutex::new(Schedule::default()),
             jobs,
             repairs,
+            changed,
         }))
     }
 
@@ -125,6 +142,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl SyncObserver for DriftCheck {
     fn on_synced(&self, request: &SyncRequest<'_>, _outcome: &SyncOutcome) {
+        if let Some((_, changed)) = lock(&self.changed).get_mut(&request.family) {
+            changed.extend(request.changed_services.iter().cloned());
+        }
         if !request.full || request.service_ports.is_empty() {
             return;
         }
@@ -147,16 +167,27 @@ impl SyncObserver for DriftCheck {
             .take(take)
             .map(|(name, state)| (name.clone(), state.clone()))
             .collect();
+        let id = schedule.jobs + 1;
         let job = Job {
+            id,
             family: request.family,
             recorded: (sample, request.node.clone()),
         };
+        // Tracked from now, before the thread can start on the job.
+        let replaced = lock(&self.changed).insert(request.family, (id, BTreeSet::new()));
         match self.jobs.try_send(job) {
             Ok(()) => {
                 schedule.last = Some(now);
                 schedule.offset = start + take;
+                schedule.jobs = id;
             }
-            Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                let mut changed = lock(&self.changed);
+                match replaced {
+                    Some(earlier) => changed.insert(request.family, earlier),
+                    None => changed.remove(&request.family),
+                };
+            }
             Err(TrySendError::Disconnected(_)) => {
                 tracing::debug!("the kernel state check has stopped");
             }
@@ -191,17 +222,89 @@ impl Metrics {
     }
 }
 
+/// What the checking thread shares with the observer.
+struct Shared {
+    mode: TraceMode,
+    metrics: Metrics,
+    repairs: Repairs,
+    changed: Changed,
+}
+
 /// The checking thread: one job at a time until the proxy ends.
-fn run(mode: TraceMode, jobs: &Receiver<Job>, metrics: &Metrics, repairs: &Repairs) {
+fn run(jobs: &Receiver<Job>, shared: &Shared) {
     while let Ok(job) = jobs.recv() {
         let started = Instant::now();
-        let result = check_in_child(mode, job.family, &job.recorded);
-        if report(metrics, job.family, result, started.elapsed()) {
-            for handle in lock(repairs).iter().filter(|h| h.family() == job.family) {
+        let result = check_job(shared, &job);
+        {
+            let mut changed = lock(&shared.changed);
+            if changed
+                .get(&job.family)
+                .is_some_and(|(id, _)| *id == job.id)
+            {
+                changed.remove(&job.family);
+            }
+        }
+        if report(&shared.metrics, job.family, result, started.elapsed()) {
+            for handle in lock(&shared.repairs)
+                .iter()
+                .filter(|h| h.family() == job.family)
+            {
                 handle.request();
             }
         }
     }
+}
+
+/// Checks `job` in a child; a difference is kept only if a second check
+/// of its service ports finds it again and no sync changed its Service
+/// since the sample: the proxy keeps syncing while the child reads, so a
+/// single reading may meet rules newer than the sample, or a sync halfway
+/// through being reported.
+fn check_job(shared: &Shared, job: &Job) -> anyhow::Result<FamilyResult> {
+    let unchanged = |result: FamilyResult| {
+        let changed = lock(&shared.changed)
+            .get(&job.family)
+            .filter(|(id, _)| *id == job.id)
+            .map(|(_, changed)| changed.clone())
+            .unwrap_or_default();
+        FamilyResult {
+            differences: result
+                .differences
+                .into_iter()
+                .filter(|d| !changed.contains(&d.probe.service.service))
+                .collect(),
+            ..result
+        }
+    };
+    let first = unchanged(check_in_child(shared.mode, job.family, &job.recorded)?);
+    if first.differences.is_empty() {
+        return Ok(first);
+    }
+    let drifted: BTreeSet<&ServicePortName> =
+        first.differences.iter().map(|d| &d.probe.service).collect();
+    let again: Recorded = (
+        job.recorded
+            .0
+            .iter()
+            .filter(|(name, _)| drifted.contains(name))
+            .map(|(name, state)| (name.clone(), state.clone()))
+            .collect(),
+        job.recorded.1.clone(),
+    );
+    let second = unchanged(check_in_child(shared.mode, job.family, &again)?);
+    let confirmed: BTreeSet<(String, String)> = second
+        .differences
+        .iter()
+        .map(|d| (d.probe.to_string(), d.found.clone()))
+        .collect();
+    Ok(FamilyResult {
+        differences: first
+            .differences
+            .into_iter()
+            .filter(|d| confirmed.contains(&(d.probe.to_string(), d.found.clone())))
+            .collect(),
+        ..first
+    })
 }
 
 /// Exports and logs one check's `result`; true when the kernel's rules
@@ -602,6 +705,64 @@ mod tests {
             text.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0\n"),
             "{text}"
         );
+    }
+
+    /// The observer tracks, for the job being checked, every Service that
+    /// later syncs change, and only for that job.
+    #[test]
+    fn services_changed_after_the_sample_are_tracked_for_its_job() {
+        let (jobs, queued) = sync_channel(1);
+        let check = DriftCheck {
+            sample: 10,
+            interval: Duration::ZERO,
+            schedule: Mutex::new(Schedule::default()),
+            jobs,
+            repairs: Repairs::default(),
+            changed: Changed::default(),
+        };
+        let (ports, node) = recorded();
+        let stale = kp_sync::StaleConntrack::default();
+        let sync = |full: bool, changed: &[&str]| {
+            let changed: BTreeSet<NamespacedName> = changed
+                .iter()
+                .map(|name| NamespacedName::new("ns", name))
+                .collect();
+            check.on_synced(
+                &SyncRequest {
+                    family: IpFamily::V4,
+                    full,
+                    service_ports: &ports,
+                    changed_services: &changed,
+                    node: &node,
+                    stale_conntrack: &stale,
+                },
+                &SyncOutcome::default(),
+            );
+        };
+        let tracked = || {
+            lock(&check.changed).get(&IpFamily::V4).map(|(id, names)| {
+                (
+                    *id,
+                    names.iter().map(|n| n.name.to_string()).collect::<Vec<_>>(),
+                )
+            })
+        };
+
+        sync(true, &["web", "shop"]);
+        assert_eq!(tracked(), Some((1, Vec::new())), "the sample's own changes");
+        sync(false, &["web"]);
+        assert_eq!(tracked(), Some((1, vec!["web".to_owned()])));
+        // The queue holds one job: a full sync while it waits keeps
+        // tracking for it, with its changes.
+        sync(true, &["empty"]);
+        assert_eq!(
+            tracked(),
+            Some((1, vec!["empty".to_owned(), "web".to_owned()]))
+        );
+        let job = queued.try_recv().unwrap();
+        assert_eq!((job.id, job.recorded.0.len()), (1, 4));
+        sync(true, &[]);
+        assert_eq!(tracked(), Some((2, Vec::new())), "the next job's own entry");
     }
 
     #[test]
