@@ -431,11 +431,13 @@ impl TraceMode {
 /// The mode whose rules this network namespace holds: the nftables table,
 /// else the chains each iptables-based mode alone creates.
 fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
-    if kp_nftables::live::read_table(family)
-        .map_err(|error| anyhow::anyhow!("{error}"))?
-        .is_some()
-    {
-        return Ok(TraceMode::Nftables);
+    match kp_nftables::live::read_table(family) {
+        Ok(Some(_)) => return Ok(TraceMode::Nftables),
+        Ok(None) => {}
+        // A kernel without nftables holds no table of it; the IPVS mode
+        // runs on such kernels.
+        Err(error) if without_nftables(&error) => {}
+        Err(error) => return Err(anyhow::anyhow!("{error}")),
     }
     // The chains each iptables-based mode alone declares, from the nat
     // table's listing (not parsed as rules: the tracer of one mode does not
@@ -463,6 +465,25 @@ fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
         family.as_api_str(),
         nft_family(family)
     )
+}
+
+/// Whether reading the nftables table failed because the kernel has no
+/// nftables: nfnetlink answers a message to a subsystem that is not
+/// registered (`CONFIG_NF_TABLES` off, or `nf_tables` not loaded where no
+/// module can be loaded) with EINVAL (`nfnetlink_rcv_msg`,
+/// net/netfilter/nfnetlink.c).
+fn without_nftables(error: &kp_nftables::live::ReadError) -> bool {
+    match error {
+        kp_nftables::live::ReadError::Netlink { source, .. } => {
+            source.errno().is_some_and(is_invalid_argument)
+        }
+        _ => false,
+    }
+}
+
+/// Whether `errno` is EINVAL.
+fn is_invalid_argument(errno: i32) -> bool {
+    std::io::Error::from_raw_os_error(errno).kind() == std::io::ErrorKind::InvalidInput
 }
 
 fn trace_iptables(
@@ -790,6 +811,16 @@ mod tests {
         assert!(error.contains("ADDRESS:PORT"), "{error}");
         let error = "10.96.0.10:80/icmp".parse::<Destination>().unwrap_err();
         assert!(error.contains("\"icmp\""), "{error}");
+    }
+
+    #[test]
+    fn only_einval_says_the_kernel_has_no_nftables() {
+        // EINVAL is 22 on every Linux architecture; EPERM, ENOENT, EACCES,
+        // EOPNOTSUPP (x86) and ENOBUFS are failures of another kind.
+        assert!(is_invalid_argument(22));
+        for other in [1, 2, 13, 95, 105] {
+            assert!(!is_invalid_argument(other), "errno {other}");
+        }
     }
 
     fn path(verdict: Verdict, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
