@@ -25,6 +25,8 @@
 //! | ns1/np-empty, p80 80/TCP | ClusterIP 10.96.0.18, NodePort 30082, no endpoints (later ep1, then none again) |
 //! | ns1/sticky-dns, p53 53/UDP | ClusterIP 10.96.0.19, ClientIP affinity for 2 s, endpoints ep1, ep2 |
 //! | ns1/np6, p80 80/TCP | ClusterIP fd00:10:96::12, NodePort 30090, LB 2001:db8:203:113::9, endpoints ep1, ep3 |
+//! | ns1/far, p80 80/TCP | ClusterIP 10.96.0.21, NodePort 30100, externalIP 203.0.113.5, LB 203.0.113.9, endpoint ep3 behind the second node |
+//! | ns1/far6, p80 80/TCP | ClusterIP fd00:10:96::21, NodePort 30100, endpoint ep3 behind the second node |
 //! | examples/ (the binary's trace) | demo/sticky 10.96.0.15 (ClientIP 600 s), demo/web-nodeport 30080, demo/shop LB 203.0.113.10 (source ranges 192.168.99.8/29, 198.51.100.0/24), demo/empty 10.96.0.17 |
 //! | source of pod traffic | pod `src` on node-1, not an endpoint; `client` outside |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -2215,4 +2217,192 @@ fn vm_kube_proxy_trace_shows_the_ipvs_path_of_each_kind_of_service() {
         "no sync failed:\n{}",
         log()
     );
+}
+
+/// How many packets from `source` the second node forwarded (an
+/// iptables-legacy counting rule in its FORWARD chain, added by
+/// [`count_forwarded_from`]): a client sees a reply dropped on node-2 and
+/// a request never sent there alike (no answer); the count tells them
+/// apart.
+fn forwarded_from(topology: &Topology, source: IpAddr) -> u64 {
+    let program = if source.is_ipv6() {
+        "ip6tables-legacy"
+    } else {
+        "iptables-legacy"
+    };
+    let listing = topology
+        .second_node()
+        .exec_ok(program, &["-L", "FORWARD", "-n", "-v", "-x"]);
+    let source = source.to_string();
+    listing
+        .lines()
+        .find(|line| {
+            line.split_whitespace()
+                .any(|word| word.split('/').next() == Some(source.as_str()))
+        })
+        .and_then(|line| line.split_whitespace().next())
+        .and_then(|packets| packets.parse().ok())
+        .unwrap_or_else(|| panic!("no counting rule for {source} on node-2:\n{listing}"))
+}
+
+/// Starts counting the packets the second node forwards from `source`.
+fn count_forwarded_from(topology: &Topology, source: IpAddr) {
+    let program = if source.is_ipv6() {
+        "ip6tables-legacy"
+    } else {
+        "iptables-legacy"
+    };
+    topology
+        .second_node()
+        .exec_ok(program, &["-A", "FORWARD", "-s", &source.to_string()]);
+}
+
+/// The rule number of KUBE-POSTROUTING's MASQUERADE rule in the node's nat
+/// table of `program` (`iptables-legacy`, `ip6tables-legacy`).
+fn masquerade_rule_number(topology: &Topology, program: &str) -> String {
+    let listing = topology.node().exec_ok(
+        program,
+        &[
+            "-t",
+            "nat",
+            "-L",
+            "KUBE-POSTROUTING",
+            "-n",
+            "--line-numbers",
+        ],
+    );
+    listing
+        .lines()
+        .find(|line| line.split_whitespace().nth(1) == Some("MASQUERADE"))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("KUBE-POSTROUTING has no MASQUERADE rule:\n{listing}"))
+        .to_owned()
+}
+
+/// A second node (kp_testkit's `with_second_node`): ep3 lives behind
+/// node-2, which routes only to this node and its pods, so ep3 can answer a
+/// client outside the cluster only when this node masqueraded the
+/// connection to its own address. For each family, a client reaches ep3
+/// through the NodePort on the node's address (and in IPv4 also through
+/// the external IP and the load balancer IP), and ep3 sees the node's
+/// address; the same client connecting to ep3 directly (routed by the
+/// node, not masqueraded) reaches node-2 and gets no answer; a pod of this
+/// node reaches ep3 through the ClusterIP with its own address (pod ranges
+/// are routed between the nodes, so nothing is masqueraded). With
+/// KUBE-POSTROUTING's MASQUERADE rule deleted, a new connection through
+/// the NodePort goes unanswered too.
+#[test]
+#[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
+fn vm_a_pod_on_the_second_node_answers_a_client_only_through_the_masquerade() {
+    use kp_testkit::plan::{NODE_IP, NODE_IP_V6};
+    require_ipvs();
+    kp_testkit::netns::require_tool("iptables-legacy");
+    let topology = Topology::builder()
+        .with_second_node()
+        .remote_pod("ep3", |p| p.tcp(80))
+        .pod("src", |p| p)
+        .build()
+        .unwrap();
+    let (ep3, ep3_v6) = (
+        ip_of(&topology, "ep3"),
+        topology.pod("ep3").ip_v6().to_string(),
+    );
+    let parts = RequestParts::new(
+        Ports::new()
+            .with(
+                service("ns1", "far", "10.96.0.21", 80)
+                    .node_port(30100)
+                    .external_ip("203.0.113.5")
+                    .lb_ip("203.0.113.9")
+                    .endpoint(&ep3, 80, false),
+            )
+            .build(),
+        "192.168.99.2",
+    );
+    let parts6 = RequestParts::new(
+        Ports::new()
+            .with(
+                service("ns1", "far6", "fd00:10:96::21", 80)
+                    .node_port(30100)
+                    .endpoint(&ep3_v6, 80, false),
+            )
+            .build(),
+        "fd00:192:168:99::2",
+    );
+    let mut backend = node_backend(&topology, IpFamily::V4);
+    let mut backend6 = node_backend(&topology, IpFamily::V6);
+    sync(&topology, &mut backend, &parts, true);
+    sync(&topology, &mut backend6, &parts6, true);
+
+    let client = topology.client();
+    let (client_v4, client_v6) = (IpAddr::V4(client.ip()), IpAddr::V6(client.ip_v6()));
+    let cases = [
+        (at("192.168.99.2", 30100), IpAddr::V4(NODE_IP)),
+        (at("203.0.113.5", 80), IpAddr::V4(NODE_IP)),
+        (at("203.0.113.9", 80), IpAddr::V4(NODE_IP)),
+        (at("fd00:192:168:99::2", 30100), IpAddr::V6(NODE_IP_V6)),
+    ];
+    for (address, node_ip) in cases {
+        let reply = connect(client, address).unwrap_or_else(|error| {
+            panic!("{address}: no answer from ep3 on node-2 (not masqueraded?): {error}")
+        });
+        assert_eq!(reply.backend, "ep3", "{address}");
+        assert_eq!(
+            reply.source, node_ip,
+            "{address}: ep3 sees the node's address, not the client's"
+        );
+    }
+
+    // Without the masquerade the client's connection reaches node-2, and
+    // ep3's answer to the client's address has no way back.
+    count_forwarded_from(&topology, client_v4);
+    count_forwarded_from(&topology, client_v6);
+    expect_timeout(client, at(&ep3, 80));
+    expect_timeout(client, SocketAddr::new(ep3_v6.parse().unwrap(), 80));
+    assert!(
+        forwarded_from(&topology, client_v4) > 0 && forwarded_from(&topology, client_v6) > 0,
+        "node-2 forwarded the client's direct connections to ep3"
+    );
+
+    // A pod of this node keeps its address: the pod ranges are routed.
+    let src = topology.pod("src");
+    for (address, own) in [
+        (at("10.96.0.21", 80), IpAddr::V4(src.ip())),
+        (at("fd00:10:96::21", 80), IpAddr::V6(src.ip_v6())),
+    ] {
+        let reply = connect(src, address).unwrap();
+        assert_eq!(
+            (reply.backend.as_str(), reply.source),
+            ("ep3", own),
+            "{address}: the pod reaches ep3 with its own address"
+        );
+    }
+
+    // KUBE-POSTROUTING's MASQUERADE rule deleted: a new connection through
+    // the NodePort reaches ep3 with the client's address and dies there.
+    for (program, address) in [
+        ("iptables-legacy", at("192.168.99.2", 30100)),
+        ("ip6tables-legacy", at("fd00:192:168:99::2", 30100)),
+    ] {
+        let number = masquerade_rule_number(&topology, program);
+        topology
+            .node()
+            .exec_ok(program, &["-t", "nat", "-D", "KUBE-POSTROUTING", &number]);
+        let source = client_ip_of(client, address);
+        let before = forwarded_from(&topology, source);
+        expect_timeout(client, address);
+        assert!(
+            forwarded_from(&topology, source) > before,
+            "{address}: without the masquerade the connection still reaches node-2"
+        );
+    }
+}
+
+/// The client's address of `address`'s family.
+fn client_ip_of(client: &kp_testkit::netns::Host, address: SocketAddr) -> IpAddr {
+    if address.is_ipv6() {
+        IpAddr::V6(client.ip_v6())
+    } else {
+        IpAddr::V4(client.ip())
+    }
 }
