@@ -1713,6 +1713,8 @@ const EXAMPLE_MANIFESTS: [(&str, &str); 3] = [
 /// on the node types it, the text report, and the `-o json` report parsed.
 struct Traced {
     command: String,
+    /// The exact command line that ran: `ip netns exec NODE BINARY trace …`.
+    invocation: String,
     text: String,
     /// The JSON report as printed.
     json_text: String,
@@ -1751,6 +1753,11 @@ fn trace_in(node: &Netns, binary: &str, args: &[&str]) -> Traced {
     });
     Traced {
         command: format!("kube-proxy trace {}", args.join(" ")),
+        invocation: format!(
+            "ip netns exec {} {binary} trace {}",
+            node.name(),
+            args.join(" ")
+        ),
         text,
         json_text,
         json,
@@ -1766,7 +1773,7 @@ impl Traced {
         let block = format!(
             "===== BEGIN IPVS TRACE: $ {command} =====\n{text}===== END IPVS TRACE =====\n\
              ===== BEGIN IPVS TRACE: $ {command} -o json =====\n{json}===== END IPVS TRACE =====\n",
-            command = self.command,
+            command = self.invocation,
             text = self.text,
             json = self.json_text,
         );
@@ -2209,6 +2216,8 @@ fn vm_kube_proxy_trace_shows_the_ipvs_path_of_each_kind_of_service() {
 
     // Without --proxy-mode, trace finds the IPVS mode's rules itself.
     let detected = trace_in(&node, &binary, &["--to", "10.96.0.17:80/tcp"]);
+    detected.show();
+    detected.assert_text_agrees();
     assert_eq!(detected.json["mode"], "ipvs", "{}", detected.text);
     assert_eq!(detected.json["origin"], "this-node", "{}", detected.text);
     assert_eq!(detected.outcome(), "reject", "{}", detected.text);
