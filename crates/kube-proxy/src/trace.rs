@@ -272,7 +272,10 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Report> {
     let (source, origin) = match args.from {
         Some(from) if local.contains(&from) => (from, Origin::ThisNode),
         Some(from) => (from, Origin::Received),
-        None => (own_source(&local, family), Origin::ThisNode),
+        None => (
+            own_source(&local, family, destination.ip()),
+            Origin::ThisNode,
+        ),
     };
     let connection = Connection {
         source,
@@ -403,9 +406,16 @@ pub struct Connection {
     pub in_interface: Option<String>,
 }
 
-/// The source address a process of this node uses when none is given: the
-/// first address of the family that is not a loopback one.
-fn own_source(local: &[IpAddr], family: IpFamily) -> IpAddr {
+/// The source address a process of this node uses to reach `destination`
+/// when none is given: `destination` itself when it is an address of the
+/// node (the IPVS mode's Service addresses are, on kube-ipvs0: the kernel
+/// takes a local route's own address, `ip route get` says `src
+/// 10.96.0.10`), else the first address of the family that is not a
+/// loopback one.
+fn own_source(local: &[IpAddr], family: IpFamily, destination: IpAddr) -> IpAddr {
+    if local.contains(&destination) {
+        return destination;
+    }
     local
         .iter()
         .copied()
@@ -811,6 +821,41 @@ mod tests {
         assert!(error.contains("ADDRESS:PORT"), "{error}");
         let error = "10.96.0.10:80/icmp".parse::<Destination>().unwrap_err();
         assert!(error.contains("\"icmp\""), "{error}");
+    }
+
+    #[test]
+    fn a_process_of_the_node_reaches_an_address_of_the_node_from_that_address() {
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        // The IPVS mode's kube-ipvs0 holds the Service addresses.
+        let local = [
+            ip("127.0.0.1"),
+            ip("10.96.0.10"),
+            ip("10.96.0.17"),
+            ip("192.168.99.2"),
+        ];
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("10.96.0.17")),
+            ip("10.96.0.17")
+        );
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("192.168.99.2")),
+            ip("192.168.99.2")
+        );
+        // Not an address of the node (a ClusterIP in the iptables modes):
+        // the first address that is not a loopback one.
+        let iptables_node = [ip("127.0.0.1"), ip("192.168.99.2")];
+        assert_eq!(
+            own_source(&iptables_node, IpFamily::V4, ip("10.96.0.17")),
+            ip("192.168.99.2")
+        );
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("127.0.0.1")),
+            ip("127.0.0.1")
+        );
+        assert_eq!(
+            own_source(&[], IpFamily::V6, ip("fd00:10:96::a")),
+            ip("::1")
+        );
     }
 
     #[test]
