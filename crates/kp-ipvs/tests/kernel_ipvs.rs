@@ -2220,6 +2220,8 @@ fn vm_kube_proxy_trace_shows_the_ipvs_path_of_each_kind_of_service() {
     detected.assert_text_agrees();
     assert_eq!(detected.json["mode"], "ipvs", "{}", detected.text);
     assert_eq!(detected.json["origin"], "this-node", "{}", detected.text);
+    // A process of the node reaches kube-ipvs0's address from that address.
+    assert_eq!(detected.json["source"], "10.96.0.17", "{}", detected.text);
     assert_eq!(detected.outcome(), "reject", "{}", detected.text);
     assert!(
         !log().contains("syncing proxy rules failed"),
