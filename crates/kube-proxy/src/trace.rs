@@ -272,7 +272,10 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Report> {
     let (source, origin) = match args.from {
         Some(from) if local.contains(&from) => (from, Origin::ThisNode),
         Some(from) => (from, Origin::Received),
-        None => (own_source(&local, family), Origin::ThisNode),
+        None => (
+            own_source(&local, family, destination.ip()),
+            Origin::ThisNode,
+        ),
     };
     let connection = Connection {
         source,
@@ -409,9 +412,16 @@ pub struct Connection {
     pub in_interface: Option<String>,
 }
 
-/// The source address a process of this node uses when none is given: the
-/// first address of the family that is not a loopback one.
-fn own_source(local: &[IpAddr], family: IpFamily) -> IpAddr {
+/// The source address a process of this node uses to reach `destination`
+/// when none is given: `destination` itself when it is an address of the
+/// node (the IPVS mode's Service addresses are, on kube-ipvs0: the kernel
+/// takes a local route's own address, `ip route get` says `src
+/// 10.96.0.10`), else the first address of the family that is not a
+/// loopback one.
+fn own_source(local: &[IpAddr], family: IpFamily, destination: IpAddr) -> IpAddr {
+    if local.contains(&destination) {
+        return destination;
+    }
     local
         .iter()
         .copied()
@@ -437,11 +447,13 @@ impl TraceMode {
 /// The mode whose rules this network namespace holds: the nftables table,
 /// else the chains each iptables-based mode alone creates.
 fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
-    if kp_nftables::live::read_table(family)
-        .map_err(|error| anyhow::anyhow!("{error}"))?
-        .is_some()
-    {
-        return Ok(TraceMode::Nftables);
+    match kp_nftables::live::read_table(family) {
+        Ok(Some(_)) => return Ok(TraceMode::Nftables),
+        Ok(None) => {}
+        // A kernel without nftables holds no table of it; the IPVS mode
+        // runs on such kernels.
+        Err(error) if without_nftables(&error) => {}
+        Err(error) => return Err(anyhow::anyhow!("{error}")),
     }
     // The chains each iptables-based mode alone declares, from the nat
     // table's listing (not parsed as rules: the tracer of one mode does not
@@ -469,6 +481,25 @@ fn detect_mode(family: IpFamily) -> anyhow::Result<TraceMode> {
         family.as_api_str(),
         nft_family(family)
     )
+}
+
+/// Whether reading the nftables table failed because the kernel has no
+/// nftables: nfnetlink answers a message to a subsystem that is not
+/// registered (`CONFIG_NF_TABLES` off, or `nf_tables` not loaded where no
+/// module can be loaded) with EINVAL (`nfnetlink_rcv_msg`,
+/// net/netfilter/nfnetlink.c).
+fn without_nftables(error: &kp_nftables::live::ReadError) -> bool {
+    match error {
+        kp_nftables::live::ReadError::Netlink { source, .. } => {
+            source.errno().is_some_and(is_invalid_argument)
+        }
+        _ => false,
+    }
+}
+
+/// Whether `errno` is EINVAL.
+fn is_invalid_argument(errno: i32) -> bool {
+    std::io::Error::from_raw_os_error(errno).kind() == std::io::ErrorKind::InvalidInput
 }
 
 fn trace_iptables(
@@ -752,6 +783,51 @@ mod tests {
         assert!(error.contains("ADDRESS:PORT"), "{error}");
         let error = "10.96.0.10:80/icmp".parse::<Destination>().unwrap_err();
         assert!(error.contains("\"icmp\""), "{error}");
+    }
+
+    #[test]
+    fn a_process_of_the_node_reaches_an_address_of_the_node_from_that_address() {
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        // The IPVS mode's kube-ipvs0 holds the Service addresses.
+        let local = [
+            ip("127.0.0.1"),
+            ip("10.96.0.10"),
+            ip("10.96.0.17"),
+            ip("192.168.99.2"),
+        ];
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("10.96.0.17")),
+            ip("10.96.0.17")
+        );
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("192.168.99.2")),
+            ip("192.168.99.2")
+        );
+        // Not an address of the node (a ClusterIP in the iptables modes):
+        // the first address that is not a loopback one.
+        let iptables_node = [ip("127.0.0.1"), ip("192.168.99.2")];
+        assert_eq!(
+            own_source(&iptables_node, IpFamily::V4, ip("10.96.0.17")),
+            ip("192.168.99.2")
+        );
+        assert_eq!(
+            own_source(&local, IpFamily::V4, ip("127.0.0.1")),
+            ip("127.0.0.1")
+        );
+        assert_eq!(
+            own_source(&[], IpFamily::V6, ip("fd00:10:96::a")),
+            ip("::1")
+        );
+    }
+
+    #[test]
+    fn only_einval_says_the_kernel_has_no_nftables() {
+        // EINVAL is 22 on every Linux architecture; EPERM, ENOENT, EACCES,
+        // EOPNOTSUPP (x86) and ENOBUFS are failures of another kind.
+        assert!(is_invalid_argument(22));
+        for other in [1, 2, 13, 95, 105] {
+            assert!(!is_invalid_argument(other), "errno {other}");
+        }
     }
 
     fn path(verdict: Verdict, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
