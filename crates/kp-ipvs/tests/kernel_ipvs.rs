@@ -2103,7 +2103,7 @@ fn vm_kube_proxy_trace_shows_the_ipvs_path_of_each_kind_of_service() {
     assert!(
         sticky
             .text
-            .contains("Outcome: load-balanced to 2 endpoint(s): 10.244.1.2:8080 (50.0 %), 10.244.1.3:8080 (50.0 %); masqueraded on none paths"),
+            .contains("Outcome: load-balanced to 2 endpoint(s): 10.244.1.2:8080 (50.0 %), 10.244.1.3:8080 (50.0 %); not masqueraded"),
         "{}",
         sticky.text
     );

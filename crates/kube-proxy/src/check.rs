@@ -262,9 +262,9 @@ fn describe(outcome: &Outcome) -> String {
         } => {
             let list: Vec<String> = endpoints.iter().map(|s| s.endpoint.to_string()).collect();
             format!(
-                "DNAT to one of {{{}}}, masqueraded on {} paths",
+                "DNAT to one of {{{}}}, {}",
                 list.join(", "),
-                masqueraded.as_str()
+                masqueraded.phrase()
             )
         }
         Outcome::Reject => "rejected".to_owned(),

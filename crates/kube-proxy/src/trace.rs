@@ -179,12 +179,12 @@ pub enum Masquerade {
 }
 
 impl Masquerade {
-    /// As the text report says it.
-    pub fn as_str(self) -> &'static str {
+    /// As the text reports say it.
+    pub fn phrase(self) -> &'static str {
         match self {
-            Self::All => "all",
-            Self::None => "none",
-            Self::Some => "some",
+            Self::All => "masqueraded on every path",
+            Self::None => "not masqueraded",
+            Self::Some => "masqueraded on some paths",
         }
     }
 }
@@ -749,10 +749,10 @@ fn text(report: &Report) -> String {
                 .map(|s| format!("{} ({:.1} %)", s.endpoint, s.probability * 100.0))
                 .collect();
             format!(
-                "load-balanced to {} endpoint(s): {}; masqueraded on {} paths",
+                "load-balanced to {} endpoint(s): {}; {}",
                 endpoints.len(),
                 list.join(", "),
-                masqueraded.as_str()
+                masqueraded.phrase()
             )
         }
         Outcome::Reject => "rejected".to_owned(),
