@@ -53,31 +53,55 @@ struct ConnectionCollector {
 }
 
 const FAMILIES: [Family; 4] = [
-    Family {
-        name: "kubeproxy_userspace_active_connections",
-        help: "TCP connections and UDP sessions the userspace proxy holds open, per service port",
-        counter: false,
-        value: |stats| stats.active,
-    },
-    Family {
-        name: "kubeproxy_userspace_accepted_connections",
-        help: "TCP connections accepted and UDP sessions opened by the userspace proxy, per service port",
-        counter: true,
-        value: |stats| stats.accepted,
-    },
-    Family {
-        name: "kubeproxy_userspace_refused_connections",
-        help: "TCP connections reset and UDP datagrams dropped by the userspace proxy because no endpoint could serve them or the client was outside loadBalancerSourceRanges, per service port",
-        counter: true,
-        value: |stats| stats.refused,
-    },
-    Family {
-        name: "kubeproxy_userspace_endpoint_dial_failures",
-        help: "Attempts of the userspace proxy to reach an endpoint that were refused or timed out, per service port",
-        counter: true,
-        value: |stats| stats.dial_failures,
-    },
+    Family::gauge(
+        "kubeproxy_userspace_active_connections",
+        "TCP connections and UDP sessions the userspace proxy holds open, per service port",
+        |stats| stats.active,
+    ),
+    Family::counter(
+        "kubeproxy_userspace_accepted_connections",
+        "TCP connections accepted and UDP sessions opened by the userspace proxy, per service port",
+        |stats| stats.accepted,
+    ),
+    Family::counter(
+        "kubeproxy_userspace_refused_connections",
+        "TCP connections reset and UDP datagrams dropped by the userspace proxy because no endpoint could serve them or the client was outside loadBalancerSourceRanges, per service port",
+        |stats| stats.refused,
+    ),
+    Family::counter(
+        "kubeproxy_userspace_endpoint_dial_failures",
+        "Attempts of the userspace proxy to reach an endpoint that were refused or timed out, per service port",
+        |stats| stats.dial_failures,
+    ),
 ];
+
+impl Family {
+    const fn gauge(
+        name: &'static str,
+        help: &'static str,
+        value: fn(&StatsSnapshot) -> u64,
+    ) -> Self {
+        Self {
+            name,
+            help,
+            counter: false,
+            value,
+        }
+    }
+
+    const fn counter(
+        name: &'static str,
+        help: &'static str,
+        value: fn(&StatsSnapshot) -> u64,
+    ) -> Self {
+        Self {
+            name,
+            help,
+            counter: true,
+            value,
+        }
+    }
+}
 
 /// The metrics of the process's relays: the binary's backends (one per
 /// family) add their relays with [`UserspaceMetrics::watch`], and its

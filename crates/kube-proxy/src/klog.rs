@@ -24,13 +24,13 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// klog's text format.
+/// klog's text format, or with `json` component-base's JSON format
+/// (`--logging-format=json`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct KlogText;
-
-/// component-base's JSON format (`--logging-format=json`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KlogJson;
+pub struct Klog {
+    /// Write JSON entries.
+    pub json: bool,
+}
 
 /// A field's value: a string (quoted when written) or a number or boolean
 /// (written bare).
@@ -118,7 +118,7 @@ impl Visit for Fields {
     }
 }
 
-impl<S, N> FormatEvent<S, N> for KlogText
+impl<S, N> FormatEvent<S, N> for Klog
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -129,24 +129,13 @@ where
         writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        write_event(writer, event, |at, level, caller, fields| {
-            text_line(at, level, std::process::id(), caller, fields)
-        })
-    }
-}
-
-impl<S, N> FormatEvent<S, N> for KlogJson
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        write_event(writer, event, json_line)
+        if self.json {
+            write_event(writer, event, json_line)
+        } else {
+            write_event(writer, event, |at, level, caller, fields| {
+                text_line(at, level, std::process::id(), caller, fields)
+            })
+        }
     }
 }
 

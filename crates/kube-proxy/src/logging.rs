@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use kp_config::{KlogOptions, LoggingConfiguration, Severity, VModuleItem};
 
-use crate::klog::{KlogJson, KlogText};
+use crate::klog::Klog;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, FilterExt, FilterFn, LevelFilter};
@@ -348,12 +348,10 @@ fn fmt_layer<W>(writer: W, json: bool) -> Box<dyn Layer<Registry> + Send + Sync>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let layer = tracing_subscriber::fmt::layer().with_writer(writer);
-    if json {
-        layer.event_format(KlogJson).boxed()
-    } else {
-        layer.event_format(KlogText).boxed()
-    }
+    tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .event_format(Klog { json })
+        .boxed()
 }
 
 #[cfg(test)]
