@@ -11,7 +11,7 @@
 //!   image under its name in kubelet's namespace `k8s.io`, unpacked, with
 //!   the archive's manifest digest;
 //! - CRI-O: `skopeo copy oci-archive:… containers-storage:…` into a private
-//!   store holds the same manifest;
+//!   store holds the same manifest, its layer unpacked with the proxy in it;
 //! - a registry: `scripts/image/push` (what `scripts/image/build --registry`
 //!   runs) into Debian's `docker-registry` on the loopback of a test network
 //!   namespace pushes the manifest unchanged under
@@ -336,7 +336,9 @@ fn ctr_imports_the_archive_into_kubelets_containerd_namespace() {
     require_program("containerd", "--version", "containerd");
     require_program("ctr", "--version", "containerd");
     let archive = built_archive();
-    let (name, digest) = name_and_digest(archive);
+    let (_, digest) = name_and_digest(archive);
+    // The name deploy/'s DaemonSets ask for, with `IfNotPresent`.
+    let name = format!("localhost/kube-proxy-rs:{}", env!("CARGO_PKG_VERSION"));
     let dir = tempfile::tempdir().unwrap();
     let (_containerd, socket) = private_containerd(dir.path());
     let ctr = |namespace: &str, args: &[&str]| {
@@ -411,6 +413,17 @@ fn skopeo_copies_the_archive_into_cri_os_containers_storage() {
         format!("sha256:{}", sha256(&held)),
         digest,
         "the store holds {name} with the archive's manifest"
+    );
+    // The layer is unpacked in the store, as CRI-O starts a container from it.
+    let layers = dir.path().join("root/vfs/dir");
+    let unpacked = std::fs::read_dir(&layers)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .any(|layer| layer.join("usr/local/bin/kube-proxy").is_file());
+    assert!(
+        unpacked,
+        "no layer under {} holds the proxy",
+        layers.display()
     );
 }
 
