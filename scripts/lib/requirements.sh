@@ -10,7 +10,10 @@
 # nft) and both families; the C compiler and the C library's headers and
 # start files build and link the C parts of the TLS stack (ring) and every
 # Rust binary (gcc only recommends libc6-dev, and recommends are not
-# installed).
+# installed). containerd (ctr), skopeo and docker-registry take the built
+# image into each runtime's store and a registry (tests/image.rs); setpriv
+# and unshare run the proxy as an unprivileged container's process
+# (tests/system_capabilities.rs).
 KP_REQUIRED_PROGRAMS=(
   "iptables-legacy-restore iptables"
   "iptables-nft-restore iptables"
@@ -22,6 +25,12 @@ KP_REQUIRED_PROGRAMS=(
   "ip iproute2"
   "sysctl procps"
   "mmdebstrap mmdebstrap"
+  "containerd containerd"
+  "ctr containerd"
+  "skopeo skopeo"
+  "docker-registry docker-registry"
+  "setpriv util-linux"
+  "unshare util-linux"
   "cc gcc"
   "/usr/include/stdio.h libc6-dev"
 )

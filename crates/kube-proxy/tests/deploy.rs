@@ -2,7 +2,10 @@
 //! with no field lost (the API server's strict field validation refuses an
 //! unknown field), the pieces refer to each other correctly, and the
 //! binary accepts the DaemonSet's command line with the ConfigMap mounted as
-//! the kubelet mounts it.
+//! the kubelet mounts it. The least-privilege variant
+//! (`deploy/least-privilege/daemonset.yaml`) is the same DaemonSet except
+//! for its proxy container's capabilities (NET_ADMIN and NET_RAW, nothing
+//! else, not privileged) and a privileged `--init-only` init container.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -103,6 +106,22 @@ fn pod_spec(daemon_set: &DaemonSet) -> &PodSpec {
         .spec
         .as_ref()
         .unwrap()
+}
+
+/// The least-privilege variant, `deploy/least-privilege/daemonset.yaml`:
+/// one DaemonSet, checked as strictly as the objects of deploy/.
+fn least_privilege_daemon_set() -> DaemonSet {
+    let file = "least-privilege/daemonset.yaml";
+    let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
+    let documents: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| {
+            Value::deserialize(document).unwrap_or_else(|e| panic!("{file}: not YAML: {e}"))
+        })
+        .filter(|value| !value.is_null())
+        .collect();
+    assert_eq!(documents.len(), 1, "{file}: one object");
+    assert_eq!(kind(&documents[0]), "DaemonSet", "{file}");
+    typed(file, &documents[0])
 }
 
 fn container(daemon_set: &DaemonSet) -> &Container {
@@ -254,11 +273,89 @@ fn expand(argument: &str, env: &BTreeMap<&str, &str>) -> String {
 }
 
 #[test]
+fn the_least_privilege_variant_differs_only_in_capabilities_and_its_init_container() {
+    let privileged = deploy().daemon_set.unwrap();
+    let variant = least_privilege_daemon_set();
+    let proxy = container(&variant);
+
+    // The proxy container: not privileged, no way to gain more, and exactly
+    // NET_ADMIN and NET_RAW of all capabilities.
+    let security = proxy.security_context.clone().unwrap();
+    assert_eq!(security.privileged, Some(false));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    let capabilities = security.capabilities.clone().unwrap();
+    assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(
+        capabilities.add,
+        Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()])
+    );
+
+    // The init container: the proxy's image, command line and config
+    // mount, plus --init-only, privileged for /proc/sys and /sys.
+    let pod = pod_spec(&variant);
+    let init = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(init.len(), 1, "one init container: {init:?}");
+    let init = &init[0];
+    assert_eq!(init.image, proxy.image);
+    assert_eq!(init.image_pull_policy, proxy.image_pull_policy);
+    let mut expected_command = proxy.command.clone().unwrap();
+    expected_command.push("--init-only".to_owned());
+    assert_eq!(init.command, Some(expected_command));
+    assert_eq!(init.args, None);
+    assert_eq!(init.env, proxy.env, "NODE_NAME for --hostname-override");
+    assert_eq!(
+        init.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let init_mounts: Vec<_> = init.volume_mounts.iter().flatten().collect();
+    assert!(
+        init_mounts
+            .iter()
+            .any(|m| m.mount_path == CONFIG_MOUNT && m.name == "kube-proxy"),
+        "the init container reads the same ConfigMap at {CONFIG_MOUNT}: {init_mounts:?}"
+    );
+    for probe in [
+        &init.liveness_probe,
+        &init.readiness_probe,
+        &init.startup_probe,
+    ] {
+        assert!(probe.is_none(), "an init container has no probes");
+    }
+
+    // Everything else, probes, image, volumes and all, is the privileged
+    // DaemonSet's: with the init container gone and the security context
+    // put back, the two are equal.
+    let mut undone = variant.clone();
+    let spec = undone
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    spec.init_containers = None;
+    spec.containers[0].security_context = container(&privileged).security_context.clone();
+    assert_eq!(
+        serde_json::to_value(&undone).unwrap(),
+        serde_json::to_value(&privileged).unwrap(),
+        "the variant is deploy/daemonset.yaml apart from the proxy's capabilities and the init container"
+    );
+}
+
+#[test]
 fn the_binary_accepts_the_daemonsets_command_line_and_config() {
     let deploy = deploy();
     let config_map = deploy.config_map.unwrap();
-    let daemon_set = deploy.daemon_set.unwrap();
-    let container = container(&daemon_set);
+    for daemon_set in [deploy.daemon_set.unwrap(), least_privilege_daemon_set()] {
+        accepts_the_command_line(&config_map, &daemon_set);
+    }
+}
+
+/// Runs the proxy container's command line of `daemon_set` as a dry run on
+/// the example manifests, with `config_map` mounted as the kubelet mounts it.
+fn accepts_the_command_line(config_map: &ConfigMap, daemon_set: &DaemonSet) {
+    let container = container(daemon_set);
 
     // The ConfigMap as the kubelet mounts it: one file per key. The mount
     // point is a temporary directory, so paths under it are moved there.
