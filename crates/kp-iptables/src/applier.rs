@@ -324,15 +324,23 @@ pub fn lines_around(text: &str, line: usize, context: usize) -> String {
 /// `iptables-save` output of `table` (all tables when `None`), or `None`
 /// when the program is missing or fails.
 fn save_all(flavor: IptablesFlavor, table: Option<Table>) -> Option<String> {
-    let mut command = std::process::Command::new(flavor.program(IpFamily::V4, Tool::Save));
+    let program = flavor.program(IpFamily::V4, Tool::Save);
+    let mut command = std::process::Command::new(&program);
     if let Some(table) = table {
         command.args(["-t", table.as_str()]);
     }
+    // A missing program says only that the flavor is not installed.
     let output = command.output().ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    if !output.status.success() {
+        tracing::warn!(
+            program,
+            %output.status,
+            stderr = %String::from_utf8_lossy(&output.stderr).trim(),
+            "Cannot read this flavor's iptables tables, so the flavor is chosen without them (iptables-legacy needs CAP_NET_RAW as well as CAP_NET_ADMIN)"
+        );
+        return None;
+    }
+    Some(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -342,6 +342,14 @@ impl Proxier {
                         %error,
                         "syncing proxy rules failed again in the same way"
                     );
+                } else if let Some(hint) = privilege_hint(&error) {
+                    tracing::error!(
+                        family = self.family.as_api_str(),
+                        mode = self.mode,
+                        %error,
+                        hint,
+                        "syncing proxy rules failed; a full sync is scheduled"
+                    );
                 } else {
                     tracing::error!(
                         family = self.family.as_api_str(),
@@ -799,6 +807,15 @@ fn categorize_each<'a>(
         let state = ServicePortState::new(Arc::clone(port), all_endpoints, node, family, topology);
         (name.clone(), state)
     })
+}
+
+/// What an operator can do about a sync error `error` (its whole chain)
+/// that the kernel refused for lack of privilege (`EPERM`, or iptables'
+/// "Permission denied (you must be root)").
+fn privilege_hint(error: &str) -> Option<&'static str> {
+    (error.contains("Operation not permitted") || error.contains("Permission denied")).then_some(
+        "the kernel refused for lack of privilege: the proxy needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy (a privileged container, or deploy/least-privilege/)",
+    )
 }
 
 /// `error: cause: cause …`, for logs and the sync status.

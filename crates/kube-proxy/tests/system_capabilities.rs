@@ -370,6 +370,7 @@ fn without_net_admin_nothing_is_programmed_and_the_log_names_what_the_kernel_ref
                 line.starts_with('E')
                     && line.contains("syncing proxy rules failed")
                     && refusal.iter().all(|part| line.contains(part))
+                    && line.contains("the proxy needs CAP_NET_ADMIN")
             })
         });
         assert!(
