@@ -1,0 +1,109 @@
+#!/bin/bash
+# Prove that the data layout (gen.py data proof) carries packets as the
+# current layout does: spread over 2 and 3 endpoints, ClientIP affinity from
+# a client and from the node itself, affinity expiry, hairpin masquerade, an
+# endpoint removed by an element-only transaction, and what affinity does
+# when its endpoint leaves. Run as root; everything happens in namespaces
+# kp-lay-* that it creates and removes.
+# Exit status: 0 when every check passed, 1 otherwise.
+source "$(dirname "$0")/topo.sh"
+trap topo_down EXIT
+FAILED=0
+T="ip kube-proxy"
+
+check() { # name status detail
+    if [ "$2" = 0 ]; then echo "PASS $1: $3"; else echo "FAIL $1: $3"; FAILED=1; fi
+}
+count() { # ns addr n -> "e1 150 e2 150 "
+    nsx "$1" python3 "$HERE/client.py" count "$2" 80 "$3" | tr '\n' ' '
+}
+get() { # "counts" key -> number (0 when absent)
+    local words=($1) k
+    for ((k = 0; k + 1 < ${#words[@]}; k += 2)); do
+        if [ "${words[k]}" = "$2" ]; then echo "${words[k + 1]}"; return; fi
+    done
+    echo 0
+}
+within() { # value lo hi
+    [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]
+}
+backends() { # "counts" -> number of distinct answers
+    local words=($1)
+    echo $((${#words[@]} / 2))
+}
+
+topo_up
+python3 "$HERE/gen.py" data proof > /tmp/kp-lay-proof.nft
+nsx kp-lay-n nft -f /tmp/kp-lay-proof.nft
+
+# 1. spread: 300 connections over 2 endpoints (mean 150, sd 8.7) and over 3
+#    (mean 100, sd 8.2); the bounds are about 4.5 standard deviations.
+c=$(count kp-lay-c 10.96.0.10 300)
+within "$(get "$c" e1)" 110 190 && within "$(get "$c" e2)" 110 190 && [ "$(get "$c" FAIL)" = 0 ]
+check spread-2 $? "$c"
+c=$(count kp-lay-c 10.96.0.11 300)
+within "$(get "$c" e1)" 60 140 && within "$(get "$c" e2)" 60 140 && within "$(get "$c" e3)" 60 140 && [ "$(get "$c" FAIL)" = 0 ]
+check spread-3 $? "$c"
+
+# 2. affinity (3h map): every connection of one client reaches one endpoint,
+#    from outside (prerouting) and from the node itself (output).
+for ns in kp-lay-c kp-lay-n; do
+    c=$(count $ns 10.96.0.12 60)
+    [ "$(backends "$c")" = 1 ] && [ "$(get "$c" FAIL)" = 0 ]
+    check "affinity-$ns" $? "$c"
+done
+m=$(nsx kp-lay-n nft list map $T affinity-10800)
+grep -q '10.96.0.12 . 80 . 192.168.99.10 expires' <<<"$m"
+check affinity-element $? "$(grep -o '10.96.0.12 . 80 . [0-9.]* [^,}]*' <<<"$m" | tr '\n' ';')"
+
+# 3. affinity expiry (3 s map): the element exists, and is gone after 4 s.
+c=$(count kp-lay-c 10.96.0.13 20)
+[ "$(backends "$c")" = 1 ] && [ "$(get "$c" FAIL)" = 0 ]
+check affinity-3s-sticks $? "$c"
+grep -q '192.168.99.10' <<<"$(nsx kp-lay-n nft list map $T affinity-3)"
+check affinity-3s-element $? "element present after the connections"
+sleep 4
+! grep -q '192.168.99.10' <<<"$(nsx kp-lay-n nft list map $T affinity-3)"
+check affinity-3s-expired $? "element gone 4 s later"
+
+# 4. hairpin: e1 connects to a Service whose endpoints include e1; the
+#    connections it makes to itself work only when masqueraded.
+c=$(count kp-lay-e1 10.96.0.10 100)
+[ "$(get "$c" FAIL)" = 0 ] && [ "$(get "$c" e1)" -gt 0 ]
+check hairpin $? "$c"
+#    negative control: without e1's pair the self-connections fail
+nsx kp-lay-n nft delete element $T hairpin-endpoints '{ 10.244.1.2 . 10.244.1.2 }'
+c=$(count kp-lay-e1 10.96.0.10 40)
+[ "$(get "$c" FAIL)" -gt 0 ] && [ "$(get "$c" e1)" = 0 ]
+check hairpin-control $? "without the pair: $c"
+nsx kp-lay-n nft add element $T hairpin-endpoints '{ 10.244.1.2 . 10.244.1.2 }'
+
+# 5. removal: e1 leaves Service 1 in an element-only transaction (its slot
+#    range goes to e2); no new connection reaches e1.
+python3 "$HERE/gen.py" data move 1 10.244.1.2 10.244.1.3 > /tmp/kp-lay-remove.nft
+if grep -q 'rule\|chain' /tmp/kp-lay-remove.nft; then echo "removal transaction is not element-only"; exit 1; fi
+nsx kp-lay-n nft -f /tmp/kp-lay-remove.nft
+c=$(count kp-lay-c 10.96.0.11 300)
+[ "$(get "$c" e1)" = 0 ] && [ "$(get "$c" FAIL)" = 0 ] && within "$(get "$c" e2)" 150 250
+check removal $? "$c"
+
+# 6. removal under affinity: the client's affinity element outlives the
+#    endpoint's slot range (a limit of this design: the proxy must delete
+#    the elements whose value is the removed endpoint), and deleting it
+#    moves the client.
+c=$(count kp-lay-c 10.96.0.12 1)
+stuck=${c%% *}
+ip=10.244.1.$((${stuck#e} + 1))
+case $ip in 10.244.1.4) to=10.244.1.2 ;; *) to=10.244.1.$((${ip##*.} + 1)) ;; esac
+python3 "$HERE/gen.py" data move 2 "$ip" "$to" > /tmp/kp-lay-remove2.nft
+nsx kp-lay-n nft -f /tmp/kp-lay-remove2.nft
+c=$(count kp-lay-c 10.96.0.12 20)
+[ "$(get "$c" "$stuck")" = 20 ]
+check affinity-stale-until-deleted $? "after $stuck's range went to $to: $c"
+nsx kp-lay-n nft delete element $T affinity-10800 '{ 10.96.0.12 . 80 . 192.168.99.10 }'
+c=$(count kp-lay-c 10.96.0.12 20)
+[ "$(get "$c" "$stuck")" = 0 ] && [ "$(backends "$c")" = 1 ] && [ "$(get "$c" FAIL)" = 0 ]
+check affinity-after-delete $? "after deleting the client's element: $c"
+
+rm -f /tmp/kp-lay-proof.nft /tmp/kp-lay-remove.nft /tmp/kp-lay-remove2.nft
+exit $FAILED
