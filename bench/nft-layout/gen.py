@@ -2,25 +2,38 @@
 """Generate nft -f text for the nftables-mode layouts compared in
 docs/nft-layout-experiment.md: N Services x E endpoints, one TCP port each.
 
-  gen.py LAYOUT full     N E   the whole table (cold load)
-  gen.py LAYOUT change   N E   one Service's endpoint 0 replaced by a new one
-  gen.py LAYOUT revert   N E   the inverse of change (runs alternate the two)
-  gen.py data   recut    N E   the same change re-cutting every slot range
-  gen.py data   recut-revert N E  its inverse
-  gen.py LAYOUT proof        the small world of bench/nft-layout/proof.sh
-  gen.py data move I FROM TO in that world, Service I's slot range of
-                             endpoint FROM goes to endpoint TO
-  gen.py LAYOUT cleanup  N E   (current only) delete the endpoint chain that
-                               `change` unlinked, as the proxy does a second later
+  gen.py LAYOUT full   N E    the whole table (cold load)
+  gen.py LAYOUT KIND   N E    a change to Service 0, KIND one of
+      change / revert       endpoint 0 replaced by a new endpoint / back
+      grow / shrink         a new endpoint added (E+1) / removed again
+      recut / recut-revert  (interval only) the replacement re-cutting
+                            every slot range / back
+  gen.py LAYOUT proof         the small world of proof.sh and connrate.sh
+  gen.py LAYOUT remove I IP   in that world, endpoint IP leaves Service I
 
-LAYOUT is `current` (the shape of `kube-proxy --dry-run --proxy-mode
-nftables`: a service chain with one numgen rule per endpoint and one chain
-per endpoint) or `data` (endpoints as elements of one interval map keyed by
-a numgen slot; hairpin by a set of endpoint . endpoint pairs).
+LAYOUT:
+  current   the shape of `kube-proxy --dry-run --proxy-mode nftables`: a
+            service chain with one numgen rule per endpoint, one chain per
+            endpoint (hairpin masquerade and DNAT there)
+  data      endpoints as elements of one hash map keyed by the Service
+            port's number and a slot `numgen random mod E`, valued endpoint
+            address . port; the number is a constant written as `numgen
+            random mod 1 offset ID` (nft 1.0.6 refuses a constant in a
+            concatenation); hairpin by a set of endpoint . endpoint pairs;
+            ClientIP affinity in a dynamic map. One map per protocol (only
+            TCP here): nft 1.0.6 refuses a rule added in a later transaction
+            that maps into a map typed `th dport` ("conflicting protocols
+            specified: tcp vs. th"). A replaced endpoint is an
+            element change; a change of E also rewrites the Service's
+            dnat rule (the modulus)
+  interval  as data, but one interval map keyed by a global slot `numgen
+            random mod 65536 offset ID*65536`, each endpoint owning a range
+            of its Service's 65,536 slots, so that every endpoint change
+            is element-only (the kernel keeps it in an rbtree)
 
 Addresses: ClusterIPs from 10.96.0.1 up, endpoints from 10.128.0.0 up (the
-scale files carry no packets; bench/nft-layout/proof.sh uses its own plan),
-pod CIDR 10.244.0.0/16 in the masquerade rule as in the examples.
+scale files carry no packets), pod CIDR 10.244.0.0/16 in the masquerade
+rule as in the examples. proof/remove use the plan of topo.sh.
 """
 import base64
 import hashlib
@@ -29,12 +42,12 @@ import sys
 
 TABLE = "ip kube-proxy"
 POD_CIDR = "10.244.0.0/16"
-# Slots per Service port in the data layout. Endpoint i of E owns the slots
-# [floor(i*M/E), floor((i+1)*M/E)); with M = 65536 an endpoint's share is
-# within 1/65536*E of 1/E (1.5 % relative at E = 1,000), and the 32-bit slot
-# space holds 65,536 slot ranges (one per Service port, two with eTP Local).
+LAYOUTS = ("current", "data", "interval")
+# Slots per Service port in the interval layout: endpoint i of E owns
+# [floor(i*M/E), floor((i+1)*M/E)), a share within E/M of 1/E (1.5 %
+# relative at E = 1,000); 32 bits hold 65,536 such ranges.
 SLOTS = 65536
-CHANGED = 0  # index of the Service whose endpoints `change` edits
+CHANGED = 0  # the Service whose endpoints the change files edit
 
 
 def h(name):
@@ -50,7 +63,6 @@ def endpoint_ip(i, j, e):
 
 
 def new_endpoint_ip(i):
-    # addresses above every generated endpoint (10.200.0.0 up)
     return str(ipaddress.IPv4Address("10.200.0.0") + i)
 
 
@@ -67,8 +79,9 @@ def endpoint_chain(i, ip):
     return f"endpoint-{h(n)}-{n}"
 
 
-def base(out, data):
+def base(out, layout):
     w = out.append
+    data = layout != "current"
     w(f"add table {TABLE}")
     w(f"delete table {TABLE}")
     w(f'add table {TABLE} {{ comment "rules for kube-proxy" ; }}')
@@ -83,11 +96,13 @@ def base(out, data):
         ("service-nodeports", "inet_proto . inet_service : verdict"),
     ]:
         w(f"add map {TABLE} {m} {{ type {t} ; }}")
+    if layout == "data":
+        w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod 1 . numgen random mod 2 : ip daddr . tcp dport ; comment "service port number . slot: endpoint address . port" ; }}')
+    elif layout == "interval":
+        w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod {SLOTS} : ip daddr . tcp dport ; flags interval ; comment "slot ranges of each service port: endpoint address . port" ; }}')
     if data:
-        w(f'add map {TABLE} service-endpoints {{ typeof numgen random mod {SLOTS} : ip daddr . th dport ; flags interval ; comment "slot ranges of each service port: endpoint address . port" ; }}')
         w(f'add set {TABLE} hairpin-endpoints {{ typeof ip saddr . ip daddr ; comment "endpoint . endpoint: a connection an endpoint makes to itself through a Service" ; }}')
-        w(f'add map {TABLE} affinity-10800 {{ typeof ip daddr . th dport . ip saddr : ip daddr . th dport ; flags dynamic,timeout ; timeout 3h ; comment "ClientIP affinity: service entry . client -> endpoint" ; }}')
-        w(f"add set {TABLE} affinity-services-10800 {{ typeof ip daddr . meta l4proto . th dport ; }}")
+        affinity_maps(out, 10800)
     hooks = [
         ("filter-prerouting-pre-dnat", "type filter hook prerouting priority -110"),
         ("filter-output-pre-dnat", "type filter hook output priority -110"),
@@ -129,13 +144,7 @@ def base(out, data):
         # Hairpin: after DNAT the packet's source and destination are one
         # endpoint; nft cannot compare two packet fields, so the pairs are data.
         w(f"add rule {TABLE} masquerading ip saddr . ip daddr @hairpin-endpoints jump mark-for-masquerade")
-        # Affinity is recorded after DNAT (priority dstnat + 1), where the
-        # chosen endpoint is the packet's destination and the Service entry
-        # is conntrack's original destination.
-        for c in ["affinity-prerouting", "affinity-output"]:
-            w(f"add rule {TABLE} {c} ct state new ct status dnat meta l4proto {{ tcp, udp, sctp }} "
-              f"ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 "
-              f"update @affinity-10800 {{ ct original ip daddr . ct original proto-dst . ip saddr timeout 3h : ip daddr . th dport }}")
+        affinity_rules(out, 10800)
     for r in [
         "masquerading mark and 0x00004000 == 0 return",
         "masquerading mark set mark xor 0x00004000",
@@ -147,6 +156,24 @@ def base(out, data):
         "services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports",
     ]:
         w(f"add rule {TABLE} {r}")
+
+
+def affinity_maps(out, timeout_secs):
+    """One dynamic map (and its set of Service entries) per affinity timeout."""
+    t = timeout_secs
+    out.append(f'add map {TABLE} affinity-tcp-{t} {{ typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport ; size 1048576 ; flags dynamic,timeout ; timeout {t}s ; comment "ClientIP affinity: service entry . client -> endpoint" ; }}')
+    out.append(f"add set {TABLE} affinity-services-{t} {{ typeof ip daddr . meta l4proto . th dport ; }}")
+
+
+def affinity_rules(out, timeout_secs):
+    # Recorded after DNAT (priority dstnat + 1): the chosen endpoint is the
+    # packet's destination, the Service entry conntrack's original one.
+    t = timeout_secs
+    for c in ["affinity-prerouting", "affinity-output"]:
+        out.append(
+            f"add rule {TABLE} {c} ct state new ct status dnat meta l4proto tcp "
+            f"ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-{t} "
+            f"update @affinity-tcp-{t} {{ ct original ip daddr . ct original proto-dst . ip saddr timeout {t}s : ip daddr . tcp dport }}")
 
 
 def current_service(out, i, ips, cip, port=80):
@@ -177,16 +204,24 @@ def slot_ranges(i, n):
     return [(b + k * SLOTS // n, b + (k + 1) * SLOTS // n - 1) for k in range(n)]
 
 
-def data_service(out, i, cip, port=80):
+def data_service(out, layout, i, n_eps, cip, affinity=None, port=80):
     w = out.append
     sc = service_chain(i)
     w(f"add chain {TABLE} {sc}")
     w(f"flush chain {TABLE} {sc}")
     w(f"add rule {TABLE} {sc} ip daddr {cip} tcp dport {port} ip saddr != {POD_CIDR} jump mark-for-masquerade")
-    w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod {SLOTS} offset {i * SLOTS} map @service-endpoints")
+    if affinity:
+        # a client with a live affinity entry keeps its endpoint
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to ip daddr . th dport . ip saddr map @affinity-tcp-{affinity}")
+    if layout == "data":
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . numgen random mod {n_eps} map @service-endpoints-tcp")
+    else:
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod {SLOTS} offset {i * SLOTS} map @service-endpoints-tcp")
 
 
-def data_elements(i, ips):
+def data_elements(layout, i, ips):
+    if layout == "data":
+        return [f"{i} . {j} : {ip} . 8080" for j, ip in enumerate(ips)]
     return [f"{lo}-{hi} : {ip} . 8080" for (lo, hi), ip in zip(slot_ranges(i, len(ips)), ips)]
 
 
@@ -195,70 +230,82 @@ def chunks(items, size=2000):
         yield items[k:k + size]
 
 
+def elements(out, name, items):
+    for c in chunks(items):
+        out.append(f"add element {TABLE} {name} {{ {', '.join(c)} }}")
+
+
 def full(layout, n, e):
     out = []
-    base(out, layout == "data")
+    base(out, layout)
     elems, pairs = [], []
     for i in range(n):
         ips = [endpoint_ip(i, j, e) for j in range(e)]
         if layout == "current":
             current_service(out, i, ips, cluster_ip(i))
         else:
-            data_service(out, i, cluster_ip(i))
-            elems += data_elements(i, ips)
+            data_service(out, layout, i, len(ips), cluster_ip(i))
+            elems += data_elements(layout, i, ips)
             pairs += [f"{ip} . {ip}" for ip in ips]
     for i in range(n):
         out.append(f"add element {TABLE} cluster-ips {{ {cluster_ip(i)} }}")
         out.append(f"add element {TABLE} service-ips {{ {cluster_ip(i)} . tcp . 80 : goto {service_chain(i)} }}")
-    for c in chunks(elems):
-        out.append(f"add element {TABLE} service-endpoints {{ {', '.join(c)} }}")
-    for c in chunks(pairs):
-        out.append(f"add element {TABLE} hairpin-endpoints {{ {', '.join(c)} }}")
+    elements(out, "service-endpoints-tcp", elems)
+    elements(out, "hairpin-endpoints", pairs)
     return out
 
 
-def change(layout, n, e, recut=False, revert=False):
-    """Service CHANGED loses endpoint 0 and gains a new endpoint; with
-    `revert`, the inverse (so that runs can alternate on one table)."""
+def change(layout, n, e, kind):
+    """A change to Service CHANGED; see the module doc for KIND."""
     i = CHANGED
+    cip = cluster_ip(i)
     old = [endpoint_ip(i, j, e) for j in range(e)]
-    new = old[1:] + [new_endpoint_ip(i)]
-    if revert:
-        old, new = new, old
-    out = []
-    if layout == "current":
-        # what a partial sync sends: the Service's chains rewritten, the new
-        # endpoint chain added, the removed one flushed (deleted later)
-        current_service(out, i, new, cluster_ip(i))
-        gone = (set(old) - set(new)).pop()
-        out.append(f"flush chain {TABLE} {endpoint_chain(i, gone)}")
-        return out
-    # elements only. A stable allocator gives the removed endpoint's range
-    # to the new one (one element out, one in); `recut` re-cuts the whole
-    # Service in list order (every range whose endpoint moved), the worst
-    # case.
-    a = [endpoint_ip(i, j, e) for j in range(e)]
-    b = [new_endpoint_ip(i)] + a[1:] if not recut else a[1:] + [new_endpoint_ip(i)]
+    new_ip = new_endpoint_ip(i)
+    revert = kind in ("revert", "shrink", "recut-revert")
+    if kind in ("change", "revert", "recut", "recut-revert"):
+        # replacement: the stable slot assignment puts the new endpoint in
+        # the removed one's slot; recut re-assigns in list order
+        a = old
+        b = old[1:] + [new_ip] if kind.startswith("recut") or layout == "current" else [new_ip] + old[1:]
+    else:  # grow / shrink
+        a, b = old, old + [new_ip]
     if revert:
         a, b = b, a
-    before = dict(zip(slot_ranges(i, e), a))
-    after = dict(zip(slot_ranges(i, e), b))
-    gone = [f"{lo}-{hi} : {ip} . 8080" for (lo, hi), ip in before.items() if after[(lo, hi)] != ip]
-    come = [f"{lo}-{hi} : {ip} . 8080" for (lo, hi), ip in after.items() if before[(lo, hi)] != ip]
-    out.append(f"delete element {TABLE} service-endpoints {{ {', '.join(gone)} }}")
-    out.append(f"add element {TABLE} service-endpoints {{ {', '.join(come)} }}")
-    (left,) = set(a) - set(b)
-    (joined,) = set(b) - set(a)
-    out.append(f"delete element {TABLE} hairpin-endpoints {{ {left} . {left} }}")
-    out.append(f"add element {TABLE} hairpin-endpoints {{ {joined} . {joined} }}")
+    out = []
+    (left,) = set(a) - set(b) or {None}
+    (joined,) = set(b) - set(a) or {None}
+    if layout == "current":
+        # a partial sync: the Service's chains rewritten, a new endpoint's
+        # chain added, a removed one's flushed (deleted a second later)
+        current_service(out, i, b, cip)
+        if left:
+            out.append(f"flush chain {TABLE} {endpoint_chain(i, left)}")
+        return out
+    before = dict(zip(data_keys(layout, i, len(a)), a))
+    after = dict(zip(data_keys(layout, i, len(b)), b))
+    gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
+    come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
+    if len(a) != len(b) and layout == "data":
+        # the modulus is the endpoint count: the Service's chain is rewritten
+        data_service(out, layout, i, len(b), cip)
+    if gone:
+        out.append(f"delete element {TABLE} service-endpoints-tcp {{ {', '.join(gone)} }}")
+    if come:
+        out.append(f"add element {TABLE} service-endpoints-tcp {{ {', '.join(come)} }}")
+    if left:
+        out.append(f"delete element {TABLE} hairpin-endpoints {{ {left} . {left} }}")
+    if joined:
+        out.append(f"add element {TABLE} hairpin-endpoints {{ {joined} . {joined} }}")
     return out
 
 
-def cleanup(n, e):
-    return [f"delete chain {TABLE} {endpoint_chain(CHANGED, endpoint_ip(CHANGED, 0, e))}"]
+def data_keys(layout, i, n):
+    if layout == "data":
+        return [f"{i} . {j}" for j in range(n)]
+    return [f"{lo}-{hi}" for lo, hi in slot_ranges(i, n)]
 
 
-# The address plan of proof.sh: Service index -> (ClusterIP, endpoints).
+# The address plan of topo.sh: Service index -> (ClusterIP, endpoints).
 PROOF_SERVICES = {
     0: ("10.96.0.10", ["10.244.1.2", "10.244.1.3"]),
     1: ("10.96.0.11", ["10.244.1.2", "10.244.1.3", "10.244.1.4"]),
@@ -271,18 +318,14 @@ AFFINITY = {2: 10800, 3: 3}
 
 
 def proof(layout):
-    """The table of proof.sh: the same base, the Services of PROOF_SERVICES.
-    Affinity Services are written only in the data layout (the current
-    layout's per-endpoint affinity sets are proven by the crate's tests)."""
+    """The table of proof.sh and connrate.sh. Affinity Services are written
+    only in the data layouts (the current layout's per-endpoint affinity
+    sets are proven by kp-nftables' tests)."""
     out = []
-    base(out, layout == "data")
-    if layout == "data":
-        out.append(f"add map {TABLE} affinity-3 {{ typeof ip daddr . th dport . ip saddr : ip daddr . th dport ; flags dynamic,timeout ; timeout 3s ; }}")
-        out.append(f"add set {TABLE} affinity-services-3 {{ typeof ip daddr . meta l4proto . th dport ; }}")
-        for c in ["affinity-prerouting", "affinity-output"]:
-            out.append(f"add rule {TABLE} {c} ct state new ct status dnat meta l4proto {{ tcp, udp, sctp }} "
-                       f"ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-3 "
-                       f"update @affinity-3 {{ ct original ip daddr . ct original proto-dst . ip saddr timeout 3s : ip daddr . th dport }}")
+    base(out, layout)
+    if layout != "current":
+        affinity_maps(out, 3)
+        affinity_rules(out, 3)
     elems, pairs = [], set()
     for i, (cip, ips) in PROOF_SERVICES.items():
         if layout == "current":
@@ -290,54 +333,56 @@ def proof(layout):
                 continue
             current_service(out, i, ips, cip)
         else:
-            sc = service_chain(i)
-            data_service(out, i, cip)
+            data_service(out, layout, i, len(ips), cip, affinity=AFFINITY.get(i))
             if i in AFFINITY:
-                t = AFFINITY[i]
-                # before the draw: a client with a live affinity entry keeps its endpoint
-                out.insert(len(out) - 1, f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to ip daddr . th dport . ip saddr map @affinity-{t}")
-                out.append(f"add element {TABLE} affinity-services-{t} {{ {cip} . tcp . 80 }}")
-            elems += data_elements(i, ips)
+                out.append(f"add element {TABLE} affinity-services-{AFFINITY[i]} {{ {cip} . tcp . 80 }}")
+            elems += data_elements(layout, i, ips)
             pairs |= {f"{ip} . {ip}" for ip in ips}
         out.append(f"add element {TABLE} cluster-ips {{ {cip} }}")
         out.append(f"add element {TABLE} service-ips {{ {cip} . tcp . 80 : goto {service_chain(i)} }}")
-    for c in chunks(elems):
-        out.append(f"add element {TABLE} service-endpoints {{ {', '.join(c)} }}")
-    for c in chunks(sorted(pairs)):
-        out.append(f"add element {TABLE} hairpin-endpoints {{ {', '.join(c)} }}")
+    elements(out, "service-endpoints-tcp", elems)
+    elements(out, "hairpin-endpoints", sorted(pairs))
     return out
 
 
-def move(i, frm, to):
-    """Element-only transaction of proof.sh: in proof Service i, the slot
-    range of endpoint FRM goes to endpoint TO (FRM leaves the Service)."""
-    ips = PROOF_SERVICES[i][1]
-    (lo, hi) = slot_ranges(i, len(ips))[ips.index(frm)]
-    return [f"delete element {TABLE} service-endpoints {{ {lo}-{hi} : {frm} . 8080 }}",
-            f"add element {TABLE} service-endpoints {{ {lo}-{hi} : {to} . 8080 }}"]
+def remove(layout, i, ip):
+    """Endpoint IP leaves proof Service I (its hairpin pair stays: the
+    address is an endpoint of other Services too). interval: its slot range
+    goes to the next endpoint, elements only. data: the last endpoint moves
+    into its slot and the modulus drops by one, so the chain is rewritten."""
+    cip, ips = PROOF_SERVICES[i]
+    k = ips.index(ip)
+    out = []
+    if layout == "interval":
+        lo, hi = slot_ranges(i, len(ips))[k]
+        nxt = ips[(k + 1) % len(ips)]
+        out.append(f"delete element {TABLE} service-endpoints-tcp {{ {lo}-{hi} : {ip} . 8080 }}")
+        out.append(f"add element {TABLE} service-endpoints-tcp {{ {lo}-{hi} : {nxt} . 8080 }}")
+        return out
+    last = len(ips) - 1
+    data_service(out, layout, i, last, cip, affinity=AFFINITY.get(i))
+    gone = [f"{i} . {k} : {ip} . 8080"] + ([f"{i} . {last} : {ips[last]} . 8080"] if k != last else [])
+    out.append(f"delete element {TABLE} service-endpoints-tcp {{ {', '.join(gone)} }}")
+    if k != last:
+        out.append(f"add element {TABLE} service-endpoints-tcp {{ {i} . {k} : {ips[last]} . 8080 }}")
+    return out
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] in ("current", "data") and argv[2] == "proof":
-        sys.stdout.write("\n".join(proof(argv[1])) + "\n")
-        return
-    if len(argv) == 6 and argv[1] == "data" and argv[2] == "move":
-        sys.stdout.write("\n".join(move(int(argv[3]), argv[4], argv[5])) + "\n")
-        return
-    whats = ("full", "change", "revert", "recut", "recut-revert", "cleanup")
-    if len(argv) != 5 or argv[1] not in ("current", "data") or argv[2] not in whats:
+    kinds = ("full", "change", "revert", "grow", "shrink", "recut", "recut-revert")
+    if len(argv) >= 3 and argv[1] in LAYOUTS and argv[2] == "proof" and len(argv) == 3:
+        lines = proof(argv[1])
+    elif len(argv) == 5 and argv[1] in LAYOUTS and argv[1] != "current" and argv[2] == "remove":
+        lines = remove(argv[1], int(argv[3]), argv[4])
+    elif len(argv) == 5 and argv[1] in LAYOUTS and argv[2] in kinds:
+        layout, what, n, e = argv[1], argv[2], int(argv[3]), int(argv[4])
+        if what.startswith("recut") and layout != "interval":
+            sys.exit("recut applies to the interval layout only")
+        if layout == "interval" and n * SLOTS > 2**32:
+            sys.exit(f"{n} Services do not fit the 32-bit slot space at {SLOTS} slots each")
+        lines = full(layout, n, e) if what == "full" else change(layout, n, e, what)
+    else:
         sys.exit(__doc__)
-    layout, what, n, e = argv[1], argv[2], int(argv[3]), int(argv[4])
-    if n * SLOTS > 2**32:
-        sys.exit(f"{n} Services do not fit the 32-bit slot space at {SLOTS} slots each")
-    lines = {
-        "full": lambda: full(layout, n, e),
-        "change": lambda: change(layout, n, e),
-        "revert": lambda: change(layout, n, e, revert=True),
-        "recut": lambda: change(layout, n, e, recut=True),
-        "recut-revert": lambda: change(layout, n, e, recut=True, revert=True),
-        "cleanup": lambda: cleanup(n, e),
-    }[what]()
     sys.stdout.write("\n".join(lines) + "\n")
 
 
