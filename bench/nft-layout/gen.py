@@ -26,6 +26,10 @@ LAYOUT:
             specified: tcp vs. th"). A replaced endpoint is an
             element change; a change of E also rewrites the Service's
             dnat rule (the modulus)
+  sharded   as data, with the slots spread over SHARDS (64) maps, Service
+            i in map i % 64: the kernel checks every element added to a
+            map against every rule bound to it, and every new binding
+            against every element, so one map costs O(elements x rules)
   interval  as data, but one interval map keyed by a global slot `numgen
             random mod 65536 offset ID*65536`, each endpoint owning a range
             of its Service's 65,536 slots, so that every endpoint change
@@ -42,7 +46,9 @@ import sys
 
 TABLE = "ip kube-proxy"
 POD_CIDR = "10.244.0.0/16"
-LAYOUTS = ("current", "data", "interval")
+LAYOUTS = ("current", "data", "sharded", "interval")
+# Maps of the sharded layout: Service i's slots live in map i % SHARDS.
+SHARDS = 64
 # Slots per Service port in the interval layout: endpoint i of E owns
 # [floor(i*M/E), floor((i+1)*M/E)), a share within E/M of 1/E (1.5 %
 # relative at E = 1,000); 32 bits hold 65,536 such ranges.
@@ -98,6 +104,9 @@ def base(out, layout):
         w(f"add map {TABLE} {m} {{ type {t} ; }}")
     if layout == "data":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod 1 . numgen random mod 2 : ip daddr . tcp dport ; comment "service port number . slot: endpoint address . port" ; }}')
+    elif layout == "sharded":
+        for k in range(SHARDS):
+            w(f'add map {TABLE} service-endpoints-tcp-{k} {{ typeof numgen random mod 1 . numgen random mod 2 : ip daddr . tcp dport ; }}')
     elif layout == "interval":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod {SLOTS} : ip daddr . tcp dport ; flags interval ; comment "slot ranges of each service port: endpoint address . port" ; }}')
     if data:
@@ -213,14 +222,18 @@ def data_service(out, layout, i, n_eps, cip, affinity=None, port=80):
     if affinity:
         # a client with a live affinity entry keeps its endpoint
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to ip daddr . th dport . ip saddr map @affinity-tcp-{affinity}")
-    if layout == "data":
-        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . numgen random mod {n_eps} map @service-endpoints-tcp")
+    if layout in ("data", "sharded"):
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . numgen random mod {n_eps} map @{slot_map(layout, i)}")
     else:
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod {SLOTS} offset {i * SLOTS} map @service-endpoints-tcp")
 
 
+def slot_map(layout, i):
+    return f"service-endpoints-tcp-{i % SHARDS}" if layout == "sharded" else "service-endpoints-tcp"
+
+
 def data_elements(layout, i, ips):
-    if layout == "data":
+    if layout in ("data", "sharded"):
         return [f"{i} . {j} : {ip} . 8080" for j, ip in enumerate(ips)]
     return [f"{lo}-{hi} : {ip} . 8080" for (lo, hi), ip in zip(slot_ranges(i, len(ips)), ips)]
 
@@ -238,19 +251,20 @@ def elements(out, name, items):
 def full(layout, n, e):
     out = []
     base(out, layout)
-    elems, pairs = [], []
+    elems, pairs = {}, []
     for i in range(n):
         ips = [endpoint_ip(i, j, e) for j in range(e)]
         if layout == "current":
             current_service(out, i, ips, cluster_ip(i))
         else:
             data_service(out, layout, i, len(ips), cluster_ip(i))
-            elems += data_elements(layout, i, ips)
+            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips))
             pairs += [f"{ip} . {ip}" for ip in ips]
     for i in range(n):
         out.append(f"add element {TABLE} cluster-ips {{ {cluster_ip(i)} }}")
         out.append(f"add element {TABLE} service-ips {{ {cluster_ip(i)} . tcp . 80 : goto {service_chain(i)} }}")
-    elements(out, "service-endpoints-tcp", elems)
+    for name in sorted(elems):
+        elements(out, name, elems[name])
     elements(out, "hairpin-endpoints", pairs)
     return out
 
@@ -285,13 +299,13 @@ def change(layout, n, e, kind):
     after = dict(zip(data_keys(layout, i, len(b)), b))
     gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
     come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
-    if len(a) != len(b) and layout == "data":
+    if len(a) != len(b) and layout != "interval":
         # the modulus is the endpoint count: the Service's chain is rewritten
         data_service(out, layout, i, len(b), cip)
     if gone:
-        out.append(f"delete element {TABLE} service-endpoints-tcp {{ {', '.join(gone)} }}")
+        out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
     if come:
-        out.append(f"add element {TABLE} service-endpoints-tcp {{ {', '.join(come)} }}")
+        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
     if left:
         out.append(f"delete element {TABLE} hairpin-endpoints {{ {left} . {left} }}")
     if joined:
@@ -300,7 +314,7 @@ def change(layout, n, e, kind):
 
 
 def data_keys(layout, i, n):
-    if layout == "data":
+    if layout in ("data", "sharded"):
         return [f"{i} . {j}" for j in range(n)]
     return [f"{lo}-{hi}" for lo, hi in slot_ranges(i, n)]
 
@@ -326,7 +340,7 @@ def proof(layout):
     if layout != "current":
         affinity_maps(out, 3)
         affinity_rules(out, 3)
-    elems, pairs = [], set()
+    elems, pairs = {}, set()
     for i, (cip, ips) in PROOF_SERVICES.items():
         if layout == "current":
             if i in AFFINITY:
@@ -336,11 +350,12 @@ def proof(layout):
             data_service(out, layout, i, len(ips), cip, affinity=AFFINITY.get(i))
             if i in AFFINITY:
                 out.append(f"add element {TABLE} affinity-services-{AFFINITY[i]} {{ {cip} . tcp . 80 }}")
-            elems += data_elements(layout, i, ips)
+            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips))
             pairs |= {f"{ip} . {ip}" for ip in ips}
         out.append(f"add element {TABLE} cluster-ips {{ {cip} }}")
         out.append(f"add element {TABLE} service-ips {{ {cip} . tcp . 80 : goto {service_chain(i)} }}")
-    elements(out, "service-endpoints-tcp", elems)
+    for name in sorted(elems):
+        elements(out, name, elems[name])
     elements(out, "hairpin-endpoints", sorted(pairs))
     return out
 
@@ -362,9 +377,9 @@ def remove(layout, i, ip):
     last = len(ips) - 1
     data_service(out, layout, i, last, cip, affinity=AFFINITY.get(i))
     gone = [f"{i} . {k} : {ip} . 8080"] + ([f"{i} . {last} : {ips[last]} . 8080"] if k != last else [])
-    out.append(f"delete element {TABLE} service-endpoints-tcp {{ {', '.join(gone)} }}")
+    out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
     if k != last:
-        out.append(f"add element {TABLE} service-endpoints-tcp {{ {i} . {k} : {ips[last]} . 8080 }}")
+        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {i} . {k} : {ips[last]} . 8080 }}")
     return out
 
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prove that the data layout (gen.py data proof) carries packets as the
+# Prove that a data layout (gen.py LAYOUT proof, LAYOUT data or sharded,
+# default data) carries packets as the
 # current layout does: spread over 2 and 3 endpoints, ClientIP affinity from
 # a client and from the node itself, affinity expiry, hairpin masquerade, an
 # endpoint replaced by an element-only transaction, an endpoint removed, and
@@ -10,6 +11,12 @@ source "$(dirname "$0")/topo.sh"
 trap topo_down EXIT
 FAILED=0
 T="ip kube-proxy"
+LAYOUT=${1:-data}
+case $LAYOUT in
+    data) MAP0=service-endpoints-tcp ;;
+    sharded) MAP0=service-endpoints-tcp-0 ;; # Service 0's shard
+    *) echo "proof.sh: LAYOUT is data or sharded, not $LAYOUT"; exit 1 ;;
+esac
 
 check() { # name status detail
     if [ "$2" = 0 ]; then echo "PASS $1: $3"; else echo "FAIL $1: $3"; FAILED=1; fi
@@ -33,7 +40,7 @@ backends() { # "counts" -> number of distinct answers
 }
 
 topo_up
-python3 "$HERE/gen.py" data proof > /tmp/kp-lay-proof.nft
+python3 "$HERE/gen.py" "$LAYOUT" proof > /tmp/kp-lay-proof.nft
 nsx kp-lay-n nft -f /tmp/kp-lay-proof.nft
 # from here a failed check is reported and the script goes on; a failed
 # step (loading a transaction) ends it
@@ -85,8 +92,8 @@ nsx kp-lay-n nft add element $T hairpin-endpoints '{ 10.244.1.2 . 10.244.1.2 }'
 #    transaction (e3 takes e2's slot); e2 gets no new connection, e1 and e3
 #    share them.
 cat > /tmp/kp-lay-replace.nft <<NFT
-delete element $T service-endpoints-tcp { 0 . 1 : 10.244.1.3 . 8080 }
-add element $T service-endpoints-tcp { 0 . 1 : 10.244.1.4 . 8080 }
+delete element $T $MAP0 { 0 . 1 : 10.244.1.3 . 8080 }
+add element $T $MAP0 { 0 . 1 : 10.244.1.4 . 8080 }
 NFT
 nsx kp-lay-n nft -f /tmp/kp-lay-replace.nft || exit 1
 c=$(count kp-lay-c 10.96.0.10 300)
@@ -95,7 +102,7 @@ check replacement $? "$c"
 
 # 6. removal: e1 leaves Service 1 (3 -> 2 endpoints: e3 moves into e1's
 #    slot, the dnat rule's modulus drops to 2); no new connection reaches e1.
-python3 "$HERE/gen.py" data remove 1 10.244.1.2 > /tmp/kp-lay-remove.nft
+python3 "$HERE/gen.py" "$LAYOUT" remove 1 10.244.1.2 > /tmp/kp-lay-remove.nft
 nsx kp-lay-n nft -f /tmp/kp-lay-remove.nft || exit 1
 c=$(count kp-lay-c 10.96.0.11 300)
 [ "$(get "$c" e1)" = 0 ] && [ "$(get "$c" FAIL)" = 0 ] && within "$(get "$c" e2)" 110 190 && within "$(get "$c" e3)" 110 190
@@ -108,7 +115,7 @@ check removal $? "$c"
 c=$(count kp-lay-c 10.96.0.12 1)
 stuck=${c%% *}
 ip=10.244.1.$((${stuck#e} + 1))
-python3 "$HERE/gen.py" data remove 2 "$ip" > /tmp/kp-lay-remove2.nft
+python3 "$HERE/gen.py" "$LAYOUT" remove 2 "$ip" > /tmp/kp-lay-remove2.nft
 nsx kp-lay-n nft -f /tmp/kp-lay-remove2.nft || exit 1
 c=$(count kp-lay-c 10.96.0.12 20)
 [ "$(get "$c" "$stuck")" = 20 ]

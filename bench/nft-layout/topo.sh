@@ -68,7 +68,9 @@ PY
         nsx "$ns" ip link set eth0 up
         nsx "$ns" ip route add 10.244.0.1/32 dev eth0
         nsx "$ns" ip route add default via 10.244.0.1 dev eth0
-        nsx "$ns" python3 "$HERE/server.py" "$short" 8080 &
+        # not through nsx: $! must be the server itself (ip netns exec
+        # execs it), or topo_down would leave it running
+        ip netns exec "$ns" python3 "$HERE/server.py" "$short" 8080 &
         SERVER_PIDS="$SERVER_PIDS $!"
     done
     # the node's own connections to ClusterIPs need a route before DNAT
