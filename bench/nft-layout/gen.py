@@ -177,10 +177,14 @@ def affinity_maps(out, timeout_secs):
 def affinity_rules(out, timeout_secs):
     # Recorded after DNAT (priority dstnat + 1): the chosen endpoint is the
     # packet's destination, the Service entry conntrack's original one.
+    # `ct original proto-dst` needs a protocol match before it; nft 1.0.6
+    # leaves `meta l4proto tcp` (and `ct original protocol tcp`) out of its
+    # listing here and then cannot read the listing back, so the match is
+    # written as `tcp dport != 0`, which the listing keeps (always true).
     t = timeout_secs
     for c in ["affinity-prerouting", "affinity-output"]:
         out.append(
-            f"add rule {TABLE} {c} ct state new ct status dnat meta l4proto tcp "
+            f"add rule {TABLE} {c} ct state new ct status dnat tcp dport != 0 "
             f"ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-{t} "
             f"update @affinity-tcp-{t} {{ ct original ip daddr . ct original proto-dst . ip saddr timeout {t}s : ip daddr . tcp dport }}")
 

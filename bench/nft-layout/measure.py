@@ -15,8 +15,8 @@ For each size and layout, R times each:
           file (check mode: nft parses, fetches its cache and sends the
           batch, which the kernel processes and aborts without validating
           the table or committing)
-  grow    (current, data) a new endpoint added, alternating with its
-          removal (gen.py grow / shrink): in the data layout the modulus
+  grow    (all but interval) a new endpoint added, alternating with its
+          removal (gen.py grow / shrink): in the data layouts the modulus
           changes, so the Service's chain is rewritten
   recut   (interval only) the replacement re-cutting every slot range
 
