@@ -26,8 +26,8 @@ LAYOUT:
             specified: tcp vs. th"). A replaced endpoint is an
             element change; a change of E also rewrites the Service's
             dnat rule (the modulus)
-  sharded   as data, with the slots spread over SHARDS (64) maps, Service
-            i in map i % 64: the kernel checks every element added to a
+  sharded   as data, with the slots spread over SHARDS (64, or
+            $KP_LAY_SHARDS) maps, Service i in map i % SHARDS: the kernel checks every element added to a
             map against every rule bound to it, and every new binding
             against every element, so one map costs O(elements x rules)
   interval  as data, but one interval map keyed by a global slot `numgen
@@ -42,13 +42,15 @@ rule as in the examples. proof/remove use the plan of topo.sh.
 import base64
 import hashlib
 import ipaddress
+import os
 import sys
 
 TABLE = "ip kube-proxy"
 POD_CIDR = "10.244.0.0/16"
 LAYOUTS = ("current", "data", "sharded", "interval")
-# Maps of the sharded layout: Service i's slots live in map i % SHARDS.
-SHARDS = 64
+# Maps of the sharded layout: Service i's slots live in map i % SHARDS
+# (64, or the environment's KP_LAY_SHARDS).
+SHARDS = int(os.environ.get("KP_LAY_SHARDS", "64"))
 # Slots per Service port in the interval layout: endpoint i of E owns
 # [floor(i*M/E), floor((i+1)*M/E)), a share within E/M of 1/E (1.5 %
 # relative at E = 1,000); 32 bits hold 65,536 such ranges.
