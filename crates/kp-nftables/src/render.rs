@@ -24,6 +24,12 @@
 //! as text for `nft -f` and `--dry-run` and encoded as netlink messages
 //! from the same values.
 //!
+//! A full render goes over the Services twice: first it builds every
+//! Service's record (what [`Programmed`] keeps once the transaction is
+//! committed), then it writes their commands. The records live on and the
+//! commands go with their transaction; built side by side, the records
+//! would pin the holes the commands leave on the heap once freed.
+//!
 //! Command order inside one transaction: fixed objects, Service sets and
 //! chains (so elements can name them), element deletions, element
 //! additions, then the chains no Service uses any more, flushed.
@@ -351,35 +357,67 @@ impl Renderer {
         } else {
             input.changed_services.iter().collect()
         };
+        if full {
+            self.build_records(&ctx, input, programmed, &services, &mut delta);
+        }
+        // Where the next Service's record is in `delta` (a full render).
+        let (mut next_new, mut next_unchanged) = (0, 0);
         for service in services {
             let chains_before = out.chains.len();
-            let mut record = self.render_service(&ctx, input, service, &mut out, &mut stats);
-            if let Some(record) = &mut record {
-                record.chain_text_hash = fingerprint(&out.chains[chains_before..]);
-            }
+            let rendered = self.render_service(&ctx, input, service, &mut out, &mut stats);
             let old = if input.reset {
                 None
             } else {
                 programmed.services.get(service)
             };
-            if !full && old.is_some() && record.as_ref() == old {
-                // The kernel holds exactly these chains already (the record
-                // is what the last transaction left): nothing to rewrite.
-                out.chains.truncate(chains_before);
-            }
+            let record = if full {
+                // The first pass built the record (the same one); this pass
+                // only writes the commands.
+                drop(rendered);
+                if delta.unchanged.get(next_unchanged) == Some(service) {
+                    next_unchanged += 1;
+                    old
+                } else if delta.services.get(next_new).map(|(name, _)| name) == Some(service) {
+                    next_new += 1;
+                    delta.services[next_new - 1].1.as_ref()
+                } else {
+                    None
+                }
+            } else {
+                let mut record = rendered;
+                if let Some(record) = &mut record {
+                    record.chain_text_hash = fingerprint(&out.chains[chains_before..]);
+                }
+                if old.is_some() && record.as_ref() == old {
+                    // The kernel holds exactly these chains already (the
+                    // record is what the last transaction left): nothing to
+                    // rewrite.
+                    out.chains.truncate(chains_before);
+                    delta.unchanged.push(service.clone());
+                    old
+                } else if record.is_none() && old.is_none() {
+                    None
+                } else {
+                    delta.services.push((service.clone(), record));
+                    delta
+                        .services
+                        .last()
+                        .and_then(|(_, record)| record.as_ref())
+                }
+            };
             if emitted.text.is_some() {
                 chain_text += out.print_chains(ctx.family, chains_before);
             } else if may_split {
                 chain_text += text_len(ctx.family, &out.chains[chains_before..]);
             }
-            diff_service(full, old, record.as_ref(), &mut out, &mut stats, &mut delta);
-            match (record, old) {
-                // Kept as it is, so a full sync does not hold a second
-                // copy of every record until it commits.
-                (Some(new), Some(old)) if new == *old => delta.unchanged.push(service.clone()),
-                (None, None) => {}
-                (record, _) => delta.services.push((service.clone(), record)),
-            }
+            diff_service(
+                full,
+                old,
+                record,
+                &mut out,
+                &mut stats,
+                &mut delta.newly_stale,
+            );
             if may_split && chain_text >= limit {
                 split = true;
                 emitted.chain_transaction(&mut emit, &mut out)?;
@@ -445,6 +483,53 @@ impl Renderer {
             detector: self
                 .options
                 .resolve_detector(input.family, &input.node.pod_cidrs),
+        }
+    }
+
+    /// The first pass of a full render: the record of each of `services`
+    /// into `delta` (only its name, into `delta.unchanged`, when the table
+    /// holds that record already), each Service's commands dropped as soon
+    /// as they are fingerprinted; the second pass writes the commands.
+    ///
+    /// The records outlive the render (in [`Programmed`]) while the
+    /// commands go with their transaction. Records built between the
+    /// commands they were rendered with pinned the holes the commands left
+    /// once committed, and the heap kept them: 3 MB more resident memory
+    /// after a full sync at 10,000 Services (docs/BENCHMARKS.md, issue 24).
+    /// Built first, the records lie together, and the commands after them.
+    fn build_records(
+        &mut self,
+        ctx: &Context,
+        input: &RenderInput<'_>,
+        programmed: &Programmed,
+        services: &[&NamespacedName],
+        delta: &mut StateDelta,
+    ) {
+        let mut scratch = Sections::default();
+        let mut stats = RenderStats::default();
+        if input.reset {
+            delta.services.reserve_exact(services.len());
+        }
+        for &service in services {
+            let record = self
+                .render_service(ctx, input, service, &mut scratch, &mut stats)
+                .map(|mut record| {
+                    record.chain_text_hash = fingerprint(&scratch.chains);
+                    record
+                });
+            scratch.chains.clear();
+            let old = if input.reset {
+                None
+            } else {
+                programmed.services.get(service)
+            };
+            match (record, old) {
+                // Kept as it is, so a full sync does not hold a second
+                // copy of every record until it commits.
+                (Some(new), Some(old)) if new == *old => delta.unchanged.push(service.clone()),
+                (None, None) => {}
+                (record, _) => delta.services.push((service.clone(), record)),
+            }
         }
     }
 
@@ -548,7 +633,7 @@ fn diff_service(
     new: Option<&ServiceRecord>,
     out: &mut Sections,
     stats: &mut RenderStats,
-    delta: &mut StateDelta,
+    newly_stale: &mut Vec<Arc<str>>,
 ) {
     let empty = ServiceRecord::default();
     let new = new.unwrap_or(&empty);
@@ -587,7 +672,7 @@ fn diff_service(
             });
             out.tail.push(Command::FlushChain(Name::from(chain)));
             stats.chains_flushed += 1;
-            delta.newly_stale.push(Arc::clone(chain));
+            newly_stale.push(Arc::clone(chain));
         }
     }
     for set in &old.affinity_sets {
@@ -612,7 +697,7 @@ fn flush_vanished_services(
 ) {
     for (service, old) in &programmed.services {
         if ports_of(input.service_ports, service).next().is_none() {
-            diff_service(true, Some(old), None, out, stats, delta);
+            diff_service(true, Some(old), None, out, stats, &mut delta.newly_stale);
         }
     }
 }
