@@ -507,9 +507,10 @@ impl Renderer {
     /// The records outlive the render (in [`Programmed`]) while the
     /// commands go with their transaction. Records built between the
     /// commands they were rendered with pinned the holes the commands left
-    /// once committed, and the heap kept them: 3 MB more resident memory
-    /// after a full sync at 10,000 Services (docs/BENCHMARKS.md, issue 24).
-    /// Built first, the records lie together, and the commands after them.
+    /// once committed, and the heap kept them: 1.8 MiB more anonymous
+    /// resident memory at the end of the e2e bench at 10,000 Services
+    /// (docs/BENCHMARKS.md, issue 24). Built first, the records lie
+    /// together, and the commands after them.
     fn build_records(
         &mut self,
         ctx: &Context,
