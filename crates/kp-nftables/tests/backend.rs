@@ -206,6 +206,56 @@ fn a_partial_sync_rewrites_only_the_chains_whose_text_changed() {
     common::assert_goes_to(&verdict, &[common::at("10.244.2.2", 80)]);
 }
 
+/// A full sync that rewrites the table (the fake tells no generation, so
+/// the table is never trusted) writes every Service whole, whether it kept
+/// its record, changed or is new; and what it records is what a partial
+/// sync computes, which then finds nothing to rewrite.
+#[test]
+fn a_full_rewrite_writes_every_service_kept_changed_or_new() {
+    let mut world = World::v4();
+    let web = |n: u8, endpoint: &str| {
+        service("ns1", &format!("s{n}"), &format!("10.96.0.{}", 10 + n), 80)
+            .remote_endpoint(endpoint, 80)
+    };
+    for n in 0..3 {
+        world.put(web(n, &format!("10.244.2.{}", 10 + n)));
+    }
+    world.sync(true, &[]);
+
+    // s0 stays, s1's endpoint moves, s2 goes, s3 comes.
+    world.put(web(1, "10.244.2.111"));
+    world.remove("ns1", "s2");
+    world.put(web(3, "10.244.2.13"));
+    let text = world.sync(true, &[]);
+    assert!(!text.contains("delete table"), "{text}");
+    for n in [0, 1, 3] {
+        let ip = format!("10.96.0.{}", 10 + n);
+        for line in [
+            format!("add element ip kube-proxy cluster-ips {{ {ip} }}"),
+            format!("add element ip kube-proxy service-ips {{ {ip} . tcp . 80 : goto service-"),
+        ] {
+            assert!(text.contains(&line), "s{n}: no {line:?} in\n{text}");
+        }
+        let chain = format!("-ns1/s{n}/tcp/p80 ");
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with("add rule ip kube-proxy service-")
+                    && line.contains(&chain)),
+            "s{n}: no rule in its service chain in\n{text}"
+        );
+    }
+    let to = |ip: &str| world.trace("10.244.1.7", common::at(ip, 80));
+    common::assert_goes_to(&to("10.96.0.10"), &[common::at("10.244.2.10", 80)]);
+    common::assert_goes_to(&to("10.96.0.11"), &[common::at("10.244.2.111", 80)]);
+    common::assert_goes_to(&to("10.96.0.13"), &[common::at("10.244.2.13", 80)]);
+    assert_eq!(to("10.96.0.12"), kp_nftables::tracer::Verdict::Accept);
+
+    let every = [("ns1", "s0"), ("ns1", "s1"), ("ns1", "s3")];
+    let text = world.sync(false, &every);
+    assert!(!text.contains("add rule"), "{text}");
+    assert!(!text.contains("add element"), "{text}");
+}
+
 #[test]
 fn a_full_sync_of_an_untouched_table_sends_only_what_differs() {
     let mut world = World::v4().with_generations();
