@@ -2563,12 +2563,21 @@ impl StoppedExampleNode {
     }
 
     /// Applies `ops` to the node's IPVS table and sets, which must take
-    /// them all.
+    /// them all and change what the kernel lists. (The kernel takes an
+    /// ipset delete of a member that is not there without an error when
+    /// the request lacks `NLM_F_EXCL`, as `ipset -exist del` does, so a
+    /// successful apply alone proves nothing.)
     #[track_caller]
     fn damage(&self, ops: &[Op]) {
-        self.node
-            .run(|| NetlinkKernel::new().apply(IpFamily::V4, ops))
-            .unwrap_or_else(|error| panic!("damaging the IPVS state with {ops:?}: {error}"));
+        let (before, after) = self.node.run(|| {
+            let mut kernel = NetlinkKernel::new();
+            let before = kernel.list(IpFamily::V4).unwrap();
+            kernel
+                .apply(IpFamily::V4, ops)
+                .unwrap_or_else(|error| panic!("damaging the IPVS state with {ops:?}: {error}"));
+            (before, kernel.list(IpFamily::V4).unwrap())
+        });
+        assert_ne!(before, after, "{ops:?} changed nothing in the kernel");
     }
 
     /// `kube-proxy check` exits 1 and names exactly the connections of
