@@ -7,7 +7,12 @@
 //! `kubeproxy_rs_state_drift_services{ip_family}` and the first difference
 //! is logged, so a kernel that lost or changed the proxy's rules behind its
 //! back (another program flushing a table, a commit the kernel dropped) is
-//! reported within one check.
+//! reported within one check; the family's rules are then rewritten whole
+//! through its proxier's [`RepairHandle`]. A difference counts only when
+//! its Service did not change in a sync since the sample was taken and a
+//! second reading finds it again, since the proxy syncs on while the check
+//! reads. A check that cannot run is counted in
+//! `kubeproxy_rs_state_check_failures_total{ip_family}`.
 //!
 //! The proxy computes what each sampled connection must do (the model's
 //! side); a short-lived child process, the same binary started as
