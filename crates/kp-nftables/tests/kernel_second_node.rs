@@ -18,14 +18,13 @@
 
 mod kernel;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
-use kernel::{build, pod_ip, pod_ip_v6, require, slice, Proxy, POD_TCP_PORT};
+use kernel::{build, require, slice, Proxy, POD_TCP_PORT};
 use kp_model::IpFamily;
-use kp_testkit::builders::service;
+use kp_testkit::builders::node_port_service;
 use kp_testkit::netns::{connect, expect_timeout, Topology, TopologyBuilder};
-use kp_testkit::plan::{NODE_IP, NODE_IP_V6};
+use kp_testkit::plan::node_at;
 
 const CLUSTER_NODE_PORT: u16 = 30100;
 const LOCAL_NODE_PORT: u16 = 30101;
@@ -38,60 +37,30 @@ fn two_nodes() -> TopologyBuilder {
         .remote_pod("ep3", |p| p.tcp(POD_TCP_PORT))
 }
 
-/// The node's address of `family` at `port`.
-fn node_at(family: IpFamily, port: u16) -> SocketAddr {
-    match family {
-        IpFamily::V4 => SocketAddr::new(IpAddr::V4(NODE_IP), port),
-        IpFamily::V6 => SocketAddr::new(IpAddr::V6(NODE_IP_V6), port),
-    }
-}
-
-/// A NodePort Service of `family` named `name` on `node_port`.
-fn node_port_service(family: IpFamily, name: &str, node_port: u16, local: bool) -> Service {
-    let (family_name, cluster_ip) = match family {
-        IpFamily::V4 => ("IPv4", format!("10.96.0.{}", node_port - 30000)),
-        IpFamily::V6 => ("IPv6", format!("fd00:10:96::{}", node_port - 30000)),
-    };
-    service("ns1", name, |s| {
-        let s = s
-            .service_type("NodePort")
-            .ip_families(&[family_name])
-            .cluster_ip(cluster_ip)
-            .port("http", 80, "TCP")
-            .node_port(i32::from(node_port));
-        if local {
-            s.external_traffic_policy_local()
-        } else {
-            s.external_traffic_policy("Cluster")
-        }
-    })
-}
-
-/// ep3's address of `family`.
-fn ep3(topology: &Topology, family: IpFamily) -> IpAddr {
-    match family {
-        IpFamily::V4 => pod_ip(topology, "ep3"),
-        IpFamily::V6 => pod_ip_v6(topology, "ep3"),
-    }
-}
-
 fn masqueraded_to_the_node(family: IpFamily) {
     require();
     let topology = build(two_nodes());
     let proxy = Proxy::start(&topology, family);
-    let service = node_port_service(family, "cluster", CLUSTER_NODE_PORT, false);
-    let endpoints = slice("cluster", &[], &[ep3(&topology, family)]);
+    let service = node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false);
+    let endpoints = slice(
+        "cluster",
+        &[],
+        &[topology.pod("ep3").ip_of(family == IpFamily::V6)],
+    );
     proxy.apply(&[service], &[endpoints]);
     proxy.sync();
 
-    let reply =
-        connect(topology.client(), node_at(family, CLUSTER_NODE_PORT)).unwrap_or_else(|error| {
-            panic!("no answer through the NodePort from ep3 on node-2 (not masqueraded?): {error}")
-        });
+    let reply = connect(
+        topology.client(),
+        node_at(family == IpFamily::V6, CLUSTER_NODE_PORT),
+    )
+    .unwrap_or_else(|error| {
+        panic!("no answer through the NodePort from ep3 on node-2 (not masqueraded?): {error}")
+    });
     assert_eq!(reply.backend, "ep3");
     assert_eq!(
         reply.source,
-        node_at(family, 0).ip(),
+        node_at(family == IpFamily::V6, 0).ip(),
         "ep3 must see the node's address"
     );
 }
@@ -101,10 +70,10 @@ fn dropped_without_local_endpoint(family: IpFamily) {
     let topology = build(two_nodes());
     let proxy = Proxy::start(&topology, family);
     let services = [
-        node_port_service(family, "local", LOCAL_NODE_PORT, true),
-        node_port_service(family, "cluster", CLUSTER_NODE_PORT, false),
+        node_port_service(family == IpFamily::V6, "local", LOCAL_NODE_PORT, true),
+        node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false),
     ];
-    let remote = [ep3(&topology, family)];
+    let remote = [topology.pod("ep3").ip_of(family == IpFamily::V6)];
     proxy.apply(
         &services,
         &[slice("local", &[], &remote), slice("cluster", &[], &remote)],
@@ -119,9 +88,9 @@ fn dropped_without_local_endpoint(family: IpFamily) {
     topology.count_second_node_forwarding(client_ip);
     // The same endpoint answers through the eTP Cluster NodePort, so the
     // silence below is the proxy's drop, not the path to node-2.
-    let cluster = connect(client, node_at(family, CLUSTER_NODE_PORT)).unwrap();
+    let cluster = connect(client, node_at(family == IpFamily::V6, CLUSTER_NODE_PORT)).unwrap();
     assert_eq!(cluster.backend, "ep3");
-    expect_timeout(client, node_at(family, LOCAL_NODE_PORT));
+    expect_timeout(client, node_at(family == IpFamily::V6, LOCAL_NODE_PORT));
     assert_eq!(
         topology.second_node_forwarded(),
         0,

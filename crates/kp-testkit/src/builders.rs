@@ -607,3 +607,29 @@ fn non_empty(value: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// The NodePort Service `ns1/NAME` of the second-node tests, of one family
+/// (IPv6 with `ipv6`): port `http` 80/TCP on `node_port`, its ClusterIP
+/// `10.96.0.N` or `fd00:10:96::N` with N = `node_port` − 30000, and
+/// `externalTrafficPolicy: Local` with `local` (else `Cluster`).
+pub fn node_port_service(ipv6: bool, name: &str, node_port: u16, local: bool) -> Service {
+    let host = node_port.saturating_sub(30000);
+    let (family, cluster_ip) = if ipv6 {
+        ("IPv6", format!("fd00:10:96::{host}"))
+    } else {
+        ("IPv4", format!("10.96.0.{host}"))
+    };
+    service("ns1", name, |s| {
+        let s = s
+            .service_type("NodePort")
+            .ip_families(&[family])
+            .cluster_ip(cluster_ip)
+            .port("http", 80, "TCP")
+            .node_port(i32::from(node_port));
+        if local {
+            s.external_traffic_policy_local()
+        } else {
+            s.external_traffic_policy("Cluster")
+        }
+    })
+}

@@ -10,7 +10,7 @@
 //!
 //! These addresses exist only inside test network namespaces.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -170,6 +170,16 @@ fn nth_host_v6(net: Ipv6Net, index: u8) -> Ipv6Addr {
     let mut segments = net.network().segments();
     segments[7] = u16::from(index) + 2;
     Ipv6Addr::from(segments)
+}
+
+/// The node's address of one family (IPv6 with `ipv6`) at `port`.
+pub fn node_at(ipv6: bool, port: u16) -> SocketAddr {
+    let ip = if ipv6 {
+        IpAddr::V6(NODE_IP_V6)
+    } else {
+        IpAddr::V4(NODE_IP)
+    };
+    SocketAddr::new(ip, port)
 }
 
 #[cfg(test)]

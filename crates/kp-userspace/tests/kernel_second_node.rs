@@ -21,15 +21,14 @@
 
 mod kernel;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
-use kernel::{pod_ip, pod_ip_v6, require, slice, Proxy, POD_TCP_PORT};
+use kernel::{require, slice, Proxy, POD_TCP_PORT};
 use kp_iptables::IptablesFlavor;
 use kp_model::IpFamily;
-use kp_testkit::builders::service;
+use kp_testkit::builders::node_port_service;
 use kp_testkit::netns::{connect, Topology, TopologyBuilder};
-use kp_testkit::plan::{NODE_IP, NODE_IP_V6};
+use kp_testkit::plan::node_at;
 
 const CLUSTER_NODE_PORT: u16 = 30100;
 const LOCAL_NODE_PORT: u16 = 30101;
@@ -53,60 +52,28 @@ fn two_nodes() -> Topology {
     topology
 }
 
-/// The node's address of `family` at `port`.
-fn node_at(family: IpFamily, port: u16) -> SocketAddr {
-    match family {
-        IpFamily::V4 => SocketAddr::new(IpAddr::V4(NODE_IP), port),
-        IpFamily::V6 => SocketAddr::new(IpAddr::V6(NODE_IP_V6), port),
-    }
-}
-
-/// A NodePort Service of `family` named `name` on `node_port`.
-fn node_port_service(family: IpFamily, name: &str, node_port: u16, local: bool) -> Service {
-    let (family_name, cluster_ip) = match family {
-        IpFamily::V4 => ("IPv4", format!("10.96.0.{}", node_port - 30000)),
-        IpFamily::V6 => ("IPv6", format!("fd00:10:96::{}", node_port - 30000)),
-    };
-    service("ns1", name, |s| {
-        let s = s
-            .service_type("NodePort")
-            .ip_families(&[family_name])
-            .cluster_ip(cluster_ip)
-            .port("http", 80, "TCP")
-            .node_port(i32::from(node_port));
-        if local {
-            s.external_traffic_policy_local()
-        } else {
-            s.external_traffic_policy("Cluster")
-        }
-    })
-}
-
-/// ep3's address of `family`.
-fn ep3(topology: &Topology, family: IpFamily) -> IpAddr {
-    match family {
-        IpFamily::V4 => pod_ip(topology, "ep3"),
-        IpFamily::V6 => pod_ip_v6(topology, "ep3"),
-    }
-}
-
 fn masqueraded_to_the_node(flavor: IptablesFlavor, family: IpFamily) {
     require(flavor);
     let topology = two_nodes();
     let proxy = Proxy::start(&topology, flavor, family);
-    let service = node_port_service(family, "cluster", CLUSTER_NODE_PORT, false);
-    let endpoints = slice("cluster", &[], &[ep3(&topology, family)]);
+    let service = node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false);
+    let endpoints = slice(
+        "cluster",
+        &[],
+        &[topology.pod("ep3").ip_of(family == IpFamily::V6)],
+    );
     proxy.apply(&[service], &[endpoints]);
     proxy.sync();
 
-    let reply =
-        connect(topology.client(), node_at(family, CLUSTER_NODE_PORT)).unwrap_or_else(|error| {
-            panic!("no answer through the NodePort from ep3 on node-2: {error}")
-        });
+    let reply = connect(
+        topology.client(),
+        node_at(family == IpFamily::V6, CLUSTER_NODE_PORT),
+    )
+    .unwrap_or_else(|error| panic!("no answer through the NodePort from ep3 on node-2: {error}"));
     assert_eq!(reply.backend, "ep3");
     assert_eq!(
         reply.source,
-        node_at(family, 0).ip(),
+        node_at(family == IpFamily::V6, 0).ip(),
         "ep3 must see the node's address"
     );
 }
@@ -116,10 +83,10 @@ fn not_served_without_local_endpoint(flavor: IptablesFlavor, family: IpFamily) {
     let topology = two_nodes();
     let proxy = Proxy::start(&topology, flavor, family);
     let services = [
-        node_port_service(family, "local", LOCAL_NODE_PORT, true),
-        node_port_service(family, "cluster", CLUSTER_NODE_PORT, false),
+        node_port_service(family == IpFamily::V6, "local", LOCAL_NODE_PORT, true),
+        node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false),
     ];
-    let remote = [ep3(&topology, family)];
+    let remote = [topology.pod("ep3").ip_of(family == IpFamily::V6)];
     proxy.apply(
         &services,
         &[slice("local", &[], &remote), slice("cluster", &[], &remote)],
@@ -134,9 +101,9 @@ fn not_served_without_local_endpoint(flavor: IptablesFlavor, family: IpFamily) {
     topology.count_second_node_forwarding(client_ip);
     // The same endpoint answers through the eTP Cluster NodePort, so the
     // failure below is the proxy's, not the path to node-2.
-    let cluster = connect(client, node_at(family, CLUSTER_NODE_PORT)).unwrap();
+    let cluster = connect(client, node_at(family == IpFamily::V6, CLUSTER_NODE_PORT)).unwrap();
     assert_eq!(cluster.backend, "ep3");
-    let local = connect(client, node_at(family, LOCAL_NODE_PORT));
+    let local = connect(client, node_at(family == IpFamily::V6, LOCAL_NODE_PORT));
     assert!(local.is_err(), "no local endpoint, yet answered: {local:?}");
     assert_eq!(
         topology.second_node_forwarded(),

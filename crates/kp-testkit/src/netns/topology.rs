@@ -572,6 +572,15 @@ impl Host {
         self.ip_v6
     }
 
+    /// The address of one family: IPv6 with `ipv6`.
+    pub fn ip_of(&self, ipv6: bool) -> std::net::IpAddr {
+        if ipv6 {
+            self.ip_v6.into()
+        } else {
+            self.ip.into()
+        }
+    }
+
     /// `ip():port`.
     pub fn addr(&self, port: u16) -> SocketAddr {
         SocketAddr::new(IpAddr::V4(self.ip), port)
