@@ -1587,24 +1587,6 @@ fn differential_seeds() -> std::ops::Range<u64> {
     first..first + number("KP_IPVS_TEST_DIFFERENTIAL_CASES", 3)
 }
 
-/// A fresh node namespace for the binary, without pods or clients: `lo`
-/// up (IPVS refuses real servers in a namespace whose loopback is down)
-/// and `eth0` with the node's 192.168.99.2/24 and fd00:192:168:99::2/64 (a
-/// veth whose peer stays in the namespace, so the link is up).
-fn bare_node(role: &str) -> Netns {
-    let ns = Netns::create(role).unwrap();
-    ns.ip_batch(&[
-        "link set lo up".to_owned(),
-        "link add eth0 type veth peer name eth1".to_owned(),
-        "address add 192.168.99.2/24 dev eth0".to_owned(),
-        "address add fd00:192:168:99::2/64 dev eth0 nodad".to_owned(),
-        "link set eth0 up".to_owned(),
-        "link set eth1 up".to_owned(),
-    ])
-    .unwrap();
-    ns
-}
-
 /// Programs the random cluster of `seed` (`kp_testkit::clusters`, both
 /// families) with the binary in IPVS mode in a fresh node namespace and
 /// runs `kube-proxy check` with the same flags: `Ok` with check's output
@@ -1614,7 +1596,7 @@ fn bare_node(role: &str) -> Netns {
 fn check_ipvs_cluster(binary: &str, seed: u64) -> Result<String, String> {
     use kp_testkit::netns::NsChild;
     use std::fs;
-    let ns = bare_node("ipvsdiff");
+    let ns = Netns::bare_node("ipvsdiff").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     fs::create_dir_all(&manifests).unwrap();
@@ -2027,7 +2009,7 @@ fn vm_kube_proxy_trace_shows_the_ipvs_path_of_each_kind_of_service() {
     let binary = std::env::var(BINARY_VARIABLE).unwrap_or_else(|_| {
         panic!("{BINARY_VARIABLE} does not name the kube-proxy binary: {NEEDS_IPVS}")
     });
-    let node = bare_node("ipvstrace");
+    let node = Netns::bare_node("ipvstrace").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
@@ -2484,7 +2466,7 @@ impl StoppedExampleNode {
         let binary = std::env::var(BINARY_VARIABLE).unwrap_or_else(|_| {
             panic!("{BINARY_VARIABLE} does not name the kube-proxy binary: {NEEDS_IPVS}")
         });
-        let node = bare_node(role);
+        let node = Netns::bare_node(role).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let manifests = dir.path().join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();

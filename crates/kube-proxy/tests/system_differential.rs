@@ -45,29 +45,9 @@ fn flags(mode: &str, dir: &Path) -> Vec<String> {
 /// Programs the cluster of `seed` with `mode` and checks it: `None` when
 /// the kernel does what the model says, else what `check` printed.
 fn differs(seed: u64, mode: &str, hint: Option<&str>) -> Option<String> {
-    let ns = Netns::create("diff").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.ip(&[
-        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
-    ])
-    .unwrap();
-    ns.ip(&["addr", "add", "192.168.99.2/24", "dev", "eth0"])
-        .unwrap();
-    ns.ip(&[
-        "addr",
-        "add",
-        "fd00:192:168:99::2/64",
-        "dev",
-        "eth0",
-        "nodad",
-    ])
-    .unwrap();
-    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
-    ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+    let ns = Netns::bare_node("diff").unwrap();
     if let Some(flavor) = hint {
-        for program in [format!("iptables-{flavor}"), format!("ip6tables-{flavor}")] {
-            ns.exec_ok(&program, &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
-        }
+        ns.declare_iptables_hint(flavor);
     }
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");

@@ -735,29 +735,9 @@ fn flags(mode: &str, dir: &Path) -> Vec<String> {
 }
 
 fn node_namespace(hint: Option<&str>) -> Netns {
-    let ns = Netns::create("fuzzk").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.ip(&[
-        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
-    ])
-    .unwrap();
-    ns.ip(&["addr", "add", "192.168.99.2/24", "dev", "eth0"])
-        .unwrap();
-    ns.ip(&[
-        "addr",
-        "add",
-        "fd00:192:168:99::2/64",
-        "dev",
-        "eth0",
-        "nodad",
-    ])
-    .unwrap();
-    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
-    ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+    let ns = Netns::bare_node("fuzzk").unwrap();
     if let Some(flavor) = hint {
-        for program in [format!("iptables-{flavor}"), format!("ip6tables-{flavor}")] {
-            ns.exec_ok(&program, &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
-        }
+        ns.declare_iptables_hint(flavor);
     }
     ns
 }

@@ -152,6 +152,38 @@ impl Netns {
         run_ip(&all, None)
     }
 
+    /// A node namespace without peers, for the binary run on manifests:
+    /// `lo` up, and `eth0` (a veth whose other end, `eth1`, stays in the
+    /// namespace) holding the plan's node addresses of both families,
+    /// [`NODE_IP`](crate::plan::NODE_IP)/24 and
+    /// [`NODE_IP_V6`](crate::plan::NODE_IP_V6)/64.
+    pub fn bare_node(role: &str) -> Result<Self, NetnsError> {
+        use crate::plan::{NODE_IP, NODE_IP_V6};
+        let ns = Self::create(role)?;
+        ns.ip_batch(&[
+            "link set lo up".to_owned(),
+            "link add eth0 type veth peer name eth1".to_owned(),
+            format!("address add {NODE_IP}/24 dev eth0"),
+            format!("address add {NODE_IP_V6}/64 dev eth0 nodad"),
+            "link set eth0 up".to_owned(),
+            "link set eth1 up".to_owned(),
+        ])?;
+        Ok(ns)
+    }
+
+    /// Declares kubelet's `KUBE-IPTABLES-HINT` chain in the mangle table of
+    /// `iptables-FLAVOR` and `ip6tables-FLAVOR` (`legacy` or `nft`), as
+    /// kubelet does to name the flavor the node uses.
+    ///
+    /// # Panics
+    /// If a program fails; the message shows its stderr.
+    #[track_caller]
+    pub fn declare_iptables_hint(&self, flavor: &str) {
+        for program in [format!("iptables-{flavor}"), format!("ip6tables-{flavor}")] {
+            self.exec_ok(&program, &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
+        }
+    }
+
     /// Runs many `ip` commands in this namespace in one process
     /// (`ip -n NAME -batch -`), stopping at the first that fails.
     pub fn ip_batch(&self, commands: &[String]) -> Result<(), NetnsError> {
