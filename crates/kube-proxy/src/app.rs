@@ -487,7 +487,7 @@ fn random_up_to(max: Duration) -> Duration {
             .unwrap_or_default()
             .as_nanos(),
     );
-    Duration::from_millis(hasher.finish() % (millis + 1))
+    Duration::from_millis(hasher.finish() % millis.saturating_add(1))
 }
 
 #[cfg(test)]
