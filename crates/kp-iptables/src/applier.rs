@@ -228,9 +228,21 @@ impl IptablesFlavor {
     /// anywhere, or without the `-legacy`/`-nft` programs, the `iptables`
     /// wrapper on the PATH is used.
     pub fn detect() -> IptablesFlavor {
+        let chosen = Self::detect_with(save_all);
+        tracing::info!(flavor = %chosen, "detected iptables flavor");
+        chosen
+    }
+
+    /// [`IptablesFlavor::detect`] over `save`, which reads a flavor's IPv4
+    /// rules (one table, or all). A flavor whose mangle table cannot be
+    /// read is not read again for its rule count: it would fail (and warn)
+    /// the same way.
+    fn detect_with(
+        save: impl Fn(IptablesFlavor, Option<Table>) -> Option<String>,
+    ) -> IptablesFlavor {
         const MARKERS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
-        let nft = save_all(IptablesFlavor::Nft, Some(Table::Mangle));
-        let legacy = save_all(IptablesFlavor::Legacy, Some(Table::Mangle));
+        let nft = save(IptablesFlavor::Nft, Some(Table::Mangle));
+        let legacy = save(IptablesFlavor::Legacy, Some(Table::Mangle));
         for marker in MARKERS {
             let declared = |text: &Option<String>| {
                 text.as_deref()
@@ -243,16 +255,18 @@ impl IptablesFlavor {
                 return IptablesFlavor::Legacy;
             }
         }
-        let rules = |flavor| {
-            save_all(flavor, None).map(|text| text.lines().filter(|l| l.starts_with("-")).count())
+        let rules = |flavor, mangle: &Option<String>| {
+            mangle.as_ref()?;
+            save(flavor, None).map(|text| text.lines().filter(|l| l.starts_with('-')).count())
         };
-        let chosen = match (rules(IptablesFlavor::Legacy), rules(IptablesFlavor::Nft)) {
+        match (
+            rules(IptablesFlavor::Legacy, &legacy),
+            rules(IptablesFlavor::Nft, &nft),
+        ) {
             (Some(legacy), Some(nft)) if legacy > nft => IptablesFlavor::Legacy,
             (Some(legacy), Some(nft)) if nft > legacy => IptablesFlavor::Nft,
             _ => IptablesFlavor::System,
-        };
-        tracing::info!(flavor = %chosen, "detected iptables flavor");
-        chosen
+        }
     }
 }
 
@@ -347,6 +361,40 @@ fn save_all(flavor: IptablesFlavor, table: Option<Table>) -> Option<String> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_flavor_whose_tables_cannot_be_read_is_read_once() {
+        use std::cell::RefCell;
+        let reads = RefCell::new(Vec::new());
+        let chosen = IptablesFlavor::detect_with(|flavor, table| {
+            reads.borrow_mut().push((flavor, table));
+            match flavor {
+                IptablesFlavor::Legacy => None,
+                _ => Some("*filter\n-A INPUT -j ACCEPT\nCOMMIT\n".to_owned()),
+            }
+        });
+        assert_eq!(chosen, IptablesFlavor::System);
+        let legacy_reads = reads
+            .borrow()
+            .iter()
+            .filter(|(flavor, _)| *flavor == IptablesFlavor::Legacy)
+            .count();
+        assert_eq!(legacy_reads, 1, "{:?}", reads.borrow());
+    }
+
+    #[test]
+    fn the_flavor_holding_more_rules_is_chosen() {
+        let chosen = IptablesFlavor::detect_with(|flavor, table| {
+            Some(match (flavor, table) {
+                (IptablesFlavor::Legacy, None) => {
+                    "-A INPUT -j ACCEPT\n-A FORWARD -j ACCEPT\n".to_owned()
+                }
+                (IptablesFlavor::Nft, None) => "-A INPUT -j ACCEPT\n".to_owned(),
+                _ => String::new(),
+            })
+        });
+        assert_eq!(chosen, IptablesFlavor::Legacy);
+    }
 
     #[test]
     fn programs_of_each_flavor() {
