@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use kp_model::{IpFamily, Protocol};
 use kp_nftables::model::{
-    protocol_keyword, AddrField, ChainKind, ChainType, Command, Expr, Hook, Key, MapElement, Name,
-    Rule, SetElement, TypeofField, TypeofSpec, Verdict,
+    protocol_keyword, AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key,
+    MapElement, Name, Rule, SetElement, TypeofField, TypeofSpec, Verdict,
 };
 use kp_nftables::Transaction;
 
@@ -149,6 +149,20 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             },
         });
     }
+    for (chain, chain_type, hook, priority) in [
+        ("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
+        ("nat-output", ChainType::Nat, Hook::Output, -100),
+        ("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100),
+    ] {
+        commands.push(Command::AddChain {
+            name: Name::Fixed(chain),
+            kind: ChainKind::Base {
+                chain_type,
+                hook,
+                priority,
+            },
+        });
+    }
     for chain in ["mark-for-masquerade", "masquerading", SERVICE_CHAIN] {
         commands.push(Command::AddChain {
             name: Name::Fixed(chain),
@@ -191,6 +205,23 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             .collect(),
     });
     commands.push(rule("mark-for-masquerade", vec![Expr::MarkSetOr(0x4000)]));
+    for chain in ["nat-prerouting", "nat-output"] {
+        commands.push(rule(
+            chain,
+            vec![
+                Expr::AddrIs {
+                    field: Destination,
+                    negate: false,
+                    value: Address::Host(entry(family)),
+                },
+                Expr::Verdict(Verdict::Jump(Name::Fixed(SERVICE_CHAIN))),
+            ],
+        ));
+    }
+    commands.push(rule(
+        "nat-postrouting",
+        vec![Expr::Verdict(Verdict::Jump(Name::Fixed("masquerading")))],
+    ));
     commands.push(rule(
         "masquerading",
         vec![
@@ -198,6 +229,12 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             Expr::Verdict(Verdict::Jump(Name::Fixed("mark-for-masquerade"))),
         ],
     ));
+    commands.push(rule(
+        "masquerading",
+        vec![Expr::MarkLacks(0x4000), Expr::Verdict(Verdict::Return)],
+    ));
+    commands.push(rule("masquerading", vec![Expr::MarkSetXor(0x4000)]));
+    commands.push(rule("masquerading", vec![Expr::MasqueradeFullyRandom]));
     if record_affinity {
         for chain in ["affinity-prerouting", "affinity-output"] {
             for protocol in PROTOCOLS {
