@@ -16,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kp_model::{IpFamily, Protocol};
+use kp_nftables::live::decode::model_name;
 use kp_nftables::model::{
     protocol_keyword, AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key,
     MapElement, Name, Rule, SetElement, TypeofField, TypeofSpec, Verdict,
@@ -62,8 +63,14 @@ pub fn endpoint(family: IpFamily, index: u8) -> IpAddr {
     }
 }
 
+/// A name as the read-back names it (fixed names of the renderer's
+/// table fixed, the rest shared), so that a replay and a read-back compare.
 pub fn name(text: String) -> Name {
-    Name::Shared(Arc::from(text))
+    model_name(&text)
+}
+
+fn fixed(text: &str) -> Name {
+    model_name(text)
 }
 
 pub fn endpoints_map(protocol: Protocol) -> Name {
@@ -116,7 +123,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         }));
     }
     commands.push(Command::AddTypeofSet(TypeofSpec {
-        name: Name::Fixed(HAIRPIN),
+        name: fixed(HAIRPIN),
         key: vec![TypeofField::Addr(Source), TypeofField::Addr(Destination)],
         data: vec![],
         size: None,
@@ -140,7 +147,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         ("affinity-output", Hook::Output),
     ] {
         commands.push(Command::AddChain {
-            name: Name::Fixed(chain),
+            name: fixed(chain),
             kind: ChainKind::Base {
                 chain_type: ChainType::Filter,
                 hook,
@@ -155,7 +162,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         ("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100),
     ] {
         commands.push(Command::AddChain {
-            name: Name::Fixed(chain),
+            name: fixed(chain),
             kind: ChainKind::Base {
                 chain_type,
                 hook,
@@ -165,7 +172,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
     }
     for chain in ["mark-for-masquerade", "masquerading", SERVICE_CHAIN] {
         commands.push(Command::AddChain {
-            name: Name::Fixed(chain),
+            name: fixed(chain),
             kind: ChainKind::Regular,
         });
     }
@@ -184,7 +191,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         });
     }
     commands.push(Command::AddElements {
-        set: Name::Fixed(HAIRPIN),
+        set: fixed(HAIRPIN),
         elements: (1..=3)
             .map(|index| SetElement {
                 key: Key::AddrPair(endpoint(family, index), endpoint(family, index)),
@@ -214,19 +221,19 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
                     negate: false,
                     value: Address::Host(entry(family)),
                 },
-                Expr::Verdict(Verdict::Jump(Name::Fixed(SERVICE_CHAIN))),
+                Expr::Verdict(Verdict::Jump(fixed(SERVICE_CHAIN))),
             ],
         ));
     }
     commands.push(rule(
         "nat-postrouting",
-        vec![Expr::Verdict(Verdict::Jump(Name::Fixed("masquerading")))],
+        vec![Expr::Verdict(Verdict::Jump(fixed("masquerading")))],
     ));
     commands.push(rule(
         "masquerading",
         vec![
-            Expr::AddrPairInSet(Name::Fixed(HAIRPIN)),
-            Expr::Verdict(Verdict::Jump(Name::Fixed("mark-for-masquerade"))),
+            Expr::AddrPairInSet(fixed(HAIRPIN)),
+            Expr::Verdict(Verdict::Jump(fixed("mark-for-masquerade"))),
         ],
     ));
     commands.push(rule(
@@ -281,5 +288,9 @@ pub fn record(protocol: Protocol) -> Vec<Expr> {
 }
 
 pub fn rule(chain: &'static str, exprs: Vec<Expr>) -> Command {
-    Command::AddRule(Rule::new(chain, exprs))
+    Command::AddRule(Rule {
+        chain: fixed(chain),
+        exprs,
+        comment: None,
+    })
 }
