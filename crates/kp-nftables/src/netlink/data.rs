@@ -447,6 +447,22 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_of_the_other_family_is_refused() {
+        assert_eq!(
+            endpoint_bytes(IpFamily::V4, "[fd00::2]:80".parse().unwrap()),
+            Err(EncodeError::Unsupported)
+        );
+        assert_eq!(
+            endpoint_bytes(IpFamily::V6, "10.244.1.2:80".parse().unwrap()),
+            Err(EncodeError::Unsupported)
+        );
+        assert_eq!(
+            endpoint_bytes(IpFamily::V4, "10.244.1.2:8080".parse().unwrap()).unwrap(),
+            [10, 244, 1, 2, 0x1f, 0x90, 0, 0]
+        );
+    }
+
+    #[test]
     fn a_comment_past_the_kernels_user_data_limit_is_refused_not_cut() {
         let mut spec = spec(
             vec![TypeofField::Number, TypeofField::Number],
