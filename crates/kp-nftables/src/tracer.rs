@@ -7,7 +7,10 @@
 //! or output, then input, or forward and postrouting, by where the possibly
 //! DNATed packet is delivered), every jump, goto, verdict map and mark on
 //! the way. A `numgen random mod N V` match forks the walk (one in `N`
-//! takes it), so the result lists every path with its probability, the
+//! takes it), and so does the data layout's draw (`dnat to numgen … map
+//! @MAP`: one path per slot, one in the slot count each; a slot without an
+//! element is an error, since the kernel would pass the connection on
+//! un-DNATed), so the result lists every path with its probability, the
 //! rules it matched (as `--dry-run` prints them), the map elements it
 //! consulted and the affinity sets it passed. [`Table::trace`] sums the
 //! paths up as one [`Verdict`].
@@ -41,8 +44,9 @@ const MAX_DEPTH: usize = 16;
 pub struct Table {
     /// Rules per chain.
     pub chains: BTreeMap<String, Vec<Rule>>,
-    /// Elements per set or map: key (as `add element` writes it) → the
-    /// verdict of a map element (`None` for a set element).
+    /// Elements per set or verdict map: key (as `add element` writes it)
+    /// → the verdict of a map element (`None` for a set element). Maps of
+    /// endpoints are in [`Table::targets`].
     pub maps: BTreeMap<String, BTreeMap<String, Option<RuleVerdict>>>,
     /// Sets declared (affinity sets among them).
     pub sets: BTreeSet<String>,

@@ -12,6 +12,10 @@
 //! [`crate::NftApplier`]): a byte-aligned prefix loads and compares only
 //! its own bytes. Any other attribute or shape is an error naming the
 //! chain, the rule's handle and the expression.
+//!
+//! Sets declared with `typeof` (the data layout's, [`data`]) are read by
+//! the description nft keeps in their user data, which both the encoder
+//! and nft write.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
