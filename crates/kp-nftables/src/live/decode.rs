@@ -13,7 +13,7 @@
 //! its own bytes. Any other attribute or shape is an error naming the
 //! chain, the rule's handle and the expression.
 //!
-//! Sets declared with `typeof` (the data layout's, [`data`]) are read by
+//! Sets declared with `typeof` (the data layout's) are read by
 //! the description nft keeps in their user data, which both the encoder
 //! and nft write.
 
