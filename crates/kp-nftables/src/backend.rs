@@ -641,8 +641,10 @@ fn service_of_address(
         _ => None,
     }?;
     let address = match key {
-        Key::Addr(address) | Key::AddrProtoPort(address, _, _) => address,
-        Key::ProtoPort(_, _) => return None,
+        Key::Addr(address)
+        | Key::AddrProtoPort(address, _, _)
+        | Key::AddrPortAddr(address, _, _) => address,
+        Key::ProtoPort(_, _) | Key::Slot(_, _) | Key::AddrPair(_, _) => return None,
     };
     service_ports
         .iter()

@@ -273,6 +273,36 @@ pub fn differences(intended: &Table, read: &Table) -> Vec<String> {
             }
         }
     }
+    for (name, spec) in &intended.typeof_sets {
+        match read.typeof_sets.get(name) {
+            Some(got) if got == spec => {}
+            Some(got) => out.push(format!("set {name}: declared {got:?}, intended {spec:?}")),
+            None => out.push(format!(
+                "set {name}: not declared with typeof, intended {spec:?}"
+            )),
+        }
+    }
+    let no_targets = BTreeMap::new();
+    for (name, elements) in &intended.targets {
+        if intended.dynamic_sets.contains(name) {
+            continue;
+        }
+        let found = read.targets.get(name).unwrap_or(&no_targets);
+        for (key, target) in elements {
+            match found.get(key) {
+                Some(got) if got == target => {}
+                Some(got) => out.push(format!(
+                    "map {name}: element {key} is {got}, intended {target}"
+                )),
+                None => out.push(format!("map {name}: element {key} missing")),
+            }
+        }
+        for key in found.keys() {
+            if !elements.contains_key(key) {
+                out.push(format!("map {name}: element {key} not intended"));
+            }
+        }
+    }
     out
 }
 
@@ -439,5 +469,7 @@ fn nfproto(family: IpFamily) -> u8 {
     }
 }
 
+#[cfg(test)]
+mod data_tests;
 #[cfg(test)]
 mod tests;

@@ -94,6 +94,18 @@ pub enum Command {
     },
     /// `add rule F kube-proxy CHAIN EXPRESSIONS… [comment "C"]`.
     AddRule(Rule),
+    /// `add set|map F kube-proxy NAME { typeof … ; … }`: a set or map
+    /// whose key (and data) are described by the expressions that fill
+    /// them, as the data layout's sets are.
+    AddTypeofSet(TypeofSpec),
+    /// `add element F kube-proxy NAME { KEY : ADDRESS . PORT[, …] }`: the
+    /// elements of a map whose data is an endpoint.
+    AddMapElements {
+        /// The map.
+        map: Name,
+        /// The elements, at least one.
+        elements: Vec<MapElement>,
+    },
 }
 
 /// What kind of chain `add chain` declares.
@@ -156,6 +168,57 @@ pub struct SetSpec {
     pub comment: Option<&'static str>,
 }
 
+/// A set or map declared with `typeof`: its key and data are written as
+/// the expressions that fill them, so `nft list` prints them that way
+/// (`typeof numgen random mod 1 . numgen random mod 1 : ip daddr . tcp
+/// dport`), and nft knows their byte order and protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TypeofSpec {
+    /// Its name.
+    pub name: Name,
+    /// The fields of its key, concatenated.
+    pub key: Vec<TypeofField>,
+    /// The fields of a map's data, concatenated; empty for a set.
+    pub data: Vec<TypeofField>,
+    /// `size N`: how many elements it holds at most (a dynamic set's
+    /// default is 65,535).
+    pub size: Option<u32>,
+    /// `flags dynamic,timeout ; timeout Ns`: rules add elements, which
+    /// expire after this many seconds.
+    pub dynamic_timeout_secs: Option<u64>,
+    /// Its comment.
+    pub comment: Option<Arc<str>>,
+}
+
+/// One field of a `typeof` key or data: the expression whose value it
+/// holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TypeofField {
+    /// `numgen random mod 1`: a 32-bit number in host byte order (a
+    /// service port's number, or an endpoint's slot).
+    Number,
+    /// `ip|ip6 saddr|daddr`.
+    Addr(AddrField),
+    /// `meta l4proto`.
+    L4Proto,
+    /// `tcp|udp|sctp dport`.
+    Port(Protocol),
+    /// `th dport`: the destination port of any transport protocol.
+    AnyPort,
+}
+
+/// An element of a map whose data is an endpoint (`KEY[ comment "C"] :
+/// ADDRESS . PORT`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MapElement {
+    /// Its key.
+    pub key: Key,
+    /// Its comment.
+    pub comment: Option<Arc<str>>,
+    /// The endpoint it maps to.
+    pub target: SocketAddr,
+}
+
 /// A field of a set's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyType {
@@ -178,6 +241,14 @@ pub enum Key {
     AddrProtoPort(IpAddr, Protocol, u16),
     /// `PROTOCOL . PORT`.
     ProtoPort(Protocol, u16),
+    /// `NUMBER . SLOT`: a slot of a service port's endpoints (keys of
+    /// `typeof numgen random mod 1 . numgen random mod 1`).
+    Slot(u32, u32),
+    /// `ADDRESS . ADDRESS`: a source and destination pair (hairpin).
+    AddrPair(IpAddr, IpAddr),
+    /// `ADDRESS . PORT . ADDRESS`: a Service entry and a client
+    /// (ClientIP affinity).
+    AddrPortAddr(IpAddr, u16, IpAddr),
 }
 
 /// An element as `add element` writes it.
@@ -319,6 +390,51 @@ pub enum Expr {
     Reject,
     /// A verdict.
     Verdict(Verdict),
+    /// `ip saddr . ip daddr @SET`: the source and destination pair is in
+    /// the set (an endpoint connecting to itself through a Service).
+    AddrPairInSet(Name),
+    /// `dnat ip to numgen random mod 1 offset NUMBER . numgen random mod
+    /// ENDPOINTS map @MAP`: DNAT to the endpoint in a slot drawn at
+    /// random; a `meta l4proto` match must come before it.
+    DnatDraw {
+        /// The service port's number (the first field of the key).
+        number: u32,
+        /// The count of slots, `0..endpoints`.
+        endpoints: u32,
+        /// The map of slots to endpoints.
+        map: Name,
+    },
+    /// `dnat ip to ip daddr . tcp dport . ip saddr map @MAP`: DNAT to the
+    /// endpoint recorded for this client and Service entry, if any.
+    DnatAffinity {
+        /// The protocol of the port in the key.
+        protocol: Protocol,
+        /// The affinity map.
+        map: Name,
+    },
+    /// `ct status dnat`.
+    CtStatusDnat,
+    /// `PROTOCOL dport != PORT`.
+    DestinationPortNot {
+        /// The protocol.
+        protocol: Protocol,
+        /// The port.
+        port: u16,
+    },
+    /// `ct original ip daddr . meta l4proto . ct original proto-dst @SET`:
+    /// the Service entry the connection was opened to is in the set.
+    OriginalEntryInSet(Name),
+    /// `update @MAP { ct original ip daddr . ct original proto-dst . ip
+    /// saddr timeout Ns : ip daddr . tcp dport }`: records the endpoint
+    /// DNAT chose for this client and Service entry.
+    RecordAffinity {
+        /// The protocol of the endpoint's port.
+        protocol: Protocol,
+        /// The affinity map.
+        map: Name,
+        /// The entry's lifetime.
+        timeout_secs: u64,
+    },
 }
 
 /// Commands printed as lines of `nft -f` text, for one family.
@@ -361,7 +477,7 @@ struct Table(IpFamily);
 /// A key's text, written without allocating, to compare keys: sorting a
 /// Service's elements compares keys often, on every render.
 struct StackText {
-    bytes: [u8; 64],
+    bytes: [u8; 96],
     len: usize,
 }
 
@@ -493,7 +609,21 @@ impl fmt::Display for Key {
             Self::ProtoPort(protocol, port) => {
                 write!(f, "{} . {port}", protocol_keyword(*protocol))
             }
+            Self::Slot(number, slot) => write!(f, "{number} . {slot}"),
+            Self::AddrPair(a, b) => write!(f, "{} . {}", Ip(a), Ip(b)),
+            Self::AddrPortAddr(a, port, b) => write!(f, "{} . {port} . {}", Ip(a), Ip(b)),
         }
+    }
+}
+
+/// `KEY[ comment "C"] : ADDRESS . PORT`.
+impl fmt::Display for MapElement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.key)?;
+        if let Some(comment) = &self.comment {
+            write!(f, " comment \"{comment}\"")?;
+        }
+        write!(f, " : {} . {}", Ip(&self.target.ip()), self.target.port())
     }
 }
 
@@ -686,6 +816,36 @@ impl fmt::Display for Line<'_> {
                 }
                 f.write_str(" }")
             }
+            Command::AddTypeofSet(spec) => {
+                let kind = if spec.data.is_empty() { "set" } else { "map" };
+                write!(f, "add {kind} {table} {} {{ typeof ", spec.name)?;
+                typeof_fields(f, family, &spec.key)?;
+                if !spec.data.is_empty() {
+                    f.write_str(" : ")?;
+                    typeof_fields(f, family, &spec.data)?;
+                }
+                f.write_str(" ; ")?;
+                if let Some(size) = spec.size {
+                    write!(f, "size {size} ; ")?;
+                }
+                if let Some(timeout) = spec.dynamic_timeout_secs {
+                    write!(f, "flags dynamic,timeout ; timeout {timeout}s ; ")?;
+                }
+                if let Some(comment) = &spec.comment {
+                    write!(f, "comment \"{comment}\" ; ")?;
+                }
+                f.write_str("}")
+            }
+            Command::AddMapElements { map, elements } => {
+                write!(f, "add element {table} {map} {{ ")?;
+                for (index, element) in elements.iter().enumerate() {
+                    if index > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{element}")?;
+                }
+                f.write_str(" }")
+            }
             Command::AddRule(rule) => {
                 write!(f, "add rule {table} {}", rule.chain)?;
                 for expr in &rule.exprs {
@@ -756,6 +916,37 @@ impl fmt::Display for ExprText<'_> {
             Expr::MasqueradeFullyRandom => f.write_str("masquerade fully-random"),
             Expr::Reject => f.write_str("reject"),
             Expr::Verdict(verdict) => write!(f, "{verdict}"),
+            Expr::AddrPairInSet(set) => write!(f, "{ipx} saddr . {ipx} daddr @{set}"),
+            Expr::DnatDraw {
+                number,
+                endpoints,
+                map,
+            } => write!(
+                f,
+                "dnat {ipx} to numgen random mod 1 offset {number} . numgen random mod {endpoints} map @{map}"
+            ),
+            Expr::DnatAffinity { protocol, map } => write!(
+                f,
+                "dnat {ipx} to {ipx} daddr . {} dport . {ipx} saddr map @{map}",
+                protocol_keyword(*protocol)
+            ),
+            Expr::CtStatusDnat => f.write_str("ct status dnat"),
+            Expr::DestinationPortNot { protocol, port } => {
+                write!(f, "{} dport != {port}", protocol_keyword(*protocol))
+            }
+            Expr::OriginalEntryInSet(set) => write!(
+                f,
+                "ct original {ipx} daddr . meta l4proto . ct original proto-dst @{set}"
+            ),
+            Expr::RecordAffinity {
+                protocol,
+                map,
+                timeout_secs,
+            } => write!(
+                f,
+                "update @{map} {{ ct original {ipx} daddr . ct original proto-dst . {ipx} saddr timeout {timeout_secs}s : {ipx} daddr . {} dport }}",
+                protocol_keyword(*protocol)
+            ),
         }
     }
 }
@@ -769,7 +960,7 @@ impl fmt::Display for Table {
 impl Default for StackText {
     fn default() -> Self {
         Self {
-            bytes: [0; 64],
+            bytes: [0; 96],
             len: 0,
         }
     }
@@ -780,8 +971,8 @@ impl StackText {
         &self.bytes[..self.len]
     }
 
-    /// Appends `bytes`. A key's text is at most 61 bytes (an IPv6
-    /// address, `sctp`, a port), so it always fits.
+    /// Appends `bytes`. A key's text is at most 89 bytes (two IPv6
+    /// addresses and a port), so it always fits.
     fn push(&mut self, bytes: &[u8]) {
         let end = (self.len + bytes.len()).min(self.bytes.len());
         let count = end - self.len;
@@ -836,6 +1027,10 @@ impl StackText {
                 proto_port(self, *protocol, *port);
             }
             Key::ProtoPort(protocol, port) => proto_port(self, *protocol, *port),
+            // Rarer keys, whose text needs no speed.
+            Key::Slot(..) | Key::AddrPair(..) | Key::AddrPortAddr(..) => {
+                let _ = fmt::Write::write_fmt(self, format_args!("{key}"));
+            }
         }
     }
 }
@@ -873,6 +1068,28 @@ pub fn protocol_keyword(protocol: Protocol) -> &'static str {
         Protocol::Udp => "udp",
         Protocol::Sctp => "sctp",
     }
+}
+
+/// `F1 . F2 …` of a `typeof` declaration.
+fn typeof_fields(
+    f: &mut fmt::Formatter<'_>,
+    family: IpFamily,
+    fields: &[TypeofField],
+) -> fmt::Result {
+    let ipx = family_keyword(family);
+    for (index, field) in fields.iter().enumerate() {
+        if index > 0 {
+            f.write_str(" . ")?;
+        }
+        match field {
+            TypeofField::Number => f.write_str("numgen random mod 1")?,
+            TypeofField::Addr(field) => write!(f, "{ipx} {}", field.keyword())?,
+            TypeofField::L4Proto => f.write_str("meta l4proto")?,
+            TypeofField::Port(protocol) => write!(f, "{} dport", protocol_keyword(*protocol))?,
+            TypeofField::AnyPort => f.write_str("th dport")?,
+        }
+    }
+    Ok(())
 }
 
 fn set_keyword(map: bool) -> &'static str {
@@ -936,6 +1153,137 @@ mod tests {
                 Expr::Dnat(to).text(IpFamily::V4).to_string(),
                 format!("dnat to {to}")
             );
+        }
+    }
+
+    /// The data layout's statements print as docs/nft-layout-experiment.md
+    /// writes them (the text nft 1.0.6 loaded there).
+    #[test]
+    fn the_data_layout_prints_as_nft_reads_it() {
+        use TypeofField::{AnyPort, L4Proto, Number, Port};
+        let name = |text: &'static str| Name::Fixed(text);
+        let dst = TypeofField::Addr(AddrField::Destination);
+        let src = TypeofField::Addr(AddrField::Source);
+        let spec = |text, key, data, size, timeout| {
+            Command::AddTypeofSet(TypeofSpec {
+                name: name(text),
+                key,
+                data,
+                size,
+                dynamic_timeout_secs: timeout,
+                comment: None,
+            })
+        };
+        let rule = |exprs| Command::AddRule(Rule::new("svc", exprs));
+        let cases = [
+            (
+                IpFamily::V4,
+                spec("service-endpoints-tcp-2", vec![Number, Number], vec![dst, Port(Protocol::Tcp)], None, None),
+                "add map ip kube-proxy service-endpoints-tcp-2 { typeof numgen random mod 1 . numgen random mod 1 : ip daddr . tcp dport ; }",
+            ),
+            (
+                IpFamily::V4,
+                Command::AddMapElements {
+                    map: name("service-endpoints-tcp-2"),
+                    elements: vec![
+                        MapElement {
+                            key: Key::Slot(2, 0),
+                            comment: Some("ns1/web:http".into()),
+                            target: "10.244.1.2:8080".parse().unwrap(),
+                        },
+                        MapElement {
+                            key: Key::Slot(2, 1),
+                            comment: None,
+                            target: "10.244.1.3:8080".parse().unwrap(),
+                        },
+                    ],
+                },
+                "add element ip kube-proxy service-endpoints-tcp-2 { 2 . 0 comment \"ns1/web:http\" : 10.244.1.2 . 8080, 2 . 1 : 10.244.1.3 . 8080 }",
+            ),
+            (
+                IpFamily::V6,
+                rule(vec![
+                    Expr::L4Proto(Protocol::Udp),
+                    Expr::DnatDraw { number: 2, endpoints: 3, map: name("service-endpoints-udp-2") },
+                ]),
+                "add rule ip6 kube-proxy svc meta l4proto udp dnat ip6 to numgen random mod 1 offset 2 . numgen random mod 3 map @service-endpoints-udp-2",
+            ),
+            (
+                IpFamily::V4,
+                spec("hairpin-endpoints", vec![src, dst], vec![], None, None),
+                "add set ip kube-proxy hairpin-endpoints { typeof ip saddr . ip daddr ; }",
+            ),
+            (
+                IpFamily::V6,
+                Command::AddElements {
+                    set: name("hairpin-endpoints"),
+                    elements: vec![SetElement {
+                        key: Key::AddrPair("fd00::2".parse().unwrap(), "fd00::2".parse().unwrap()),
+                        comment: None,
+                        verdict: None,
+                    }],
+                },
+                "add element ip6 kube-proxy hairpin-endpoints { fd00::2 . fd00::2 }",
+            ),
+            (
+                IpFamily::V4,
+                rule(vec![
+                    Expr::AddrPairInSet(name("hairpin-endpoints")),
+                    Expr::Verdict(Verdict::Jump(name("mark-for-masquerade"))),
+                ]),
+                "add rule ip kube-proxy svc ip saddr . ip daddr @hairpin-endpoints jump mark-for-masquerade",
+            ),
+            (
+                IpFamily::V4,
+                spec("affinity-tcp-10800", vec![dst, Port(Protocol::Tcp), src], vec![dst, Port(Protocol::Tcp)], Some(1_048_576), Some(10800)),
+                "add map ip kube-proxy affinity-tcp-10800 { typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }",
+            ),
+            (
+                IpFamily::V4,
+                spec("affinity-services-10800", vec![dst, L4Proto, AnyPort], vec![], None, None),
+                "add set ip kube-proxy affinity-services-10800 { typeof ip daddr . meta l4proto . th dport ; }",
+            ),
+            (
+                IpFamily::V4,
+                rule(vec![
+                    Expr::CtStateNew,
+                    Expr::CtStatusDnat,
+                    Expr::DestinationPortNot { protocol: Protocol::Tcp, port: 0 },
+                    Expr::OriginalEntryInSet(name("affinity-services-10800")),
+                    Expr::RecordAffinity { protocol: Protocol::Tcp, map: name("affinity-tcp-10800"), timeout_secs: 10800 },
+                ]),
+                "add rule ip kube-proxy svc ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-tcp-10800 { ct original ip daddr . ct original proto-dst . ip saddr timeout 10800s : ip daddr . tcp dport }",
+            ),
+            (
+                IpFamily::V6,
+                rule(vec![Expr::DnatAffinity { protocol: Protocol::Sctp, map: name("affinity-sctp-10800") }]),
+                "add rule ip6 kube-proxy svc dnat ip6 to ip6 daddr . sctp dport . ip6 saddr map @affinity-sctp-10800",
+            ),
+            (
+                IpFamily::V6,
+                Command::DeleteElements {
+                    set: name("affinity-tcp-10800"),
+                    keys: vec![Key::AddrPortAddr("fd00:10:96::c".parse().unwrap(), 80, "fd00::9".parse().unwrap())],
+                },
+                "delete element ip6 kube-proxy affinity-tcp-10800 { fd00:10:96::c . 80 . fd00::9 }",
+            ),
+        ];
+        for (family, command, text) in cases {
+            assert_eq!(command.line(family).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn the_longest_keys_sort_as_their_text() {
+        let wide: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap();
+        for key in [
+            Key::AddrPortAddr(wide, 65535, wide),
+            Key::AddrPair(wide, wide),
+            Key::Slot(u32::MAX, u32::MAX),
+        ] {
+            let mut text = StackText::default();
+            text.key(&key);
+            assert_eq!(text.as_bytes(), key.to_string().as_bytes());
         }
     }
 

@@ -212,12 +212,15 @@ pub fn describe_command(command: &Command, family: kp_model::IpFamily) -> String
         | Command::FlushChain(chain)
         | Command::DeleteChain(chain) => format!("chain {}", name(chain)),
         Command::AddSet(spec) => format!("{} {}", set_kind(spec.map), name(&spec.name)),
+        Command::AddTypeofSet(spec) => {
+            format!("{} {}", set_kind(!spec.data.is_empty()), name(&spec.name))
+        }
         Command::FlushSet { name: set, map } | Command::DeleteSet { name: set, map } => {
             format!("{} {}", set_kind(*map), name(set))
         }
-        Command::AddElements { set, .. } | Command::DeleteElements { set, .. } => {
-            format!("elements of {}", name(set))
-        }
+        Command::AddElements { set, .. }
+        | Command::DeleteElements { set, .. }
+        | Command::AddMapElements { map: set, .. } => format!("elements of {}", name(set)),
         Command::AddRule(rule) => format!("rule in chain {}", name(&rule.chain)),
     };
     match service_of_command(command) {
@@ -244,6 +247,12 @@ pub fn service_of_command(command: &Command) -> Option<kp_model::NamespacedName>
         Command::AddSet(spec) => of(&spec.name),
         Command::FlushSet { name, .. } | Command::DeleteSet { name, .. } => of(name),
         Command::DeleteElements { set, .. } => of(set),
+        Command::AddTypeofSet(spec) => of(&spec.name),
+        Command::AddMapElements { map, elements } => of(map).or_else(|| {
+            elements
+                .iter()
+                .find_map(|element| element.comment.as_deref().and_then(service_of_comment))
+        }),
         Command::AddElements { set, elements } => of(set)
             .or_else(|| {
                 elements

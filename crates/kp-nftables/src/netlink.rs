@@ -29,6 +29,7 @@ use crate::applier::{Applier, ApplyError};
 use crate::generation::Watch;
 use crate::model::{Command, Transaction};
 
+mod data;
 mod exprs;
 mod msg;
 mod objects;
@@ -186,6 +187,8 @@ impl Encoder {
             Command::AddElements { set, elements } => self.add_elements(set, elements),
             Command::DeleteElements { set, keys } => self.delete_elements(set, keys),
             Command::AddRule(rule) => self.rule(rule),
+            Command::AddTypeofSet(spec) => self.add_typeof_set(spec),
+            Command::AddMapElements { map, elements } => self.add_map_elements(map, elements),
         }
     }
 

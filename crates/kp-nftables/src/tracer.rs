@@ -7,7 +7,10 @@
 //! or output, then input, or forward and postrouting, by where the possibly
 //! DNATed packet is delivered), every jump, goto, verdict map and mark on
 //! the way. A `numgen random mod N V` match forks the walk (one in `N`
-//! takes it), so the result lists every path with its probability, the
+//! takes it), and so does the data layout's draw (`dnat to numgen … map
+//! @MAP`: one path per slot, one in the slot count each; a slot without an
+//! element is an error, since the kernel would pass the connection on
+//! un-DNATed), so the result lists every path with its probability, the
 //! rules it matched (as `--dry-run` prints them), the map elements it
 //! consulted and the affinity sets it passed. [`Table::trace`] sums the
 //! paths up as one [`Verdict`].
@@ -25,7 +28,8 @@ use kp_model::IpFamily;
 
 use crate::model::Verdict as RuleVerdict;
 use crate::model::{
-    protocol_keyword, AddrField, ChainKind, ChainType, Command, Expr, Hook, Rule, Transaction,
+    protocol_keyword, AddrField, ChainKind, ChainType, Command, Expr, Hook, Key, Name, Rule,
+    Transaction, TypeofSpec,
 };
 use crate::names::TABLE;
 use crate::options::family_keyword;
@@ -40,8 +44,9 @@ const MAX_DEPTH: usize = 16;
 pub struct Table {
     /// Rules per chain.
     pub chains: BTreeMap<String, Vec<Rule>>,
-    /// Elements per set or map: key (as `add element` writes it) → the
-    /// verdict of a map element (`None` for a set element).
+    /// Elements per set or verdict map: key (as `add element` writes it)
+    /// → the verdict of a map element (`None` for a set element). Maps of
+    /// endpoints are in [`Table::targets`].
     pub maps: BTreeMap<String, BTreeMap<String, Option<RuleVerdict>>>,
     /// Sets declared (affinity sets among them).
     pub sets: BTreeSet<String>,
@@ -53,6 +58,14 @@ pub struct Table {
     pub timeouts_secs: BTreeMap<String, u64>,
     /// The base chains: where each hooks in.
     pub base_chains: BTreeMap<String, BaseChain>,
+    /// Maps whose data is an endpoint (`typeof … : ip daddr . tcp dport`):
+    /// key (as `add element` writes it) → endpoint. The elements of a
+    /// dynamic one (ClientIP affinity) are those the kernel holds.
+    pub targets: BTreeMap<String, BTreeMap<String, SocketAddr>>,
+    /// The sets and maps declared with `typeof`, by name (each stored
+    /// under [`Name::Shared`], so that a declaration and its read-back
+    /// compare alike).
+    pub typeof_sets: BTreeMap<String, TypeofSpec>,
 }
 
 /// Where a base chain hooks in: `{ type T hook H priority P ; }`.
@@ -257,12 +270,40 @@ impl Table {
                 }
                 self.maps.entry(spec.name.as_str().to_owned()).or_default();
             }
-            Command::FlushSet { name, .. } => self.maps.get_mut(name.as_str())?.clear(),
+            Command::AddTypeofSet(spec) => {
+                let name = spec.name.as_str().to_owned();
+                self.sets.insert(name.clone());
+                if let Some(timeout) = spec.dynamic_timeout_secs {
+                    self.dynamic_sets.insert(name.clone());
+                    self.timeouts_secs.insert(name.clone(), timeout);
+                }
+                if spec.data.is_empty() {
+                    self.maps.entry(name.clone()).or_default();
+                } else {
+                    self.targets.entry(name.clone()).or_default();
+                }
+                self.typeof_sets
+                    .entry(name)
+                    .or_insert_with(|| shared_name(spec));
+            }
+            Command::AddMapElements { map, elements } => {
+                let targets = self.targets.get_mut(map.as_str())?;
+                for element in elements {
+                    targets.insert(element.key.to_string(), element.target);
+                }
+            }
+            Command::FlushSet { name, .. } => match self.targets.get_mut(name.as_str()) {
+                Some(targets) => targets.clear(),
+                None => self.maps.get_mut(name.as_str())?.clear(),
+            },
             Command::DeleteSet { name, .. } => {
                 self.sets.remove(name.as_str());
                 self.dynamic_sets.remove(name.as_str());
                 self.timeouts_secs.remove(name.as_str());
-                self.maps.remove(name.as_str())?;
+                self.typeof_sets.remove(name.as_str());
+                if self.targets.remove(name.as_str()).is_none() {
+                    self.maps.remove(name.as_str())?;
+                }
             }
             Command::AddElements { set, elements } => {
                 let map = self.maps.get_mut(set.as_str())?;
@@ -271,9 +312,15 @@ impl Table {
                 }
             }
             Command::DeleteElements { set, keys } => {
-                let map = self.maps.get_mut(set.as_str())?;
-                for key in keys {
-                    map.remove(&key.to_string())?;
+                if let Some(targets) = self.targets.get_mut(set.as_str()) {
+                    for key in keys {
+                        targets.remove(&key.to_string())?;
+                    }
+                } else {
+                    let map = self.maps.get_mut(set.as_str())?;
+                    for key in keys {
+                        map.remove(&key.to_string())?;
+                    }
                 }
             }
         }
@@ -428,6 +475,11 @@ impl Table {
                     | Expr::MarkLacks(_)
                     | Expr::NumgenIs { .. }
                     | Expr::DispatchVmap { .. }
+                    | Expr::AddrPairInSet(_)
+                    | Expr::DnatAffinity { .. }
+                    | Expr::CtStatusDnat
+                    | Expr::DestinationPortNot { .. }
+                    | Expr::OriginalEntryInSet(_)
             );
             if !is_match && !recorded {
                 walk.matched.push(rule_text(rule, context.family));
@@ -519,9 +571,7 @@ impl Table {
                     true
                 }
                 Expr::Dnat(to) => {
-                    walk.destination = Some(*to);
-                    walk.dst = to.ip();
-                    walk.dport = to.port();
+                    walk.dnat(*to);
                     return Ok(vec![(walk, Flow::Accept)]);
                 }
                 Expr::MasqueradeFullyRandom => {
@@ -529,6 +579,74 @@ impl Table {
                     return Ok(vec![(walk, Flow::Accept)]);
                 }
                 Expr::Reject => return Ok(vec![(walk, Flow::Reject)]),
+                Expr::AddrPairInSet(set) => {
+                    let key = Key::AddrPair(packet.src, walk.dst).to_string();
+                    let found = self
+                        .maps
+                        .get(set.as_str())
+                        .is_some_and(|elements| elements.contains_key(&key));
+                    if found {
+                        walk.elements.push(format!("{set}: {key}"));
+                    }
+                    found
+                }
+                Expr::CtStatusDnat => walk.destination.is_some(),
+                Expr::DestinationPortNot { protocol, port } => {
+                    protocol_keyword(*protocol) == packet.protocol && *port != walk.dport
+                }
+                Expr::OriginalEntryInSet(set) => {
+                    // Conntrack's original destination: the packet's own.
+                    let key = format!("{} . {} . {}", packet.dst, packet.protocol, packet.dport);
+                    let found = self
+                        .maps
+                        .get(set.as_str())
+                        .is_some_and(|elements| elements.contains_key(&key));
+                    if found {
+                        walk.elements.push(format!("{set}: {key}"));
+                    }
+                    found
+                }
+                Expr::RecordAffinity { map, .. } => {
+                    walk.affinity.push(Affinity {
+                        set: map.as_str().to_owned(),
+                        timeout_secs: self.timeouts_secs.get(map.as_str()).copied(),
+                        rule: rule_text(rule, context.family),
+                    });
+                    true
+                }
+                Expr::DnatAffinity { protocol, map } => {
+                    if protocol_keyword(*protocol) != packet.protocol {
+                        return Ok(vec![(walk, Flow::Next)]);
+                    }
+                    let key = Key::AddrPortAddr(walk.dst, walk.dport, packet.src).to_string();
+                    let found = self
+                        .targets
+                        .get(map.as_str())
+                        .and_then(|targets| targets.get(&key))
+                        .copied();
+                    let Some(to) = found else {
+                        // No entry for this client: the lookup misses and
+                        // the rule does not apply; the draw comes next.
+                        walk.affinity.push(Affinity {
+                            set: map.as_str().to_owned(),
+                            timeout_secs: self.timeouts_secs.get(map.as_str()).copied(),
+                            rule: rule_text(rule, context.family),
+                        });
+                        return Ok(vec![(walk, Flow::Next)]);
+                    };
+                    if !recorded {
+                        walk.matched.push(rule_text(rule, context.family));
+                    }
+                    walk.elements
+                        .push(format!("{map}: {key} : {}", endpoint_text(to)));
+                    walk.dnat(to);
+                    return Ok(vec![(walk, Flow::Accept)]);
+                }
+                Expr::DnatDraw {
+                    number,
+                    endpoints,
+                    map,
+                } => return self.draw(rule, context, walk, *number, *endpoints, map),
                 Expr::Verdict(verdict) => return self.verdict(verdict, context, walk, depth),
                 Expr::InputInterface { .. } => return Err(unknown(expr)),
             };
@@ -540,6 +658,49 @@ impl Table {
             walk.matched.push(rule_text(rule, context.family));
         }
         Ok(vec![(walk, Flow::Next)])
+    }
+
+    /// `dnat to numgen random mod 1 offset NUMBER . numgen random mod
+    /// ENDPOINTS map @MAP`: one path per slot, each taken by one in
+    /// `endpoints` connections, DNATed to the slot's element. A slot
+    /// without an element is an error here: the kernel's lookup would miss
+    /// and the connection go on past the rule un-DNATed (to the ClusterIP
+    /// itself), which no render may leave.
+    fn draw(
+        &self,
+        rule: &Rule,
+        context: Context<'_>,
+        walk: Walk,
+        number: u32,
+        endpoints: u32,
+        map: &Name,
+    ) -> Result<Vec<(Walk, Flow)>, Unknown> {
+        if endpoints == 0 {
+            return Err(Unknown(format!(
+                "{}: a draw among 0 slots (the kernel refuses `numgen random mod 0`)",
+                rule_text(rule, context.family)
+            )));
+        }
+        let targets = self.targets.get(map.as_str());
+        let share = 1.0 / f64::from(endpoints);
+        let mut out = Vec::new();
+        for slot in 0..endpoints {
+            let key = Key::Slot(number, slot).to_string();
+            let Some(to) = targets.and_then(|targets| targets.get(&key)).copied() else {
+                return Err(Unknown(format!(
+                    "{}: map {map} has no element {key}: the kernel's lookup misses and \
+                     the connection goes on past the rule without DNAT",
+                    rule_text(rule, context.family)
+                )));
+            };
+            let mut path = walk.clone();
+            path.probability *= share;
+            path.elements
+                .push(format!("{map}: {key} : {}", endpoint_text(to)));
+            path.dnat(to);
+            out.push((path, Flow::Accept));
+        }
+        Ok(out)
     }
 
     /// Where `verdict` leaves the rule that gives it.
@@ -616,6 +777,13 @@ impl Walk {
         }
     }
 
+    /// DNAT to `to`.
+    fn dnat(&mut self, to: SocketAddr) {
+        self.destination = Some(to);
+        self.dst = to.ip();
+        self.dport = to.port();
+    }
+
     fn address(&self, packet: &Packet, field: AddrField) -> IpAddr {
         match field {
             AddrField::Source => packet.src,
@@ -640,6 +808,19 @@ impl Walk {
             elements: self.elements,
             affinity: self.affinity,
         }
+    }
+}
+
+/// `ADDRESS . PORT`, as a map element's data is written.
+fn endpoint_text(to: SocketAddr) -> String {
+    format!("{} . {}", to.ip(), to.port())
+}
+
+/// `spec` under a [`Name::Shared`] name, as a read-back names it.
+pub(crate) fn shared_name(spec: &TypeofSpec) -> TypeofSpec {
+    TypeofSpec {
+        name: Name::Shared(spec.name.as_str().into()),
+        ..spec.clone()
     }
 }
 

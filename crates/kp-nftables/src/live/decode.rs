@@ -12,6 +12,10 @@
 //! [`crate::NftApplier`]): a byte-aligned prefix loads and compares only
 //! its own bytes. Any other attribute or shape is an error naming the
 //! chain, the rule's handle and the expression.
+//!
+//! Sets declared with `typeof` (the data layout's) are read by
+//! the description nft keeps in their user data, which both the encoder
+//! and nft write.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -21,8 +25,14 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
 use kp_netlink::{nfnetlink, read_be_u32, read_be_u64, read_string, Attributes};
 
+mod data;
+
+use data::{declares_typeof, endpoint_of, typeof_key, typeof_spec};
+
 use super::ReadError;
-use crate::model::{AddrField, Address, ChainType, Expr, Hook, Key, Name, Rule, Verdict};
+use crate::model::{
+    AddrField, Address, ChainType, Expr, Hook, Key, Name, Rule, TypeofField, TypeofSpec, Verdict,
+};
 use crate::names;
 use crate::tracer::{BaseChain, Table};
 
@@ -52,8 +62,13 @@ const SET_NAME: u16 = 2;
 const SET_FLAGS: u16 = 3;
 const SET_KEY_TYPE: u16 = 4;
 const SET_KEY_LEN: u16 = 5;
+/// `NFTA_SET_DESC` and its `NFTA_SET_DESC_SIZE`.
+const SET_DESC: u16 = 9;
+const SET_DESC_SIZE: u16 = 1;
 /// `NFTA_SET_TIMEOUT`: the elements' default timeout, in milliseconds.
 const SET_TIMEOUT: u16 = 11;
+/// `NFTA_SET_USERDATA`: nft's description of the set (typeof, comment).
+const SET_USERDATA: u16 = 13;
 const SET_F_ANONYMOUS: u32 = 0x1;
 const SET_F_INTERVAL: u32 = 0x4;
 const SET_F_MAP: u32 = 0x8;
@@ -73,6 +88,7 @@ const DATA_VERDICT: u16 = 2;
 const VERDICT_CODE: u16 = 1;
 const VERDICT_CHAIN: u16 = 2;
 // nft's data type ids of set keys.
+const TYPE_INTEGER: u32 = 4;
 const TYPE_IPV4: u32 = 7;
 const TYPE_IPV6: u32 = 8;
 const TYPE_PROTO: u32 = 12;
@@ -90,6 +106,14 @@ const CMP_NEQ: u32 = 1;
 /// `NFT_PAYLOAD_NETWORK_HEADER`, `NFT_PAYLOAD_TRANSPORT_HEADER`.
 const BASE_NETWORK: u32 = 1;
 const BASE_TRANSPORT: u32 = 2;
+/// `NFT_CT_STATE`, `NFT_CT_STATUS`, `NFT_CT_PROTO_DST`, `NFT_CT_DST_IP`,
+/// `NFT_CT_DST_IP6`; `IPS_DST_NAT`.
+const CT_STATE: u32 = 0;
+const CT_STATUS: u32 = 2;
+const CT_PROTO_DST: u32 = 12;
+const CT_DST_IP: u32 = 20;
+const CT_DST_IP6: u32 = 22;
+const IPS_DST_NAT: u32 = 0x20;
 /// `NFT_META_MARK`, `NFT_META_IIFNAME`, `NFT_META_L4PROTO`.
 const META_MARK: u32 = 3;
 const META_IIFNAME: u32 = 6;
@@ -122,6 +146,8 @@ struct SetInfo {
     /// The data type ids of its key's fields, first field first.
     fields: Vec<u32>,
     key_len: u32,
+    /// A set declared with `typeof`, as its user data describes it.
+    typeof_spec: Option<TypeofSpec>,
 }
 
 /// One expression of a rule: its name and attributes.
@@ -138,6 +164,13 @@ struct Place<'a> {
     handle: Option<u64>,
 }
 
+/// What rules need to know of the table's sets: the ranges of each
+/// anonymous interval set, the protocol of each endpoint map's port.
+type SetsByName<'a> = (
+    &'a BTreeMap<String, Vec<(u128, u128)>>,
+    &'a BTreeMap<String, Protocol>,
+);
+
 /// Decodes the rules of one table.
 struct RuleDecoder<'a> {
     family: IpFamily,
@@ -146,6 +179,8 @@ struct RuleDecoder<'a> {
     at: usize,
     /// Anonymous interval sets by name: their ranges.
     anonymous: &'a BTreeMap<String, Vec<(u128, u128)>>,
+    /// The protocol of the port in each endpoint map's data, by map.
+    data_protocols: &'a BTreeMap<String, Protocol>,
 }
 
 /// Decodes `dump` (of table `kube-proxy` of `family`) into the tracer's
@@ -160,6 +195,7 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
     };
 
     let mut sets: BTreeMap<String, SetInfo> = BTreeMap::new();
+    let mut data_protocols: BTreeMap<String, Protocol> = BTreeMap::new();
     for payload in &dump.sets {
         let attrs = attributes(payload);
         if !ours(&attrs, SET_TABLE) {
@@ -167,11 +203,24 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         }
         let name = string(&attrs, SET_NAME)
             .ok_or_else(|| object_error("a set".to_owned(), "it has no name".to_owned()))?;
-        let info = set_info(&attrs)
+        let info = set_info(family, &name, &attrs)
             .map_err(|reason| object_error(format!("set {name}"), reason.to_owned()))?;
+        if let Some(spec) = &info.typeof_spec {
+            if spec.data.is_empty() {
+                table.maps.entry(name.clone()).or_default();
+            } else {
+                table.targets.entry(name.clone()).or_default();
+                if let Some(TypeofField::Port(protocol)) = spec.data.last() {
+                    data_protocols.insert(name.clone(), *protocol);
+                }
+            }
+            table.typeof_sets.insert(name.clone(), spec.clone());
+        }
         if !info.anonymous {
             table.sets.insert(name.clone());
-            table.maps.entry(name.clone()).or_default();
+            if info.typeof_spec.is_none() {
+                table.maps.entry(name.clone()).or_default();
+            }
             if info.dynamic {
                 table.dynamic_sets.insert(name.clone());
             }
@@ -231,6 +280,38 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
                     .push((value, flags & ELEM_F_INTERVAL_END != 0));
                 continue;
             }
+            if let Some(spec) = &info.typeof_spec {
+                let key = typeof_key(family, &spec.key, key).ok_or_else(|| {
+                    object_error(
+                        format!("an element of set {name}"),
+                        format!("its key {key:02x?} does not fit the set's typeof"),
+                    )
+                })?;
+                if spec.data.is_empty() {
+                    table
+                        .maps
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(key.to_string(), None);
+                    continue;
+                }
+                let target = element
+                    .get(&ELEM_DATA)
+                    .and_then(|data| data_value(data))
+                    .and_then(|data| endpoint_of(family, data))
+                    .ok_or_else(|| {
+                        object_error(
+                            format!("element {key} of map {name}"),
+                            "its data is not an address and port".to_owned(),
+                        )
+                    })?;
+                table
+                    .targets
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(key.to_string(), target);
+                continue;
+            }
             let key = decode_key(info, key).ok_or_else(|| {
                 object_error(
                     format!("an element of set {name}"),
@@ -288,7 +369,14 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         let chain = string(&attrs, RULE_CHAIN)
             .ok_or_else(|| object_error("a rule".to_owned(), "it names no chain".to_owned()))?;
         let handle = attrs.get(&RULE_HANDLE).and_then(|v| read_be_u64(v));
-        let rule = decode_rule(family, &table_text, &chain, handle, &attrs, &anonymous)?;
+        let rule = decode_rule(
+            family,
+            &table_text,
+            &chain,
+            handle,
+            &attrs,
+            (&anonymous, &data_protocols),
+        )?;
         table
             .chains
             .get_mut(&chain)
@@ -470,7 +558,11 @@ fn string(attrs: &BTreeMap<u16, &[u8]>, kind: u16) -> Option<String> {
     attrs.get(&kind).map(|v| read_string(v))
 }
 
-fn set_info(attrs: &BTreeMap<u16, &[u8]>) -> Result<SetInfo, &'static str> {
+fn set_info(
+    family: IpFamily,
+    name: &str,
+    attrs: &BTreeMap<u16, &[u8]>,
+) -> Result<SetInfo, &'static str> {
     let flags = attrs
         .get(&SET_FLAGS)
         .and_then(|v| read_be_u32(v))
@@ -491,10 +583,20 @@ fn set_info(attrs: &BTreeMap<u16, &[u8]>) -> Result<SetInfo, &'static str> {
         rest >>= 6;
     }
     fields.reverse();
-    if fields
-        .iter()
-        .any(|f| ![TYPE_IPV4, TYPE_IPV6, TYPE_PROTO, TYPE_SERVICE].contains(f))
-    {
+    let typeof_spec = match attrs.get(&SET_USERDATA) {
+        // nft describes its anonymous sets too; their elements are
+        // decoded as intervals of addresses, whatever the description.
+        Some(udata) if flags & SET_F_ANONYMOUS == 0 && declares_typeof(udata) => {
+            Some(typeof_spec(family, name, attrs, udata)?)
+        }
+        _ => None,
+    };
+    let known: &[u32] = if typeof_spec.is_some() {
+        &[TYPE_INTEGER, TYPE_IPV4, TYPE_IPV6, TYPE_PROTO, TYPE_SERVICE]
+    } else {
+        &[TYPE_IPV4, TYPE_IPV6, TYPE_PROTO, TYPE_SERVICE]
+    };
+    if fields.iter().any(|f| !known.contains(f)) {
         return Err("its key type is not one this table uses");
     }
     Ok(SetInfo {
@@ -508,6 +610,7 @@ fn set_info(attrs: &BTreeMap<u16, &[u8]>) -> Result<SetInfo, &'static str> {
             .map(|millis| millis / 1000),
         fields,
         key_len,
+        typeof_spec,
     })
 }
 
@@ -621,7 +724,7 @@ fn decode_rule<'a>(
     chain: &'a str,
     handle: Option<u64>,
     attrs: &BTreeMap<u16, &'a [u8]>,
-    anonymous: &'a BTreeMap<String, Vec<(u128, u128)>>,
+    (anonymous, data_protocols): SetsByName<'a>,
 ) -> Result<Rule, ReadError> {
     let place = Place {
         table,
@@ -652,6 +755,7 @@ fn decode_rule<'a>(
         raws,
         at: 0,
         anonymous,
+        data_protocols,
     };
     let mut exprs = Vec::new();
     while decoder.at < decoder.raws.len() {
@@ -974,9 +1078,10 @@ impl RuleDecoder<'_> {
     fn other(&self, i: usize, raw: &Raw<'_>) -> Result<(Expr, usize), ReadError> {
         let bad = |reason: &str| Err(self.error_at(i, reason));
         match raw.name.as_str() {
+            "ct" if raw.be32(2) != Some(CT_STATE) => self.ct_at(i),
             "ct" => {
                 // ct state (key 0) & new (8) != 0
-                if !raw.only(&[1, 2]) || raw.be32(2) != Some(0) || raw.slot(1) != Some(SLOT_1) {
+                if !raw.only(&[1, 2]) || raw.slot(1) != Some(SLOT_1) {
                     return bad("a ct expression other than ct state");
                 }
                 match (self.shape(i + 1)?, self.shape(i + 2)?) {
@@ -1017,6 +1122,14 @@ impl RuleDecoder<'_> {
                     } if ne_u32(data) == Some(2) => Ok((Expr::FibLocal(field), 2)),
                     _ => Err(self.error_at(i + 1, "fib compared with something other than local")),
                 }
+            }
+            "numgen"
+                if self
+                    .raws
+                    .get(i + 1)
+                    .is_some_and(|next| next.name == "numgen") =>
+            {
+                self.draw_at(i)
             }
             "numgen" => {
                 let random = raw.be32(3) == Some(1);
@@ -1082,6 +1195,11 @@ impl RuleDecoder<'_> {
         let full = len == self.addr_len();
         if len == 0 || len > self.addr_len() || slot != SLOT_1 {
             return bad("an address load of another length or into another register");
+        }
+        if full && field == AddrField::Source {
+            if let Some(pair) = self.addr_pair_at(i) {
+                return Ok(pair);
+            }
         }
         let next = self.shape(i + 1)?;
         match next {
@@ -1239,6 +1357,12 @@ impl RuleDecoder<'_> {
                 if !port_follows {
                     return Ok((Expr::L4Proto(protocol), 2));
                 }
+                if let Shape::Payload {
+                    base: BASE_NETWORK, ..
+                } = self.shape(i + 2)?
+                {
+                    return self.dnat_affinity_at(i, protocol);
+                }
                 match (self.shape(i + 2)?, self.shape(i + 3)?) {
                     (
                         Shape::Payload {
@@ -1249,16 +1373,18 @@ impl RuleDecoder<'_> {
                         },
                         Shape::Cmp {
                             slot: SLOT_1,
-                            op: CMP_EQ,
+                            op,
                             data: [high, low],
                         },
-                    ) => Ok((
-                        Expr::DestinationPort {
-                            protocol,
-                            port: u16::from_be_bytes([*high, *low]),
-                        },
-                        4,
-                    )),
+                    ) if op == CMP_EQ || op == CMP_NEQ => {
+                        let port = u16::from_be_bytes([*high, *low]);
+                        let expr = if op == CMP_EQ {
+                            Expr::DestinationPort { protocol, port }
+                        } else {
+                            Expr::DestinationPortNot { protocol, port }
+                        };
+                        Ok((expr, 4))
+                    }
                     _ => {
                         Err(self
                             .error_at(i + 2, "a transport load other than the destination port"))

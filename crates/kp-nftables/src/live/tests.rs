@@ -193,7 +193,7 @@ fn fixtures() -> Vec<(String, Vec<Transaction>)> {
 }
 
 /// The payloads of `transaction`'s messages, by kind, as a dump.
-fn as_dump(transaction: &Transaction) -> Dump {
+pub(super) fn as_dump(transaction: &Transaction) -> Dump {
     let mut dump = Dump::default();
     for (kind, payload) in crate::netlink::encoded_payloads(transaction).unwrap() {
         match kind {

@@ -37,15 +37,15 @@ pub(super) const SET_KEY_LEN: u16 = 5;
 pub(super) const SET_DATA_TYPE: u16 = 6;
 pub(super) const SET_DATA_LEN: u16 = 7;
 pub(super) const SET_ID: u16 = 10;
-const SET_TIMEOUT: u16 = 11;
+pub(super) const SET_TIMEOUT: u16 = 11;
 pub(super) const SET_USERDATA: u16 = 13;
 // NFT_SET_* flags
 pub(super) const SET_F_ANONYMOUS: u32 = 0x1;
 pub(super) const SET_F_CONSTANT: u32 = 0x2;
 pub(super) const SET_F_INTERVAL: u32 = 0x4;
 pub(super) const SET_F_MAP: u32 = 0x8;
-const SET_F_TIMEOUT: u32 = 0x10;
-const SET_F_EVAL: u32 = 0x20;
+pub(super) const SET_F_TIMEOUT: u32 = 0x10;
+pub(super) const SET_F_EVAL: u32 = 0x20;
 /// `NFT_DATA_VERDICT`.
 pub(super) const DATA_VERDICT: u32 = 0xffff_ff00;
 // NFTA_SET_ELEM_LIST_*
@@ -58,7 +58,7 @@ pub(super) const LIST_ELEM: u16 = 1;
 pub(super) const ELEM_KEY: u16 = 1;
 pub(super) const ELEM_DATA: u16 = 2;
 pub(super) const ELEM_FLAGS: u16 = 3;
-const ELEM_USERDATA: u16 = 6;
+pub(super) const ELEM_USERDATA: u16 = 6;
 // NFTA_DATA_*, NFTA_VERDICT_*
 pub(super) const DATA_VALUE: u16 = 1;
 pub(super) const DATA_VERDICT_ATTR: u16 = 2;
@@ -68,8 +68,8 @@ const VERDICT_CHAIN: u16 = 2;
 /// nft's data type ids, kept in sets' key type so `nft list` prints keys.
 pub(super) const TYPE_IPV4: u32 = 7;
 pub(super) const TYPE_IPV6: u32 = 8;
-const TYPE_PROTO: u32 = 12;
-const TYPE_SERVICE: u32 = 13;
+pub(super) const TYPE_PROTO: u32 = 12;
+pub(super) const TYPE_SERVICE: u32 = 13;
 
 /// The element messages of one command: elements beyond what one message
 /// frames ([`ELEMENTS_BYTES_MAX`]) go on in the next one.
@@ -336,6 +336,21 @@ pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
             proto_port(&mut out, *protocol, *port);
         }
         Key::ProtoPort(protocol, port) => proto_port(&mut out, *protocol, *port),
+        // `numgen` writes host-order numbers, and the set compares them so.
+        Key::Slot(number, slot) => {
+            out.extend_from_slice(&number.to_ne_bytes());
+            out.extend_from_slice(&slot.to_ne_bytes());
+        }
+        Key::AddrPair(source, destination) => {
+            address(&mut out, source);
+            address(&mut out, destination);
+        }
+        Key::AddrPortAddr(entry, port, client) => {
+            address(&mut out, entry);
+            out.extend_from_slice(&port.to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
+            address(&mut out, client);
+        }
     }
     out
 }

@@ -1,0 +1,232 @@
+//! Round trips without a kernel for the data layout's statements (issue
+//! 26): a transaction holding each of them is encoded with the real
+//! encoder and decoded back, and must come back as the tracer's replay of
+//! the same transaction, elements of the dynamic affinity map included.
+//!
+//! Address plan: ClusterIP 10.96.0.12 / fd00:10:96::c, endpoints
+//! 10.244.1.2–3 / fd00:10:244:1::2–3, a client 10.244.1.7 / fd00::7.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, SocketAddr};
+
+use kp_model::{IpFamily, Protocol};
+
+use super::decode::{self, model_name};
+use super::kernel_form;
+use crate::model::{
+    AddrField, ChainKind, ChainType, Command, Expr, Hook, Key, MapElement, Rule, SetElement,
+    Transaction, TypeofField, TypeofSpec, Verdict,
+};
+use crate::tracer::Table;
+
+fn ip(family: IpFamily, v4: &str, v6: &str) -> IpAddr {
+    match family {
+        IpFamily::V4 => v4.parse().unwrap(),
+        IpFamily::V6 => v6.parse().unwrap(),
+    }
+}
+
+fn spec(name: &str, key: Vec<TypeofField>, data: Vec<TypeofField>) -> TypeofSpec {
+    TypeofSpec {
+        name: model_name(name),
+        key,
+        data,
+        size: None,
+        dynamic_timeout_secs: None,
+        comment: None,
+    }
+}
+
+fn rule(chain: &str, exprs: Vec<Expr>) -> Command {
+    Command::AddRule(Rule {
+        chain: model_name(chain),
+        exprs,
+        comment: None,
+    })
+}
+
+/// Every statement of the layout, for tcp (draw, record) and udp
+/// (affinity lookup), with an affinity entry as the kernel would hold it.
+fn layout(family: IpFamily) -> Transaction {
+    use AddrField::{Destination, Source};
+    let entry = ip(family, "10.96.0.12", "fd00:10:96::c");
+    let ep1 = ip(family, "10.244.1.2", "fd00:10:244:1::2");
+    let ep2 = ip(family, "10.244.1.3", "fd00:10:244:1::3");
+    let client = ip(family, "10.244.1.7", "fd00::7");
+    let endpoints = |protocol| {
+        spec(
+            &format!(
+                "service-endpoints-{}-2",
+                crate::model::protocol_keyword(protocol)
+            ),
+            vec![TypeofField::Number, TypeofField::Number],
+            vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
+        )
+    };
+    let affinity = |protocol| TypeofSpec {
+        size: Some(1_048_576),
+        dynamic_timeout_secs: Some(10800),
+        comment: Some("ClientIP affinity".into()),
+        ..spec(
+            &format!(
+                "affinity-{}-10800",
+                crate::model::protocol_keyword(protocol)
+            ),
+            vec![
+                TypeofField::Addr(Destination),
+                TypeofField::Port(protocol),
+                TypeofField::Addr(Source),
+            ],
+            vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
+        )
+    };
+    let mut hairpin = spec(
+        "hairpin-endpoints",
+        vec![TypeofField::Addr(Source), TypeofField::Addr(Destination)],
+        vec![],
+    );
+    hairpin.comment = Some("endpoint . endpoint".into());
+    let commands = vec![
+        Command::AddTypeofSet(endpoints(Protocol::Tcp)),
+        Command::AddTypeofSet(affinity(Protocol::Tcp)),
+        Command::AddTypeofSet(affinity(Protocol::Udp)),
+        Command::AddTypeofSet(hairpin),
+        Command::AddTypeofSet(spec(
+            "affinity-services-10800",
+            vec![
+                TypeofField::Addr(Destination),
+                TypeofField::L4Proto,
+                TypeofField::AnyPort,
+            ],
+            vec![],
+        )),
+        Command::AddChain {
+            name: model_name("affinity-prerouting"),
+            kind: ChainKind::Base {
+                chain_type: ChainType::Filter,
+                hook: Hook::Prerouting,
+                priority: -99,
+            },
+        },
+        Command::AddChain {
+            name: model_name("svc"),
+            kind: ChainKind::Regular,
+        },
+        Command::AddChain {
+            name: model_name("mark"),
+            kind: ChainKind::Regular,
+        },
+        Command::AddMapElements {
+            map: model_name("service-endpoints-tcp-2"),
+            elements: vec![
+                MapElement {
+                    key: Key::Slot(2, 0),
+                    comment: Some("ns1/web:http".into()),
+                    target: SocketAddr::new(ep1, 8080),
+                },
+                MapElement {
+                    key: Key::Slot(2, 1),
+                    comment: None,
+                    target: SocketAddr::new(ep2, 8080),
+                },
+            ],
+        },
+        Command::AddMapElements {
+            map: model_name("affinity-tcp-10800"),
+            elements: vec![MapElement {
+                key: Key::AddrPortAddr(entry, 80, client),
+                comment: None,
+                target: SocketAddr::new(ep2, 8080),
+            }],
+        },
+        Command::AddElements {
+            set: model_name("hairpin-endpoints"),
+            elements: vec![SetElement {
+                key: Key::AddrPair(ep1, ep1),
+                comment: None,
+                verdict: None,
+            }],
+        },
+        Command::AddElements {
+            set: model_name("affinity-services-10800"),
+            elements: vec![SetElement {
+                key: Key::AddrProtoPort(entry, Protocol::Tcp, 80),
+                comment: None,
+                verdict: None,
+            }],
+        },
+        rule(
+            "affinity-prerouting",
+            vec![
+                Expr::CtStateNew,
+                Expr::CtStatusDnat,
+                Expr::DestinationPortNot {
+                    protocol: Protocol::Tcp,
+                    port: 0,
+                },
+                Expr::OriginalEntryInSet(model_name("affinity-services-10800")),
+                Expr::RecordAffinity {
+                    protocol: Protocol::Tcp,
+                    map: model_name("affinity-tcp-10800"),
+                    timeout_secs: 10800,
+                },
+            ],
+        ),
+        rule(
+            "svc",
+            vec![
+                Expr::AddrPairInSet(model_name("hairpin-endpoints")),
+                Expr::Verdict(Verdict::Jump(model_name("mark"))),
+            ],
+        ),
+        rule(
+            "svc",
+            vec![Expr::DnatAffinity {
+                protocol: Protocol::Udp,
+                map: model_name("affinity-udp-10800"),
+            }],
+        ),
+        rule(
+            "svc",
+            vec![
+                Expr::L4Proto(Protocol::Tcp),
+                Expr::DnatDraw {
+                    number: 2,
+                    endpoints: 2,
+                    map: model_name("service-endpoints-tcp-2"),
+                },
+            ],
+        ),
+    ];
+    Transaction { family, commands }
+}
+
+#[test]
+fn the_data_layout_decodes_back_to_what_was_encoded() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let transaction = layout(family);
+        let decoded = decode::decode(family, &super::tests::as_dump(&transaction))
+            .unwrap_or_else(|error| panic!("{family:?}: {error}"));
+        let mut replayed = Table::new();
+        replayed.apply(&transaction).unwrap();
+        pretty_assertions::assert_eq!(kernel_form(&replayed), decoded, "{family:?}");
+        // The rules did not come back empty or as something else.
+        assert_eq!(decoded.chains["svc"].len(), 3, "{family:?}");
+        assert_eq!(decoded.typeof_sets.len(), 5, "{family:?}");
+    }
+}
+
+/// The proxy finds the affinity entries that point at a removed endpoint
+/// by reading the dynamic map's elements with their values.
+#[test]
+fn an_affinity_maps_entries_decode_with_their_endpoints() {
+    let decoded =
+        decode::decode(IpFamily::V4, &super::tests::as_dump(&layout(IpFamily::V4))).unwrap();
+    let entries = &decoded.targets["affinity-tcp-10800"];
+    assert_eq!(
+        entries.get("10.96.0.12 . 80 . 10.244.1.7"),
+        Some(&"10.244.1.3:8080".parse().unwrap())
+    );
+    assert_eq!(entries.len(), 1);
+    assert!(decoded.dynamic_sets.contains("affinity-tcp-10800"));
+}

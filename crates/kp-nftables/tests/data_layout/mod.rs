@@ -1,0 +1,296 @@
+//! A hand-built transaction holding every statement of the sharded data
+//! layout (docs/nft-layout-experiment.md, "The layouts"), for tcp, udp and
+//! sctp, in either family.
+//!
+//! | object | IPv4 | IPv6 |
+//! |---|---|---|
+//! | Service entry (ClusterIP) | 10.96.0.12 | fd00:10:96::c |
+//! | endpoints ep1, ep2, ep3 | 10.244.1.2, .3, .4 | fd00:10:244:1::2, ::3, ::4 |
+//! | service port number | 2 (maps `service-endpoints-PROTO-2`) | same |
+//!
+//! tcp 80 → ep1, ep2, ep3 :8080 (slots 0, 1, 2); udp 53 → ep1, ep2 :5353;
+//! sctp 9 → ep1 :9. ClientIP affinity 10800 s on all three.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use kp_model::{IpFamily, Protocol};
+use kp_nftables::live::decode::model_name;
+use kp_nftables::model::{
+    protocol_keyword, AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key,
+    MapElement, Name, Rule, SetElement, TypeofField, TypeofSpec, Verdict,
+};
+use kp_nftables::Transaction;
+
+/// The protocols, in the order the transaction writes them.
+pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+/// The service port's number.
+pub const NUMBER: u32 = 2;
+/// The affinity timeout.
+pub const AFFINITY_SECS: u64 = 10800;
+/// The Service's ports and its endpoints' port, per protocol.
+pub fn ports(protocol: Protocol) -> (u16, u16) {
+    match protocol {
+        Protocol::Tcp => (80, 8080),
+        Protocol::Udp => (53, 5353),
+        Protocol::Sctp => (9, 9),
+    }
+}
+
+/// How many endpoints each protocol's port has.
+pub fn endpoint_count(protocol: Protocol) -> u32 {
+    match protocol {
+        Protocol::Tcp => 3,
+        Protocol::Udp => 2,
+        Protocol::Sctp => 1,
+    }
+}
+
+/// The ClusterIP.
+pub fn entry(family: IpFamily) -> IpAddr {
+    match family {
+        IpFamily::V4 => "10.96.0.12".parse().unwrap(),
+        IpFamily::V6 => "fd00:10:96::c".parse().unwrap(),
+    }
+}
+
+/// Endpoint `index` (1-based).
+pub fn endpoint(family: IpFamily, index: u8) -> IpAddr {
+    match family {
+        IpFamily::V4 => format!("10.244.1.{}", index + 1).parse().unwrap(),
+        IpFamily::V6 => format!("fd00:10:244:1::{}", index + 1).parse().unwrap(),
+    }
+}
+
+/// A name as the read-back names it (fixed names of the renderer's
+/// table fixed, the rest shared), so that a replay and a read-back compare.
+pub fn name(text: String) -> Name {
+    model_name(&text)
+}
+
+fn fixed(text: &str) -> Name {
+    model_name(text)
+}
+
+pub fn endpoints_map(protocol: Protocol) -> Name {
+    name(format!(
+        "service-endpoints-{}-{NUMBER}",
+        protocol_keyword(protocol)
+    ))
+}
+
+pub fn affinity_map(protocol: Protocol) -> Name {
+    name(format!(
+        "affinity-{}-{AFFINITY_SECS}",
+        protocol_keyword(protocol)
+    ))
+}
+
+pub fn affinity_services() -> Name {
+    name(format!("affinity-services-{AFFINITY_SECS}"))
+}
+
+pub const HAIRPIN: &str = "hairpin-endpoints";
+pub const SERVICE_CHAIN: &str = "service-web";
+
+/// The declarations, elements and rules; with `record_affinity`, the base
+/// chains' rules that record affinity too (nft 1.0.6 cannot write those
+/// for IPv6: it runs out of registers).
+pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
+    use AddrField::{Destination, Source};
+    let mut commands = vec![Command::AddTable { comment: None }];
+    for protocol in PROTOCOLS {
+        commands.push(Command::AddTypeofSet(TypeofSpec {
+            name: endpoints_map(protocol),
+            key: vec![TypeofField::Number, TypeofField::Number],
+            data: vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
+            size: None,
+            dynamic_timeout_secs: None,
+            comment: None,
+        }));
+        commands.push(Command::AddTypeofSet(TypeofSpec {
+            name: affinity_map(protocol),
+            key: vec![
+                TypeofField::Addr(Destination),
+                TypeofField::Port(protocol),
+                TypeofField::Addr(Source),
+            ],
+            data: vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
+            size: Some(1_048_576),
+            dynamic_timeout_secs: Some(AFFINITY_SECS),
+            comment: Some("ClientIP affinity: service entry . client -> endpoint".into()),
+        }));
+    }
+    commands.push(Command::AddTypeofSet(TypeofSpec {
+        name: fixed(HAIRPIN),
+        key: vec![TypeofField::Addr(Source), TypeofField::Addr(Destination)],
+        data: vec![],
+        size: None,
+        dynamic_timeout_secs: None,
+        comment: Some("endpoint . endpoint".into()),
+    }));
+    commands.push(Command::AddTypeofSet(TypeofSpec {
+        name: affinity_services(),
+        key: vec![
+            TypeofField::Addr(Destination),
+            TypeofField::L4Proto,
+            TypeofField::AnyPort,
+        ],
+        data: vec![],
+        size: None,
+        dynamic_timeout_secs: None,
+        comment: None,
+    }));
+    for (chain, hook) in [
+        ("affinity-prerouting", Hook::Prerouting),
+        ("affinity-output", Hook::Output),
+    ] {
+        commands.push(Command::AddChain {
+            name: fixed(chain),
+            kind: ChainKind::Base {
+                chain_type: ChainType::Filter,
+                hook,
+                // dstnat + 1: after DNAT chose the endpoint.
+                priority: -99,
+            },
+        });
+    }
+    for (chain, chain_type, hook, priority) in [
+        ("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
+        ("nat-output", ChainType::Nat, Hook::Output, -100),
+        ("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100),
+    ] {
+        commands.push(Command::AddChain {
+            name: fixed(chain),
+            kind: ChainKind::Base {
+                chain_type,
+                hook,
+                priority,
+            },
+        });
+    }
+    for chain in ["mark-for-masquerade", "masquerading", SERVICE_CHAIN] {
+        commands.push(Command::AddChain {
+            name: fixed(chain),
+            kind: ChainKind::Regular,
+        });
+    }
+    for protocol in PROTOCOLS {
+        let (_, target_port) = ports(protocol);
+        let elements = (0..endpoint_count(protocol))
+            .map(|slot| MapElement {
+                key: Key::Slot(NUMBER, slot),
+                comment: (slot == 0).then(|| Arc::from("ns1/web:p")),
+                target: SocketAddr::new(endpoint(family, slot as u8 + 1), target_port),
+            })
+            .collect();
+        commands.push(Command::AddMapElements {
+            map: endpoints_map(protocol),
+            elements,
+        });
+    }
+    commands.push(Command::AddElements {
+        set: fixed(HAIRPIN),
+        elements: (1..=3)
+            .map(|index| SetElement {
+                key: Key::AddrPair(endpoint(family, index), endpoint(family, index)),
+                comment: None,
+                verdict: None,
+            })
+            .collect(),
+    });
+    commands.push(Command::AddElements {
+        set: affinity_services(),
+        elements: PROTOCOLS
+            .iter()
+            .map(|protocol| SetElement {
+                key: Key::AddrProtoPort(entry(family), *protocol, ports(*protocol).0),
+                comment: None,
+                verdict: None,
+            })
+            .collect(),
+    });
+    commands.push(rule("mark-for-masquerade", vec![Expr::MarkSetOr(0x4000)]));
+    for chain in ["nat-prerouting", "nat-output"] {
+        commands.push(rule(
+            chain,
+            vec![
+                Expr::AddrIs {
+                    field: Destination,
+                    negate: false,
+                    value: Address::Host(entry(family)),
+                },
+                Expr::Verdict(Verdict::Jump(fixed(SERVICE_CHAIN))),
+            ],
+        ));
+    }
+    commands.push(rule(
+        "nat-postrouting",
+        vec![Expr::Verdict(Verdict::Jump(fixed("masquerading")))],
+    ));
+    commands.push(rule(
+        "masquerading",
+        vec![
+            Expr::AddrPairInSet(fixed(HAIRPIN)),
+            Expr::Verdict(Verdict::Jump(fixed("mark-for-masquerade"))),
+        ],
+    ));
+    commands.push(rule(
+        "masquerading",
+        vec![Expr::MarkLacks(0x4000), Expr::Verdict(Verdict::Return)],
+    ));
+    commands.push(rule("masquerading", vec![Expr::MarkSetXor(0x4000)]));
+    commands.push(rule("masquerading", vec![Expr::MasqueradeFullyRandom]));
+    if record_affinity {
+        for chain in ["affinity-prerouting", "affinity-output"] {
+            for protocol in PROTOCOLS {
+                commands.push(rule(chain, record(protocol)));
+            }
+        }
+    }
+    for protocol in PROTOCOLS {
+        commands.push(rule(
+            SERVICE_CHAIN,
+            vec![Expr::DnatAffinity {
+                protocol,
+                map: affinity_map(protocol),
+            }],
+        ));
+        commands.push(rule(
+            SERVICE_CHAIN,
+            vec![
+                Expr::L4Proto(protocol),
+                Expr::DnatDraw {
+                    number: NUMBER,
+                    endpoints: endpoint_count(protocol),
+                    map: endpoints_map(protocol),
+                },
+            ],
+        ));
+    }
+    Transaction { family, commands }
+}
+
+/// The affinity-recording rule of `protocol`.
+pub fn record(protocol: Protocol) -> Vec<Expr> {
+    vec![
+        Expr::CtStateNew,
+        Expr::CtStatusDnat,
+        Expr::DestinationPortNot { protocol, port: 0 },
+        Expr::OriginalEntryInSet(affinity_services()),
+        Expr::RecordAffinity {
+            protocol,
+            map: affinity_map(protocol),
+            timeout_secs: AFFINITY_SECS,
+        },
+    ]
+}
+
+pub fn rule(chain: &'static str, exprs: Vec<Expr>) -> Command {
+    Command::AddRule(Rule {
+        chain: fixed(chain),
+        exprs,
+        comment: None,
+    })
+}
