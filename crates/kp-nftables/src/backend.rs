@@ -39,7 +39,7 @@ use crate::generation::{self, Ruleset, SharedRuleset};
 use crate::model::{Command, Key, Lines, Transaction};
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
-use crate::options::NftablesOptions;
+use crate::options::{Layout, NftablesOptions};
 use crate::render::{stale_chain_cleanup, Commits, Piece, RenderInput, RenderStats, Renderer};
 use crate::state::Programmed;
 use crate::NftablesError;
@@ -190,6 +190,18 @@ impl NftablesBackend {
         list: impl FnMut(bool) -> io::Result<Vec<IpAddr>> + Send + 'static,
     ) -> Self {
         self.local_addresses = Box::new(list);
+        self
+    }
+
+    /// Writes the table in `layout` ([`Layout::Chains`] unless told), for
+    /// the backend's life. The first sync of a process deletes the table,
+    /// so a restart in the other layout leaves nothing of the earlier one,
+    /// unless that sync is split: it then rewrites the table in place and
+    /// the earlier layout's objects no Service names stay, unused, until
+    /// a later reset.
+    #[must_use]
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.renderer = self.renderer.with_layout(layout);
         self
     }
 

@@ -45,7 +45,7 @@ pub use applier::{Applier, ApplyError, DryRunApplier, NftApplier, TransactionStr
 pub use backend::{build, cleanup, cleanup_with, NftablesBackend, MODE};
 pub use model::{Command, Transaction};
 pub use netlink::NetlinkApplier;
-pub use options::NftablesOptions;
+pub use options::{Layout, NftablesOptions};
 pub use render::{
     stale_chain_cleanup, Piece, RenderInput, RenderStats, Rendered, Renderer, StaleChainCleanup,
     SPLIT_PIECES, STALE_CHAIN_DELAY, TRANSACTION_TEXT_MAX,

@@ -74,6 +74,46 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 /// Verdict map: load balancer IPs subject to `loadBalancerSourceRanges`.
 pub const FIREWALL_IPS: &str = "firewall-ips";
 
+/// The data layout's set of `endpoint . endpoint` address pairs that
+/// masquerade (an endpoint reaching itself through a Service).
+pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
+
+/// How many `service-endpoints-PROTO-K` maps the data layout has per
+/// protocol: the kernel checks each element added to a map against every
+/// rule bound to it, so one map for all service ports made a cold start at
+/// 5,000 × 50 cost 18 s, 64 maps 3.5 s (docs/nft-layout-experiment.md).
+pub const ENDPOINT_MAP_SHARDS: u32 = 64;
+
+/// The data layout's map that holds the slots of service port `number`
+/// of `protocol`: `service-endpoints-tcp-{number mod 64}`.
+pub fn endpoint_map(protocol: kp_model::Protocol, number: u32) -> &'static str {
+    static NAMES: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        [
+            kp_model::Protocol::Tcp,
+            kp_model::Protocol::Udp,
+            kp_model::Protocol::Sctp,
+        ]
+        .iter()
+        .flat_map(|protocol| {
+            (0..ENDPOINT_MAP_SHARDS).map(move |shard| {
+                format!(
+                    "service-endpoints-{}-{shard}",
+                    crate::model::protocol_keyword(*protocol)
+                )
+            })
+        })
+        .collect()
+    });
+    let row = match protocol {
+        kp_model::Protocol::Tcp => 0,
+        kp_model::Protocol::Udp => 1,
+        kp_model::Protocol::Sctp => 2,
+    };
+    let index = row * ENDPOINT_MAP_SHARDS + number % ENDPOINT_MAP_SHARDS;
+    // The table holds every (protocol, shard) pair, and `index` is one.
+    NAMES.get(index as usize).map_or("", String::as_str)
+}
+
 /// Every fixed chain, set and map name of the table (the per-service
 /// ones hold a `/`).
 pub const FIXED_NAMES: &[&str] = &[
@@ -100,6 +140,7 @@ pub const FIXED_NAMES: &[&str] = &[
     NO_ENDPOINT_SERVICES,
     NO_ENDPOINT_NODEPORTS,
     FIREWALL_IPS,
+    HAIRPIN_ENDPOINTS,
 ];
 
 /// Comment of the rule of `cluster-ips-check`.

@@ -21,6 +21,23 @@ pub struct NftablesOptions {
     pub local_detector: LocalDetector,
 }
 
+/// How the table selects a Service's endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Upstream's layout: one `endpoint-` chain per endpoint, chosen by one
+    /// `numgen` rule per endpoint in the `service-` (or `local-`) chain.
+    #[default]
+    Chains,
+    /// The data layout of issue 26 (docs/nft-layout-experiment.md):
+    /// a service port's endpoints are elements `N . slot : address . port`
+    /// of `service-endpoints-PROTO-{N mod 64}`, drawn by one `dnat … map`
+    /// rule; hairpin masquerade is decided by the `hairpin-endpoints` set of
+    /// `A . A` pairs. An endpoint replaced, or a readiness flip that keeps
+    /// the count, changes elements only. ClientIP affinity is not written
+    /// yet: a Service with it spreads its connections without it.
+    Data,
+}
+
 /// A detector resolved for one family, as nft match expressions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NftDetector {

@@ -34,6 +34,15 @@
 //! chains (so elements can name them), element deletions, element
 //! additions, then the chains no Service uses any more, flushed.
 //!
+//! **The data layout** ([`Layout::Data`], chosen with
+//! [`Renderer::with_layout`]) keeps the same machinery; its differences are
+//! in `service` and `head`. A service port's draw takes a number, kept in
+//! the record ([`crate::state::Draw`]) while the port exists and given to a
+//! new port as the smallest free one; a partial render rewrites only the
+//! chains whose commands changed (so an endpoint replaced is elements
+//! only), and adds or deletes a `hairpin-endpoints` pair only when the
+//! first Service needs it or the last one stops.
+//!
 //! **Stale chain cleanup** ([`stale_chain_cleanup`]): a flushed chain is
 //! deleted at least [`STALE_CHAIN_DELAY`] later, in a transaction of its
 //! own that runs before a later sync's, as upstream does: with kernels
@@ -52,8 +61,9 @@ use std::time::{Duration, Instant};
 use kp_model::{IpFamily, NamespacedName, NodeInfo, Protocol, ServicePortName};
 use kp_sync::ServicePortState;
 
-use crate::model::{ChainKind, Command, Name, Transaction};
-use crate::options::{NftDetector, NftablesOptions};
+use crate::model::{ChainKind, Command, Key, Name, Transaction};
+use crate::names::HAIRPIN_ENDPOINTS;
+use crate::options::{Layout, NftDetector, NftablesOptions};
 use crate::state::{Element, Programmed, ServiceRecord, StateDelta};
 use crate::NftablesError;
 
@@ -196,6 +206,7 @@ pub enum Piece {
 #[derive(Debug)]
 pub struct Renderer {
     options: NftablesOptions,
+    layout: Layout,
     capacity_hint: usize,
     /// The longest text a render to text wrote, in bytes, to size the next.
     text_hint: usize,
@@ -209,6 +220,22 @@ pub(crate) struct Context {
     pub family: IpFamily,
     pub masquerade_all: bool,
     pub detector: Option<NftDetector>,
+    pub layout: Layout,
+}
+
+/// The data layout's numbers for service ports that have none yet: the
+/// smallest number that neither the record nor this render holds. A full
+/// render renders each Service twice, so a port asking again gets the
+/// number it got.
+#[derive(Debug)]
+pub(crate) struct Numbers<'p> {
+    /// The numbers the record holds (none when the table is reset).
+    held: Option<&'p BTreeSet<u32>>,
+    /// Numbers given out by this render.
+    given: BTreeMap<(ServicePortName, bool), u32>,
+    taken: BTreeSet<u32>,
+    /// No number below this one is free.
+    next: u32,
 }
 
 /// The commands of a transaction, by section.
@@ -245,6 +272,7 @@ impl Renderer {
         options.validate()?;
         Ok(Self {
             options,
+            layout: Layout::default(),
             capacity_hint: 0,
             text_hint: 0,
             transaction_text_max: TRANSACTION_TEXT_MAX,
@@ -258,6 +286,18 @@ impl Renderer {
     pub fn with_transaction_text_max(mut self, bytes: usize) -> Self {
         self.transaction_text_max = bytes.max(1);
         self
+    }
+
+    /// Renders `layout` instead of [`Layout::Chains`].
+    #[must_use]
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// The layout this renderer writes.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The options this renderer was built with.
@@ -324,8 +364,15 @@ impl Renderer {
             .transaction_text_max
             .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
         let mut split = false;
+        let mut numbers = Numbers {
+            held: (!input.reset).then_some(&programmed.numbers),
+            given: BTreeMap::new(),
+            taken: BTreeSet::new(),
+            next: 0,
+        };
         let mut emitted = Emitted {
             family: input.family,
+            layout: self.layout,
             text,
             lines: 0,
             rules: 0,
@@ -369,18 +416,26 @@ impl Renderer {
             input.changed_services.iter().collect()
         };
         let kept = if full {
-            self.build_records(&ctx, input, programmed, &services, &mut delta)
+            self.build_records(&ctx, input, programmed, &services, &mut numbers, &mut delta)
         } else {
             Vec::new()
         };
         for (index, &service) in services.iter().enumerate() {
             let chains_before = out.chains.len();
-            let rendered = self.render_service(&ctx, input, service, &mut out, &mut stats);
             let old = if input.reset {
                 None
             } else {
                 programmed.services.get(service)
             };
+            let rendered = self.render_service(
+                &ctx,
+                input,
+                service,
+                old,
+                &mut numbers,
+                &mut out,
+                &mut stats,
+            );
             let record = if let Some(&kept) = kept.get(index) {
                 // The first pass built the record (the same one); this pass
                 // only writes the commands.
@@ -401,6 +456,9 @@ impl Renderer {
                 } else if record.is_none() && old.is_none() {
                     None
                 } else {
+                    if let (Layout::Data, Some(old), Some(new)) = (ctx.layout, old, &record) {
+                        keep_changed_chains(&mut out.chains, chains_before, old, new);
+                    }
                     delta.services.push((service.clone(), record));
                     delta
                         .services
@@ -422,6 +480,11 @@ impl Renderer {
                 emitted.chain_transaction(&mut emit, &mut out)?;
                 chain_text = 0;
             }
+        }
+        if ctx.layout == Layout::Data {
+            write_hairpin(
+                input, programmed, &services, &kept, &delta, &mut out, &mut stats,
+            );
         }
         // A full render flushed the maps and adds every element again,
         // written only now: held from the start, they would lie between
@@ -491,6 +554,7 @@ impl Renderer {
     fn context(&self, input: &RenderInput<'_>) -> Context {
         Context {
             family: input.family,
+            layout: self.layout,
             masquerade_all: self.options.masquerade_all,
             detector: self
                 .options
@@ -517,6 +581,7 @@ impl Renderer {
         input: &RenderInput<'_>,
         programmed: &Programmed,
         services: &[&NamespacedName],
+        numbers: &mut Numbers<'_>,
         delta: &mut StateDelta,
     ) -> Vec<Kept> {
         let mut scratch = Sections::default();
@@ -526,18 +591,18 @@ impl Renderer {
         }
         let mut kept = Vec::with_capacity(services.len());
         for &service in services {
-            let record = self
-                .render_service(ctx, input, service, &mut scratch, &mut stats)
-                .map(|mut record| {
-                    record.chain_text_hash = fingerprint(&scratch.chains);
-                    record
-                });
-            scratch.chains.clear();
             let old = if input.reset {
                 None
             } else {
                 programmed.services.get(service)
             };
+            let record = self
+                .render_service(ctx, input, service, old, numbers, &mut scratch, &mut stats)
+                .map(|mut record| {
+                    record.chain_text_hash = fingerprint(&scratch.chains);
+                    record
+                });
+            scratch.chains.clear();
             kept.push(match (record, old) {
                 // Kept as it is, so a full sync does not hold a second
                 // copy of every record until it commits.
@@ -555,12 +620,16 @@ impl Renderer {
         kept
     }
 
-    /// Renders every port of `service` (none: the Service is gone).
+    /// Renders every port of `service` (none: the Service is gone); `old`
+    /// is its record, if the table holds it.
+    #[allow(clippy::too_many_arguments)]
     fn render_service(
         &mut self,
         ctx: &Context,
         input: &RenderInput<'_>,
         service: &NamespacedName,
+        old: Option<&ServiceRecord>,
+        numbers: &mut Numbers<'_>,
         out: &mut Sections,
         stats: &mut RenderStats,
     ) -> Option<ServiceRecord> {
@@ -569,13 +638,32 @@ impl Renderer {
         for (name, state) in ports_of(input.service_ports, service) {
             any = true;
             stats.service_ports_written += 1;
-            service::render_port(ctx, name, state, &mut record, out);
+            service::render_port(ctx, name, state, old, numbers, &mut record, out);
         }
         if !any {
             return None;
         }
         record.normalize();
         Some(record)
+    }
+}
+
+impl Numbers<'_> {
+    /// The number of service port `port`'s cluster or `local` list.
+    pub(crate) fn allocate(&mut self, port: &ServicePortName, local: bool) -> u32 {
+        if let Some(number) = self.given.get(&(port.clone(), local)) {
+            return *number;
+        }
+        let held = |number: &u32| self.held.is_some_and(|held| held.contains(number));
+        // Both sets only grow during a render, so the smallest free number
+        // only grows too.
+        while held(&self.next) || self.taken.contains(&self.next) {
+            self.next += 1;
+        }
+        let number = self.next;
+        self.taken.insert(number);
+        self.given.insert((port.clone(), local), number);
+        number
     }
 }
 
@@ -804,6 +892,13 @@ fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
 }
 
 fn write_add(element: &Element, out: &mut Sections) {
+    if let Some(map_element) = element.to_map_element() {
+        out.additions.push(Command::AddMapElements {
+            map: Name::Fixed(element.map),
+            elements: vec![map_element],
+        });
+        return;
+    }
     out.additions.push(Command::AddElements {
         set: Name::Fixed(element.map),
         elements: vec![element.to_set_element()],
@@ -831,6 +926,7 @@ fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> 
 /// printed into `text`.
 struct Emitted<'t> {
     family: IpFamily,
+    layout: Layout,
     text: Option<&'t mut String>,
     lines: usize,
     rules: usize,
@@ -899,8 +995,95 @@ impl Emitted<'_> {
         emit: &mut impl FnMut(Piece) -> Result<(), E>,
         out: &mut Sections,
     ) -> Result<(), E> {
-        self.emit(emit, head::prelude())?;
+        self.emit(emit, head::prelude(self.layout))?;
         self.chains(emit, out)?;
         self.commit(emit)
+    }
+}
+
+/// The chain a Service chain command declares, flushes or appends to.
+pub(crate) fn chain_of(command: &Command) -> Option<&str> {
+    match command {
+        Command::AddChain { name, .. } | Command::FlushChain(name) => Some(name.as_str()),
+        Command::AddRule(rule) => Some(rule.chain.as_str()),
+        _ => None,
+    }
+}
+
+/// Drops from `chains[start..]` the commands of the chains whose commands
+/// `old` recorded already (same fingerprint): the kernel holds them.
+fn keep_changed_chains(
+    chains: &mut Vec<Command>,
+    start: usize,
+    old: &ServiceRecord,
+    new: &ServiceRecord,
+) {
+    let unchanged = |chain: &str| {
+        let hash = |record: &ServiceRecord| {
+            record
+                .chain_hashes
+                .binary_search_by(|(name, _)| (**name).cmp(chain))
+                .ok()
+                .map(|index| record.chain_hashes[index].1)
+        };
+        let new_hash = hash(new);
+        new_hash.is_some() && new_hash == hash(old)
+    };
+    let mut index = start;
+    chains.retain(|command| {
+        index += 1;
+        index <= start || chain_of(command).is_none_or(|chain| !unchanged(chain))
+    });
+}
+
+/// The data layout's `hairpin-endpoints` pairs: with a full render, every
+/// pair a Service needs (the set was flushed); with a partial one, the
+/// pairs the first Service needs now, and the deletion of those the last
+/// Service stopped needing (`programmed.hairpin` counts the Services).
+fn write_hairpin(
+    input: &RenderInput<'_>,
+    programmed: &Programmed,
+    services: &[&NamespacedName],
+    kept: &[Kept],
+    delta: &StateDelta,
+    out: &mut Sections,
+    stats: &mut RenderStats,
+) {
+    let pair = |ip: IpAddr| Element::set(HAIRPIN_ENDPOINTS, Key::AddrPair(ip, ip));
+    if input.full || input.reset {
+        let mut all = BTreeSet::new();
+        for (&service, kept) in services.iter().zip(kept) {
+            let old = programmed.services.get(service);
+            if let Some(record) = kept.record(old, &delta.services) {
+                all.extend(record.hairpin.iter().copied());
+            }
+        }
+        for ip in all {
+            write_add(&pair(ip), out);
+            stats.elements_added += 1;
+        }
+        return;
+    }
+    let mut change: BTreeMap<IpAddr, isize> = BTreeMap::new();
+    for (service, record) in &delta.services {
+        if let Some(old) = programmed.services.get(service) {
+            for ip in &old.hairpin {
+                *change.entry(*ip).or_default() -= 1;
+            }
+        }
+        for ip in record.iter().flat_map(|record| &record.hairpin) {
+            *change.entry(*ip).or_default() += 1;
+        }
+    }
+    for (ip, change) in change {
+        let before = programmed.hairpin.get(&ip).copied().unwrap_or(0);
+        let after = before.saturating_add_signed(change);
+        if before == 0 && after > 0 {
+            write_add(&pair(ip), out);
+            stats.elements_added += 1;
+        } else if before > 0 && after == 0 {
+            write_delete(&pair(ip), out);
+            stats.elements_deleted += 1;
+        }
     }
 }

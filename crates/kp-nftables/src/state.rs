@@ -1,20 +1,23 @@
 //! What the last successful transaction left in the `kube-proxy` table, as
 //! far as partial syncs need to know it: per Service, its map and set
 //! elements, its chains and its affinity sets; and the chains waiting to be
-//! deleted.
+//! deleted. With the data layout ([`crate::options::Layout::Data`]) also
+//! each service port's number and the endpoint in each of its slots, and
+//! how many Services use each hairpin pair.
 //!
 //! Every transaction is atomic, so a failed one leaves the kernel as the
 //! last successful one did and this record stays true; only someone else
 //! editing the table can make it wrong, and the periodic full sync rewrites
 //! everything it holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_model::NamespacedName;
+use kp_model::{NamespacedName, Protocol};
 
-use crate::model::{Key, SetElement, Verdict};
+use crate::model::{Key, MapElement, SetElement, Verdict};
 
 /// One element of a set or verdict map of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +28,9 @@ pub struct Element {
     pub key: Key,
     /// The verdict, e.g. `goto service-…`; `None` for a set element.
     pub value: Option<Verdict>,
+    /// The endpoint of an element of a `service-endpoints-…` map (which
+    /// then has no verdict).
+    pub target: Option<SocketAddr>,
     /// The element's comment (`ns/svc:port`), if any.
     pub comment: Option<Arc<str>>,
 }
@@ -45,6 +51,31 @@ pub struct ServiceRecord {
     /// rendered): equal records mean equal chains, so a partial sync need
     /// not rewrite them.
     pub chain_text_hash: u64,
+    /// The data layout: each chain's fingerprint, sorted by chain, so a
+    /// partial sync rewrites only the chains whose commands changed.
+    pub chain_hashes: Vec<(Arc<str>, u64)>,
+    /// The data layout: the endpoint draws of its service ports, sorted.
+    pub draws: Vec<Draw>,
+    /// The data layout: the endpoint addresses whose `A . A` pair it needs
+    /// in `hairpin-endpoints`, sorted, without duplicates.
+    pub hairpin: Vec<IpAddr>,
+}
+
+/// The data layout: one list of endpoints a service port draws from (its
+/// cluster list, or its local list), under a number of its own.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Draw {
+    /// The service port's name (`port` of the Service's ports).
+    pub port: Arc<str>,
+    /// The service port's protocol.
+    pub protocol: Protocol,
+    /// Whether this is the local endpoint list (eTP/iTP Local).
+    pub local: bool,
+    /// The number: the first field of the slot keys, and which map holds
+    /// them (`service-endpoints-PROTO-{number mod 64}`).
+    pub number: u32,
+    /// The endpoint in each slot (slot `i` is `endpoints[i]`).
+    pub endpoints: Vec<SocketAddr>,
 }
 
 /// The table as the last successful transaction left it.
@@ -55,6 +86,11 @@ pub struct Programmed {
     /// Chains flushed because no Service uses them any more, with the time
     /// they were flushed; deleted by a later transaction.
     pub stale_chains: BTreeMap<Arc<str>, Instant>,
+    /// The data layout: the numbers the Services' draws hold.
+    pub numbers: BTreeSet<u32>,
+    /// The data layout: for each address in `hairpin-endpoints`, how many
+    /// Services need it.
+    pub hairpin: BTreeMap<IpAddr, usize>,
 }
 
 /// The change a rendered transaction makes to [`Programmed`], applied once
@@ -83,6 +119,7 @@ impl Element {
             map,
             key,
             value: None,
+            target: None,
             comment: None,
         }
     }
@@ -93,8 +130,30 @@ impl Element {
             map,
             key,
             value: Some(value),
+            target: None,
             comment,
         }
+    }
+
+    /// An element of a map whose data is an endpoint.
+    pub fn endpoint(map: &'static str, key: Key, target: SocketAddr) -> Self {
+        Self {
+            map,
+            key,
+            value: None,
+            target: Some(target),
+            comment: None,
+        }
+    }
+
+    /// The element as `add element` writes it into a map whose data is an
+    /// endpoint; `None` for other elements.
+    pub fn to_map_element(&self) -> Option<MapElement> {
+        self.target.map(|target| MapElement {
+            key: self.key,
+            comment: self.comment.clone(),
+            target,
+        })
     }
 
     /// The element as `add element` writes it.
@@ -129,6 +188,13 @@ impl ServiceRecord {
         self.affinity_sets.sort_unstable();
         self.affinity_sets.dedup();
         self.affinity_sets.shrink_to_fit();
+        self.chain_hashes.sort_unstable();
+        self.chain_hashes.shrink_to_fit();
+        self.draws.sort_unstable();
+        self.draws.shrink_to_fit();
+        self.hairpin.sort_unstable();
+        self.hairpin.dedup();
+        self.hairpin.shrink_to_fit();
     }
 }
 
@@ -140,14 +206,30 @@ impl Programmed {
             self.services
                 .retain(|service, _| delta.unchanged.binary_search(service).is_ok());
         }
+        let replace_all = delta.replace_all;
         for (service, record) in delta.services {
+            if !replace_all {
+                if let Some(old) = self.services.get(&service) {
+                    uncount(&mut self.numbers, &mut self.hairpin, old);
+                }
+            }
             match record {
                 Some(record) => {
+                    if !replace_all {
+                        count(&mut self.numbers, &mut self.hairpin, &record);
+                    }
                     self.services.insert(service, record);
                 }
                 None => {
                     self.services.remove(&service);
                 }
+            }
+        }
+        if replace_all {
+            self.numbers.clear();
+            self.hairpin.clear();
+            for record in self.services.values() {
+                count(&mut self.numbers, &mut self.hairpin, record);
             }
         }
         for chain in delta.no_longer_stale {
@@ -164,6 +246,8 @@ impl Programmed {
     pub fn clear(&mut self) {
         self.services.clear();
         self.stale_chains.clear();
+        self.numbers.clear();
+        self.hairpin.clear();
     }
 
     /// Chains and rules of every Service.
@@ -177,5 +261,36 @@ impl Programmed {
                     elements + record.elements.len(),
                 )
             })
+    }
+}
+
+/// Adds the numbers and hairpin pairs `record` holds to the counts.
+fn count(
+    numbers: &mut BTreeSet<u32>,
+    hairpin: &mut BTreeMap<IpAddr, usize>,
+    record: &ServiceRecord,
+) {
+    numbers.extend(record.draws.iter().map(|draw| draw.number));
+    for ip in &record.hairpin {
+        *hairpin.entry(*ip).or_default() += 1;
+    }
+}
+
+/// Takes the numbers and hairpin pairs `record` held off the counts.
+fn uncount(
+    numbers: &mut BTreeSet<u32>,
+    hairpin: &mut BTreeMap<IpAddr, usize>,
+    record: &ServiceRecord,
+) {
+    for draw in &record.draws {
+        numbers.remove(&draw.number);
+    }
+    for ip in &record.hairpin {
+        if let Some(users) = hairpin.get_mut(ip) {
+            *users = users.saturating_sub(1);
+            if *users == 0 {
+                hairpin.remove(ip);
+            }
+        }
     }
 }

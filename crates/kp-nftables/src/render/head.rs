@@ -1,14 +1,18 @@
 //! The fixed part of the table, written by every full render: the table,
 //! its sets and maps (flushed, to be filled again), the base chains at
 //! upstream's hooks and priorities, and the rules of the fixed chains.
+//! The data layout adds the `service-endpoints-PROTO-K` maps and the
+//! `hairpin-endpoints` set, looked up first in `masquerading`.
 
-use kp_model::IpFamily;
+use kp_model::{IpFamily, Protocol};
 
 use super::{Context, RenderInput};
 use crate::model::{
     AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key, KeyType, Name, Rule,
-    SetElement, SetSpec, Verdict, IPV4, IPV4_PROTO_PORT, IPV6, IPV6_PROTO_PORT, PROTO_PORT,
+    SetElement, SetSpec, TypeofField, TypeofSpec, Verdict, IPV4, IPV4_PROTO_PORT, IPV6,
+    IPV6_PROTO_PORT, PROTO_PORT,
 };
+use crate::names::{endpoint_map, ENDPOINT_MAP_SHARDS, HAIRPIN_ENDPOINTS};
 use crate::names::{
     CLUSTER_IPS, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT, FILTER_OUTPUT,
     FILTER_OUTPUT_PRE_DNAT, FILTER_PREROUTING_PRE_DNAT, FIREWALL_CHECK, FIREWALL_IPS,
@@ -16,7 +20,11 @@ use crate::names::{
     NODEPORT_ENDPOINTS_CHECK, NODEPORT_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
     REJECT_CHAIN, SERVICES, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS,
 };
-use crate::options::NftablesOptions;
+use crate::options::{Layout, NftablesOptions};
+
+/// The protocols a service port can have, in the order their maps are
+/// declared.
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
 /// The table's comment.
 const TABLE_COMMENT: &str = "rules for kube-proxy";
@@ -81,8 +89,8 @@ const JUMPS: [(&str, bool, &str); 11] = [
 /// The first commands of each transaction of a split render but the last:
 /// what Service chains need (the table, and the chain their rules jump
 /// to), declared without flushing anything.
-pub(super) fn prelude() -> Vec<Command> {
-    vec![
+pub(super) fn prelude(layout: Layout) -> Vec<Command> {
+    let mut commands = vec![
         Command::AddTable {
             comment: Some(TABLE_COMMENT),
         },
@@ -90,7 +98,62 @@ pub(super) fn prelude() -> Vec<Command> {
             name: Name::Fixed(MARK_FOR_MASQUERADE),
             kind: ChainKind::Regular,
         },
-    ]
+    ];
+    if layout == Layout::Data {
+        // The draw rules name them.
+        commands.extend(endpoint_maps());
+    }
+    commands
+}
+
+/// The data layout's `service-endpoints-PROTO-K` maps, declared:
+/// `typeof numgen random mod 1 . numgen random mod 1 : ip daddr . tcp
+/// dport`. One map per protocol: nft 1.0.6 reads a `dnat … map` rule into a
+/// map typed `th dport` only in the transaction that creates the map
+/// (docs/nft-layout-experiment.md, finding 3).
+fn endpoint_maps() -> impl Iterator<Item = Command> {
+    PROTOCOLS.into_iter().flat_map(|protocol| {
+        (0..ENDPOINT_MAP_SHARDS).map(move |shard| {
+            Command::AddTypeofSet(TypeofSpec {
+                name: Name::Fixed(endpoint_map(protocol, shard)),
+                key: vec![TypeofField::Number, TypeofField::Number],
+                data: vec![
+                    TypeofField::Addr(AddrField::Destination),
+                    TypeofField::Port(protocol),
+                ],
+                size: None,
+                dynamic_timeout_secs: None,
+                comment: None,
+            })
+        })
+    })
+}
+
+/// The data layout's sets and maps, declared and flushed.
+fn write_data_sets_and_maps(out: &mut Vec<Command>) {
+    out.push(Command::AddTypeofSet(TypeofSpec {
+        name: Name::Fixed(HAIRPIN_ENDPOINTS),
+        key: vec![
+            TypeofField::Addr(AddrField::Source),
+            TypeofField::Addr(AddrField::Destination),
+        ],
+        data: Vec::new(),
+        size: None,
+        dynamic_timeout_secs: None,
+        comment: None,
+    }));
+    out.push(Command::FlushSet {
+        name: Name::Fixed(HAIRPIN_ENDPOINTS),
+        map: false,
+    });
+    for map in endpoint_maps() {
+        let name = match &map {
+            Command::AddTypeofSet(spec) => spec.name.clone(),
+            _ => continue,
+        };
+        out.push(map);
+        out.push(Command::FlushSet { name, map: true });
+    }
 }
 
 /// The deletion of the table a reset starts with: `add` first, so that
@@ -111,6 +174,9 @@ pub(super) fn write_head(
         comment: Some(TABLE_COMMENT),
     });
     write_sets_and_maps(ctx, input, out);
+    if ctx.layout == Layout::Data {
+        write_data_sets_and_maps(out);
+    }
     for (name, chain_type, hook, priority) in BASE_CHAINS {
         out.push(Command::AddChain {
             name: Name::Fixed(name),
@@ -262,6 +328,21 @@ fn write_fixed_rules(
         .with_comment(crate::names::COMMENT_INVALID_CLUSTER_IP_PORTS),
         Rule::new(FIREWALL_CHECK, vec![dispatch(FIREWALL_IPS)]),
         Rule::new(MARK_FOR_MASQUERADE, vec![Expr::MarkSetOr(mark)]),
+    ];
+    out.extend(rules.into_iter().map(Command::AddRule));
+    if ctx.layout == Layout::Data {
+        // After DNAT, an endpoint reaching itself through a Service has its
+        // own address as source and destination; nft cannot compare two
+        // fields of a packet, so the pairs are a set.
+        out.push(Command::AddRule(Rule::new(
+            MASQUERADING,
+            vec![
+                Expr::AddrPairInSet(Name::Fixed(HAIRPIN_ENDPOINTS)),
+                Expr::Verdict(Verdict::Jump(Name::Fixed(MARK_FOR_MASQUERADE))),
+            ],
+        )));
+    }
+    let rules = [
         Rule::new(
             MASQUERADING,
             vec![Expr::MarkLacks(mark), Expr::Verdict(Verdict::Return)],

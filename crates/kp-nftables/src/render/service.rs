@@ -1,21 +1,31 @@
 //! The elements and chains of one service port, following upstream's
 //! nftables `syncProxyRules`, with the traffic decisions of
 //! [`kp_model::TrafficPlan`] (shared with every other mode).
+//!
+//! The data layout ([`Layout::Data`]) writes the same elements and the same
+//! `service-`, `local-`, `external-` and `firewall-` chains, but no
+//! `endpoint-` chains: the `service-` (cluster endpoints) and `local-`
+//! (local endpoints) chains each end in one draw rule over the slots of
+//! their endpoint list, and each reachable endpoint's hairpin pair is
+//! recorded for `hairpin-endpoints`.
 
+use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kp_model::{Endpoint, Protocol, Refusal, ServicePortName, TrafficPlan};
 use kp_sync::ServicePortState;
 
-use super::{Context, Sections};
+use super::{Context, Numbers, Sections};
 use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
+use crate::names::endpoint_map;
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
     SERVICE_NODEPORTS,
 };
-use crate::state::{Element, ServiceRecord};
+use crate::options::Layout;
+use crate::state::{Draw, Element, ServiceRecord};
 
 /// One service port while it is rendered.
 struct Port<'a> {
@@ -50,19 +60,27 @@ pub(super) fn render_port(
     ctx: &Context,
     name: &ServicePortName,
     state: &ServicePortState,
+    old: Option<&ServiceRecord>,
+    numbers: &mut Numbers<'_>,
     record: &mut ServiceRecord,
     out: &mut Sections,
 ) {
     let plan = state.plan;
-    let endpoints = state
-        .endpoints
-        .all_reachable
-        .iter()
-        .map(|ep| {
-            let names = endpoint_names(name, SocketAddr::new(ep.ip, ep.port));
-            (ep, Arc::new(names))
-        })
-        .collect();
+    let data = ctx.layout == Layout::Data;
+    let endpoints = if data {
+        // No endpoint chains, so no endpoint names.
+        Vec::new()
+    } else {
+        state
+            .endpoints
+            .all_reachable
+            .iter()
+            .map(|ep| {
+                let names = endpoint_names(name, SocketAddr::new(ep.ip, ep.port));
+                (ep, Arc::new(names))
+            })
+            .collect()
+    };
     let port = Port {
         state,
         plan,
@@ -78,15 +96,45 @@ pub(super) fn render_port(
     write_external_chain(ctx, &port, &mut writer, record);
     write_firewall_chain(&port, &mut writer, record);
     let endpoints = &state.endpoints;
-    if plan.uses_cluster_endpoints {
-        let chain = Arc::clone(&port.chains.cluster);
-        write_policy_chain(&port, &chain, &endpoints.cluster, &mut writer, record);
+    if data {
+        let lists = [
+            (
+                plan.uses_cluster_endpoints,
+                false,
+                &port.chains.cluster,
+                &endpoints.cluster,
+            ),
+            (
+                plan.uses_local_endpoints,
+                true,
+                &port.chains.local,
+                &endpoints.local,
+            ),
+        ];
+        for (used, local, chain, list) in lists {
+            if used {
+                let draw = DrawList {
+                    local,
+                    endpoints: list,
+                };
+                write_draw_chain(name, &port, chain, &draw, old, numbers, &mut writer, record);
+            }
+        }
+        record
+            .hairpin
+            .extend(endpoints.all_reachable.iter().map(|ep| ep.ip));
+        write_chain_hashes(&writer, record);
+    } else {
+        if plan.uses_cluster_endpoints {
+            let chain = Arc::clone(&port.chains.cluster);
+            write_policy_chain(&port, &chain, &endpoints.cluster, &mut writer, record);
+        }
+        if plan.uses_local_endpoints {
+            let chain = Arc::clone(&port.chains.local);
+            write_policy_chain(&port, &chain, &endpoints.local, &mut writer, record);
+        }
+        write_endpoint_chains(&port, &mut writer, record);
     }
-    if plan.uses_local_endpoints {
-        let chain = Arc::clone(&port.chains.local);
-        write_policy_chain(&port, &chain, &endpoints.local, &mut writer, record);
-    }
-    write_endpoint_chains(&port, &mut writer, record);
     record.rules += writer.rules.len();
     out.chains.append(&mut writer.declarations);
     out.chains.append(&mut writer.rules);
@@ -215,6 +263,10 @@ fn write_affinity_sets(
     let Some(timeout) = port.state.port.session_affinity_timeout else {
         return;
     };
+    if ctx.layout == Layout::Data {
+        // Not written yet by the data layout (see `Layout::Data`).
+        return;
+    }
     let key: &'static [KeyType] = match ctx.family {
         kp_model::IpFamily::V4 => crate::model::IPV4,
         kp_model::IpFamily::V6 => crate::model::IPV6,
@@ -442,6 +494,229 @@ fn write_endpoint_chains(port: &Port<'_>, writer: &mut ChainWriter, record: &mut
                 Expr::L4Proto(port.protocol),
                 Expr::Dnat(SocketAddr::new(endpoint.ip, endpoint.port)),
             ],
+        );
+    }
+}
+
+/// One endpoint list of a service port, drawn from by one chain.
+struct DrawList<'a> {
+    /// The local list (eTP/iTP Local), not the cluster one.
+    local: bool,
+    endpoints: &'a [Arc<Endpoint>],
+}
+
+/// The data layout's `service-…` or `local-…` chain: the ClusterIP
+/// masquerade rule (written before, by `write_internal_masquerade`), then
+/// the draw over the slots of `list`, whose elements go into `record`.
+///
+/// The number and slots come from `old` (what the last transaction left):
+/// a service port keeps its number while it exists, and its endpoints keep
+/// their slots ([`assign_slots`]), so an endpoint replaced, or a readiness
+/// flip that keeps the count, changes elements only.
+#[allow(clippy::too_many_arguments)]
+fn write_draw_chain(
+    name: &ServicePortName,
+    port: &Port<'_>,
+    chain: &Arc<str>,
+    list: &DrawList<'_>,
+    old: Option<&ServiceRecord>,
+    numbers: &mut Numbers<'_>,
+    writer: &mut ChainWriter,
+    record: &mut ServiceRecord,
+) {
+    writer.declare(chain, record);
+    let old_draw = old.and_then(|old| {
+        old.draws.iter().find(|draw| {
+            draw.local == list.local && draw.protocol == port.protocol && draw.port == name.port
+        })
+    });
+    let number = match old_draw {
+        Some(draw) => draw.number,
+        None => numbers.allocate(name, list.local),
+    };
+    let wanted: Vec<SocketAddr> = list
+        .endpoints
+        .iter()
+        .map(|ep| SocketAddr::new(ep.ip, ep.port))
+        .collect();
+    let slots = assign_slots(old_draw.map_or(&[], |draw| &draw.endpoints), &wanted);
+    let map = endpoint_map(port.protocol, number);
+    for (slot, endpoint) in slots.iter().enumerate() {
+        let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+        record
+            .elements
+            .push(Element::endpoint(map, Key::Slot(number, slot), *endpoint));
+    }
+    if let Some(draw) = draw_rule(port.protocol, number, slots.len(), map) {
+        writer.rule(chain, draw);
+    }
+    record.draws.push(Draw {
+        port: Arc::clone(&name.port),
+        protocol: port.protocol,
+        local: list.local,
+        number,
+        endpoints: slots,
+    });
+}
+
+/// The rule that draws one of `count` slots of service port `number` and
+/// DNATs to the endpoint in it: `meta l4proto tcp dnat ip to numgen random
+/// mod 1 offset N . numgen random mod E map @service-endpoints-tcp-K`
+/// (`numgen random mod 1 offset N` is the constant N: nft 1.0.6 refuses a
+/// literal in a concatenation). `None` without endpoints (no slot to draw).
+///
+/// The modulus is the endpoint count, so a count change rewrites this rule
+/// (and the kernel validates the table); how a count change is written
+/// (padded capacity, a ct-mark draw, rules by count) is being measured,
+/// and its answer replaces only this function.
+fn draw_rule(
+    protocol: Protocol,
+    number: u32,
+    count: usize,
+    map: &'static str,
+) -> Option<Vec<Expr>> {
+    let endpoints = u32::try_from(count).ok().filter(|count| *count > 0)?;
+    Some(vec![
+        Expr::L4Proto(protocol),
+        Expr::DnatDraw {
+            number,
+            endpoints,
+            map: Name::Fixed(map),
+        },
+    ])
+}
+
+/// The endpoint of each slot, given the slots `old` held and the endpoints
+/// `wanted` now: an endpoint that stays keeps its slot; a new one takes the
+/// slot of one that left, in order; a slot left empty is filled by the
+/// endpoint of the last slot (the count drops); new endpoints left over
+/// take the slots after the last (the count grows).
+pub(crate) fn assign_slots(old: &[SocketAddr], wanted: &[SocketAddr]) -> Vec<SocketAddr> {
+    let mut slots: Vec<Option<SocketAddr>> = old
+        .iter()
+        .map(|endpoint| wanted.contains(endpoint).then_some(*endpoint))
+        .collect();
+    let mut arriving = wanted.iter().filter(|endpoint| !old.contains(endpoint));
+    for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
+        match arriving.next() {
+            Some(endpoint) => *slot = Some(*endpoint),
+            None => break,
+        }
+    }
+    slots.extend(arriving.map(|endpoint| Some(*endpoint)));
+    // Fill the holes from the end.
+    let mut index = 0;
+    while index < slots.len() {
+        if slots[index].is_some() {
+            index += 1;
+            continue;
+        }
+        let last = slots.pop().flatten();
+        if let Some(hole) = slots.get_mut(index) {
+            // When `last` was a hole too, this slot is looked at again.
+            *hole = last;
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// Each chain's fingerprint (its declaration and rules), so a partial sync
+/// rewrites only the chains that changed.
+fn write_chain_hashes(writer: &ChainWriter, record: &mut ServiceRecord) {
+    let mut chains: Vec<(Arc<str>, std::collections::hash_map::DefaultHasher)> = Vec::new();
+    for command in writer.declarations.iter().chain(&writer.rules) {
+        let Some(chain) = super::chain_of(command) else {
+            continue;
+        };
+        let index = match chains.iter().position(|(name, _)| **name == *chain) {
+            Some(index) => index,
+            None => {
+                chains.push((
+                    Arc::from(chain),
+                    std::collections::hash_map::DefaultHasher::new(),
+                ));
+                chains.len() - 1
+            }
+        };
+        command.hash(&mut chains[index].1);
+    }
+    record.chain_hashes.extend(
+        chains
+            .into_iter()
+            .map(|(name, hasher)| (name, hasher.finish())),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn eps(texts: &[&str]) -> Vec<SocketAddr> {
+        texts
+            .iter()
+            .map(|text| format!("{text}:80").parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_new_port_fills_its_slots_in_order() {
+        assert_eq!(
+            assign_slots(&[], &eps(&["10.0.0.1", "10.0.0.2"])),
+            eps(&["10.0.0.1", "10.0.0.2"])
+        );
+    }
+
+    #[test]
+    fn a_replaced_endpoint_takes_the_slot_of_the_one_that_left() {
+        let old = eps(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        let wanted = eps(&["10.0.0.9", "10.0.0.1", "10.0.0.3"]);
+        assert_eq!(
+            assign_slots(&old, &wanted),
+            eps(&["10.0.0.1", "10.0.0.9", "10.0.0.3"])
+        );
+    }
+
+    #[test]
+    fn a_removed_endpoints_slot_goes_to_the_last_one() {
+        let old = eps(&["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]);
+        let wanted = eps(&["10.0.0.1", "10.0.0.3", "10.0.0.4"]);
+        assert_eq!(
+            assign_slots(&old, &wanted),
+            eps(&["10.0.0.1", "10.0.0.4", "10.0.0.3"])
+        );
+        // Two holes, one of them last.
+        let wanted = eps(&["10.0.0.1", "10.0.0.3"]);
+        assert_eq!(assign_slots(&old, &wanted), eps(&["10.0.0.1", "10.0.0.3"]));
+        let wanted = eps(&["10.0.0.4"]);
+        assert_eq!(assign_slots(&old, &wanted), eps(&["10.0.0.4"]));
+        assert_eq!(assign_slots(&old, &[]), eps(&[]));
+    }
+
+    #[test]
+    fn an_added_endpoint_takes_the_next_slot() {
+        let old = eps(&["10.0.0.1", "10.0.0.2"]);
+        let wanted = eps(&["10.0.0.3", "10.0.0.2", "10.0.0.1"]);
+        assert_eq!(
+            assign_slots(&old, &wanted),
+            eps(&["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+        );
+    }
+
+    #[test]
+    fn the_draw_is_one_rule_whose_modulus_is_the_count() {
+        let rule = draw_rule(Protocol::Udp, 70, 3, endpoint_map(Protocol::Udp, 70)).unwrap();
+        let text: Vec<String> = rule
+            .iter()
+            .map(|expr| expr.text(kp_model::IpFamily::V4).to_string())
+            .collect();
+        assert_eq!(
+            text.join(" "),
+            "meta l4proto udp dnat ip to numgen random mod 1 offset 70 . numgen random mod 3 map @service-endpoints-udp-6"
+        );
+        assert_eq!(
+            draw_rule(Protocol::Tcp, 0, 0, endpoint_map(Protocol::Tcp, 0)),
+            None
         );
     }
 }
