@@ -96,6 +96,17 @@ impl World {
         self
     }
 
+    /// Writes the table in `layout`.
+    pub fn with_layout(mut self, layout: kp_nftables::Layout) -> Self {
+        self.backend = self.backend.with_layout(layout);
+        self
+    }
+
+    /// Like [`World::v4`], in the data layout.
+    pub fn v4_data() -> Self {
+        Self::v4().with_layout(kp_nftables::Layout::Data)
+    }
+
     /// Splits full syncs into transactions of about `bytes` of Service
     /// chain text each.
     pub fn split_at(mut self, bytes: usize) -> Self {

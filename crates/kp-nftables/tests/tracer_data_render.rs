@@ -1,0 +1,441 @@
+//! The data layout ([`Layout::Data`]) as rendered by the backend, traced
+//! packet by packet, and the commands its partial syncs send.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/web:p80 | ClusterIP 10.96.0.10, endpoints 10.244.1.2 (here), 10.244.2.2 (node-2) |
+//! | ns1/np:p80 | NodePort 30080, externalIP 203.0.113.5, eTP Local, endpoint 10.244.2.3 (node-2) |
+//! | ns1/lb:p80 | LB 203.0.113.9 from 198.51.100.0/24 only, NodePort 30081, eTP Local, endpoints 10.244.1.4 (here), 10.244.2.4 (node-2) |
+//! | ns1/empty:p80 | ClusterIP 10.96.0.14, no endpoints |
+//! | ns1/itp:p80 | ClusterIP 10.96.0.15, iTP Local, endpoint 10.244.2.5 (node-2) |
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{assert_goes_to, at, ip, packet, service, World};
+use kp_model::NamespacedName;
+use kp_nftables::model::{Command, Expr, Key};
+use kp_nftables::tracer::Verdict;
+
+const POD: &str = "10.244.1.7";
+const CLIENT: &str = "192.168.99.10";
+const NODE: &str = "192.168.99.2";
+
+fn web(second: &str) -> common::ServiceBuilder {
+    service("ns1", "web", "10.96.0.10", 80)
+        .local_endpoint("10.244.1.2", 8080)
+        .remote_endpoint(second, 8080)
+}
+
+fn world() -> World {
+    let mut world = World::v4_data();
+    world
+        .put(web("10.244.2.2"))
+        .put(
+            service("ns1", "np", "10.96.0.11", 80)
+                .node_port(30080)
+                .external_ip("203.0.113.5")
+                .etp_local()
+                .remote_endpoint("10.244.2.3", 8080),
+        )
+        .put(
+            service("ns1", "lb", "10.96.0.12", 80)
+                .lb_ip("203.0.113.9")
+                .source_range("198.51.100.0/24")
+                .node_port(30081)
+                .etp_local()
+                .local_endpoint("10.244.1.4", 8080)
+                .remote_endpoint("10.244.2.4", 8080),
+        )
+        .put(service("ns1", "empty", "10.96.0.14", 80))
+        .put(
+            service("ns1", "itp", "10.96.0.15", 80)
+                .itp_local()
+                .remote_endpoint("10.244.2.5", 8080),
+        );
+    world.sync(true, &[]);
+    world
+}
+
+/// The commands of the last sync's own transaction.
+fn last_commands(world: &World) -> Vec<Command> {
+    world
+        .applier
+        .transactions()
+        .last()
+        .unwrap()
+        .transaction
+        .commands
+        .clone()
+}
+
+/// The chains the commands declare, flush or add rules to.
+fn chains_written(commands: &[Command]) -> BTreeSet<String> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::AddChain { name, .. } | Command::FlushChain(name) => {
+                Some(name.as_str().to_owned())
+            }
+            Command::AddRule(rule) => Some(rule.chain.as_str().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The number (`offset`) and modulus of every draw rule of the commands.
+fn draws(commands: &[Command]) -> Vec<(u32, u32)> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::AddRule(rule) => rule.exprs.iter().find_map(|expr| match expr {
+                Expr::DnatDraw {
+                    number, endpoints, ..
+                } => Some((*number, *endpoints)),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `hairpin-endpoints` pairs the commands add or delete.
+fn hairpin_changes(commands: &[Command]) -> (Vec<Key>, Vec<Key>) {
+    let mut added = Vec::new();
+    let mut deleted = Vec::new();
+    for command in commands {
+        match command {
+            Command::AddElements { set, elements } if set.as_str() == "hairpin-endpoints" => {
+                added.extend(elements.iter().map(|element| element.key));
+            }
+            Command::DeleteElements { set, keys } if set.as_str() == "hairpin-endpoints" => {
+                deleted.extend(keys.iter().copied());
+            }
+            _ => {}
+        }
+    }
+    (added, deleted)
+}
+
+fn pair(text: &str) -> Key {
+    Key::AddrPair(ip(text), ip(text))
+}
+
+#[test]
+fn cluster_ip_goes_to_one_of_its_endpoints_and_a_pod_reaching_itself_is_masqueraded() {
+    let world = world();
+    let verdict = world.trace(POD, at("10.96.0.10", 80));
+    assert_goes_to(&verdict, &[at("10.244.1.2", 8080), at("10.244.2.2", 8080)]);
+    let Verdict::Dnat { masquerade, .. } = verdict else {
+        panic!("pod traffic is DNATed");
+    };
+    assert!(masquerade.is_empty(), "a pod's connection keeps its source");
+    // From outside the cluster the packet is masqueraded.
+    let Verdict::Dnat { masquerade, .. } = world.trace(CLIENT, at("10.96.0.10", 80)) else {
+        panic!("client traffic is DNATed");
+    };
+    assert_eq!(masquerade.len(), 2);
+    // Hairpin: the pair 10.244.1.2 . 10.244.1.2 is in the set.
+    let Verdict::Dnat { masquerade, .. } = world.trace("10.244.1.2", at("10.96.0.10", 80)) else {
+        panic!("hairpin traffic is DNATed");
+    };
+    assert_eq!(
+        masquerade.into_iter().collect::<Vec<_>>(),
+        [at("10.244.1.2", 8080)]
+    );
+}
+
+#[test]
+fn a_new_connection_has_one_path_per_slot_each_equally_likely() {
+    let world = world();
+    let trace = world
+        .table
+        .trace_paths(&packet(POD, at("10.96.0.10", 80), "tcp"))
+        .unwrap();
+    let mut destinations: Vec<_> = trace
+        .paths
+        .iter()
+        .map(|path| (path.destination.unwrap(), path.probability))
+        .collect();
+    destinations.sort_by_key(|(destination, _)| *destination);
+    assert_eq!(destinations.len(), 2, "{trace:#?}");
+    for (destination, probability) in destinations {
+        assert!(
+            (probability - 0.5).abs() < 1e-9,
+            "{destination}: {probability}"
+        );
+    }
+}
+
+#[test]
+fn a_service_without_endpoints_is_rejected_and_an_unknown_port_too() {
+    let world = world();
+    assert_eq!(world.trace(POD, at("10.96.0.14", 80)), Verdict::Reject);
+    assert_eq!(world.trace(POD, at("10.96.0.10", 81)), Verdict::Reject);
+    assert_eq!(world.trace(POD, at("10.96.9.9", 80)), Verdict::Accept);
+}
+
+#[test]
+fn external_traffic_policy_local_without_local_endpoints() {
+    let world = world();
+    assert_eq!(world.trace(CLIENT, at(NODE, 30080)), Verdict::Drop);
+    assert_eq!(world.trace(CLIENT, at("203.0.113.5", 80)), Verdict::Drop);
+    assert_goes_to(
+        &world.trace(POD, at(NODE, 30080)),
+        &[at("10.244.2.3", 8080)],
+    );
+    let Verdict::Dnat { masquerade, .. } = world.trace(NODE, at("203.0.113.5", 80)) else {
+        panic!("node traffic is DNATed");
+    };
+    assert_eq!(masquerade.len(), 1, "the node's own traffic is masqueraded");
+    assert_goes_to(
+        &world.trace(CLIENT, at("10.96.0.11", 80)),
+        &[at("10.244.2.3", 8080)],
+    );
+}
+
+/// eTP Local draws from the local list (a number of its own); the
+/// ClusterIP from the cluster list.
+#[test]
+fn external_traffic_policy_local_draws_local_endpoints_and_keeps_the_source() {
+    let world = world();
+    let from_range = "198.51.100.7";
+    for dst in [at("203.0.113.9", 80), at(NODE, 30081)] {
+        let verdict = world.trace(from_range, dst);
+        assert_goes_to(&verdict, &[at("10.244.1.4", 8080)]);
+        let Verdict::Dnat { masquerade, .. } = verdict else {
+            unreachable!()
+        };
+        assert!(masquerade.is_empty(), "{dst}: the client's address is kept");
+    }
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.12", 80)),
+        &[at("10.244.1.4", 8080), at("10.244.2.4", 8080)],
+    );
+}
+
+#[test]
+fn load_balancer_source_ranges_drop_other_sources() {
+    let world = world();
+    assert_eq!(world.trace(CLIENT, at("203.0.113.9", 80)), Verdict::Drop);
+}
+
+#[test]
+fn internal_traffic_policy_local_without_local_endpoints_drops() {
+    let world = world();
+    assert_eq!(world.trace(POD, at("10.96.0.15", 80)), Verdict::Drop);
+}
+
+#[test]
+fn terminating_endpoints_serve_when_no_endpoint_is_ready() {
+    let mut world = World::v4_data();
+    world.put(service("ns1", "web", "10.96.0.10", 80).terminating_endpoint("10.244.1.2", 80, true));
+    world.sync(true, &[]);
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 80)],
+    );
+}
+
+/// An endpoint replaced is an element-only transaction: no chain, no rule.
+#[test]
+fn a_replaced_endpoint_changes_elements_only() {
+    let mut world = world();
+    world.put(web("10.244.2.9"));
+    world.sync(false, &[("ns1", "web")]);
+    let commands = last_commands(&world);
+    assert!(
+        commands.iter().all(|command| matches!(
+            command,
+            Command::AddElements { .. }
+                | Command::DeleteElements { .. }
+                | Command::AddMapElements { .. }
+        )),
+        "{commands:#?}"
+    );
+    assert_eq!(
+        hairpin_changes(&commands),
+        (vec![pair("10.244.2.9")], vec![pair("10.244.2.2")])
+    );
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080), at("10.244.2.9", 8080)],
+    );
+}
+
+/// A readiness flip that keeps the count (one endpoint stops being ready
+/// as another becomes ready) is an element-only transaction too.
+#[test]
+fn a_readiness_flip_that_keeps_the_count_changes_elements_only() {
+    let mut world = World::v4_data();
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .local_endpoint("10.244.1.2", 8080)
+            .terminating_endpoint("10.244.2.2", 8080, false),
+    );
+    world.sync(true, &[]);
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .terminating_endpoint("10.244.1.2", 8080, true)
+            .remote_endpoint("10.244.2.2", 8080),
+    );
+    world.sync(false, &[("ns1", "web")]);
+    let commands = last_commands(&world);
+    assert!(
+        !commands.iter().any(|command| command.is_rule()),
+        "{commands:#?}"
+    );
+    assert!(chains_written(&commands).is_empty(), "{commands:#?}");
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.2.2", 8080)],
+    );
+}
+
+/// A count change rewrites the chain of the draw and no other.
+#[test]
+fn a_count_change_rewrites_only_the_chain_of_the_draw() {
+    let mut world = world();
+    world.put(
+        service("ns1", "lb", "10.96.0.12", 80)
+            .lb_ip("203.0.113.9")
+            .source_range("198.51.100.0/24")
+            .node_port(30081)
+            .etp_local()
+            .local_endpoint("10.244.1.4", 8080)
+            .remote_endpoint("10.244.2.4", 8080)
+            .remote_endpoint("10.244.2.6", 8080),
+    );
+    world.sync(false, &[("ns1", "lb")]);
+    let commands = last_commands(&world);
+    let written = chains_written(&commands);
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert!(
+        written.iter().all(|chain| chain.starts_with("service-")),
+        "{written:?}"
+    );
+    // The cluster list's number is kept; only its modulus changes.
+    assert_eq!(draws(&commands), [(0, 3)]);
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.12", 80)),
+        &[
+            at("10.244.1.4", 8080),
+            at("10.244.2.4", 8080),
+            at("10.244.2.6", 8080),
+        ],
+    );
+}
+
+/// Numbers are the smallest free ones, kept while the port exists, and
+/// freed with it.
+#[test]
+fn a_service_port_keeps_its_number_and_a_new_one_takes_the_smallest_free() {
+    let mut world = world();
+    let numbers = |world: &World| {
+        world
+            .backend
+            .programmed()
+            .services
+            .iter()
+            .map(|(service, record)| {
+                let mut numbers: Vec<u32> = record.draws.iter().map(|draw| draw.number).collect();
+                numbers.sort_unstable();
+                (service.to_string(), numbers)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = numbers(&world);
+    // lb has a cluster and a local list; empty draws from nothing but
+    // still has its chain's number.
+    let np = before
+        .iter()
+        .find(|(service, _)| service == "ns1/np")
+        .unwrap()
+        .1
+        .clone();
+    world.remove("ns1", "np");
+    world.sync(false, &[("ns1", "np")]);
+    world.put(service("ns1", "new", "10.96.0.20", 80).remote_endpoint("10.244.2.20", 8080));
+    world.sync(false, &[("ns1", "new")]);
+    let after = numbers(&world);
+    let new = &after
+        .iter()
+        .find(|(service, _)| service == "ns1/new")
+        .unwrap()
+        .1;
+    assert_eq!(new, &[np[0]], "the smallest free number: np's first");
+    for (service, numbers) in &before {
+        if service != "ns1/np" {
+            assert!(
+                after.contains(&(service.clone(), numbers.clone())),
+                "{service}"
+            );
+        }
+    }
+    // A full sync keeps them too.
+    world.sync(true, &[]);
+    assert_eq!(numbers(&world), after);
+}
+
+/// An address that is an endpoint of two Services needs one pair, kept
+/// until the last Service stops using it.
+#[test]
+fn a_hairpin_pair_stays_until_the_last_service_using_it_goes() {
+    let mut world = world();
+    world.put(service("ns1", "web2", "10.96.0.21", 81).local_endpoint("10.244.1.2", 8081));
+    world.sync(false, &[("ns1", "web2")]);
+    assert_eq!(hairpin_changes(&last_commands(&world)), (vec![], vec![]));
+    world.remove("ns1", "web");
+    world.sync(false, &[("ns1", "web")]);
+    assert_eq!(
+        hairpin_changes(&last_commands(&world)),
+        (vec![], vec![pair("10.244.2.2")])
+    );
+    let Verdict::Dnat { masquerade, .. } = world.trace("10.244.1.2", at("10.96.0.21", 81)) else {
+        panic!("hairpin traffic is DNATed");
+    };
+    assert_eq!(masquerade.len(), 1, "the pair is still there");
+    world.remove("ns1", "web2");
+    world.sync(false, &[("ns1", "web2")]);
+    assert_eq!(
+        hairpin_changes(&last_commands(&world)),
+        (vec![], vec![pair("10.244.1.2")])
+    );
+    let programmed = world.backend.programmed();
+    assert!(!programmed.hairpin.contains_key(&ip("10.244.1.2")));
+    assert!(programmed
+        .services
+        .keys()
+        .all(|service| *service != NamespacedName::new("ns1", "web2")));
+}
+
+/// A full sync over the table (no reset) behaves as the fresh table did.
+#[test]
+fn a_full_sync_over_the_table_gives_the_same_behaviour() {
+    let mut world = world();
+    world.put(web("10.244.2.9"));
+    world.sync(false, &[("ns1", "web")]);
+    world.sync(true, &[]);
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080), at("10.244.2.9", 8080)],
+    );
+    assert_eq!(world.trace(POD, at("10.96.0.14", 80)), Verdict::Reject);
+    assert_eq!(world.trace(CLIENT, at("203.0.113.9", 80)), Verdict::Drop);
+}
+
+/// The data layout writes no `endpoint-` chain; the default layout does.
+#[test]
+fn the_data_layout_has_no_endpoint_chains_and_the_default_has() {
+    let data = world();
+    let mut chains = World::v4();
+    chains.put(web("10.244.2.2"));
+    let chains_text = chains.sync(true, &[]);
+    let data_text = data.applier.transactions().last().unwrap().text.clone();
+    assert!(chains_text.contains("add chain ip kube-proxy endpoint-"));
+    assert!(!chains_text.contains("hairpin-endpoints"));
+    assert!(!data_text.contains("add chain ip kube-proxy endpoint-"));
+    assert!(data_text.contains("@hairpin-endpoints"));
+}
