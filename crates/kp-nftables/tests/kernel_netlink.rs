@@ -42,7 +42,15 @@ fn listing(namespace: &Netns, family: &str) -> String {
 
 /// The world of `tests/golden.rs`'s IPv4 files.
 fn golden_world_v4() -> World {
-    let mut world = World::v4();
+    golden_world_v4_in(World::v4())
+}
+
+/// The same world in the data layout (the `data_` golden files).
+fn golden_world_v4_data() -> World {
+    golden_world_v4_in(World::v4_data())
+}
+
+fn golden_world_v4_in(mut world: World) -> World {
     world
         .put(
             service("ns1", "web", "10.96.0.10", 80)
@@ -129,6 +137,53 @@ fn a_full_ipv6_transaction_leaves_the_same_table_as_nft() {
     );
     let text = world.sync(true, &[]);
     pretty_assertions::assert_eq!(golden("full_v6.nft"), text);
+    commit_both(&committed(&world));
+}
+
+#[test]
+fn a_full_ipv4_transaction_of_the_data_layout_leaves_the_same_table_as_nft() {
+    require();
+    let mut world = golden_world_v4_data();
+    let text = world.sync(true, &[]);
+    pretty_assertions::assert_eq!(golden("data_full_v4.nft"), text);
+    commit_both(&committed(&world));
+}
+
+/// The element-only partial transaction of the data layout, after the full
+/// one, in both namespaces.
+#[test]
+fn a_partial_transaction_of_the_data_layout_leaves_the_same_table_as_nft() {
+    require();
+    let mut world = golden_world_v4_data();
+    world.sync(true, &[]);
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .local_endpoint("10.244.1.2", 8080)
+            .remote_endpoint("10.244.2.3", 8080),
+    );
+    let text = world.sync(false, &[("ns1", "web")]);
+    pretty_assertions::assert_eq!(golden("data_partial_v4.nft"), text);
+    commit_both(&committed(&world));
+}
+
+#[test]
+fn a_full_ipv6_transaction_of_the_data_layout_leaves_the_same_table_as_nft() {
+    require();
+    let mut world = World::with(
+        IpFamily::V6,
+        NodePortAddresses::Select {
+            cidrs: Vec::new(),
+            primary: true,
+        },
+    )
+    .with_layout(kp_nftables::Layout::Data);
+    world.put(
+        service("ns1", "web6", "fd00:10:96::10", 80)
+            .node_port(30080)
+            .local_endpoint("fd00:10:244:1::2", 8080),
+    );
+    let text = world.sync(true, &[]);
+    pretty_assertions::assert_eq!(golden("data_full_v6.nft"), text);
     commit_both(&committed(&world));
 }
 

@@ -11,23 +11,55 @@
 //! | ns1/empty, http 80/TCP | ClusterIP 10.96.0.14, no endpoints |
 //! | ns1/dns, dns 53/UDP | ClusterIP 10.96.0.12, endpoints ep2 |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
+//!
+//! Every test but affinity's runs in both layouts (`chains::…` and
+//! `data::…`, [`Layout`]); the data layout does not write ClientIP
+//! affinity yet.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
+
+/// `#[test]`s running each of the functions named in both layouts.
+macro_rules! in_both_layouts {
+    ($($test:ident),* $(,)?) => {
+        mod chains {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Chains);
+            })*
+        }
+        mod data {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Data);
+            })*
+        }
+    };
+}
+
+in_both_layouts!(
+    cluster_ip_spreads_connections_over_every_ready_endpoint,
+    node_port_external_ip_and_load_balancer_ip_answer_the_client,
+    load_balancer_source_ranges_admit_only_their_clients,
+    external_traffic_policy_local_keeps_the_client_address,
+    service_without_endpoints_refuses_connections,
+    udp_service_round_trip,
+    ipv6_cluster_ip_spreads_connections,
+);
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 
 use kernel::{at, build, node_at, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
 use kp_model::IpFamily;
+use kp_nftables::Layout;
 use kp_testkit::builders::service;
 use kp_testkit::netns::{connect, hits, hits_until_all, udp_roundtrip, Netns, ProbeError};
 
-#[test]
-fn cluster_ip_spreads_connections_over_every_ready_endpoint() {
+fn cluster_ip_spreads_connections_over_every_ready_endpoint(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     let endpoints = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
     proxy.apply(
         &[service("ns1", "web", |s| {
@@ -48,17 +80,19 @@ fn cluster_ip_spreads_connections_over_every_ready_endpoint() {
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2", "ep3"]);
     let from_outside = connect(topology.client(), at("10.96.0.10", 80)).unwrap();
     assert!(["ep1", "ep2", "ep3"].contains(&from_outside.backend.as_str()));
-    assert!(
-        proxy.list().contains("map service-ips"),
-        "nft holds the table"
+    let listing = proxy.list();
+    assert!(listing.contains("map service-ips"), "nft holds the table");
+    assert_eq!(
+        listing.contains("dnat ip to numgen random mod 1 offset 0 . numgen random mod 2 map @service-endpoints-tcp-0"),
+        layout == Layout::Data,
+        "the layout's draw: {listing}"
     );
 }
 
-#[test]
-fn node_port_external_ip_and_load_balancer_ip_answer_the_client() {
+fn node_port_external_ip_and_load_balancer_ip_answer_the_client(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[
             service("ns1", "np", |s| {
@@ -99,11 +133,10 @@ fn node_port_external_ip_and_load_balancer_ip_answer_the_client() {
     assert_eq!(connect(client, node_at(30081)).unwrap().backend, "ep2");
 }
 
-#[test]
-fn load_balancer_source_ranges_admit_only_their_clients() {
+fn load_balancer_source_ranges_admit_only_their_clients(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[service("ns1", "fw", |s| {
             s.service_type("LoadBalancer")
@@ -129,7 +162,7 @@ fn load_balancer_source_ranges_admit_only_their_clients() {
 fn session_affinity_keeps_a_client_on_one_endpoint() {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Chains);
     let local = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
     proxy.apply(
         &[service("ns1", "sticky", |s| {
@@ -145,11 +178,10 @@ fn session_affinity_keeps_a_client_on_one_endpoint() {
     assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
 }
 
-#[test]
-fn external_traffic_policy_local_keeps_the_client_address() {
+fn external_traffic_policy_local_keeps_the_client_address(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[service("ns1", "local", |s| {
             s.service_type("NodePort")
@@ -174,11 +206,10 @@ fn external_traffic_policy_local_keeps_the_client_address() {
     assert_eq!(reply.source, client_ip, "source preserved: {reply:?}");
 }
 
-#[test]
-fn service_without_endpoints_refuses_connections() {
+fn service_without_endpoints_refuses_connections(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[service("ns1", "empty", |s| {
             s.cluster_ip("10.96.0.14").port("http", 80, "TCP")
@@ -201,11 +232,10 @@ fn expect_connection_refused(from: &Netns, addr: SocketAddr) {
     }
 }
 
-#[test]
-fn udp_service_round_trip() {
+fn udp_service_round_trip(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[service("ns1", "dns", |s| {
             s.cluster_ip("10.96.0.12").port("dns", 53, "UDP")
@@ -220,11 +250,10 @@ fn udp_service_round_trip() {
     assert_eq!(from_pod.backend, "ep2");
 }
 
-#[test]
-fn ipv6_cluster_ip_spreads_connections() {
+fn ipv6_cluster_ip_spreads_connections(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V6);
+    let proxy = Proxy::start_in(&topology, IpFamily::V6, layout);
     proxy.apply(
         &[service("ns1", "web6", |s| {
             s.ip_families(&["IPv6"])

@@ -16,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
-use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_nftables::{Layout, NftablesBackend, NftablesOptions};
 use kp_node::{LocalDetector, NodePortAddresses};
 use kp_sync::{Proxier, ProxierConfig, RunnerConfig, SyncOutcome};
 use kp_testkit::builders::endpoint_slice;
@@ -76,6 +76,23 @@ impl<'t> Proxy<'t> {
         sync_period: Duration,
         node_ports: NodePortAddresses,
     ) -> Self {
+        Self::start_with_layout(topology, family, sync_period, node_ports, Layout::Chains)
+    }
+
+    /// Like [`Proxy::start`], writing the table in `layout`.
+    pub fn start_in(topology: &'t Topology, family: IpFamily, layout: Layout) -> Self {
+        let all = NodePortAddresses::All;
+        Self::start_with_layout(topology, family, Duration::ZERO, all, layout)
+    }
+
+    /// Like [`Proxy::start_with`], writing the table in `layout`.
+    pub fn start_with_layout(
+        topology: &'t Topology,
+        family: IpFamily,
+        sync_period: Duration,
+        node_ports: NodePortAddresses,
+        layout: Layout,
+    ) -> Self {
         let options = NftablesOptions {
             local_detector: LocalDetector::ClusterCidr(vec![
                 plan::POD_CIDR.into(),
@@ -83,7 +100,9 @@ impl<'t> Proxy<'t> {
             ]),
             ..NftablesOptions::default()
         };
-        let backend = NftablesBackend::system(family, options, node_ports).unwrap();
+        let backend = NftablesBackend::system(family, options, node_ports)
+            .unwrap()
+            .with_layout(layout);
         let config = ProxierConfig {
             family,
             node: NodeInfo {

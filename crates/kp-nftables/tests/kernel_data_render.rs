@@ -1,0 +1,100 @@
+//! Kernel tests of the data layout ([`Layout::Data`]) as the backend
+//! renders it: endpoint changes reach the kernel as map elements, and real
+//! connections follow them.
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3 |
+//!
+//! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
+//! (ep1), .3 (ep2), of node-2 10.244.2.2 (ep3), each serving TCP 8080.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kernel;
+
+use kernel::{at, build, pod_ip, require, slice, three_pods, Proxy};
+use kp_model::IpFamily;
+use kp_nftables::Layout;
+use kp_sync::SyncOutcome;
+use kp_testkit::builders::service;
+use kp_testkit::netns::hits_until_all;
+
+const WEB: &str = "10.96.0.30";
+
+/// The rules written by a sync.
+fn rules_written(outcome: &SyncOutcome) -> usize {
+    outcome
+        .rules_written_per_table
+        .iter()
+        .map(|(_, rules)| rules)
+        .sum()
+}
+
+/// The chains of a listing, with their rules (no set or map).
+fn chains_of(listing: &str) -> Vec<&str> {
+    let mut in_chain = false;
+    let mut lines = Vec::new();
+    for line in listing.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("chain ") {
+            in_chain = true;
+        }
+        if in_chain {
+            lines.push(line);
+        }
+        if trimmed == "}" {
+            in_chain = false;
+        }
+    }
+    lines
+}
+
+#[test]
+fn endpoint_changes_are_elements_and_connections_follow_them() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
+    let [ep1, ep2, ep3] = ["ep1", "ep2", "ep3"].map(|p| pod_ip(&topology, p));
+    let web = service("ns1", "web", |s| s.cluster_ip(WEB).port("http", 80, "TCP"));
+    proxy.apply(&[web], &[slice("web", &[ep1, ep2], &[])]);
+    assert!(proxy.sync().full, "the first sync writes everything");
+    let client = topology.client();
+    let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep2"], 200);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
+    let before = proxy.list();
+
+    // ep2 replaced by ep3: the same count, so elements only.
+    proxy.apply(&[], &[slice("web", &[ep1], &[ep3])]);
+    let outcome = proxy.sync();
+    assert!(!outcome.full);
+    assert_eq!(rules_written(&outcome), 0, "{outcome:?}");
+    let after = proxy.list();
+    assert_eq!(chains_of(&before), chains_of(&after), "no rule changed");
+    assert!(chains_of(&after).len() > 20, "{after}");
+    assert!(after.contains("10.244.2.2 . 8080"), "{after}");
+    assert!(!after.contains("10.244.1.3 . 8080"), "{after}");
+    let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep3"], 200);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
+
+    // ep3 gone: the count drops, and the draw rule is the only one written.
+    proxy.apply(&[], &[slice("web", &[ep1], &[])]);
+    let outcome = proxy.sync();
+    assert_eq!(
+        rules_written(&outcome),
+        2,
+        "the chain's two rules: {outcome:?}"
+    );
+    let counts = hits_until_all(client, at(WEB, 80), &["ep1"], 20);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1"]);
+
+    // Three at once: the count grows.
+    proxy.apply(&[], &[slice("web", &[ep1, ep2], &[ep3])]);
+    proxy.sync();
+    let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep2", "ep3"], 300);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2", "ep3"]);
+    let listing = proxy.list();
+    assert!(
+        listing.contains("numgen random mod 3 map @service-endpoints-tcp-0"),
+        "{listing}"
+    );
+}
