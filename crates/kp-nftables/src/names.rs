@@ -114,6 +114,49 @@ pub fn endpoint_map(protocol: kp_model::Protocol, number: u32) -> &'static str {
     NAMES.get(index as usize).map_or("", String::as_str)
 }
 
+/// The data layout's base chain that records ClientIP affinity of
+/// connections from other hosts (filter prerouting, priority dstnat + 1:
+/// after DNAT chose the endpoint).
+pub const AFFINITY_PREROUTING: &str = "affinity-prerouting";
+/// Like [`AFFINITY_PREROUTING`], for connections from this host (output).
+pub const AFFINITY_OUTPUT: &str = "affinity-output";
+
+/// The data layout's dynamic map of ClientIP affinity for `protocol` and
+/// timeout `secs`: `affinity-tcp-10800`, keyed `entry address . entry port .
+/// client`, valued by the endpoint.
+pub fn affinity_map(protocol: kp_model::Protocol, secs: u64) -> &'static str {
+    intern(format!(
+        "affinity-{}-{secs}",
+        crate::model::protocol_keyword(protocol)
+    ))
+}
+
+/// The data layout's set of the Service entries (`address . protocol .
+/// port`) whose connections record affinity with timeout `secs`:
+/// `affinity-services-10800`.
+pub fn affinity_services(secs: u64) -> &'static str {
+    intern(format!("affinity-services-{secs}"))
+}
+
+/// `name`, kept for the life of the process: the affinity names depend on
+/// the timeout values Services use, a handful in a cluster (at most one a
+/// second of the API's 1–86,400 range, per protocol), and the record keeps
+/// set names as `&'static str`.
+fn intern(name: String) -> &'static str {
+    static NAMES: std::sync::LazyLock<std::sync::Mutex<std::collections::BTreeSet<&'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    // A panic while the set was held cannot leave it half-changed.
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = names.get(name.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
 /// Every fixed chain, set and map name of the table (the per-service
 /// ones hold a `/`).
 pub const FIXED_NAMES: &[&str] = &[
@@ -141,6 +184,8 @@ pub const FIXED_NAMES: &[&str] = &[
     NO_ENDPOINT_NODEPORTS,
     FIREWALL_IPS,
     HAIRPIN_ENDPOINTS,
+    AFFINITY_PREROUTING,
+    AFFINITY_OUTPUT,
 ];
 
 /// Comment of the rule of `cluster-ips-check`.

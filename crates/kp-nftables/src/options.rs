@@ -32,9 +32,16 @@ pub enum Layout {
     /// a service port's endpoints are elements `N . slot : address . port`
     /// of `service-endpoints-PROTO-{N mod 64}`, drawn by one `dnat … map`
     /// rule; hairpin masquerade is decided by the `hairpin-endpoints` set of
-    /// `A . A` pairs. An endpoint replaced, or a readiness flip that keeps
-    /// the count, changes elements only. ClientIP affinity is not written
-    /// yet: a Service with it spreads its connections without it.
+    /// `A . A` pairs; ClientIP affinity by the dynamic map
+    /// `affinity-PROTO-SECS`, recorded after DNAT by the
+    /// `affinity-prerouting` and `affinity-output` base chains for the
+    /// entries in `affinity-services-SECS`. An endpoint replaced, or a
+    /// readiness flip that keeps the count, changes elements only.
+    ///
+    /// Not yet as upstream: affinity is per entry (ClusterIP, external or
+    /// LB IP) rather than per service port, NodePort connections record
+    /// none, and an entry pointing at an endpoint that left stays until
+    /// its timeout.
     Data,
 }
 

@@ -370,9 +370,15 @@ impl Renderer {
             taken: BTreeSet::new(),
             next: 0,
         };
+        let affinity = if full && self.layout == Layout::Data {
+            head::affinity_in_use(input)
+        } else {
+            BTreeSet::new()
+        };
         let mut emitted = Emitted {
             family: input.family,
             layout: self.layout,
+            affinity,
             text,
             lines: 0,
             rules: 0,
@@ -485,6 +491,9 @@ impl Renderer {
             write_hairpin(
                 input, programmed, &services, &kept, &delta, &mut out, &mut stats,
             );
+            if !full {
+                write_affinity_change(programmed, &delta, &mut out);
+            }
         }
         // A full render flushed the maps and adds every element again,
         // written only now: held from the start, they would lie between
@@ -927,6 +936,8 @@ fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> 
 struct Emitted<'t> {
     family: IpFamily,
     layout: Layout,
+    /// The data layout's affinity maps a full render declares.
+    affinity: BTreeSet<(Protocol, u64)>,
     text: Option<&'t mut String>,
     lines: usize,
     rules: usize,
@@ -995,7 +1006,7 @@ impl Emitted<'_> {
         emit: &mut impl FnMut(Piece) -> Result<(), E>,
         out: &mut Sections,
     ) -> Result<(), E> {
-        self.emit(emit, head::prelude(self.layout))?;
+        self.emit(emit, head::prelude(self.layout, &self.affinity))?;
         self.chains(emit, out)?;
         self.commit(emit)
     }
@@ -1086,4 +1097,37 @@ fn write_hairpin(
             stats.elements_deleted += 1;
         }
     }
+}
+
+/// The data layout's affinity objects after a partial render's changes:
+/// when the Services come to need a protocol and timeout that none needed,
+/// or stop needing one, its map and entry set are declared (a map no
+/// Service needs is left, with no rule naming it, until the table is
+/// written afresh) and the recording chains are rewritten for the pairs
+/// needed now. Written with the fixed part, ahead of the Service chains
+/// that look the maps up.
+fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut Sections) {
+    let mut users = programmed.affinity.clone();
+    for (service, record) in &delta.services {
+        if let Some(old) = programmed.services.get(service) {
+            for key in &old.affinity {
+                if let Some(count) = users.get_mut(key) {
+                    *count = count.saturating_sub(1);
+                }
+            }
+        }
+        for key in record.iter().flat_map(|record| &record.affinity) {
+            *users.entry(*key).or_default() += 1;
+        }
+    }
+    let after: BTreeSet<(Protocol, u64)> = users
+        .into_iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(key, _)| key)
+        .collect();
+    if programmed.affinity.keys().eq(after.iter()) {
+        return;
+    }
+    out.head.extend(head::affinity_declarations(&after));
+    head::affinity_recording(&after, &mut out.head);
 }

@@ -59,6 +59,10 @@ pub struct ServiceRecord {
     /// The data layout: the endpoint addresses whose `A . A` pair it needs
     /// in `hairpin-endpoints`, sorted, without duplicates.
     pub hairpin: Vec<IpAddr>,
+    /// The data layout: the protocols and ClientIP affinity timeouts (in
+    /// seconds) of its service ports, whose affinity maps and recording
+    /// rules it needs; sorted, without duplicates.
+    pub affinity: Vec<(Protocol, u64)>,
 }
 
 /// The data layout: one list of endpoints a service port draws from (its
@@ -91,6 +95,9 @@ pub struct Programmed {
     /// The data layout: for each address in `hairpin-endpoints`, how many
     /// Services need it.
     pub hairpin: BTreeMap<IpAddr, usize>,
+    /// The data layout: for each protocol and affinity timeout, how many
+    /// Services need its map and recording rules.
+    pub affinity: BTreeMap<(Protocol, u64), usize>,
 }
 
 /// The change a rendered transaction makes to [`Programmed`], applied once
@@ -195,6 +202,9 @@ impl ServiceRecord {
         self.hairpin.sort_unstable();
         self.hairpin.dedup();
         self.hairpin.shrink_to_fit();
+        self.affinity.sort_unstable();
+        self.affinity.dedup();
+        self.affinity.shrink_to_fit();
     }
 }
 
@@ -210,13 +220,23 @@ impl Programmed {
         for (service, record) in delta.services {
             if !replace_all {
                 if let Some(old) = self.services.get(&service) {
-                    uncount(&mut self.numbers, &mut self.hairpin, old);
+                    uncount(
+                        &mut self.numbers,
+                        &mut self.hairpin,
+                        &mut self.affinity,
+                        old,
+                    );
                 }
             }
             match record {
                 Some(record) => {
                     if !replace_all {
-                        count(&mut self.numbers, &mut self.hairpin, &record);
+                        count(
+                            &mut self.numbers,
+                            &mut self.hairpin,
+                            &mut self.affinity,
+                            &record,
+                        );
                     }
                     self.services.insert(service, record);
                 }
@@ -228,8 +248,14 @@ impl Programmed {
         if replace_all {
             self.numbers.clear();
             self.hairpin.clear();
+            self.affinity.clear();
             for record in self.services.values() {
-                count(&mut self.numbers, &mut self.hairpin, record);
+                count(
+                    &mut self.numbers,
+                    &mut self.hairpin,
+                    &mut self.affinity,
+                    record,
+                );
             }
         }
         for chain in delta.no_longer_stale {
@@ -248,6 +274,7 @@ impl Programmed {
         self.stale_chains.clear();
         self.numbers.clear();
         self.hairpin.clear();
+        self.affinity.clear();
     }
 
     /// Chains and rules of every Service.
@@ -264,32 +291,44 @@ impl Programmed {
     }
 }
 
-/// Adds the numbers and hairpin pairs `record` holds to the counts.
+/// Adds the numbers, hairpin pairs and affinity timeouts `record` holds to
+/// the counts.
 fn count(
     numbers: &mut BTreeSet<u32>,
     hairpin: &mut BTreeMap<IpAddr, usize>,
+    affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
     numbers.extend(record.draws.iter().map(|draw| draw.number));
     for ip in &record.hairpin {
         *hairpin.entry(*ip).or_default() += 1;
     }
+    for key in &record.affinity {
+        *affinity.entry(*key).or_default() += 1;
+    }
 }
 
-/// Takes the numbers and hairpin pairs `record` held off the counts.
+/// Takes what `record` held off the counts.
 fn uncount(
     numbers: &mut BTreeSet<u32>,
     hairpin: &mut BTreeMap<IpAddr, usize>,
+    affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
     for draw in &record.draws {
         numbers.remove(&draw.number);
     }
-    for ip in &record.hairpin {
-        if let Some(users) = hairpin.get_mut(ip) {
+    release(hairpin, &record.hairpin);
+    release(affinity, &record.affinity);
+}
+
+/// Takes one user off each of `keys`, forgetting those left without any.
+fn release<K: Ord>(counts: &mut BTreeMap<K, usize>, keys: &[K]) {
+    for key in keys {
+        if let Some(users) = counts.get_mut(key) {
             *users = users.saturating_sub(1);
             if *users == 0 {
-                hairpin.remove(ip);
+                counts.remove(key);
             }
         }
     }

@@ -12,9 +12,8 @@
 //! | ns1/dns, dns 53/UDP | ClusterIP 10.96.0.12, endpoints ep2 |
 //! | ns1/web6, http 80/TCP | ClusterIP fd00:10:96::10, endpoints ep1, ep3 |
 //!
-//! Every test but affinity's runs in both layouts (`chains::…` and
-//! `data::…`, [`Layout`]); the data layout does not write ClientIP
-//! affinity yet.
+//! Every test runs in both layouts (`chains::…` and `data::…`,
+//! [`Layout`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kernel;
@@ -41,6 +40,7 @@ in_both_layouts!(
     cluster_ip_spreads_connections_over_every_ready_endpoint,
     node_port_external_ip_and_load_balancer_ip_answer_the_client,
     load_balancer_source_ranges_admit_only_their_clients,
+    session_affinity_keeps_a_client_on_one_endpoint,
     external_traffic_policy_local_keeps_the_client_address,
     service_without_endpoints_refuses_connections,
     udp_service_round_trip,
@@ -83,7 +83,7 @@ fn cluster_ip_spreads_connections_over_every_ready_endpoint(layout: Layout) {
     let listing = proxy.list();
     assert!(listing.contains("map service-ips"), "nft holds the table");
     assert_eq!(
-        listing.contains("dnat ip to numgen random mod 1 offset 0 . numgen random mod 2 map @service-endpoints-tcp-0"),
+        listing.contains("numgen random mod 3 map @service-endpoints-tcp-0"),
         layout == Layout::Data,
         "the layout's draw: {listing}"
     );
@@ -158,11 +158,10 @@ fn load_balancer_source_ranges_admit_only_their_clients(layout: Layout) {
     );
 }
 
-#[test]
-fn session_affinity_keeps_a_client_on_one_endpoint() {
+fn session_affinity_keeps_a_client_on_one_endpoint(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Chains);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     let local = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
     proxy.apply(
         &[service("ns1", "sticky", |s| {

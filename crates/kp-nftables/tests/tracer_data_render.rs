@@ -8,6 +8,14 @@
 //! | ns1/lb:p80 | LB 203.0.113.9 from 198.51.100.0/24 only, NodePort 30081, eTP Local, endpoints 10.244.1.4 (here), 10.244.2.4 (node-2) |
 //! | ns1/empty:p80 | ClusterIP 10.96.0.14, no endpoints |
 //! | ns1/itp:p80 | ClusterIP 10.96.0.15, iTP Local, endpoint 10.244.2.5 (node-2) |
+//!
+//! ClientIP affinity is told over [`sticky_world`]:
+//!
+//! | object | addresses |
+//! |---|---|
+//! | ns1/sticky:p80 | ClusterIP 10.96.0.17, ClientIP affinity 600 s, endpoints 10.244.1.12 (here), 10.244.2.12 |
+//! | ns1/sticky2:p81 | ClusterIP 10.96.0.18, ClientIP affinity 600 s, endpoint 10.244.2.13 (added later) |
+//! | ns1/brief:p82 | ClusterIP 10.96.0.19, ClientIP affinity 5 s, endpoint 10.244.2.14 (added later) |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,8 +24,9 @@ use std::collections::BTreeSet;
 
 use common::{assert_goes_to, at, ip, packet, service, World};
 use kp_model::NamespacedName;
-use kp_nftables::model::{Command, Expr, Key};
+use kp_nftables::model::{Command, Expr, Key, MapElement, Name};
 use kp_nftables::tracer::Verdict;
+use kp_nftables::Transaction;
 
 const POD: &str = "10.244.1.7";
 const CLIENT: &str = "192.168.99.10";
@@ -438,4 +447,153 @@ fn the_data_layout_has_no_endpoint_chains_and_the_default_has() {
     assert!(!chains_text.contains("hairpin-endpoints"));
     assert!(!data_text.contains("add chain ip kube-proxy endpoint-"));
     assert!(data_text.contains("@hairpin-endpoints"));
+}
+
+fn sticky_world() -> World {
+    let mut world = World::v4_data();
+    world.put(
+        service("ns1", "sticky", "10.96.0.17", 80)
+            .affinity_secs(600)
+            .local_endpoint("10.244.1.12", 8080)
+            .remote_endpoint("10.244.2.12", 8080),
+    );
+    world.sync(true, &[]);
+    world
+}
+
+/// The rules of the commands, as `CHAIN: RULE` text.
+fn rules_text(commands: &[Command]) -> Vec<String> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::AddRule(rule) => Some(format!(
+                "{}: {}",
+                rule.chain,
+                rule.exprs
+                    .iter()
+                    .map(|expr| expr.text(kp_model::IpFamily::V4).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+const RECORD_600: &str = "ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-600 update @affinity-tcp-600 { ct original ip daddr . ct original proto-dst . ip saddr timeout 600s : ip daddr . tcp dport }";
+
+#[test]
+fn a_first_connection_misses_the_affinity_map_draws_and_is_recorded() {
+    let world = sticky_world();
+    let trace = world
+        .table
+        .trace_paths(&packet(POD, at("10.96.0.17", 80), "tcp"))
+        .unwrap();
+    assert_eq!(trace.paths.len(), 2, "{trace:#?}");
+    for path in &trace.paths {
+        let affinity: Vec<(&str, Option<u64>, &str)> = path
+            .affinity
+            .iter()
+            .map(|a| {
+                (
+                    a.set.as_str(),
+                    a.timeout_secs,
+                    a.rule.split(':').next().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            affinity,
+            [
+                (
+                    "affinity-tcp-600",
+                    Some(600),
+                    "service-LDSSDLKY-ns1/sticky/tcp/p80"
+                ),
+                ("affinity-tcp-600", Some(600), "affinity-prerouting"),
+            ],
+            "{path:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_client_with_an_affinity_entry_goes_to_its_endpoint() {
+    let mut world = sticky_world();
+    let entry = Transaction {
+        family: kp_model::IpFamily::V4,
+        commands: vec![Command::AddMapElements {
+            map: Name::Fixed("affinity-tcp-600"),
+            elements: vec![MapElement {
+                key: Key::AddrPortAddr(ip("10.96.0.17"), 80, ip(POD)),
+                comment: None,
+                target: at("10.244.2.12", 8080),
+            }],
+        }],
+    };
+    world.table.apply(&entry).unwrap();
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.17", 80)),
+        &[at("10.244.2.12", 8080)],
+    );
+    assert_goes_to(
+        &world.trace("10.244.1.8", at("10.96.0.17", 80)),
+        &[at("10.244.1.12", 8080), at("10.244.2.12", 8080)],
+    );
+}
+
+/// The recording rules and maps are shared by every Service with the same
+/// protocol and timeout: a second one adds only its entries; a new
+/// timeout declares its map and rewrites the recording chains.
+#[test]
+fn affinity_maps_and_recording_rules_are_shared_per_protocol_and_timeout() {
+    let mut world = sticky_world();
+    world.put(
+        service("ns1", "sticky2", "10.96.0.18", 81)
+            .affinity_secs(600)
+            .remote_endpoint("10.244.2.13", 8080),
+    );
+    world.sync(false, &[("ns1", "sticky2")]);
+    let commands = last_commands(&world);
+    let recording: Vec<String> = rules_text(&commands)
+        .into_iter()
+        .filter(|rule| rule.starts_with("affinity-"))
+        .collect();
+    assert!(recording.is_empty(), "{recording:?}");
+    assert!(commands.iter().any(|command| matches!(
+        command,
+        Command::AddElements { set, elements }
+            if set.as_str() == "affinity-services-600"
+                && elements[0].key == Key::AddrProtoPort(ip("10.96.0.18"), kp_model::Protocol::Tcp, 81)
+    )));
+
+    world.put(
+        service("ns1", "brief", "10.96.0.19", 82)
+            .affinity_secs(5)
+            .remote_endpoint("10.244.2.14", 8080),
+    );
+    world.sync(false, &[("ns1", "brief")]);
+    let commands = last_commands(&world);
+    let recording: Vec<String> = rules_text(&commands)
+        .into_iter()
+        .filter(|rule| rule.starts_with("affinity-prerouting"))
+        .collect();
+    assert_eq!(
+        recording,
+        [
+            "affinity-prerouting: ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-5 update @affinity-tcp-5 { ct original ip daddr . ct original proto-dst . ip saddr timeout 5s : ip daddr . tcp dport }".to_owned(),
+            format!("affinity-prerouting: {RECORD_600}"),
+        ]
+    );
+    let trace = world
+        .table
+        .trace_paths(&packet(POD, at("10.96.0.19", 82), "tcp"))
+        .unwrap();
+    assert!(
+        trace.paths[0]
+            .affinity
+            .iter()
+            .any(|a| a.set == "affinity-tcp-5" && a.timeout_secs == Some(5)),
+        "{trace:#?}"
+    );
 }

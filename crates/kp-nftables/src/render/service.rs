@@ -18,7 +18,7 @@ use kp_sync::ServicePortState;
 
 use super::{Context, Numbers, Sections};
 use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
-use crate::names::endpoint_map;
+use crate::names::{affinity_map, affinity_services, endpoint_map};
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
@@ -123,6 +123,19 @@ pub(super) fn render_port(
         record
             .hairpin
             .extend(endpoints.all_reachable.iter().map(|ep| ep.ip));
+        if let Some((protocol, secs)) = affinity_of(name, state) {
+            record.affinity.push((protocol, secs));
+            let sp = &state.port;
+            let entries = std::iter::once(&sp.cluster_ip)
+                .chain(&sp.external_ips)
+                .chain(&sp.load_balancer_ips);
+            for ip in entries {
+                let key = Key::AddrProtoPort(*ip, protocol, sp.port);
+                record
+                    .elements
+                    .push(Element::set(affinity_services(secs), key));
+            }
+        }
         write_chain_hashes(&writer, record);
     } else {
         if plan.uses_cluster_endpoints {
@@ -498,6 +511,23 @@ fn write_endpoint_chains(port: &Port<'_>, writer: &mut ChainWriter, record: &mut
     }
 }
 
+/// The data layout's ClientIP affinity of service port `name`: its
+/// protocol and timeout in seconds, when it has affinity and a chain that
+/// draws endpoints. Connections to its ClusterIP, external and load
+/// balancer IPs record affinity; NodePort connections do not (their entry
+/// is any address of the node).
+pub(super) fn affinity_of(
+    name: &ServicePortName,
+    state: &ServicePortState,
+) -> Option<(Protocol, u64)> {
+    let plan = &state.plan;
+    if !(plan.uses_cluster_endpoints || plan.uses_local_endpoints) {
+        return None;
+    }
+    let timeout = state.port.session_affinity_timeout?;
+    Some((name.protocol, timeout.as_secs()))
+}
+
 /// One endpoint list of a service port, drawn from by one chain.
 struct DrawList<'a> {
     /// The local list (eTP/iTP Local), not the cluster one.
@@ -548,6 +578,16 @@ fn write_draw_chain(
             .push(Element::endpoint(map, Key::Slot(number, slot), *endpoint));
     }
     if let Some(draw) = draw_rule(port.protocol, number, slots.len(), map) {
+        if let Some(secs) = port.state.port.session_affinity_timeout {
+            // A client with an entry goes where it went before.
+            writer.rule(
+                chain,
+                vec![Expr::DnatAffinity {
+                    protocol: port.protocol,
+                    map: Name::Fixed(affinity_map(port.protocol, secs.as_secs())),
+                }],
+            );
+        }
         writer.rule(chain, draw);
     }
     record.draws.push(Draw {
