@@ -38,10 +38,10 @@ pub enum Layout {
     /// entries in `affinity-services-SECS`. An endpoint replaced, or a
     /// readiness flip that keeps the count, changes elements only.
     ///
-    /// Not yet as upstream: affinity is per entry (ClusterIP, external or
-    /// LB IP) rather than per service port, NodePort connections record
-    /// none, and an entry pointing at an endpoint that left stays until
-    /// its timeout.
+    /// When an endpoint leaves a port with affinity, the backend reads the
+    /// map back and deletes the entries leading to it. Not as upstream:
+    /// affinity is per entry (ClusterIP, external or LB IP) rather than per
+    /// service port, and NodePort connections record none.
     Data,
 }
 

@@ -80,6 +80,9 @@ pub struct Draw {
     pub number: u32,
     /// The endpoint in each slot (slot `i` is `endpoints[i]`).
     pub endpoints: Vec<SocketAddr>,
+    /// The port's ClientIP affinity timeout in seconds, if it has one: its
+    /// clients' entries are in `affinity-PROTO-SECS`.
+    pub affinity_secs: Option<u64>,
 }
 
 /// The table as the last successful transaction left it.

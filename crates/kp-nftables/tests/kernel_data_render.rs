@@ -5,6 +5,7 @@
 //! | object | addresses |
 //! |---|---|
 //! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3 |
+//! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
 //!
 //! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
 //! (ep1), .3 (ep2), of node-2 10.244.2.2 (ep3), each serving TCP 8080.
@@ -17,7 +18,7 @@ use kp_model::IpFamily;
 use kp_nftables::Layout;
 use kp_sync::SyncOutcome;
 use kp_testkit::builders::service;
-use kp_testkit::netns::hits_until_all;
+use kp_testkit::netns::{hits, hits_until_all};
 
 const WEB: &str = "10.96.0.30";
 
@@ -97,4 +98,43 @@ fn endpoint_changes_are_elements_and_connections_follow_them() {
         listing.contains("numgen random mod 3 map @service-endpoints-tcp-0"),
         "{listing}"
     );
+}
+
+/// When the endpoint a client is held to leaves, its affinity entries are
+/// deleted (read back from the kernel), and the client's next connections
+/// go to one of the endpoints left; the pod that left still answers, so a
+/// stale entry would send the client there.
+#[test]
+fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
+    let names = ["ep1", "ep2", "ep3"];
+    let ips = names.map(|p| pod_ip(&topology, p));
+    let sticky = service("ns1", "sticky", |s| {
+        s.cluster_ip("10.96.0.31")
+            .port("http", 80, "TCP")
+            .session_affinity_client_ip(300)
+    });
+    proxy.apply(&[sticky], &[slice("sticky", &ips[..2], &ips[2..])]);
+    proxy.sync();
+    let client = topology.client();
+    let counts = hits(client, at("10.96.0.31", 80), 10);
+    assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
+    let held = counts.keys().next().unwrap().clone();
+    let held_ip = pod_ip(&topology, &held);
+    let listing = proxy.nft(&["list", "map", "ip", "kube-proxy", "affinity-tcp-300"]);
+    assert!(
+        listing.contains(&format!(": {held_ip} . 8080")),
+        "{listing}"
+    );
+
+    let left: Vec<_> = ips.iter().copied().filter(|ip| *ip != held_ip).collect();
+    proxy.apply(&[], &[slice("sticky", &left, &[])]);
+    proxy.sync();
+    let listing = proxy.nft(&["list", "map", "ip", "kube-proxy", "affinity-tcp-300"]);
+    assert!(!listing.contains(&format!("{held_ip} . 8080")), "{listing}");
+    let counts = hits(client, at("10.96.0.31", 80), 10);
+    assert_eq!(counts.len(), 1, "held again, to one endpoint: {counts:?}");
+    assert!(!counts.contains_key(&held), "{held} left: {counts:?}");
 }

@@ -596,6 +596,11 @@ fn write_draw_chain(
         local: list.local,
         number,
         endpoints: slots,
+        affinity_secs: port
+            .state
+            .port
+            .session_affinity_timeout
+            .map(|timeout| timeout.as_secs()),
     });
 }
 
