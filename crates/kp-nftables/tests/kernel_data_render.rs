@@ -5,6 +5,7 @@
 //! | object | addresses |
 //! |---|---|
 //! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3 |
+//! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
 //!
 //! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
@@ -137,4 +138,40 @@ fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
     let counts = hits(client, at("10.96.0.31", 80), 10);
     assert_eq!(counts.len(), 1, "held again, to one endpoint: {counts:?}");
     assert!(!counts.contains_key(&held), "{held} left: {counts:?}");
+}
+
+/// A restart in the other layout: the new process's first sync deletes
+/// the table and writes it afresh in one transaction, so the Service
+/// answers before and after, and nothing of the earlier layout is left.
+#[test]
+fn a_restart_in_the_other_layout_replaces_the_table_whole() {
+    require();
+    let topology = build(three_pods());
+    let ips = [pod_ip(&topology, "ep1"), pod_ip(&topology, "ep3")];
+    let moved = service("ns1", "moved", |s| {
+        s.cluster_ip("10.96.0.32").port("http", 80, "TCP")
+    });
+    let client = topology.client();
+    for (from, to) in [
+        (Layout::Chains, Layout::Data),
+        (Layout::Data, Layout::Chains),
+    ] {
+        let earlier = Proxy::start_in(&topology, IpFamily::V4, from);
+        earlier.apply(&[moved.clone()], &[slice("moved", &ips[..1], &ips[1..])]);
+        earlier.sync();
+        let counts = hits_until_all(client, at("10.96.0.32", 80), &["ep1", "ep3"], 200);
+        assert_eq!(counts.len(), 2, "{from:?}: {counts:?}");
+        let later = Proxy::start_in(&topology, IpFamily::V4, to);
+        later.apply(&[moved.clone()], &[slice("moved", &ips[..1], &ips[1..])]);
+        assert!(later.sync().full);
+        let counts = hits_until_all(client, at("10.96.0.32", 80), &["ep1", "ep3"], 200);
+        assert_eq!(counts.len(), 2, "{to:?}: {counts:?}");
+        let listing = later.list();
+        let (gone, kept) = match to {
+            Layout::Data => ("chain endpoint-", "map service-endpoints-tcp-0"),
+            Layout::Chains => ("service-endpoints-tcp-0", "chain endpoint-"),
+        };
+        assert!(!listing.contains(gone), "{from:?} -> {to:?}: {listing}");
+        assert!(listing.contains(kept), "{from:?} -> {to:?}: {listing}");
+    }
 }
