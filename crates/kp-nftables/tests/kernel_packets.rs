@@ -10,7 +10,10 @@
 //! refused in the filter input hook (`no-endpoint-nodeports` … `goto
 //! reject-chain`), ahead of any socket of the host; an affinity entry is an
 //! element of the endpoint's `affinity-…` set that lives `timeoutSeconds`
-//! after the client's last connection.
+//! after the client's last connection. Each test runs in both layouts
+//! (`chains::…`, `data::…`, [`Layout`]); in the data layout an affinity
+//! entry is an element `ClusterIP . port . client : endpoint` of
+//! `affinity-tcp-SECS`.
 //!
 //! | object | addresses |
 //! |---|---|
@@ -28,6 +31,32 @@
 
 mod kernel;
 
+/// `#[test]`s running each of the functions named in both layouts.
+macro_rules! in_both_layouts {
+    ($($test:ident),* $(,)?) => {
+        mod chains {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Chains);
+            })*
+        }
+        mod data {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Data);
+            })*
+        }
+    };
+}
+
+in_both_layouts!(
+    internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node,
+    a_node_port_without_endpoints_is_refused_ahead_of_the_nodes_own_socket,
+    session_affinity_ends_after_its_timeout,
+    ipv6_node_port_answers_a_client_outside_the_node,
+    ipv6_load_balancer_ip_answers_a_client_outside_the_node,
+);
+
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,17 +68,17 @@ use kernel::{
 };
 use kp_model::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use kp_nftables::tracer::{Packet, Table, Verdict};
+use kp_nftables::Layout;
 use kp_testkit::builders::service;
 use kp_testkit::netns::{
     connect, expect_refused, expect_timeout, hits, hits_until_all, wait_until, Netns, Topology,
 };
 use kp_testkit::plan;
 
-#[test]
-fn internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node() {
+fn internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     let remote = [pod_ip(&topology, "ep3")];
     proxy.apply(
         &[
@@ -105,8 +134,7 @@ fn internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node() {
     assert_eq!(table.trace(&from_pod(far)).unwrap(), Verdict::Drop);
 }
 
-#[test]
-fn a_node_port_without_endpoints_is_refused_ahead_of_the_nodes_own_socket() {
+fn a_node_port_without_endpoints_is_refused_ahead_of_the_nodes_own_socket(layout: Layout) {
     require();
     let topology = build(three_pods());
     let client = topology.client();
@@ -118,7 +146,7 @@ fn a_node_port_without_endpoints_is_refused_ahead_of_the_nodes_own_socket() {
     assert_eq!(connect(client, node_port).unwrap().backend, "node");
     assert_eq!(socket.accepted(), 1);
 
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(
         &[service("ns1", "empty-np", |s| {
             s.service_type("NodePort")
@@ -152,11 +180,10 @@ fn a_node_port_without_endpoints_is_refused_ahead_of_the_nodes_own_socket() {
 /// How long `ns1/brief` keeps a client on its endpoint.
 const BRIEF_AFFINITY_SECS: u64 = 2;
 
-#[test]
-fn session_affinity_ends_after_its_timeout() {
+fn session_affinity_ends_after_its_timeout(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     let local = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
     proxy.apply(
         &[service("ns1", "brief", |s| {
@@ -175,15 +202,33 @@ fn session_affinity_ends_after_its_timeout() {
     let first = hits(client, address, 10);
     assert_eq!(first.len(), 1, "one endpoint within the timeout: {first:?}");
     let stuck = first.keys().next().unwrap().clone();
-    // The kernel remembers the client in that endpoint's set alone, for
-    // the Service's timeout.
-    let set = affinity_set(&topology, "brief", &stuck);
     let table = read_back(&topology, IpFamily::V4);
-    assert_eq!(
-        affinity_sets_holding(&table, client_ip),
-        std::slice::from_ref(&set)
-    );
-    assert_eq!(table.timeouts_secs.get(&set), Some(&BRIEF_AFFINITY_SECS));
+    match layout {
+        Layout::Chains => {
+            // The kernel remembers the client in that endpoint's set
+            // alone, for the Service's timeout.
+            let set = affinity_set(&topology, "brief", &stuck);
+            assert_eq!(
+                affinity_sets_holding(&table, client_ip),
+                std::slice::from_ref(&set)
+            );
+            assert_eq!(table.timeouts_secs.get(&set), Some(&BRIEF_AFFINITY_SECS));
+        }
+        Layout::Data => {
+            // One entry, `ClusterIP . port . client : endpoint`, in the
+            // map of the Service's timeout.
+            let map = format!("affinity-tcp-{BRIEF_AFFINITY_SECS}");
+            let entries = &table.targets[&map];
+            let endpoint = SocketAddr::new(pod_ip(&topology, &stuck), POD_TCP_PORT);
+            let key = format!("10.96.0.15 . 80 . {client_ip}");
+            assert_eq!(
+                entries.iter().collect::<Vec<_>>(),
+                [(&key, &endpoint)],
+                "{map}"
+            );
+            assert_eq!(table.timeouts_secs.get(&map), Some(&BRIEF_AFFINITY_SECS));
+        }
+    }
 
     // Each connection starts the timeout again: a client that keeps
     // coming back stays past it. (The kernel's clock cannot be paused:
@@ -220,11 +265,10 @@ fn session_affinity_ends_after_its_timeout() {
     );
 }
 
-#[test]
-fn ipv6_node_port_answers_a_client_outside_the_node() {
+fn ipv6_node_port_answers_a_client_outside_the_node(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V6);
+    let proxy = Proxy::start_in(&topology, IpFamily::V6, layout);
     proxy.apply(
         &[service("ns1", "np6", |s| {
             s.ip_families(&["IPv6"])
@@ -257,11 +301,10 @@ fn ipv6_node_port_answers_a_client_outside_the_node() {
     }
 }
 
-#[test]
-fn ipv6_load_balancer_ip_answers_a_client_outside_the_node() {
+fn ipv6_load_balancer_ip_answers_a_client_outside_the_node(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V6);
+    let proxy = Proxy::start_in(&topology, IpFamily::V6, layout);
     proxy.apply(
         &[service("ns1", "lb6", |s| {
             s.ip_families(&["IPv6"])
@@ -370,6 +413,19 @@ fn affinity_sets_holding(table: &Table, client: IpAddr) -> Vec<String> {
         .collect()
 }
 
+/// The data layout's affinity maps with an entry of `client`.
+fn affinity_maps_holding(table: &Table, client: IpAddr) -> Vec<String> {
+    let suffix = format!(" . {client}");
+    table
+        .targets
+        .iter()
+        .filter(|(map, entries)| {
+            table.dynamic_sets.contains(*map) && entries.keys().any(|key| key.ends_with(&suffix))
+        })
+        .map(|(map, _)| map.clone())
+        .collect()
+}
+
 /// Asserts that the kernel forgets `client`'s affinity entry `timeout`
 /// after `idle_since` (its last connection), not much sooner and not much
 /// later.
@@ -377,7 +433,11 @@ fn affinity_sets_holding(table: &Table, client: IpAddr) -> Vec<String> {
 fn expect_expiry(topology: &Topology, client: IpAddr, idle_since: Instant, timeout: Duration) {
     // The kernel's clock is jiffies: allow a little on either side.
     let margin = Duration::from_millis(500);
-    let held = || !affinity_sets_holding(&read_back(topology, IpFamily::V4), client).is_empty();
+    let held = || {
+        let table = read_back(topology, IpFamily::V4);
+        !affinity_sets_holding(&table, client).is_empty()
+            || !affinity_maps_holding(&table, client).is_empty()
+    };
     let early = (timeout - margin).saturating_sub(idle_since.elapsed());
     assert!(
         early.is_zero() || !wait_until(early, || !held()),
