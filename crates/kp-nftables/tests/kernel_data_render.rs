@@ -157,12 +157,18 @@ fn a_restart_in_the_other_layout_replaces_the_table_whole() {
         (Layout::Data, Layout::Chains),
     ] {
         let earlier = Proxy::start_in(&topology, IpFamily::V4, from);
-        earlier.apply(&[moved.clone()], &[slice("moved", &ips[..1], &ips[1..])]);
+        earlier.apply(
+            std::slice::from_ref(&moved),
+            &[slice("moved", &ips[..1], &ips[1..])],
+        );
         earlier.sync();
         let counts = hits_until_all(client, at("10.96.0.32", 80), &["ep1", "ep3"], 200);
         assert_eq!(counts.len(), 2, "{from:?}: {counts:?}");
         let later = Proxy::start_in(&topology, IpFamily::V4, to);
-        later.apply(&[moved.clone()], &[slice("moved", &ips[..1], &ips[1..])]);
+        later.apply(
+            std::slice::from_ref(&moved),
+            &[slice("moved", &ips[..1], &ips[1..])],
+        );
         assert!(later.sync().full);
         let counts = hits_until_all(client, at("10.96.0.32", 80), &["ep1", "ep3"], 200);
         assert_eq!(counts.len(), 2, "{to:?}: {counts:?}");
