@@ -172,6 +172,21 @@ pub struct Affinity {
     pub rule: String,
 }
 
+/// The named set or map an expression looks up or updates.
+fn named_set(expr: &Expr) -> Option<&Name> {
+    match expr {
+        Expr::AddrInSet { set, .. }
+        | Expr::UpdateSourceSet(set)
+        | Expr::AddrPairInSet(set)
+        | Expr::OriginalEntryInSet(set) => Some(set),
+        Expr::DispatchVmap { map, .. }
+        | Expr::DnatDraw { map, .. }
+        | Expr::DnatAffinity { map, .. }
+        | Expr::RecordAffinity { map, .. } => Some(map),
+        _ => None,
+    }
+}
+
 /// A command or rule the tracer does not follow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tracer cannot read {0:?}")]
@@ -260,7 +275,21 @@ impl Table {
                 self.base_chains.remove(name.as_str());
                 self.chains.remove(name.as_str())?;
             }
-            Command::AddRule(rule) => self.chains.get_mut(rule.chain.as_str())?.push(rule.clone()),
+            Command::AddRule(rule) => {
+                // The kernel refuses a rule naming a set or map the table
+                // does not hold (ENOENT), as it refuses one in a missing
+                // chain.
+                let known = |name: &Name| {
+                    let name = name.as_str();
+                    self.sets.contains(name)
+                        || self.maps.contains_key(name)
+                        || self.targets.contains_key(name)
+                };
+                if !rule.exprs.iter().filter_map(named_set).all(known) {
+                    return None;
+                }
+                self.chains.get_mut(rule.chain.as_str())?.push(rule.clone());
+            }
             Command::AddSet(spec) => {
                 self.sets.insert(spec.name.as_str().to_owned());
                 if let Some(timeout) = spec.dynamic_timeout_secs {
