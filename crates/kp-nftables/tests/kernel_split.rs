@@ -17,14 +17,28 @@ use kernel::{
     web_and_fillers,
 };
 use kp_model::{IpFamily, ServicePortName};
+use kp_nftables::Layout;
 use kp_sync::ServicePortState;
 use kp_testkit::netns::connect;
 
 #[test]
 fn a_split_full_sync_programs_the_kernel_and_the_next_rewrites_it_in_place() {
+    split_full_syncs_program_the_kernel(Layout::Chains);
+}
+
+/// The same in the data layout: the transactions ahead of the last declare
+/// the endpoint maps their draw rules name.
+#[test]
+fn a_split_full_sync_of_the_data_layout_programs_the_kernel_and_the_next_rewrites_it_in_place() {
+    split_full_syncs_program_the_kernel(Layout::Data);
+}
+
+fn split_full_syncs_program_the_kernel(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let mut backend = netlink_backend_v4().with_transaction_text_max(2_000);
+    let mut backend = netlink_backend_v4()
+        .with_layout(layout)
+        .with_transaction_text_max(2_000);
     let node = node_v4();
     let mut sync = |service_ports: &BTreeMap<ServicePortName, ServicePortState>| {
         sync_backend(

@@ -597,3 +597,36 @@ fn affinity_maps_and_recording_rules_are_shared_per_protocol_and_timeout() {
         "{trace:#?}"
     );
 }
+
+/// The kernel refuses a rule naming a map the table does not hold
+/// (ENOENT); so does the fake, or a transaction that leaves out a map
+/// declaration would pass here and fail on a node.
+#[test]
+fn the_fake_refuses_a_rule_naming_a_map_the_table_lacks() {
+    use kp_nftables::model::{ChainKind, Rule};
+    use kp_nftables::{Applier, FakeApplier};
+    let mut applier = FakeApplier::new();
+    let transaction = Transaction {
+        family: kp_model::IpFamily::V4,
+        commands: vec![
+            Command::AddTable { comment: None },
+            Command::AddChain {
+                name: Name::Fixed("svc"),
+                kind: ChainKind::Regular,
+            },
+            Command::AddRule(Rule::new(
+                "svc",
+                vec![
+                    Expr::L4Proto(kp_model::Protocol::Tcp),
+                    Expr::DnatDraw {
+                        number: 3,
+                        endpoints: 2,
+                        map: Name::Fixed("service-endpoints-tcp-3"),
+                    },
+                ],
+            )),
+        ],
+    };
+    let error = applier.apply(&transaction).unwrap_err();
+    assert!(error.to_string().contains("line 3"), "{error}");
+}
