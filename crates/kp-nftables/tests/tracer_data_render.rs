@@ -630,3 +630,35 @@ fn the_fake_refuses_a_rule_naming_a_map_the_table_lacks() {
     let error = applier.apply(&transaction).unwrap_err();
     assert!(error.to_string().contains("line 3"), "{error}");
 }
+
+/// A periodic full sync of a table nobody else touched sends only what
+/// differs from the record: nothing when nothing changed, and an endpoint
+/// replaced behind its back as elements only.
+#[test]
+fn a_full_sync_of_an_untouched_table_sends_only_the_elements_that_differ() {
+    let mut world = World::v4_data().with_generations();
+    world.put(web("10.244.2.2"));
+    let first = world.sync(true, &[]);
+    assert!(first.contains("delete table"), "{first}");
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
+    assert!(!periodic.contains("flush"), "{periodic}");
+    assert!(!periodic.contains("element"), "{periodic}");
+
+    world.put(web("10.244.2.9"));
+    world.sync(true, &[]);
+    let commands = last_commands(&world);
+    assert!(
+        !commands.iter().any(|command| command.is_rule()),
+        "{commands:#?}"
+    );
+    assert!(chains_written(&commands).is_empty(), "{commands:#?}");
+    assert_eq!(
+        hairpin_changes(&commands),
+        (vec![pair("10.244.2.9")], vec![pair("10.244.2.2")])
+    );
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080), at("10.244.2.9", 8080)],
+    );
+}
