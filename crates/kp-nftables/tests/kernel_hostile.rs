@@ -26,6 +26,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use k8s_openapi::api::core::v1::Service;
 use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy, POD_TCP_PORT};
 use kp_model::IpFamily;
+use kp_nftables::Layout;
 use kp_testkit::builders::{endpoint_slice, service};
 use kp_testkit::netns::{connect, Topology};
 use kp_testkit::plan::{self, NODE_NAME};
@@ -195,7 +196,7 @@ fn cluster_client(topology: &Topology, family: IpFamily) -> &kp_testkit::netns::
     }
 }
 
-fn a_thousand_endpoints_all_answer(family: IpFamily) {
+fn a_thousand_endpoints_all_answer(family: IpFamily, layout: Layout) {
     require();
     let topology = build(three_pods());
     // ep1 answers on every address of a range of its own (its echo servers
@@ -217,7 +218,7 @@ fn a_thousand_endpoints_all_answer(family: IpFamily) {
         ),
     };
     topology.route_range_to_pod("ep1", range).unwrap();
-    let proxy = Proxy::start(&topology, family);
+    let proxy = Proxy::start_in(&topology, family, layout);
     let (web, web_slice) = ordinary(&topology, family);
     let families: &[&str] = match family {
         IpFamily::V4 => &["IPv4"],
@@ -243,10 +244,33 @@ fn a_thousand_endpoints_all_answer(family: IpFamily) {
             line.trim_start().starts_with("chain endpoint-") && line.contains("ns1/big/")
         })
         .count();
-    assert_eq!(chains, 1_000, "one chain per endpoint");
-    // Endpoint i of n is picked with probability 1/(n-i): 999 choices,
-    // then the last endpoint.
-    assert_eq!(listing.matches("numgen random mod").count(), 999);
+    match layout {
+        Layout::Chains => {
+            assert_eq!(chains, 1_000, "one chain per endpoint");
+            // Endpoint i of n is picked with probability 1/(n-i): 999
+            // choices, then the last endpoint.
+            assert_eq!(listing.matches("numgen random mod").count(), 999);
+        }
+        Layout::Data => {
+            assert_eq!(chains, 0, "no endpoint chains");
+            // One draw over 1,000 slots, each an element of its map.
+            assert_eq!(
+                listing
+                    .matches("numgen random mod 1000 map @service-endpoints-tcp-")
+                    .count(),
+                1
+            );
+            let values: &[&str] = match family {
+                IpFamily::V4 => &[": 10.244.8.", ": 10.244.9.", ": 10.244.10.", ": 10.244.11."],
+                IpFamily::V6 => &[": fd00:10:244:8::"],
+            };
+            let slots: usize = values
+                .iter()
+                .map(|value| listing.matches(value).count())
+                .sum();
+            assert_eq!(slots, 1_000, "one element per endpoint");
+        }
+    }
     assert_ordinary_answers(&topology, family);
     for _ in 0..40 {
         let reply = connect(cluster_client(&topology, family), at(cluster_ip, 80)).unwrap();
@@ -256,18 +280,28 @@ fn a_thousand_endpoints_all_answer(family: IpFamily) {
 
 #[test]
 fn a_thousand_ipv4_endpoints_behind_one_service_all_answer() {
-    a_thousand_endpoints_all_answer(IpFamily::V4);
+    a_thousand_endpoints_all_answer(IpFamily::V4, Layout::Chains);
+}
+
+#[test]
+fn a_thousand_ipv4_endpoints_behind_one_service_all_answer_in_the_data_layout() {
+    a_thousand_endpoints_all_answer(IpFamily::V4, Layout::Data);
 }
 
 #[test]
 fn a_thousand_ipv6_endpoints_behind_one_service_all_answer() {
-    a_thousand_endpoints_all_answer(IpFamily::V6);
+    a_thousand_endpoints_all_answer(IpFamily::V6, Layout::Chains);
 }
 
-fn a_hundred_external_ips_all_answer(family: IpFamily) {
+#[test]
+fn a_thousand_ipv6_endpoints_behind_one_service_all_answer_in_the_data_layout() {
+    a_thousand_endpoints_all_answer(IpFamily::V6, Layout::Data);
+}
+
+fn a_hundred_external_ips_all_answer(family: IpFamily, layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, family);
+    let proxy = Proxy::start_in(&topology, family, layout);
     let (web, web_slice) = ordinary(&topology, family);
     let external = |i: u16| match family {
         IpFamily::V4 => format!("203.0.113.{i}"),
@@ -311,18 +345,28 @@ fn a_hundred_external_ips_all_answer(family: IpFamily) {
 
 #[test]
 fn a_hundred_ipv4_external_ips_all_answer() {
-    a_hundred_external_ips_all_answer(IpFamily::V4);
+    a_hundred_external_ips_all_answer(IpFamily::V4, Layout::Chains);
+}
+
+#[test]
+fn a_hundred_ipv4_external_ips_all_answer_in_the_data_layout() {
+    a_hundred_external_ips_all_answer(IpFamily::V4, Layout::Data);
 }
 
 #[test]
 fn a_hundred_ipv6_external_ips_all_answer() {
-    a_hundred_external_ips_all_answer(IpFamily::V6);
+    a_hundred_external_ips_all_answer(IpFamily::V6, Layout::Chains);
 }
 
-fn two_hundred_ports_all_answer(family: IpFamily) {
+#[test]
+fn a_hundred_ipv6_external_ips_all_answer_in_the_data_layout() {
+    a_hundred_external_ips_all_answer(IpFamily::V6, Layout::Data);
+}
+
+fn two_hundred_ports_all_answer(family: IpFamily, layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, family);
+    let proxy = Proxy::start_in(&topology, family, layout);
     let (web, web_slice) = ordinary(&topology, family);
     let cluster_ip = match family {
         IpFamily::V4 => "10.96.0.22",
@@ -375,12 +419,22 @@ fn two_hundred_ports_all_answer(family: IpFamily) {
 
 #[test]
 fn two_hundred_ipv4_ports_on_one_service_all_answer() {
-    two_hundred_ports_all_answer(IpFamily::V4);
+    two_hundred_ports_all_answer(IpFamily::V4, Layout::Chains);
+}
+
+#[test]
+fn two_hundred_ipv4_ports_on_one_service_all_answer_in_the_data_layout() {
+    two_hundred_ports_all_answer(IpFamily::V4, Layout::Data);
 }
 
 #[test]
 fn two_hundred_ipv6_ports_on_one_service_all_answer() {
-    two_hundred_ports_all_answer(IpFamily::V6);
+    two_hundred_ports_all_answer(IpFamily::V6, Layout::Chains);
+}
+
+#[test]
+fn two_hundred_ipv6_ports_on_one_service_all_answer_in_the_data_layout() {
+    two_hundred_ports_all_answer(IpFamily::V6, Layout::Data);
 }
 
 #[test]
