@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
 use kp_model::IpFamily;
+use kp_nftables::Layout;
 use kp_node::NodePortAddresses;
 use kp_testkit::builders::service;
 use kp_testkit::netns::{connect, hits, wait_until, TcpSession};
@@ -59,13 +60,23 @@ fn removing_the_endpoint_of_an_established_connection_keeps_it_and_moves_new_one
 
 #[test]
 fn a_deleted_table_or_a_flushed_ruleset_is_repaired_by_the_next_periodic_sync() {
+    damage_is_repaired_by_the_next_periodic_sync(Layout::Chains);
+}
+
+#[test]
+fn a_deleted_table_or_a_flushed_ruleset_of_the_data_layout_is_repaired_by_the_next_periodic_sync() {
+    damage_is_repaired_by_the_next_periodic_sync(Layout::Data);
+}
+
+fn damage_is_repaired_by_the_next_periodic_sync(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start_with(
+    let proxy = Proxy::start_with_layout(
         &topology,
         IpFamily::V4,
         Duration::from_secs(1),
         NodePortAddresses::All,
+        layout,
     );
     proxy.apply(&[web()], &[slice("web", &[pod_ip(&topology, "ep1")], &[])]);
     let _running = proxy.run_in_background();
@@ -100,9 +111,20 @@ fn a_deleted_table_or_a_flushed_ruleset_is_repaired_by_the_next_periodic_sync() 
 
 #[test]
 fn a_partial_sync_on_a_deleted_table_fails_and_the_full_retry_repairs() {
+    partial_sync_on_a_deleted_table_fails_and_the_full_retry_repairs(Layout::Chains);
+}
+
+/// The data layout's partial sync of a replaced endpoint is elements only,
+/// and fails on a deleted table as well.
+#[test]
+fn a_partial_sync_of_the_data_layout_on_a_deleted_table_fails_and_the_full_retry_repairs() {
+    partial_sync_on_a_deleted_table_fails_and_the_full_retry_repairs(Layout::Data);
+}
+
+fn partial_sync_on_a_deleted_table_fails_and_the_full_retry_repairs(layout: Layout) {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, layout);
     proxy.apply(&[web()], &[slice("web", &[pod_ip(&topology, "ep1")], &[])]);
     proxy.sync();
     proxy.nft(&["delete", "table", "ip", "kube-proxy"]);

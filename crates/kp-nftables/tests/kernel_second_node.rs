@@ -22,6 +22,7 @@ use std::net::IpAddr;
 
 use kernel::{build, require, slice, Proxy, POD_TCP_PORT};
 use kp_model::IpFamily;
+use kp_nftables::Layout;
 use kp_testkit::builders::node_port_service;
 use kp_testkit::netns::{connect, expect_timeout, Topology, TopologyBuilder};
 use kp_testkit::plan::node_at;
@@ -37,10 +38,10 @@ fn two_nodes() -> TopologyBuilder {
         .remote_pod("ep3", |p| p.tcp(POD_TCP_PORT))
 }
 
-fn masqueraded_to_the_node(family: IpFamily) {
+fn masqueraded_to_the_node(family: IpFamily, layout: Layout) {
     require();
     let topology = build(two_nodes());
-    let proxy = Proxy::start(&topology, family);
+    let proxy = Proxy::start_in(&topology, family, layout);
     let service = node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false);
     let endpoints = slice(
         "cluster",
@@ -65,10 +66,10 @@ fn masqueraded_to_the_node(family: IpFamily) {
     );
 }
 
-fn dropped_without_local_endpoint(family: IpFamily) {
+fn dropped_without_local_endpoint(family: IpFamily, layout: Layout) {
     require();
     let topology = build(two_nodes());
-    let proxy = Proxy::start(&topology, family);
+    let proxy = Proxy::start_in(&topology, family, layout);
     let services = [
         node_port_service(family == IpFamily::V6, "local", LOCAL_NODE_PORT, true),
         node_port_service(family == IpFamily::V6, "cluster", CLUSTER_NODE_PORT, false),
@@ -100,20 +101,42 @@ fn dropped_without_local_endpoint(family: IpFamily) {
 
 #[test]
 fn a_node_port_reaches_a_pod_on_the_second_node_masqueraded_to_the_node() {
-    masqueraded_to_the_node(IpFamily::V4);
+    masqueraded_to_the_node(IpFamily::V4, Layout::Chains);
+}
+
+#[test]
+fn a_node_port_reaches_a_pod_on_the_second_node_masqueraded_to_the_node_in_the_data_layout() {
+    masqueraded_to_the_node(IpFamily::V4, Layout::Data);
 }
 
 #[test]
 fn a_node_port_reaches_a_pod_on_the_second_node_masqueraded_to_the_node_v6() {
-    masqueraded_to_the_node(IpFamily::V6);
+    masqueraded_to_the_node(IpFamily::V6, Layout::Chains);
+}
+
+#[test]
+fn a_node_port_reaches_a_pod_on_the_second_node_masqueraded_to_the_node_v6_in_the_data_layout() {
+    masqueraded_to_the_node(IpFamily::V6, Layout::Data);
 }
 
 #[test]
 fn external_traffic_policy_local_with_the_only_endpoint_on_the_second_node_drops() {
-    dropped_without_local_endpoint(IpFamily::V4);
+    dropped_without_local_endpoint(IpFamily::V4, Layout::Chains);
+}
+
+#[test]
+fn external_traffic_policy_local_with_the_only_endpoint_on_the_second_node_drops_in_the_data_layout(
+) {
+    dropped_without_local_endpoint(IpFamily::V4, Layout::Data);
 }
 
 #[test]
 fn external_traffic_policy_local_with_the_only_endpoint_on_the_second_node_drops_v6() {
-    dropped_without_local_endpoint(IpFamily::V6);
+    dropped_without_local_endpoint(IpFamily::V6, Layout::Chains);
+}
+
+#[test]
+fn external_traffic_policy_local_with_the_only_endpoint_on_the_second_node_drops_v6_in_the_data_layout(
+) {
+    dropped_without_local_endpoint(IpFamily::V6, Layout::Data);
 }
