@@ -663,17 +663,20 @@ fn leaving_affinity_endpoints(
         let Some(old) = programmed.services.get(service) else {
             continue;
         };
-        for draw in &old.draws {
+        for draw in &old.data().draws {
             let Some(secs) = draw.affinity_secs else {
                 continue;
             };
             for endpoint in &draw.endpoints {
-                let stays = new.iter().flat_map(|record| &record.draws).any(|kept| {
-                    kept.port == draw.port
-                        && kept.protocol == draw.protocol
-                        && kept.affinity_secs == Some(secs)
-                        && kept.endpoints.contains(endpoint)
-                });
+                let stays = new
+                    .iter()
+                    .flat_map(|record| &record.data().draws)
+                    .any(|kept| {
+                        kept.port == draw.port
+                            && kept.protocol == draw.protocol
+                            && kept.affinity_secs == Some(secs)
+                            && kept.endpoints.contains(endpoint)
+                    });
                 if !stays {
                     leaving
                         .entry(affinity_map(draw.protocol, secs))
@@ -928,7 +931,7 @@ mod tests {
     /// a port without affinity has no entries to delete.
     #[test]
     fn endpoints_leaving_a_port_with_affinity_are_found_by_map() {
-        use crate::state::{Draw, ServiceRecord};
+        use crate::state::{DataRecord, Draw, ServiceRecord};
         let at = |text: &str| -> SocketAddr { text.parse().unwrap() };
         let draw = |secs: Option<u64>, endpoints: &[&str]| Draw {
             port: Arc::from("http"),
@@ -939,7 +942,10 @@ mod tests {
             affinity_secs: secs,
         };
         let record = |draws| ServiceRecord {
-            draws,
+            data: Some(Box::new(DataRecord {
+                draws,
+                ..DataRecord::default()
+            })),
             ..ServiceRecord::default()
         };
         let sticky = NamespacedName::new("ns1", "sticky");

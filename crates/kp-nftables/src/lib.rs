@@ -50,7 +50,7 @@ pub use render::{
     stale_chain_cleanup, Piece, RenderInput, RenderStats, Rendered, Renderer, StaleChainCleanup,
     SPLIT_PIECES, STALE_CHAIN_DELAY, TRANSACTION_TEXT_MAX,
 };
-pub use state::{Element, Programmed, ServiceRecord, StateDelta};
+pub use state::{DataRecord, Draw, Element, Programmed, ServiceRecord, StateDelta};
 
 /// Why the nftables backend could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1032,10 +1032,11 @@ fn keep_changed_chains(
     let unchanged = |chain: &str| {
         let hash = |record: &ServiceRecord| {
             record
+                .data()
                 .chain_hashes
                 .binary_search_by(|(name, _)| (**name).cmp(chain))
                 .ok()
-                .map(|index| record.chain_hashes[index].1)
+                .map(|index| record.data().chain_hashes[index].1)
         };
         let new_hash = hash(new);
         new_hash.is_some() && new_hash == hash(old)
@@ -1066,7 +1067,7 @@ fn write_hairpin(
         for (&service, kept) in services.iter().zip(kept) {
             let old = programmed.services.get(service);
             if let Some(record) = kept.record(old, &delta.services) {
-                all.extend(record.hairpin.iter().copied());
+                all.extend(record.data().hairpin.iter().copied());
             }
         }
         for ip in all {
@@ -1078,11 +1079,11 @@ fn write_hairpin(
     let mut change: BTreeMap<IpAddr, isize> = BTreeMap::new();
     for (service, record) in &delta.services {
         if let Some(old) = programmed.services.get(service) {
-            for ip in &old.hairpin {
+            for ip in &old.data().hairpin {
                 *change.entry(*ip).or_default() -= 1;
             }
         }
-        for ip in record.iter().flat_map(|record| &record.hairpin) {
+        for ip in record.iter().flat_map(|record| &record.data().hairpin) {
             *change.entry(*ip).or_default() += 1;
         }
     }
@@ -1110,13 +1111,13 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
     let mut users = programmed.affinity.clone();
     for (service, record) in &delta.services {
         if let Some(old) = programmed.services.get(service) {
-            for key in &old.affinity {
+            for key in &old.data().affinity {
                 if let Some(count) = users.get_mut(key) {
                     *count = count.saturating_sub(1);
                 }
             }
         }
-        for key in record.iter().flat_map(|record| &record.affinity) {
+        for key in record.iter().flat_map(|record| &record.data().affinity) {
             *users.entry(*key).or_default() += 1;
         }
     }

@@ -51,17 +51,26 @@ pub struct ServiceRecord {
     /// rendered): equal records mean equal chains, so a partial sync need
     /// not rewrite them.
     pub chain_text_hash: u64,
-    /// The data layout: each chain's fingerprint, sorted by chain, so a
-    /// partial sync rewrites only the chains whose commands changed.
+    /// What the data layout records besides (`None` in the default
+    /// layout: boxed, so that its records stay as small as they were).
+    pub data: Option<Box<DataRecord>>,
+}
+
+/// What a Service holds in the table in the data layout, besides what
+/// every layout records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataRecord {
+    /// Each chain's fingerprint, sorted by chain, so a partial sync
+    /// rewrites only the chains whose commands changed.
     pub chain_hashes: Vec<(Arc<str>, u64)>,
-    /// The data layout: the endpoint draws of its service ports, sorted.
+    /// The endpoint draws of its service ports, sorted.
     pub draws: Vec<Draw>,
-    /// The data layout: the endpoint addresses whose `A . A` pair it needs
-    /// in `hairpin-endpoints`, sorted, without duplicates.
+    /// The endpoint addresses whose `A . A` pair it needs in
+    /// `hairpin-endpoints`, sorted, without duplicates.
     pub hairpin: Vec<IpAddr>,
-    /// The data layout: the protocols and ClientIP affinity timeouts (in
-    /// seconds) of its service ports, whose affinity maps and recording
-    /// rules it needs; sorted, without duplicates.
+    /// The protocols and ClientIP affinity timeouts (in seconds) of its
+    /// service ports, whose affinity maps and recording rules it needs;
+    /// sorted, without duplicates.
     pub affinity: Vec<(Protocol, u64)>,
 }
 
@@ -198,6 +207,36 @@ impl ServiceRecord {
         self.affinity_sets.sort_unstable();
         self.affinity_sets.dedup();
         self.affinity_sets.shrink_to_fit();
+        if let Some(data) = &mut self.data {
+            data.normalize();
+        }
+    }
+
+    /// The data layout's part of the record (empty in the default layout).
+    pub fn data(&self) -> &DataRecord {
+        static EMPTY: DataRecord = DataRecord::new();
+        self.data.as_deref().unwrap_or(&EMPTY)
+    }
+
+    /// The data layout's part of the record, made if there is none yet.
+    pub fn data_mut(&mut self) -> &mut DataRecord {
+        self.data.get_or_insert_with(Box::default)
+    }
+}
+
+impl DataRecord {
+    /// An empty one.
+    pub const fn new() -> Self {
+        Self {
+            chain_hashes: Vec::new(),
+            draws: Vec::new(),
+            hairpin: Vec::new(),
+            affinity: Vec::new(),
+        }
+    }
+
+    /// Sorts its lists and drops duplicates, cut to their length.
+    fn normalize(&mut self) {
         self.chain_hashes.sort_unstable();
         self.chain_hashes.shrink_to_fit();
         self.draws.sort_unstable();
@@ -302,6 +341,7 @@ fn count(
     affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
+    let record = record.data();
     numbers.extend(record.draws.iter().map(|draw| draw.number));
     for ip in &record.hairpin {
         *hairpin.entry(*ip).or_default() += 1;
@@ -318,6 +358,7 @@ fn uncount(
     affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
+    let record = record.data();
     for draw in &record.draws {
         numbers.remove(&draw.number);
     }

@@ -349,7 +349,8 @@ fn a_service_port_keeps_its_number_and_a_new_one_takes_the_smallest_free() {
             .services
             .iter()
             .map(|(service, record)| {
-                let mut numbers: Vec<u32> = record.draws.iter().map(|draw| draw.number).collect();
+                let mut numbers: Vec<u32> =
+                    record.data().draws.iter().map(|draw| draw.number).collect();
                 numbers.sort_unstable();
                 (service.to_string(), numbers)
             })

@@ -121,10 +121,11 @@ pub(super) fn render_port(
             }
         }
         record
+            .data_mut()
             .hairpin
             .extend(endpoints.all_reachable.iter().map(|ep| ep.ip));
         if let Some((protocol, secs)) = affinity_of(name, state) {
-            record.affinity.push((protocol, secs));
+            record.data_mut().affinity.push((protocol, secs));
             let sp = &state.port;
             let entries = std::iter::once(&sp.cluster_ip)
                 .chain(&sp.external_ips)
@@ -556,7 +557,7 @@ fn write_draw_chain(
 ) {
     writer.declare(chain, record);
     let old_draw = old.and_then(|old| {
-        old.draws.iter().find(|draw| {
+        old.data().draws.iter().find(|draw| {
             draw.local == list.local && draw.protocol == port.protocol && draw.port == name.port
         })
     });
@@ -590,7 +591,7 @@ fn write_draw_chain(
         }
         writer.rule(chain, draw);
     }
-    record.draws.push(Draw {
+    record.data_mut().draws.push(Draw {
         port: Arc::clone(&name.port),
         protocol: port.protocol,
         local: list.local,
@@ -685,7 +686,7 @@ fn write_chain_hashes(writer: &ChainWriter, record: &mut ServiceRecord) {
         };
         command.hash(&mut chains[index].1);
     }
-    record.chain_hashes.extend(
+    record.data_mut().chain_hashes.extend(
         chains
             .into_iter()
             .map(|(name, hasher)| (name, hasher.finish())),
