@@ -5,6 +5,7 @@
 //! | object | addresses |
 //! |---|---|
 //! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3 |
+//! | ns1/sticky6, http 80/TCP | ClusterIP fd00:10:96::31, ClientIP affinity 300 s, endpoints ep1 (node-1), ep3 (node-2); client: pod ep2 |
 //! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
 //!
@@ -14,7 +15,7 @@
 
 mod kernel;
 
-use kernel::{at, build, pod_ip, require, slice, three_pods, Proxy};
+use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
 use kp_model::IpFamily;
 use kp_nftables::Layout;
 use kp_sync::SyncOutcome;
@@ -180,4 +181,42 @@ fn a_restart_in_the_other_layout_replaces_the_table_whole() {
         assert!(!listing.contains(gone), "{from:?} -> {to:?}: {listing}");
         assert!(listing.contains(kept), "{from:?} -> {to:?}: {listing}");
     }
+}
+
+/// IPv6 affinity: nft 1.0.6 cannot load the recording rule from text, but
+/// the netlink applier commits it, nft lists it, and a client stays on one
+/// endpoint.
+#[test]
+fn ipv6_session_affinity_keeps_a_client_on_one_endpoint() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V6, Layout::Data);
+    let sticky = service("ns1", "sticky6", |s| {
+        s.ip_families(&["IPv6"])
+            .cluster_ip("fd00:10:96::31")
+            .port("http", 80, "TCP")
+            .session_affinity_client_ip(300)
+    });
+    let slices = slice(
+        "sticky6",
+        &[pod_ip_v6(&topology, "ep1")],
+        &[pod_ip_v6(&topology, "ep3")],
+    );
+    proxy.apply(&[sticky], &[slices]);
+    proxy.sync();
+    let listing = proxy.list();
+    assert!(
+        listing.contains(
+            "update @affinity-tcp-300 { ct original ip6 daddr . ct original proto-dst . ip6 saddr"
+        ),
+        "{listing}"
+    );
+    let counts = hits(topology.pod("ep2").netns(), at("fd00:10:96::31", 80), 12);
+    assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
+    let map = proxy.nft(&["list", "map", "ip6", "kube-proxy", "affinity-tcp-300"]);
+    let client = pod_ip_v6(&topology, "ep2");
+    assert!(
+        map.contains(&format!("fd00:10:96::31 . 80 . {client}")),
+        "{map}"
+    );
 }
