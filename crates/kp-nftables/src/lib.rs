@@ -9,6 +9,14 @@
 //! Services that changed, found by comparing with what the last
 //! transaction left ([`Programmed`]) instead of listing the table.
 //!
+//! The [`Layout`] is upstream's (`Layout::Chains`, the default) or the
+//! data layout of issue 26 (`Layout::Data`, chosen with
+//! [`NftablesBackend::with_layout`]): endpoints as elements of
+//! `service-endpoints-PROTO-K` maps drawn by one rule per service port,
+//! hairpin masquerade by a set of address pairs, ClientIP affinity by
+//! dynamic maps; the sets, maps and chains that dispatch to a Service are
+//! the same in both.
+//!
 //! A transaction is a list of typed commands ([`model`]): printed, it is
 //! the `nft -f` text; encoded, the netlink batch; both from one value.
 //!
