@@ -39,7 +39,7 @@ pub use feature_gates::{
     Effect as FeatureGateEffect, GateSpec, Stage as FeatureGateStage, ALL_ALPHA, ALL_BETA,
     FEATURE_GATES, LOGGING_ALPHA_OPTIONS, LOGGING_BETA_OPTIONS, PREFER_SAME_TRAFFIC_DISTRIBUTION,
 };
-pub use flags::{parse_feature_gates, parse_go_bool, FeatureGatePairs, Flags};
+pub use flags::{parse_feature_gates, parse_go_bool, FeatureGatePairs, Flags, NftablesLayout};
 pub use log_flags::{
     klog_flag_warning, logging_option_warnings, parse_severity, parse_vmodule, KlogOptions,
     Severity, VModuleFlag, KLOG_FLAGS,

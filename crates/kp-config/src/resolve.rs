@@ -25,7 +25,7 @@ use crate::validation::validate;
 /// Flags that are not configuration fields, or that upstream honours even
 /// when `--config` is given (every logging flag: upstream copies the ones
 /// set on the command line over the file's `logging` section).
-const HONOURED_WITH_CONFIG: [&str; 31] = [
+const HONOURED_WITH_CONFIG: [&str; 32] = [
     "config",
     "write_config_to",
     "cleanup",
@@ -57,6 +57,7 @@ const HONOURED_WITH_CONFIG: [&str; 31] = [
     "state_check_service_ports",
     "state_check_interval",
     "config_change_exit_jitter",
+    "nftables_layout",
 ];
 
 /// The validated configuration plus the options only the binary uses.
@@ -89,6 +90,8 @@ pub struct Resolved {
     /// `--config-change-exit-jitter`: the longest random wait before the
     /// exit that a changed `--config` file causes.
     pub config_change_exit_jitter: std::time::Duration,
+    /// `--nftables-layout`: how the nftables mode lays out its table.
+    pub nftables_layout: crate::flags::NftablesLayout,
     /// Where logs go, from klog's flags (`--logtostderr`, `--log-file`, ...).
     pub klog: KlogOptions,
 }
@@ -167,6 +170,7 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved, ConfigEr
             "--config-change-exit-jitter",
             flags.config_change_exit_jitter,
         )?,
+        nftables_layout: flags.nftables_layout,
         klog,
     })
 }

@@ -165,7 +165,13 @@ async fn dry_run(resolved: &Resolved, mode: ProxyMode, node_name: &str) -> anyho
     let config = &resolved.config;
     let proxiers: Vec<_> =
         build_proxiers(config, node_name, modes::families(mode, true), |family| {
-            Ok(modes::backend(mode, family, config, true)?)
+            Ok(modes::backend(
+                mode,
+                family,
+                config,
+                resolved.nftables_layout,
+                true,
+            )?)
         })?
         .into_iter()
         .map(Arc::new)
@@ -335,7 +341,13 @@ async fn serve(
         &mut agent.registry(),
     );
     let proxiers = build_proxiers(config, node_name, modes::families(mode, false), |family| {
-        Ok(modes::backend(mode, family, config, false)?)
+        Ok(modes::backend(
+            mode,
+            family,
+            config,
+            resolved.nftables_layout,
+            false,
+        )?)
     })?
     .into_iter()
     .map(|proxier| {

@@ -154,3 +154,51 @@ fn node_cidr_detection_without_a_node_says_what_it_waits_for() {
     assert!(stderr.contains("the Node's spec.podCIDRs"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn the_nftables_layout_flag_chooses_how_endpoints_are_written() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let printed = |args: &[&str]| {
+        let out = dry_run_with(&examples, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let chains = printed(&["--proxy-mode", "nftables"]);
+    let data = printed(&["--proxy-mode", "nftables", "--nftables-layout", "data"]);
+    let service_chains = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("add chain ip kube-proxy service-"))
+            .count()
+    };
+    assert!(service_chains(&chains) > 0, "{chains}");
+    assert_eq!(service_chains(&chains), service_chains(&data), "{data}");
+    assert!(
+        chains.contains("add chain ip kube-proxy endpoint-"),
+        "{chains}"
+    );
+    assert!(!chains.contains("service-endpoints-tcp-"), "{chains}");
+    assert!(
+        data.contains("add map ip kube-proxy service-endpoints-tcp-"),
+        "{data}"
+    );
+    assert!(
+        data.contains("dnat ip to numgen random mod 1 offset "),
+        "{data}"
+    );
+    assert!(
+        !data.contains("add chain ip kube-proxy endpoint-"),
+        "{data}"
+    );
+
+    let refused = dry_run_with(
+        &examples,
+        &["--proxy-mode", "nftables", "--nftables-layout", "maps"],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("--nftables-layout"), "{stderr}");
+}

@@ -7,7 +7,7 @@ mod userspace;
 
 pub use iptables::node_port_addresses;
 
-use kp_config::{KubeProxyConfiguration, ProxyMode};
+use kp_config::{KubeProxyConfiguration, NftablesLayout, ProxyMode};
 use kp_model::IpFamily;
 use kp_node::SysctlSetting;
 use kp_sync::Backend;
@@ -44,10 +44,12 @@ const AVAILABLE: [ProxyMode; 4] = [
 
 /// The backend for `mode` and `family`; with `dry_run`, one that prints what
 /// it would program (to stdout) instead of touching the kernel.
+/// `nftables_layout` is `--nftables-layout`, read by the nftables mode only.
 pub fn backend(
     mode: ProxyMode,
     family: IpFamily,
     config: &KubeProxyConfiguration,
+    nftables_layout: NftablesLayout,
     dry_run: bool,
 ) -> Result<Box<dyn Backend>, ModeError> {
     match mode {
@@ -58,9 +60,11 @@ pub fn backend(
             })
         }
         ProxyMode::Nftables => {
-            nftables::backend(family, config, dry_run).map_err(|source| ModeError::Config {
-                mode: mode.as_str(),
-                source,
+            nftables::backend(family, config, nftables_layout, dry_run).map_err(|source| {
+                ModeError::Config {
+                    mode: mode.as_str(),
+                    source,
+                }
             })
         }
         ProxyMode::Ipvs => {

@@ -1,7 +1,7 @@
 //! The nftables mode as the binary builds it, and the removal of its
 //! tables (`ip kube-proxy`, `ip6 kube-proxy`, owned entirely by the mode).
 
-use kp_config::KubeProxyConfiguration;
+use kp_config::{KubeProxyConfiguration, NftablesLayout};
 use kp_model::IpFamily;
 use kp_nftables::NftablesOptions;
 use kp_node::{LocalDetector, MasqueradeMark, NodePortAddresses};
@@ -9,17 +9,22 @@ use kp_sync::Backend;
 
 /// The nftables backend of `family`: printing every transaction to stdout
 /// with `dry_run`, otherwise committing over netlink. `nodePortAddresses`
-/// unset means `primary` in this mode.
+/// unset means `primary` in this mode. `layout` is `--nftables-layout`.
 pub fn backend(
     family: IpFamily,
     config: &KubeProxyConfiguration,
+    layout: NftablesLayout,
     dry_run: bool,
 ) -> anyhow::Result<Box<dyn Backend>> {
     let options = options(config)?;
     let addresses = NodePortAddresses::from_config(config)?;
-    Ok(Box::new(kp_nftables::build(
-        family, options, addresses, dry_run,
-    )?))
+    let layout = match layout {
+        NftablesLayout::Chains => kp_nftables::Layout::Chains,
+        NftablesLayout::Data => kp_nftables::Layout::Data,
+    };
+    Ok(Box::new(
+        kp_nftables::build(family, options, addresses, dry_run)?.with_layout(layout),
+    ))
 }
 
 /// The mode's settings: `nftables.masqueradeBit`, `nftables.masqueradeAll`,
@@ -67,12 +72,22 @@ mod tests {
         config.mode = "nftables".to_owned();
         config.cluster_cidr = "10.244.0.0/16".to_owned();
         config.nftables.masquerade_bit = Some(40);
-        let error = format!("{:#}", backend(IpFamily::V4, &config, true).err().unwrap());
+        let error = format!(
+            "{:#}",
+            backend(IpFamily::V4, &config, NftablesLayout::Chains, true)
+                .err()
+                .unwrap()
+        );
         assert!(error.contains("nftables.masqueradeBit"), "{error}");
 
         config.nftables.masquerade_bit = Some(15);
         config.node_port_addresses = Some(vec!["not-a-cidr".to_owned()]);
-        let error = format!("{:#}", backend(IpFamily::V4, &config, true).err().unwrap());
+        let error = format!(
+            "{:#}",
+            backend(IpFamily::V4, &config, NftablesLayout::Chains, true)
+                .err()
+                .unwrap()
+        );
         assert!(error.contains("nodePortAddresses"), "{error}");
 
         config.node_port_addresses = None;
@@ -82,6 +97,6 @@ mod tests {
             options.local_detector,
             LocalDetector::ClusterCidr(_)
         ));
-        assert!(backend(IpFamily::V4, &config, true).is_ok());
+        assert!(backend(IpFamily::V4, &config, NftablesLayout::Chains, true).is_ok());
     }
 }
