@@ -12,6 +12,10 @@ docs/nft-layout-experiment.md: N Services x E endpoints, one TCP port each.
                             every slot range / back
   gen.py LAYOUT proof         the small world of proof.sh and connrate.sh
   gen.py LAYOUT remove I IP   in that world, endpoint IP leaves Service I
+  gen.py LAYOUT replace I IP NEW   there, NEW takes IP's slots (I's count
+                              stays)
+  gen.py LAYOUT add I IP      there, IP joins Service I (its count grows)
+  gen.py LAYOUT unadd I IP    the inverse of add
 
 LAYOUT:
   current   the shape of `kube-proxy --dry-run --proxy-mode nftables`: a
@@ -418,18 +422,26 @@ def change(layout, n, e, kind):
         if left:
             out.append(f"flush chain {TABLE} {endpoint_chain(i, left)}")
         return out
-    gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
-    come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
-    if len(a) != len(b):
-        count_change(out, layout, i, cip, len(a), len(b))
-    if gone:
-        out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
-    if come:
-        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
+    out += slot_edit(layout, i, cip, a, b, before, after)
     if left:
         out.append(f"delete element {TABLE} hairpin-endpoints {{ {left} . {left} }}")
     if joined:
         out.append(f"add element {TABLE} hairpin-endpoints {{ {joined} . {joined} }}")
+    return out
+
+
+def slot_edit(layout, i, cip, a, b, before, after, affinity=None):
+    """The transaction taking Service i from endpoints A (slots BEFORE) to
+    B (slots AFTER), hairpin pairs aside."""
+    out = []
+    gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
+    come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
+    if len(a) != len(b):
+        count_change(out, layout, i, cip, len(a), len(b), affinity=affinity)
+    if gone:
+        out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
+    if come:
+        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
     return out
 
 
@@ -525,12 +537,34 @@ def remove(layout, i, ip):
     return out
 
 
+def proof_edit(layout, kind, i, ip, new_ip=None):
+    """In the proof world: KIND replace (IP's slots to NEW_IP), add (IP
+    joins Service I as its last endpoint) or unadd (the inverse of add).
+    Hairpin pairs are left alone: the proof's addresses serve several
+    Services."""
+    cip, ips = PROOF_SERVICES[i]
+    before = assign(layout, i, cip, ips)
+    if kind == "replace":
+        b = [new_ip if x == ip else x for x in ips]
+        after = {k: (new_ip if v == ip else v) for k, v in before.items()}
+        return slot_edit(layout, i, cip, ips, b, before, after, AFFINITY.get(i))
+    b = ips + [ip]
+    after = assign(layout, i, cip, b, base=before)
+    if kind == "add":
+        return slot_edit(layout, i, cip, ips, b, before, after, AFFINITY.get(i))
+    return slot_edit(layout, i, cip, b, ips, after, before, AFFINITY.get(i))
+
+
 def main(argv):
     kinds = ("full", "change", "revert", "grow", "shrink", "flip", "unflip", "recut", "recut-revert")
     if len(argv) >= 3 and argv[1] in LAYOUTS and argv[2] == "proof" and len(argv) == 3:
         lines = proof(argv[1])
     elif len(argv) == 5 and argv[1] in LAYOUTS and argv[1] != "current" and argv[2] == "remove":
         lines = remove(argv[1], int(argv[3]), argv[4])
+    elif len(argv) == 6 and argv[1] in LAYOUTS[1:] and argv[1] != "interval" and argv[2] == "replace":
+        lines = proof_edit(argv[1], "replace", int(argv[3]), argv[4], argv[5])
+    elif len(argv) == 5 and argv[1] in LAYOUTS[1:] and argv[1] != "interval" and argv[2] in ("add", "unadd"):
+        lines = proof_edit(argv[1], argv[2], int(argv[3]), argv[4])
     elif len(argv) == 5 and argv[1] in LAYOUTS and argv[2] in kinds:
         layout, what, n, e = argv[1], argv[2], int(argv[3]), int(argv[4])
         if what.startswith("recut") and layout != "interval":
