@@ -6,13 +6,15 @@ against a loaded table, in namespace kp-lay-m, as root.
   scope.py [--runs R] scale N...     gen.py sharded full N 2 for each N,
                                      then R x (grow, shrink) of Service 0:
                                      validation time against table size
-  scope.py [--runs R] kinds N E      gen.py sharded full N E, then R x each
-                                     probe below (forward, then its undo)
+  scope.py [--runs R] [--layout L] kinds N E
+                                     gen.py L (default sharded) full N E,
+                                     then R x each probe below (forward,
+                                     then its undo)
 
 Probes (chain `scope-scratch` and table `ip kp-lay-small` are added for
 them; the scratch chain is referenced by no rule):
-  grow            Service 0's dnat rule rewritten (modulus 2 -> 3) with its
-                  new slot element, and back (gen.py grow / shrink)
+  grow            Service 0 gains an endpoint and loses it again (gen.py
+                  grow / shrink; sharded: its dnat rule rewritten)
   scratch-counter a rule `counter` (no expression with a validate
                   operation) added to the scratch chain / chain flushed
   scratch-dnat    a `dnat` rule added to the unreferenced scratch chain /
@@ -66,19 +68,19 @@ def pair(tmp, fwd, back, runs):
     return a, b
 
 
-def service0_chain(tmp, n, e):
-    with open(measure.gen(tmp, "sharded", "grow", n, e)) as f:
+def service0_chain(tmp, layout, n, e):
+    with open(measure.gen(tmp, layout, "full", n, e)) as f:
         for line in f:
             if line.startswith(f"add chain {T} service-"):
                 return line.split()[-1]
-    sys.exit("gen.py grow wrote no service chain")
+    sys.exit("gen.py full wrote no service chain")
 
 
-def probes(tmp, n, e):
-    sc = service0_chain(tmp, n, e)
+def probes(tmp, layout, n, e):
+    sc = service0_chain(tmp, layout, n, e)
     scratch = f"{T} scope-scratch"
     p = {
-        "grow": (measure.gen(tmp, "sharded", "grow", n, e), measure.gen(tmp, "sharded", "shrink", n, e)),
+        "grow": (measure.gen(tmp, layout, "grow", n, e), measure.gen(tmp, layout, "shrink", n, e)),
     }
     undo = write(tmp, "scratch-flush", [f"flush chain {scratch}"])
     for kind, rule in [("scratch-counter", "counter"),
@@ -112,10 +114,14 @@ def extra(tmp):
 
 
 def main(argv):
-    runs = 5
+    runs, layout = 5, "sharded"
     args = argv[1:]
-    if args[:1] == ["--runs"]:
-        runs, args = int(args[1]), args[2:]
+    while args[:1] in (["--runs"], ["--layout"]):
+        if args[0] == "--runs":
+            runs = int(args[1])
+        else:
+            layout = args[1]
+        args = args[2:]
     if len(args) < 2 or args[0] not in ("scale", "kinds"):
         sys.exit(__doc__)
     subprocess.run(["ip", "netns", "del", measure.NS], capture_output=True)
@@ -133,13 +139,13 @@ def main(argv):
                     print(f"scale sharded {n}x2 cold-kernel {cold:8.1f} shrink-kernel {stats(b)}", flush=True)
             else:
                 n, e = int(args[1]), int(args[2])
-                cold = load(measure.gen(tmp, "sharded", "full", n, e))
+                cold = load(measure.gen(tmp, layout, "full", n, e))
                 measure.nft_traced(extra(tmp))
-                print(f"# sharded {n}x{e} cold-kernel {cold:.1f}", flush=True)
-                for kind, (fwd, back) in probes(tmp, n, e).items():
+                print(f"# {layout} {n}x{e} cold-kernel {cold:.1f}", flush=True)
+                for kind, (fwd, back) in probes(tmp, layout, n, e).items():
                     a, b = pair(tmp, fwd, back, runs)
-                    print(f"kinds {n}x{e} {kind:16s} forward {stats(a)}", flush=True)
-                    print(f"kinds {n}x{e} {kind:16s} undo    {stats(b)}", flush=True)
+                    print(f"kinds {layout} {n}x{e} {kind:16s} forward {stats(a)}", flush=True)
+                    print(f"kinds {layout} {n}x{e} {kind:16s} undo    {stats(b)}", flush=True)
     finally:
         subprocess.run(["ip", "netns", "del", measure.NS], capture_output=True)
     print(f"# load after {open('/proc/loadavg').read().strip()}", flush=True)
