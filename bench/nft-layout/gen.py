@@ -56,7 +56,8 @@ LAYOUT:
             with `goto endpoints-by-count`. A count change moves the
             entry between two sets (elements only) as long as the new
             count's class exists; full tables hold the classes E-1, E and
-            E+1 (and $KP_LAY_CLASSES, a comma list, for the data path)
+            E+1 (and $KP_LAY_CLASSES, a comma list, for the data path);
+            $KP_LAY_GROUP groups the classes (see GROUP below)
   padded    as sharded, but the modulus is a capacity C (next power of two
             >= 4E, or $KP_LAY_CAP) and the C slots are shared out so that
             each endpoint holds floor(C/E) or ceil(C/E); a count change
@@ -293,14 +294,45 @@ def ctmark_draw(n_eps):
     return f"ct mark set numgen random mod {n_eps}"
 
 
+# bycount with $KP_LAY_GROUP = G: the count classes are grouped by value
+# (counts 1..G, G+1..2G, ...); endpoints-by-count holds one rule per group,
+# `ip daddr . tcp dport @endpoint-group-K goto endpoints-by-count-K`, and
+# each group's chain its class rules, so that a new connection walks at
+# most (groups + G) rules instead of one per class. An entry is also an
+# element of its group's set.
+GROUP = int(os.environ.get("KP_LAY_GROUP", "0"))
+
+
+def group_of(c):
+    return (c - 1) // GROUP
+
+
 def count_classes(out, counts):
     """bycount: the shared chain, one rule (and set) per endpoint count."""
     out.append(f"add chain {TABLE} endpoints-by-count")
     out.append(f"flush chain {TABLE} endpoints-by-count")
+    if GROUP:
+        for g in sorted({group_of(c) for c in counts}):
+            out.append(f"add set {TABLE} endpoint-group-{g} {{ typeof ip daddr . tcp dport ; }}")
+            out.append(f"add chain {TABLE} endpoints-by-count-{g}")
+            out.append(f"add rule {TABLE} endpoints-by-count ip daddr . tcp dport @endpoint-group-{g} goto endpoints-by-count-{g}")
     for c in sorted(counts):
+        chain = f"endpoints-by-count-{group_of(c)}" if GROUP else "endpoints-by-count"
         out.append(f"add set {TABLE} endpoint-count-{c} {{ typeof ip daddr . tcp dport ; }}")
-        out.append(f"add rule {TABLE} endpoints-by-count ip daddr . tcp dport @endpoint-count-{c} "
+        out.append(f"add rule {TABLE} {chain} ip daddr . tcp dport @endpoint-count-{c} "
                    f"meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod {c} map @service-endpoints-tcp")
+
+
+def count_elements(out, counts):
+    """bycount: each entry in the set of its count (and of its group)."""
+    for c in sorted(counts):
+        elements(out, f"endpoint-count-{c}", counts[c])
+    if GROUP:
+        groups = {}
+        for c in counts:
+            groups.setdefault(group_of(c), []).extend(counts[c])
+        for g in sorted(groups):
+            elements(out, f"endpoint-group-{g}", groups[g])
 
 
 def extra_classes():
@@ -380,8 +412,7 @@ def full(layout, n, e):
     for name in sorted(elems):
         elements(out, name, elems[name])
     if layout == "bycount":
-        for c in sorted(counts):
-            elements(out, f"endpoint-count-{c}", counts[c])
+        count_elements(out, counts)
     elements(out, "hairpin-endpoints", pairs)
     return out
 
@@ -456,6 +487,9 @@ def count_change(out, layout, i, cip, was, now, affinity=None):
     elif layout == "bycount":
         out.append(f"delete element {TABLE} endpoint-count-{was} {{ {cip} . 80 }}")
         out.append(f"add element {TABLE} endpoint-count-{now} {{ {cip} . 80 }}")
+        if GROUP and group_of(was) != group_of(now):
+            out.append(f"delete element {TABLE} endpoint-group-{group_of(was)} {{ {cip} . 80 }}")
+            out.append(f"add element {TABLE} endpoint-group-{group_of(now)} {{ {cip} . 80 }}")
     # padded: the capacity stays, the slots move; interval: ranges move
 
 
@@ -500,8 +534,7 @@ def proof(layout):
     for name in sorted(elems):
         elements(out, name, elems[name])
     if layout == "bycount":
-        for c in sorted(counts):
-            elements(out, f"endpoint-count-{c}", counts[c])
+        count_elements(out, counts)
     elements(out, "hairpin-endpoints", sorted(pairs))
     return out
 
