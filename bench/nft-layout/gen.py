@@ -58,6 +58,13 @@ LAYOUT:
             count's class exists; full tables hold the classes E-1, E and
             E+1 (and $KP_LAY_CLASSES, a comma list, for the data path);
             $KP_LAY_GROUP groups the classes (see GROUP below)
+With $KP_LAY_NODEPORTS=1 (sharded and bycount), Service i also has NodePort
+30000+i: an external-… chain (masquerade, goto the service chain) in
+service-nodeports, as upstream. bycount keys a NodePort by its port alone:
+its slots in map nodeport-endpoints-tcp (`tcp dport . numgen random mod E`),
+its count in set nodeport-count-E, the class rules in chain
+nodeports-by-count, reached from the top of endpoints-by-count by
+`ip daddr @nodeport-ips goto nodeports-by-count` (not grouped).
   padded    as sharded, but the modulus is a capacity C (next power of two
             >= 4E, or $KP_LAY_CAP) and the C slots are shared out so that
             each endpoint holds floor(C/E) or ceil(C/E); a count change
@@ -145,6 +152,8 @@ def base(out, layout):
             w(f'add map {TABLE} service-endpoints-tcp-{k} {{ typeof numgen random mod 1 . ct mark : ip daddr . tcp dport ; }}')
     elif layout == "bycount":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof ip daddr . tcp dport . numgen random mod 2 : ip daddr . tcp dport ; comment "service entry . slot: endpoint address . port" ; }}')
+        if NODEPORTS:
+            w(f'add map {TABLE} nodeport-endpoints-tcp {{ typeof tcp dport . numgen random mod 2 : ip daddr . tcp dport ; comment "node port . slot: endpoint address . port" ; }}')
     elif layout == "interval":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod {SLOTS} : ip daddr . tcp dport ; flags interval ; comment "slot ranges of each service port: endpoint address . port" ; }}')
     if data:
@@ -274,6 +283,12 @@ def data_service(out, layout, i, n_eps, cip, affinity=None, port=80, cap=None):
     w(f"add chain {TABLE} {sc}")
     w(f"flush chain {TABLE} {sc}")
     w(f"add rule {TABLE} {sc} ip daddr {cip} tcp dport {port} ip saddr != {POD_CIDR} jump mark-for-masquerade")
+    if NODEPORTS and layout in ("sharded", "bycount"):
+        ec = external_chain(i)
+        w(f"add chain {TABLE} {ec}")
+        w(f"flush chain {TABLE} {ec}")
+        w(f"add rule {TABLE} {ec} jump mark-for-masquerade")
+        w(f"add rule {TABLE} {ec} goto {sc}")
     if affinity:
         # a client with a live affinity entry keeps its endpoint
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to ip daddr . th dport . ip saddr map @affinity-tcp-{affinity}")
@@ -301,6 +316,15 @@ def ctmark_draw(n_eps):
 # most (groups + G) rules instead of one per class. An entry is also an
 # element of its group's set.
 GROUP = int(os.environ.get("KP_LAY_GROUP", "0"))
+NODEPORTS = os.environ.get("KP_LAY_NODEPORTS") == "1"
+
+
+def node_port(i):
+    return 30000 + i
+
+
+def external_chain(i):
+    return "external-" + service_chain(i)[len("service-"):]
 
 
 def group_of(c):
@@ -311,6 +335,13 @@ def count_classes(out, counts):
     """bycount: the shared chain, one rule (and set) per endpoint count."""
     out.append(f"add chain {TABLE} endpoints-by-count")
     out.append(f"flush chain {TABLE} endpoints-by-count")
+    if NODEPORTS:
+        out.append(f"add chain {TABLE} nodeports-by-count")
+        out.append(f"add rule {TABLE} endpoints-by-count ip daddr @nodeport-ips goto nodeports-by-count")
+        for c in sorted(counts):
+            out.append(f"add set {TABLE} nodeport-count-{c} {{ typeof tcp dport ; }}")
+            out.append(f"add rule {TABLE} nodeports-by-count tcp dport @nodeport-count-{c} "
+                       f"meta l4proto tcp dnat ip to tcp dport . numgen random mod {c} map @nodeport-endpoints-tcp")
     if GROUP:
         for g in sorted({group_of(c) for c in counts}):
             out.append(f"add set {TABLE} endpoint-group-{g} {{ typeof ip daddr . tcp dport ; }}")
@@ -396,7 +427,7 @@ def full(layout, n, e):
     base(out, layout)
     if layout == "bycount":
         count_classes(out, {c for c in (e - 1, e, e + 1) if c >= 1} | extra_classes())
-    elems, pairs, counts = {}, [], {}
+    elems, pairs, counts, np_counts = {}, [], {}, {}
     for i in range(n):
         ips = [endpoint_ip(i, j, e) for j in range(e)]
         if layout == "current":
@@ -404,15 +435,24 @@ def full(layout, n, e):
         else:
             data_service(out, layout, i, len(ips), cluster_ip(i), cap=capacity(len(ips)))
             elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips, cluster_ip(i)))
+            if NODEPORTS and layout == "bycount":
+                elems.setdefault("nodeport-endpoints-tcp", []).extend(
+                    f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs += [f"{ip} . {ip}" for ip in ips]
             counts.setdefault(len(ips), []).append(f"{cluster_ip(i)} . 80")
+            np_counts.setdefault(len(ips), []).append(str(node_port(i)))
     for i in range(n):
         out.append(f"add element {TABLE} cluster-ips {{ {cluster_ip(i)} }}")
         out.append(f"add element {TABLE} service-ips {{ {cluster_ip(i)} . tcp . 80 : goto {service_chain(i)} }}")
+        if NODEPORTS and layout in ("sharded", "bycount"):
+            out.append(f"add element {TABLE} service-nodeports {{ tcp . {node_port(i)} : goto {external_chain(i)} }}")
     for name in sorted(elems):
         elements(out, name, elems[name])
     if layout == "bycount":
         count_elements(out, counts)
+        if NODEPORTS:
+            for c in sorted(np_counts):
+                elements(out, f"nodeport-count-{c}", np_counts[c])
     elements(out, "hairpin-endpoints", pairs)
     return out
 
@@ -473,6 +513,12 @@ def slot_edit(layout, i, cip, a, b, before, after, affinity=None):
         out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
     if come:
         out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
+    if NODEPORTS and layout == "bycount":
+        # the NodePort entry's slots are the ClusterIP entry's, keyed by port
+        prefix, np = f"{cip} . 80 . ", f"{node_port(i)} . "
+        for verb, items in (("delete", gone), ("add", come)):
+            if items:
+                out.append(f"{verb} element {TABLE} nodeport-endpoints-tcp {{ {', '.join(x.replace(prefix, np) for x in items)} }}")
     return out
 
 
@@ -487,6 +533,9 @@ def count_change(out, layout, i, cip, was, now, affinity=None):
     elif layout == "bycount":
         out.append(f"delete element {TABLE} endpoint-count-{was} {{ {cip} . 80 }}")
         out.append(f"add element {TABLE} endpoint-count-{now} {{ {cip} . 80 }}")
+        if NODEPORTS:
+            out.append(f"delete element {TABLE} nodeport-count-{was} {{ {node_port(i)} }}")
+            out.append(f"add element {TABLE} nodeport-count-{now} {{ {node_port(i)} }}")
         if GROUP and group_of(was) != group_of(now):
             out.append(f"delete element {TABLE} endpoint-group-{group_of(was)} {{ {cip} . 80 }}")
             out.append(f"add element {TABLE} endpoint-group-{group_of(now)} {{ {cip} . 80 }}")
@@ -516,7 +565,7 @@ def proof(layout):
         affinity_rules(out, 3)
     if layout == "bycount":
         count_classes(out, {len(ips) for _, ips in PROOF_SERVICES.values()} | extra_classes())
-    elems, pairs, counts = {}, set(), {}
+    elems, pairs, counts, np_counts = {}, set(), {}, {}
     for i, (cip, ips) in PROOF_SERVICES.items():
         if layout == "current":
             if i in AFFINITY:
@@ -527,14 +576,23 @@ def proof(layout):
             if i in AFFINITY:
                 out.append(f"add element {TABLE} affinity-services-{AFFINITY[i]} {{ {cip} . tcp . 80 }}")
             elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips, cip))
+            if NODEPORTS and layout == "bycount":
+                elems.setdefault("nodeport-endpoints-tcp", []).extend(
+                    f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs |= {f"{ip} . {ip}" for ip in ips}
             counts.setdefault(len(ips), []).append(f"{cip} . 80")
+            np_counts.setdefault(len(ips), []).append(str(node_port(i)))
         out.append(f"add element {TABLE} cluster-ips {{ {cip} }}")
         out.append(f"add element {TABLE} service-ips {{ {cip} . tcp . 80 : goto {service_chain(i)} }}")
+        if NODEPORTS and layout in ("sharded", "bycount"):
+            out.append(f"add element {TABLE} service-nodeports {{ tcp . {node_port(i)} : goto {external_chain(i)} }}")
     for name in sorted(elems):
         elements(out, name, elems[name])
     if layout == "bycount":
         count_elements(out, counts)
+        if NODEPORTS:
+            for c in sorted(np_counts):
+                elements(out, f"nodeport-count-{c}", np_counts[c])
     elements(out, "hairpin-endpoints", sorted(pairs))
     return out
 

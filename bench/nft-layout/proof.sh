@@ -21,8 +21,20 @@ esac
 check() { # name status detail
     if [ "$2" = 0 ]; then echo "PASS $1: $3"; else echo "FAIL $1: $3"; FAILED=1; fi
 }
-count() { # ns addr n -> "e1 150 e2 150 "
-    nsx "$1" python3 "$HERE/client.py" count "$2" 80 "$3" | tr '\n' ' '
+count() { # ns addr n [port] -> "e1 150 e2 150 "
+    nsx "$1" python3 "$HERE/client.py" count "$2" "${4:-80}" "$3" | tr '\n' ' '
+}
+# With KP_LAY_NODEPORTS=1 (sharded, bycount) Service 0 also has NodePort
+# 30000 on the node's address 192.168.99.2, checked after each change to
+# Service 0.
+nodeport() { # check-name lo hi endpoints... : 300 connections to the NodePort
+    [ "${KP_LAY_NODEPORTS:-}" = 1 ] || return 0
+    local name=$1 lo=$2 hi=$3 ok=0 e
+    shift 3
+    c=$(count kp-lay-c 192.168.99.2 300 30000)
+    [ "$(get "$c" FAIL)" = 0 ] || ok=1
+    for e in "$@"; do within "$(get "$c" "$e")" "$lo" "$hi" || ok=1; done
+    check "$name" $ok "$c"
 }
 get() { # "counts" key -> number (0 when absent)
     local words=($1) k
@@ -58,6 +70,7 @@ set +e
 c=$(count kp-lay-c 10.96.0.10 300)
 within "$(get "$c" e1)" 110 190 && within "$(get "$c" e2)" 110 190 && [ "$(get "$c" FAIL)" = 0 ]
 check spread-2 $? "$c"
+nodeport nodeport-spread-2 110 190 e1 e2
 c=$(count kp-lay-c 10.96.0.11 300)
 within "$(get "$c" e1)" 60 140 && within "$(get "$c" e2)" 60 140 && within "$(get "$c" e3)" 60 140 && [ "$(get "$c" FAIL)" = 0 ]
 check spread-3 $? "$c"
@@ -101,10 +114,12 @@ edit add 0 10.244.1.4 || exit 1
 c=$(count kp-lay-c 10.96.0.10 300)
 within "$(get "$c" e1)" 60 140 && within "$(get "$c" e2)" 60 140 && within "$(get "$c" e3)" 60 140 && [ "$(get "$c" FAIL)" = 0 ]
 check growth $? "$c"
+nodeport nodeport-growth 60 140 e1 e2 e3
 edit unadd 0 10.244.1.4 || exit 1
 c=$(count kp-lay-c 10.96.0.10 300)
 [ "$(get "$c" e3)" = 0 ] && [ "$(get "$c" FAIL)" = 0 ] && within "$(get "$c" e1)" 110 190 && within "$(get "$c" e2)" 110 190
 check growth-undone $? "$c"
+nodeport nodeport-growth-undone 110 190 e1 e2
 
 # 6. replacement: in Service 0, e2 is replaced by e3 in an element-only
 #    transaction (e3 takes e2's slots); e2 gets no new connection, e1 and e3
@@ -113,6 +128,7 @@ edit replace 0 10.244.1.3 10.244.1.4 || exit 1
 c=$(count kp-lay-c 10.96.0.10 300)
 [ "$(get "$c" e2)" = 0 ] && [ "$(get "$c" FAIL)" = 0 ] && within "$(get "$c" e1)" 110 190 && within "$(get "$c" e3)" 110 190
 check replacement $? "$c"
+nodeport nodeport-replacement 110 190 e1 e3
 
 # 7. removal: e1 leaves Service 1 (3 -> 2 endpoints; data, sharded: e3
 #    moves into e1's slot, the dnat rule's modulus drops to 2; the other
