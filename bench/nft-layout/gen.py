@@ -62,7 +62,7 @@ With $KP_LAY_NODEPORTS=1 (sharded and bycount), Service i also has NodePort
 30000+i: an external-… chain (masquerade, goto the service chain) in
 service-nodeports, as upstream. bycount keys a NodePort by its port alone:
 its slots in map nodeport-endpoints-tcp (`tcp dport . numgen random mod E`),
-its count in set nodeport-count-E, the class rules in chain
+its count in set nodeport-count-E (keyed `meta l4proto . th dport`), the class rules in chain
 nodeports-by-count, reached from the top of endpoints-by-count by
 `ip daddr @nodeport-ips goto nodeports-by-count` (not grouped).
   padded    as sharded, but the modulus is a capacity C (next power of two
@@ -339,8 +339,11 @@ def count_classes(out, counts):
         out.append(f"add chain {TABLE} nodeports-by-count")
         out.append(f"add rule {TABLE} endpoints-by-count ip daddr @nodeport-ips goto nodeports-by-count")
         for c in sorted(counts):
-            out.append(f"add set {TABLE} nodeport-count-{c} {{ typeof tcp dport ; }}")
-            out.append(f"add rule {TABLE} nodeports-by-count tcp dport @nodeport-count-{c} "
+            # keyed by protocol . port as upstream's service-nodeports: a
+            # set keyed by a port alone is a kernel bitmap, whose element
+            # lookup walks a list (quadratic cold loads)
+            out.append(f"add set {TABLE} nodeport-count-{c} {{ typeof meta l4proto . th dport ; }}")
+            out.append(f"add rule {TABLE} nodeports-by-count meta l4proto . th dport @nodeport-count-{c} "
                        f"meta l4proto tcp dnat ip to tcp dport . numgen random mod {c} map @nodeport-endpoints-tcp")
     if GROUP:
         for g in sorted({group_of(c) for c in counts}):
@@ -440,7 +443,7 @@ def full(layout, n, e):
                     f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs += [f"{ip} . {ip}" for ip in ips]
             counts.setdefault(len(ips), []).append(f"{cluster_ip(i)} . 80")
-            np_counts.setdefault(len(ips), []).append(str(node_port(i)))
+            np_counts.setdefault(len(ips), []).append(f"tcp . {node_port(i)}")
     for i in range(n):
         out.append(f"add element {TABLE} cluster-ips {{ {cluster_ip(i)} }}")
         out.append(f"add element {TABLE} service-ips {{ {cluster_ip(i)} . tcp . 80 : goto {service_chain(i)} }}")
@@ -534,8 +537,8 @@ def count_change(out, layout, i, cip, was, now, affinity=None):
         out.append(f"delete element {TABLE} endpoint-count-{was} {{ {cip} . 80 }}")
         out.append(f"add element {TABLE} endpoint-count-{now} {{ {cip} . 80 }}")
         if NODEPORTS:
-            out.append(f"delete element {TABLE} nodeport-count-{was} {{ {node_port(i)} }}")
-            out.append(f"add element {TABLE} nodeport-count-{now} {{ {node_port(i)} }}")
+            out.append(f"delete element {TABLE} nodeport-count-{was} {{ tcp . {node_port(i)} }}")
+            out.append(f"add element {TABLE} nodeport-count-{now} {{ tcp . {node_port(i)} }}")
         if GROUP and group_of(was) != group_of(now):
             out.append(f"delete element {TABLE} endpoint-group-{group_of(was)} {{ {cip} . 80 }}")
             out.append(f"add element {TABLE} endpoint-group-{group_of(now)} {{ {cip} . 80 }}")
@@ -581,7 +584,7 @@ def proof(layout):
                     f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs |= {f"{ip} . {ip}" for ip in ips}
             counts.setdefault(len(ips), []).append(f"{cip} . 80")
-            np_counts.setdefault(len(ips), []).append(str(node_port(i)))
+            np_counts.setdefault(len(ips), []).append(f"tcp . {node_port(i)}")
         out.append(f"add element {TABLE} cluster-ips {{ {cip} }}")
         out.append(f"add element {TABLE} service-ips {{ {cip} . tcp . 80 : goto {service_chain(i)} }}")
         if NODEPORTS and layout in ("sharded", "bycount"):
