@@ -11,6 +11,12 @@ against a loaded table, in namespace kp-lay-m, as root.
                                      then R x each probe below (forward,
                                      then its undo)
 
+  scope.py [--runs R] tables T N     N Services x 2 spread over T tables
+                                     (gen.py sharded full N/T 2, its table
+                                     renamed ip kube-proxy-0 ... -T-1; the
+                                     tables' addresses overlap, no packets),
+                                     then R x (grow, shrink) in table 0
+
 Probes (chain `scope-scratch` and table `ip kp-lay-small` are added for
 them; the scratch chain is referenced by no rule):
   grow            Service 0 gains an endpoint and loses it again (gen.py
@@ -122,7 +128,7 @@ def main(argv):
         else:
             layout = args[1]
         args = args[2:]
-    if len(args) < 2 or args[0] not in ("scale", "kinds"):
+    if len(args) < 2 or args[0] not in ("scale", "kinds", "tables"):
         sys.exit(__doc__)
     subprocess.run(["ip", "netns", "del", measure.NS], capture_output=True)
     measure.run(["ip", "netns", "add", measure.NS], "ip netns add")
@@ -137,6 +143,22 @@ def main(argv):
                     a, b = pair(tmp, g, s, runs)
                     print(f"scale sharded {n}x2 cold-kernel {cold:8.1f} grow-kernel {stats(a)}", flush=True)
                     print(f"scale sharded {n}x2 cold-kernel {cold:8.1f} shrink-kernel {stats(b)}", flush=True)
+            elif args[0] == "tables":
+                t, n = int(args[1]), int(args[2])
+                per = n // t
+                paths = {}
+                for what in ("full", "grow", "shrink"):
+                    with open(measure.gen(tmp, "sharded", what, per, 2)) as f:
+                        paths[what] = f.read()
+                cold = 0.0
+                for k in range(t):
+                    cold += measure.nft_traced(write(tmp, f"full-{k}", [paths["full"].replace(T, f"{T}-{k}")]))[1]
+                g = write(tmp, "grow-0", [paths["grow"].replace(T, f"{T}-0")])
+                sh = write(tmp, "shrink-0", [paths["shrink"].replace(T, f"{T}-0")])
+                a, b = pair(tmp, g, sh, runs)
+                print(f"tables {t} x sharded {per}x2 cold-kernel (sum) {cold:8.1f}", flush=True)
+                print(f"tables {t} x sharded {per}x2 grow-kernel   {stats(a)}", flush=True)
+                print(f"tables {t} x sharded {per}x2 shrink-kernel {stats(b)}", flush=True)
             else:
                 n, e = int(args[1]), int(args[2])
                 cold = load(measure.gen(tmp, layout, "full", n, e))
