@@ -6,10 +6,16 @@ docs/nft-layout-experiment.md: N Services x E endpoints, one TCP port each.
   gen.py LAYOUT KIND   N E    a change to Service 0, KIND one of
       change / revert       endpoint 0 replaced by a new endpoint / back
       grow / shrink         a new endpoint added (E+1) / removed again
+      flip / unflip         the last endpoint turns not ready (E-1) /
+                            ready again
       recut / recut-revert  (interval only) the replacement re-cutting
                             every slot range / back
   gen.py LAYOUT proof         the small world of proof.sh and connrate.sh
   gen.py LAYOUT remove I IP   in that world, endpoint IP leaves Service I
+  gen.py LAYOUT replace I IP NEW   there, NEW takes IP's slots (I's count
+                              stays)
+  gen.py LAYOUT add I IP      there, IP joins Service I (its count grows)
+  gen.py LAYOUT unadd I IP    the inverse of add
 
 LAYOUT:
   current   the shape of `kube-proxy --dry-run --proxy-mode nftables`: a
@@ -34,6 +40,36 @@ LAYOUT:
             random mod 65536 offset ID*65536`, each endpoint owning a range
             of its Service's 65,536 slots, so that every endpoint change
             is element-only (the kernel keeps it in an rbtree)
+  ctmark    as sharded, but the draw is its own rule, `ct mark set numgen
+            random mod E`, and the dnat rule looks the slot up from the
+            conntrack mark (`numgen random mod 1 offset ID . ct mark`): a
+            count change replaces only the draw rule (by handle: the change
+            files say `handle @HANDLE@`, which measure.py resolves), and a
+            rule without a nat, lookup or verdict expression does not make
+            the kernel validate the table. The connection keeps the slot as
+            its conntrack mark
+  bycount   no service number: the slot map is keyed by the Service entry
+            and the slot (`ip daddr . tcp dport . numgen random mod E`), and
+            the draw is in one shared chain, endpoints-by-count, with one
+            rule per endpoint count in use (a count class), each matching
+            the entries of set endpoint-count-E; the service chain ends
+            with `goto endpoints-by-count`. A count change moves the
+            entry between two sets (elements only) as long as the new
+            count's class exists; full tables hold the classes E-1, E and
+            E+1 (and $KP_LAY_CLASSES, a comma list, for the data path);
+            $KP_LAY_GROUP groups the classes (see GROUP below)
+With $KP_LAY_NODEPORTS=1 (sharded and bycount), Service i also has NodePort
+30000+i: an external-… chain (masquerade, goto the service chain) in
+service-nodeports, as upstream. bycount keys a NodePort by its port alone:
+its slots in map nodeport-endpoints-tcp (`tcp dport . numgen random mod E`),
+its count in set nodeport-count-E (keyed `meta l4proto . th dport`), the class rules in chain
+nodeports-by-count, reached from the top of endpoints-by-count by
+`ip daddr @nodeport-ips goto nodeports-by-count` (not grouped).
+  padded    as sharded, but the modulus is a capacity C (next power of two
+            >= 4E, or $KP_LAY_CAP) and the C slots are shared out so that
+            each endpoint holds floor(C/E) or ceil(C/E); a count change
+            within C moves slots (elements only). The changes keep the C of
+            the full table
 
 Addresses: ClusterIPs from 10.96.0.1 up, endpoints from 10.128.0.0 up (the
 scale files carry no packets), pod CIDR 10.244.0.0/16 in the masquerade
@@ -47,7 +83,9 @@ import sys
 
 TABLE = "ip kube-proxy"
 POD_CIDR = "10.244.0.0/16"
-LAYOUTS = ("current", "data", "sharded", "interval")
+LAYOUTS = ("current", "data", "sharded", "interval", "ctmark", "bycount", "padded")
+# layouts whose slot maps are sharded by service number
+SHARDED = ("sharded", "ctmark", "padded")
 # Maps of the sharded layout: Service i's slots live in map i % SHARDS
 # (64, or the environment's KP_LAY_SHARDS).
 SHARDS = int(os.environ.get("KP_LAY_SHARDS", "64"))
@@ -106,9 +144,16 @@ def base(out, layout):
         w(f"add map {TABLE} {m} {{ type {t} ; }}")
     if layout == "data":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod 1 . numgen random mod 2 : ip daddr . tcp dport ; comment "service port number . slot: endpoint address . port" ; }}')
-    elif layout == "sharded":
+    elif layout in ("sharded", "padded"):
         for k in range(SHARDS):
             w(f'add map {TABLE} service-endpoints-tcp-{k} {{ typeof numgen random mod 1 . numgen random mod 2 : ip daddr . tcp dport ; }}')
+    elif layout == "ctmark":
+        for k in range(SHARDS):
+            w(f'add map {TABLE} service-endpoints-tcp-{k} {{ typeof numgen random mod 1 . ct mark : ip daddr . tcp dport ; }}')
+    elif layout == "bycount":
+        w(f'add map {TABLE} service-endpoints-tcp {{ typeof ip daddr . tcp dport . numgen random mod 2 : ip daddr . tcp dport ; comment "service entry . slot: endpoint address . port" ; }}')
+        if NODEPORTS:
+            w(f'add map {TABLE} nodeport-endpoints-tcp {{ typeof tcp dport . numgen random mod 2 : ip daddr . tcp dport ; comment "node port . slot: endpoint address . port" ; }}')
     elif layout == "interval":
         w(f'add map {TABLE} service-endpoints-tcp {{ typeof numgen random mod {SLOTS} : ip daddr . tcp dport ; flags interval ; comment "slot ranges of each service port: endpoint address . port" ; }}')
     if data:
@@ -219,29 +264,155 @@ def slot_ranges(i, n):
     return [(b + k * SLOTS // n, b + (k + 1) * SLOTS // n - 1) for k in range(n)]
 
 
-def data_service(out, layout, i, n_eps, cip, affinity=None, port=80):
+def capacity(e):
+    """padded: the modulus of a Service port with E endpoints."""
+    cap = os.environ.get("KP_LAY_CAP")
+    if cap:
+        return int(cap)
+    c = 1
+    while c < 4 * e:
+        c *= 2
+    return c
+
+
+def data_service(out, layout, i, n_eps, cip, affinity=None, port=80, cap=None):
+    """A data layout's service chain. n_eps is the endpoint count (the
+    modulus of the exact layouts); cap the padded layout's capacity."""
     w = out.append
     sc = service_chain(i)
     w(f"add chain {TABLE} {sc}")
     w(f"flush chain {TABLE} {sc}")
     w(f"add rule {TABLE} {sc} ip daddr {cip} tcp dport {port} ip saddr != {POD_CIDR} jump mark-for-masquerade")
+    if NODEPORTS and layout in ("sharded", "bycount"):
+        ec = external_chain(i)
+        w(f"add chain {TABLE} {ec}")
+        w(f"flush chain {TABLE} {ec}")
+        w(f"add rule {TABLE} {ec} jump mark-for-masquerade")
+        w(f"add rule {TABLE} {ec} goto {sc}")
     if affinity:
         # a client with a live affinity entry keeps its endpoint
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to ip daddr . th dport . ip saddr map @affinity-tcp-{affinity}")
     if layout in ("data", "sharded"):
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . numgen random mod {n_eps} map @{slot_map(layout, i)}")
+    elif layout == "padded":
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . numgen random mod {cap} map @{slot_map(layout, i)}")
+    elif layout == "ctmark":
+        w(f"add rule {TABLE} {sc} {ctmark_draw(n_eps)}")
+        w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod 1 offset {i} . ct mark map @{slot_map(layout, i)}")
+    elif layout == "bycount":
+        w(f"add rule {TABLE} {sc} goto endpoints-by-count")
     else:
         w(f"add rule {TABLE} {sc} meta l4proto tcp dnat ip to numgen random mod {SLOTS} offset {i * SLOTS} map @service-endpoints-tcp")
 
 
+def ctmark_draw(n_eps):
+    return f"ct mark set numgen random mod {n_eps}"
+
+
+# bycount with $KP_LAY_GROUP = G: the count classes are grouped by value
+# (counts 1..G, G+1..2G, ...); endpoints-by-count holds one rule per group,
+# `ip daddr . tcp dport @endpoint-group-K goto endpoints-by-count-K`, and
+# each group's chain its class rules, so that a new connection walks at
+# most (groups + G) rules instead of one per class. An entry is also an
+# element of its group's set.
+GROUP = int(os.environ.get("KP_LAY_GROUP", "0"))
+NODEPORTS = os.environ.get("KP_LAY_NODEPORTS") == "1"
+
+
+def node_port(i):
+    return 30000 + i
+
+
+def external_chain(i):
+    return "external-" + service_chain(i)[len("service-"):]
+
+
+def group_of(c):
+    return (c - 1) // GROUP
+
+
+def count_classes(out, counts):
+    """bycount: the shared chain, one rule (and set) per endpoint count."""
+    out.append(f"add chain {TABLE} endpoints-by-count")
+    out.append(f"flush chain {TABLE} endpoints-by-count")
+    if NODEPORTS:
+        out.append(f"add chain {TABLE} nodeports-by-count")
+        out.append(f"add rule {TABLE} endpoints-by-count ip daddr @nodeport-ips goto nodeports-by-count")
+        for c in sorted(counts):
+            # keyed by protocol . port as upstream's service-nodeports: a
+            # set keyed by a port alone is a kernel bitmap, whose element
+            # lookup walks a list (quadratic cold loads)
+            out.append(f"add set {TABLE} nodeport-count-{c} {{ typeof meta l4proto . th dport ; }}")
+            out.append(f"add rule {TABLE} nodeports-by-count meta l4proto . th dport @nodeport-count-{c} "
+                       f"meta l4proto tcp dnat ip to tcp dport . numgen random mod {c} map @nodeport-endpoints-tcp")
+    if GROUP:
+        for g in sorted({group_of(c) for c in counts}):
+            out.append(f"add set {TABLE} endpoint-group-{g} {{ typeof ip daddr . tcp dport ; }}")
+            out.append(f"add chain {TABLE} endpoints-by-count-{g}")
+            out.append(f"add rule {TABLE} endpoints-by-count ip daddr . tcp dport @endpoint-group-{g} goto endpoints-by-count-{g}")
+    for c in sorted(counts):
+        chain = f"endpoints-by-count-{group_of(c)}" if GROUP else "endpoints-by-count"
+        out.append(f"add set {TABLE} endpoint-count-{c} {{ typeof ip daddr . tcp dport ; }}")
+        out.append(f"add rule {TABLE} {chain} ip daddr . tcp dport @endpoint-count-{c} "
+                   f"meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod {c} map @service-endpoints-tcp")
+
+
+def count_elements(out, counts):
+    """bycount: each entry in the set of its count (and of its group)."""
+    for c in sorted(counts):
+        elements(out, f"endpoint-count-{c}", counts[c])
+    if GROUP:
+        groups = {}
+        for c in counts:
+            groups.setdefault(group_of(c), []).extend(counts[c])
+        for g in sorted(groups):
+            elements(out, f"endpoint-group-{g}", groups[g])
+
+
+def extra_classes():
+    return {int(c) for c in os.environ.get("KP_LAY_CLASSES", "").split(",") if c}
+
+
 def slot_map(layout, i):
-    return f"service-endpoints-tcp-{i % SHARDS}" if layout == "sharded" else "service-endpoints-tcp"
+    return f"service-endpoints-tcp-{i % SHARDS}" if layout in SHARDED else "service-endpoints-tcp"
 
 
-def data_elements(layout, i, ips):
-    if layout in ("data", "sharded"):
-        return [f"{i} . {j} : {ip} . 8080" for j, ip in enumerate(ips)]
-    return [f"{lo}-{hi} : {ip} . 8080" for (lo, hi), ip in zip(slot_ranges(i, len(ips)), ips)]
+def assign(layout, i, cip, ips, base=None):
+    """Slot key -> endpoint address of Service i (ClusterIP cip). Exact
+    layouts: endpoint j holds slot j. padded: from scratch, slot s goes to
+    ips[s % E]; from BASE (an earlier assignment), the fewest slots move: a
+    leaving endpoint's slots go to the endpoints holding the fewest, a new
+    endpoint takes slots from those holding the most."""
+    if layout == "interval":
+        return {f"{lo}-{hi}": ip for (lo, hi), ip in zip(slot_ranges(i, len(ips)), ips)}
+    if layout == "bycount":
+        return {f"{cip} . 80 . {j}": ip for j, ip in enumerate(ips)}
+    if layout != "padded":
+        return {f"{i} . {j}": ip for j, ip in enumerate(ips)}
+    if base is None:
+        c = capacity(len(ips))
+        return {f"{i} . {s}": ips[s % len(ips)] for s in range(c)}
+    c = len(base)
+    if len(ips) > c:
+        sys.exit(f"padded: {len(ips)} endpoints do not fit capacity {c}")
+    slots = {ip: [] for ip in ips}
+    free = []
+    for s in range(c):
+        ip = base[f"{i} . {s}"]
+        (slots[ip] if ip in slots else free).append(s)
+    while free:  # slots of leaving endpoints to the ones holding the fewest
+        poorest = min(ips, key=lambda ip: (len(slots[ip]), ips.index(ip)))
+        slots[poorest].append(free.pop())
+    lo = c // len(ips)
+    for ip in ips:  # new endpoints take from the ones holding the most
+        while len(slots[ip]) < lo:
+            richest = max(ips, key=lambda x: (len(slots[x]), -ips.index(x)))
+            slots[ip].append(slots[richest].pop())
+    return {f"{i} . {s}": ip for ip, ss in slots.items() for s in ss}
+
+
+def data_elements(layout, i, ips, cip):
+    return [f"{k} : {ip} . 8080" for k, ip in assign(layout, i, cip, ips).items()]
 
 
 def chunks(items, size=2000):
@@ -257,20 +428,34 @@ def elements(out, name, items):
 def full(layout, n, e):
     out = []
     base(out, layout)
-    elems, pairs = {}, []
+    if layout == "bycount":
+        count_classes(out, {c for c in (e - 1, e, e + 1) if c >= 1} | extra_classes())
+    elems, pairs, counts, np_counts = {}, [], {}, {}
     for i in range(n):
         ips = [endpoint_ip(i, j, e) for j in range(e)]
         if layout == "current":
             current_service(out, i, ips, cluster_ip(i))
         else:
-            data_service(out, layout, i, len(ips), cluster_ip(i))
-            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips))
+            data_service(out, layout, i, len(ips), cluster_ip(i), cap=capacity(len(ips)))
+            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips, cluster_ip(i)))
+            if NODEPORTS and layout == "bycount":
+                elems.setdefault("nodeport-endpoints-tcp", []).extend(
+                    f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs += [f"{ip} . {ip}" for ip in ips]
+            counts.setdefault(len(ips), []).append(f"{cluster_ip(i)} . 80")
+            np_counts.setdefault(len(ips), []).append(f"tcp . {node_port(i)}")
     for i in range(n):
         out.append(f"add element {TABLE} cluster-ips {{ {cluster_ip(i)} }}")
         out.append(f"add element {TABLE} service-ips {{ {cluster_ip(i)} . tcp . 80 : goto {service_chain(i)} }}")
+        if NODEPORTS and layout in ("sharded", "bycount"):
+            out.append(f"add element {TABLE} service-nodeports {{ tcp . {node_port(i)} : goto {external_chain(i)} }}")
     for name in sorted(elems):
         elements(out, name, elems[name])
+    if layout == "bycount":
+        count_elements(out, counts)
+        if NODEPORTS:
+            for c in sorted(np_counts):
+                elements(out, f"nodeport-count-{c}", np_counts[c])
     elements(out, "hairpin-endpoints", pairs)
     return out
 
@@ -281,16 +466,26 @@ def change(layout, n, e, kind):
     cip = cluster_ip(i)
     old = [endpoint_ip(i, j, e) for j in range(e)]
     new_ip = new_endpoint_ip(i)
-    revert = kind in ("revert", "shrink", "recut-revert")
+    revert = kind in ("revert", "shrink", "recut-revert", "unflip")
     if kind in ("change", "revert", "recut", "recut-revert"):
         # replacement: the stable slot assignment puts the new endpoint in
         # the removed one's slot; recut re-assigns in list order
         a = old
         b = old[1:] + [new_ip] if kind.startswith("recut") or layout == "current" else [new_ip] + old[1:]
+    elif kind in ("flip", "unflip"):  # the last endpoint turns not ready
+        a, b = old, old[:-1]
     else:  # grow / shrink
         a, b = old, old + [new_ip]
+    before = after = None
+    if layout != "current":
+        before = assign(layout, i, cip, a)
+        if layout == "padded" and kind in ("change", "revert"):
+            after = {k: (new_ip if ip == old[0] else ip) for k, ip in before.items()}
+        else:
+            after = assign(layout, i, cip, b, base=before)
     if revert:
         a, b = b, a
+        before, after = after, before
     out = []
     (left,) = set(a) - set(b) or {None}
     (joined,) = set(b) - set(a) or {None}
@@ -301,17 +496,7 @@ def change(layout, n, e, kind):
         if left:
             out.append(f"flush chain {TABLE} {endpoint_chain(i, left)}")
         return out
-    before = dict(zip(data_keys(layout, i, len(a)), a))
-    after = dict(zip(data_keys(layout, i, len(b)), b))
-    gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
-    come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
-    if len(a) != len(b) and layout != "interval":
-        # the modulus is the endpoint count: the Service's chain is rewritten
-        data_service(out, layout, i, len(b), cip)
-    if gone:
-        out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
-    if come:
-        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
+    out += slot_edit(layout, i, cip, a, b, before, after)
     if left:
         out.append(f"delete element {TABLE} hairpin-endpoints {{ {left} . {left} }}")
     if joined:
@@ -319,10 +504,45 @@ def change(layout, n, e, kind):
     return out
 
 
-def data_keys(layout, i, n):
+def slot_edit(layout, i, cip, a, b, before, after, affinity=None):
+    """The transaction taking Service i from endpoints A (slots BEFORE) to
+    B (slots AFTER), hairpin pairs aside."""
+    out = []
+    gone = [f"{k} : {ip} . 8080" for k, ip in before.items() if after.get(k) != ip]
+    come = [f"{k} : {ip} . 8080" for k, ip in after.items() if before.get(k) != ip]
+    if len(a) != len(b):
+        count_change(out, layout, i, cip, len(a), len(b), affinity=affinity)
+    if gone:
+        out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
+    if come:
+        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
+    if NODEPORTS and layout == "bycount":
+        # the NodePort entry's slots are the ClusterIP entry's, keyed by port
+        prefix, np = f"{cip} . 80 . ", f"{node_port(i)} . "
+        for verb, items in (("delete", gone), ("add", come)):
+            if items:
+                out.append(f"{verb} element {TABLE} nodeport-endpoints-tcp {{ {', '.join(x.replace(prefix, np) for x in items)} }}")
+    return out
+
+
+def count_change(out, layout, i, cip, was, now, affinity=None):
+    """What a change of the endpoint count from WAS to NOW costs in rules."""
     if layout in ("data", "sharded"):
-        return [f"{i} . {j}" for j in range(n)]
-    return [f"{lo}-{hi}" for lo, hi in slot_ranges(i, n)]
+        # the modulus is the endpoint count: the Service's chain is rewritten
+        data_service(out, layout, i, now, cip, affinity=affinity)
+    elif layout == "ctmark":
+        # only the draw rule: measure.py / resolve.py put in its handle
+        out.append(f"replace rule {TABLE} {service_chain(i)} handle @HANDLE@ {ctmark_draw(now)}")
+    elif layout == "bycount":
+        out.append(f"delete element {TABLE} endpoint-count-{was} {{ {cip} . 80 }}")
+        out.append(f"add element {TABLE} endpoint-count-{now} {{ {cip} . 80 }}")
+        if NODEPORTS:
+            out.append(f"delete element {TABLE} nodeport-count-{was} {{ tcp . {node_port(i)} }}")
+            out.append(f"add element {TABLE} nodeport-count-{now} {{ tcp . {node_port(i)} }}")
+        if GROUP and group_of(was) != group_of(now):
+            out.append(f"delete element {TABLE} endpoint-group-{group_of(was)} {{ {cip} . 80 }}")
+            out.append(f"add element {TABLE} endpoint-group-{group_of(now)} {{ {cip} . 80 }}")
+    # padded: the capacity stays, the slots move; interval: ranges move
 
 
 # The address plan of topo.sh: Service index -> (ClusterIP, endpoints).
@@ -346,22 +566,36 @@ def proof(layout):
     if layout != "current":
         affinity_maps(out, 3)
         affinity_rules(out, 3)
-    elems, pairs = {}, set()
+    if layout == "bycount":
+        count_classes(out, {len(ips) for _, ips in PROOF_SERVICES.values()} | extra_classes())
+    elems, pairs, counts, np_counts = {}, set(), {}, {}
     for i, (cip, ips) in PROOF_SERVICES.items():
         if layout == "current":
             if i in AFFINITY:
                 continue
             current_service(out, i, ips, cip)
         else:
-            data_service(out, layout, i, len(ips), cip, affinity=AFFINITY.get(i))
+            data_service(out, layout, i, len(ips), cip, affinity=AFFINITY.get(i), cap=capacity(len(ips)))
             if i in AFFINITY:
                 out.append(f"add element {TABLE} affinity-services-{AFFINITY[i]} {{ {cip} . tcp . 80 }}")
-            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips))
+            elems.setdefault(slot_map(layout, i), []).extend(data_elements(layout, i, ips, cip))
+            if NODEPORTS and layout == "bycount":
+                elems.setdefault("nodeport-endpoints-tcp", []).extend(
+                    f"{node_port(i)} . {j} : {ip} . 8080" for j, ip in enumerate(ips))
             pairs |= {f"{ip} . {ip}" for ip in ips}
+            counts.setdefault(len(ips), []).append(f"{cip} . 80")
+            np_counts.setdefault(len(ips), []).append(f"tcp . {node_port(i)}")
         out.append(f"add element {TABLE} cluster-ips {{ {cip} }}")
         out.append(f"add element {TABLE} service-ips {{ {cip} . tcp . 80 : goto {service_chain(i)} }}")
+        if NODEPORTS and layout in ("sharded", "bycount"):
+            out.append(f"add element {TABLE} service-nodeports {{ tcp . {node_port(i)} : goto {external_chain(i)} }}")
     for name in sorted(elems):
         elements(out, name, elems[name])
+    if layout == "bycount":
+        count_elements(out, counts)
+        if NODEPORTS:
+            for c in sorted(np_counts):
+                elements(out, f"nodeport-count-{c}", np_counts[c])
     elements(out, "hairpin-endpoints", sorted(pairs))
     return out
 
@@ -370,7 +604,9 @@ def remove(layout, i, ip):
     """Endpoint IP leaves proof Service I (its hairpin pair stays: the
     address is an endpoint of other Services too). interval: its slot range
     goes to the next endpoint, elements only. data: the last endpoint moves
-    into its slot and the modulus drops by one, so the chain is rewritten."""
+    into its slot and the modulus drops by one, so the chain is rewritten;
+    ctmark: only the draw rule is replaced; bycount: the entry moves to the
+    set of the new count; padded: its slots go to the others."""
     cip, ips = PROOF_SERVICES[i]
     k = ips.index(ip)
     out = []
@@ -380,21 +616,49 @@ def remove(layout, i, ip):
         out.append(f"delete element {TABLE} service-endpoints-tcp {{ {lo}-{hi} : {ip} . 8080 }}")
         out.append(f"add element {TABLE} service-endpoints-tcp {{ {lo}-{hi} : {nxt} . 8080 }}")
         return out
-    last = len(ips) - 1
-    data_service(out, layout, i, last, cip, affinity=AFFINITY.get(i))
-    gone = [f"{i} . {k} : {ip} . 8080"] + ([f"{i} . {last} : {ips[last]} . 8080"] if k != last else [])
+    before = assign(layout, i, cip, ips)
+    if layout == "padded":
+        after = assign(layout, i, cip, ips[:k] + ips[k + 1:], base=before)
+    else:  # the last endpoint moves into the leaving one's slot
+        rest = ips[:k] + [ips[-1]] + ips[k + 1:-1] if k != len(ips) - 1 else ips[:-1]
+        after = assign(layout, i, cip, rest)
+    count_change(out, layout, i, cip, len(ips), len(ips) - 1, affinity=AFFINITY.get(i))
+    gone = [f"{s} : {v} . 8080" for s, v in before.items() if after.get(s) != v]
+    come = [f"{s} : {v} . 8080" for s, v in after.items() if before.get(s) != v]
     out.append(f"delete element {TABLE} {slot_map(layout, i)} {{ {', '.join(gone)} }}")
-    if k != last:
-        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {i} . {k} : {ips[last]} . 8080 }}")
+    if come:
+        out.append(f"add element {TABLE} {slot_map(layout, i)} {{ {', '.join(come)} }}")
     return out
 
 
+def proof_edit(layout, kind, i, ip, new_ip=None):
+    """In the proof world: KIND replace (IP's slots to NEW_IP), add (IP
+    joins Service I as its last endpoint) or unadd (the inverse of add).
+    Hairpin pairs are left alone: the proof's addresses serve several
+    Services."""
+    cip, ips = PROOF_SERVICES[i]
+    before = assign(layout, i, cip, ips)
+    if kind == "replace":
+        b = [new_ip if x == ip else x for x in ips]
+        after = {k: (new_ip if v == ip else v) for k, v in before.items()}
+        return slot_edit(layout, i, cip, ips, b, before, after, AFFINITY.get(i))
+    b = ips + [ip]
+    after = assign(layout, i, cip, b, base=before)
+    if kind == "add":
+        return slot_edit(layout, i, cip, ips, b, before, after, AFFINITY.get(i))
+    return slot_edit(layout, i, cip, b, ips, after, before, AFFINITY.get(i))
+
+
 def main(argv):
-    kinds = ("full", "change", "revert", "grow", "shrink", "recut", "recut-revert")
+    kinds = ("full", "change", "revert", "grow", "shrink", "flip", "unflip", "recut", "recut-revert")
     if len(argv) >= 3 and argv[1] in LAYOUTS and argv[2] == "proof" and len(argv) == 3:
         lines = proof(argv[1])
     elif len(argv) == 5 and argv[1] in LAYOUTS and argv[1] != "current" and argv[2] == "remove":
         lines = remove(argv[1], int(argv[3]), argv[4])
+    elif len(argv) == 6 and argv[1] in LAYOUTS[1:] and argv[1] != "interval" and argv[2] == "replace":
+        lines = proof_edit(argv[1], "replace", int(argv[3]), argv[4], argv[5])
+    elif len(argv) == 5 and argv[1] in LAYOUTS[1:] and argv[1] != "interval" and argv[2] in ("add", "unadd"):
+        lines = proof_edit(argv[1], argv[2], int(argv[3]), argv[4])
     elif len(argv) == 5 and argv[1] in LAYOUTS and argv[2] in kinds:
         layout, what, n, e = argv[1], argv[2], int(argv[3]), int(argv[4])
         if what.startswith("recut") and layout != "interval":

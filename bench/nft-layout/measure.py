@@ -4,7 +4,7 @@ namespace of its own (kp-lay-m), as root.
 
   measure.py [--runs R] [--layouts current,data] NxE...    e.g. 10000x2 5000x50
 
-LAYOUT is one of gen.py's: current, data, interval (default current,data).
+LAYOUT is one of gen.py's (default current,data).
 For each size and layout, R times each:
   cold    `nft -f` of the whole table into an empty namespace's table
   noop    `nft -f` of `add table ip kube-proxy` (a commit that changes
@@ -18,7 +18,11 @@ For each size and layout, R times each:
   grow    (all but interval) a new endpoint added, alternating with its
           removal (gen.py grow / shrink): in the data layouts the modulus
           changes, so the Service's chain is rewritten
+  flip    (all but interval) the last endpoint turns not ready,
+          alternating with its return (gen.py flip / unflip)
   recut   (interval only) the replacement re-cutting every slot range
+The ctmark layout's changes name the draw rule's handle, read (untimed,
+resolve.py) before each apply.
 
 Every apply (cold and change) runs under `strace --seccomp-bpf -f -T -e
 trace=sendmsg`: nft sends its transaction as one batch with sendmsg (its
@@ -50,14 +54,30 @@ def run(args, what):
 
 
 def nft_timed(path, check=False):
+    path = resolved(path)
     args = ["ip", "netns", "exec", NS, "nft"] + (["-c"] if check else []) + ["-f", path]
     t0 = time.perf_counter()
     run(args, f"nft {'-c ' if check else ''}-f {path}")
     return (time.perf_counter() - t0) * 1000.0
 
 
+def resolved(path):
+    """PATH, or a copy with the ctmark layout's rule handles put in (read
+    untimed with resolve.py)."""
+    with open(path) as f:
+        text = f.read()
+    if "@HANDLE@" not in text:
+        return path
+    import resolve
+    path = path + ".resolved"
+    with open(path, "w") as f:
+        f.write(resolve.resolve(NS, text))
+    return path
+
+
 def nft_traced(path):
     """(wall ms, kernel ms): `nft -f PATH` with its batch sends timed."""
+    path = resolved(path)
     with tempfile.NamedTemporaryFile(prefix="kp-lay-strace-", mode="r") as log:
         args = ["strace", "--seccomp-bpf", "-f", "-T", "-e", "trace=sendmsg", "-o", log.name,
                 "ip", "netns", "exec", NS, "nft", "-f", path]
@@ -111,7 +131,8 @@ def measure(layout, n, e, runs, tmp):
     res["cold"] = cold
     res["cold-kernel"] = cold_kernel
     res["noop"] = [nft_timed(noop) for _ in range(runs)]
-    pairs = [("change", "revert"), ("recut", "recut-revert") if layout == "interval" else ("grow", "shrink")]
+    pairs = [("change", "revert")]
+    pairs += [("recut", "recut-revert")] if layout == "interval" else [("grow", "shrink"), ("flip", "unflip")]
     for fwd, back in pairs:
         f_path, b_path = gen(tmp, layout, fwd, n, e), gen(tmp, layout, back, n, e)
         applies, checks, kernels = [], [], []
@@ -153,7 +174,7 @@ def main(argv):
                     for key in ["cold", "cold-kernel", "noop"]:
                         s = summary(r[key])
                         print(f"{layout} {n}x{e} {key:14s} median {s['median']:9.1f} min {s['min']:9.1f} max {s['max']:9.1f} n {s['n']}", flush=True)
-                    for key in ["change", "grow", "recut"]:
+                    for key in ["change", "grow", "flip", "recut"]:
                         if key in r:
                             for part in ["apply", "check", "kernel"]:
                                 s = summary(r[key][part])
