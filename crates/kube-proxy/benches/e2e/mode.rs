@@ -19,6 +19,9 @@ pub enum Mode {
     /// `--proxy-mode nftables`: the tables `ip kube-proxy` and `ip6
     /// kube-proxy`, committed over netlink.
     Nftables,
+    /// The same with `--nftables-layout data`: a service port's endpoints
+    /// are elements of a `service-endpoints-` map, not chains.
+    NftablesData,
 }
 
 /// What kind of object of ours a chain is.
@@ -47,7 +50,12 @@ pub struct Ruleset {
 
 impl Mode {
     /// Every mode, in the order of `KP_E2E_MODES`' names.
-    pub const ALL: [Mode; 3] = [Mode::IptablesLegacy, Mode::IptablesNft, Mode::Nftables];
+    pub const ALL: [Mode; 4] = [
+        Mode::IptablesLegacy,
+        Mode::IptablesNft,
+        Mode::Nftables,
+        Mode::NftablesData,
+    ];
 
     /// The mode named `name` in `KP_E2E_MODES`.
     pub fn parse(name: &str) -> Self {
@@ -66,6 +74,7 @@ impl Mode {
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
             Mode::Nftables => "nftables",
+            Mode::NftablesData => "nftables-data",
         }
     }
 
@@ -75,6 +84,7 @@ impl Mode {
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
             Mode::Nftables => "nftables",
+            Mode::NftablesData => "nftables, data layout",
         }
     }
 
@@ -87,7 +97,7 @@ impl Mode {
                 "iptables-legacy-restore",
             ],
             Mode::IptablesNft => &["iptables-nft", "iptables-nft-save", "iptables-nft-restore"],
-            Mode::Nftables => &["nft"],
+            Mode::Nftables | Mode::NftablesData => &["nft"],
         }
     }
 
@@ -97,6 +107,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy | Mode::IptablesNft => &[],
             Mode::Nftables => &["--proxy-mode", "nftables"],
+            Mode::NftablesData => &["--proxy-mode", "nftables", "--nftables-layout", "data"],
         }
     }
 
@@ -122,7 +133,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => Some("iptables-legacy-restore"),
             Mode::IptablesNft => Some("iptables-nft-restore"),
-            Mode::Nftables => None,
+            Mode::Nftables | Mode::NftablesData => None,
         }
     }
 
@@ -173,7 +184,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => Some("iptables-legacy"),
             Mode::IptablesNft => Some("iptables-nft"),
-            Mode::Nftables => None,
+            Mode::Nftables | Mode::NftablesData => None,
         }
     }
 
@@ -181,7 +192,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => Some("iptables-legacy-save"),
             Mode::IptablesNft => Some("iptables-nft-save"),
-            Mode::Nftables => None,
+            Mode::Nftables | Mode::NftablesData => None,
         }
     }
 
@@ -338,17 +349,24 @@ fn nft_service_port(chain: &str) -> Option<String> {
 }
 
 /// Whether the `service-` chain `object` in `listing` goes to an
-/// `endpoint-` chain that DNATs to `destination` (`IP:PORT`).
+/// `endpoint-` chain that DNATs to `destination` (`IP:PORT`), or (the data
+/// layout) draws from a map holding `destination` under its number.
 fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
-    let chain_body = |name: &str| -> Vec<&str> {
+    let block = |kind: &str, name: &str| -> Vec<&str> {
         let mut lines = listing.lines().map(str::trim);
-        let header = format!("chain {name} {{");
-        let quoted = format!("chain \"{name}\" {{");
+        let header = format!("{kind} {name} {{");
+        let quoted = format!("{kind} \"{name}\" {{");
         if !lines.any(|line| line == header || line == quoted) {
             return Vec::new();
         }
         lines.take_while(|line| *line != "}").collect()
     };
+    let chain_body = |name: &str| block("chain", name);
+    if let Some(reached) = nft_draw_reaches(&chain_body(object), destination, |map| {
+        block("map", map).join(" ")
+    }) {
+        return reached;
+    }
     let endpoints: Vec<String> = chain_body(object)
         .into_iter()
         .flat_map(nft_targets)
@@ -359,6 +377,43 @@ fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
     endpoints
         .iter()
         .any(|endpoint| chain_body(endpoint).iter().any(|line| line.contains(&dnat)))
+}
+
+/// For a service chain with a data-layout draw (`… numgen random mod 1
+/// offset N . numgen random mod E map @MAP`): whether `MAP`'s text (from
+/// `map_text`) holds an element `N . SLOT : IP . PORT` for `destination`
+/// (`IP:PORT`) with a slot below `E`. `None` without such a rule.
+fn nft_draw_reaches(
+    chain: &[&str],
+    destination: &str,
+    map_text: impl Fn(&str) -> String,
+) -> Option<bool> {
+    let draw = chain
+        .iter()
+        .find(|line| line.contains(" map @service-endpoints-"))?;
+    let words: Vec<&str> = draw.split_whitespace().collect();
+    let after = |word: &str| {
+        words
+            .windows(2)
+            .filter(|pair| pair[0] == word)
+            .map(|pair| pair[1])
+            .collect::<Vec<_>>()
+    };
+    let number = *after("offset").first()?;
+    let modulus: u32 = after("mod").last()?.parse().ok()?;
+    let map = after("map").first()?.strip_prefix('@')?;
+    let (ip, port) = destination.rsplit_once(':')?;
+    let text = map_text(map);
+    let elements = text.split_once("elements = {")?.1;
+    Some(elements.split(',').any(|element| {
+        let words: Vec<&str> = element
+            .split_whitespace()
+            .filter(|word| *word != "." && *word != "}")
+            .collect();
+        matches!(words.as_slice(), [n, slot, ":", i, p]
+            if *n == number && *i == ip && *p == port
+                && slot.parse::<u32>().is_ok_and(|slot| slot < modulus))
+    }))
 }
 
 /// The chain an iptables rule (`CHAIN … -j TARGET`) jumps or goes to.
