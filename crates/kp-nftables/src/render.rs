@@ -895,7 +895,7 @@ pub fn stale_chain_cleanup(
 
 fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
     elements
-        .binary_search_by(|e| (e.map, &e.key).cmp(&(wanted.map, &wanted.key)))
+        .binary_search_by(|e| (e.map, e.key()).cmp(&(wanted.map, wanted.key())))
         .ok()
         .map(|index| &elements[index])
 }
@@ -917,7 +917,7 @@ fn write_add(element: &Element, out: &mut Sections) {
 fn write_delete(element: &Element, out: &mut Sections) {
     out.deletions.push(Command::DeleteElements {
         set: Name::Fixed(element.map),
-        keys: vec![element.key],
+        keys: vec![element.key()],
     });
 }
 

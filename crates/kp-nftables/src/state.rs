@@ -24,15 +24,71 @@ use crate::model::{Key, MapElement, SetElement, Verdict};
 pub struct Element {
     /// The set or map, e.g. `service-ips`.
     pub map: &'static str,
-    /// The key, e.g. `10.96.0.10 . tcp . 80`.
-    pub key: Key,
-    /// The verdict, e.g. `goto service-…`; `None` for a set element.
-    pub value: Option<Verdict>,
-    /// The endpoint of an element of a `service-endpoints-…` map (which
-    /// then has no verdict).
-    pub target: Option<SocketAddr>,
+    /// The key, e.g. `10.96.0.10 . tcp . 80` (see [`Element::key`]).
+    key: RecordKey,
+    /// What it maps to, if anything.
+    pub data: ElementData,
     /// The element's comment (`ns/svc:port`), if any.
     pub comment: Option<Arc<str>>,
+}
+
+/// An element's key as the record holds it: the kinds of key the renderer
+/// writes, inline, in 24 bytes. [`Key`] is 40 bytes since it can hold two
+/// IPv6 addresses (affinity entries, which the record never holds); a
+/// record holds a key for each element of every Service, so that size
+/// would be paid 10,000s of times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RecordKey {
+    Addr(IpAddr),
+    AddrProtoPort(IpAddr, Protocol, u16),
+    ProtoPort(Protocol, u16),
+    Slot(u32, u32),
+    /// `A . A` (a hairpin pair).
+    SelfPair(IpAddr),
+    /// Any other key.
+    Other(Box<Key>),
+}
+
+impl RecordKey {
+    fn new(key: Key) -> Self {
+        match key {
+            Key::Addr(address) => Self::Addr(address),
+            Key::AddrProtoPort(address, protocol, port) => {
+                Self::AddrProtoPort(address, protocol, port)
+            }
+            Key::ProtoPort(protocol, port) => Self::ProtoPort(protocol, port),
+            Key::Slot(number, slot) => Self::Slot(number, slot),
+            Key::AddrPair(source, destination) if source == destination => Self::SelfPair(source),
+            other @ (Key::AddrPair(..) | Key::AddrPortAddr(..)) => Self::Other(Box::new(other)),
+        }
+    }
+
+    fn key(&self) -> Key {
+        match *self {
+            Self::Addr(address) => Key::Addr(address),
+            Self::AddrProtoPort(address, protocol, port) => {
+                Key::AddrProtoPort(address, protocol, port)
+            }
+            Self::ProtoPort(protocol, port) => Key::ProtoPort(protocol, port),
+            Self::Slot(number, slot) => Key::Slot(number, slot),
+            Self::SelfPair(address) => Key::AddrPair(address, address),
+            Self::Other(ref key) => **key,
+        }
+    }
+}
+
+/// What an element maps to: one field rather than an optional verdict
+/// beside an optional endpoint, so that the records of the chains layout
+/// (which has no endpoint maps) stay as small as they were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElementData {
+    /// Nothing: a set element.
+    None,
+    /// A verdict, e.g. `goto service-…`.
+    Verdict(Verdict),
+    /// An endpoint, in a `service-endpoints-…` map (its address and port:
+    /// a `SocketAddr` would make every element 8 bytes larger).
+    Endpoint(IpAddr, u16),
 }
 
 /// What one Service holds in the table.
@@ -136,9 +192,8 @@ impl Element {
     pub fn set(map: &'static str, key: Key) -> Self {
         Self {
             map,
-            key,
-            value: None,
-            target: None,
+            key: RecordKey::new(key),
+            data: ElementData::None,
             comment: None,
         }
     }
@@ -147,9 +202,8 @@ impl Element {
     pub fn map(map: &'static str, key: Key, value: Verdict, comment: Option<Arc<str>>) -> Self {
         Self {
             map,
-            key,
-            value: Some(value),
-            target: None,
+            key: RecordKey::new(key),
+            data: ElementData::Verdict(value),
             comment,
         }
     }
@@ -158,9 +212,8 @@ impl Element {
     pub fn endpoint(map: &'static str, key: Key, target: SocketAddr) -> Self {
         Self {
             map,
-            key,
-            value: None,
-            target: Some(target),
+            key: RecordKey::new(key),
+            data: ElementData::Endpoint(target.ip(), target.port()),
             comment: None,
         }
     }
@@ -168,20 +221,31 @@ impl Element {
     /// The element as `add element` writes it into a map whose data is an
     /// endpoint; `None` for other elements.
     pub fn to_map_element(&self) -> Option<MapElement> {
-        self.target.map(|target| MapElement {
-            key: self.key,
-            comment: self.comment.clone(),
-            target,
-        })
+        match self.data {
+            ElementData::Endpoint(address, port) => Some(MapElement {
+                key: self.key(),
+                comment: self.comment.clone(),
+                target: SocketAddr::new(address, port),
+            }),
+            ElementData::None | ElementData::Verdict(_) => None,
+        }
     }
 
     /// The element as `add element` writes it.
     pub fn to_set_element(&self) -> SetElement {
         SetElement {
-            key: self.key,
+            key: self.key(),
             comment: self.comment.clone(),
-            verdict: self.value.clone(),
+            verdict: match &self.data {
+                ElementData::Verdict(verdict) => Some(verdict.clone()),
+                ElementData::None | ElementData::Endpoint(..) => None,
+            },
         }
+    }
+
+    /// Its key.
+    pub fn key(&self) -> Key {
+        self.key.key()
     }
 
     /// Same map and key.
@@ -197,7 +261,7 @@ impl ServiceRecord {
     /// Service changes, and 10,000 of them held 1.6 MB of unused capacity.
     pub fn normalize(&mut self) {
         self.elements
-            .sort_by(|a, b| (a.map, &a.key).cmp(&(b.map, &b.key)));
+            .sort_by(|a, b| (a.map, a.key()).cmp(&(b.map, b.key())));
         self.elements
             .dedup_by(|later, earlier| later.same_key(earlier));
         self.elements.shrink_to_fit();
@@ -375,5 +439,17 @@ fn release<K: Ord>(counts: &mut BTreeMap<K, usize>, keys: &[K]) {
                 counts.remove(key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// A record holds an element for each set or map entry of every
+    /// Service: its size is paid 10,000s of times at 10,000 Services.
+    #[test]
+    fn an_element_of_the_record_is_88_bytes() {
+        assert_eq!(std::mem::size_of::<Element>(), 88);
     }
 }
