@@ -8,7 +8,12 @@
 //! packet through them with the mode's tracer, and prints every path it can
 //! take: the rules it matches in order, the endpoint it is DNATed to and
 //! with which probability, session affinity, whether it is masqueraded, and
-//! the verdict. `--output json` prints the same for tools.
+//! the verdict. `--output json` prints the same for tools. In the nftables
+//! data layout (`--nftables-layout data`) a path names the service chain's
+//! draw rule, the element `N . slot` of `service-endpoints-PROTO-K` it
+//! found and the endpoint that element holds, and the dynamic
+//! `affinity-PROTO-SECS` map of ClientIP affinity; a slot without its
+//! element (damage) is a path that goes on un-DNATed, as in the kernel.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -558,12 +563,16 @@ fn trace_nftables(
         src_local: connection.origin == Origin::ThisNode,
         dst_local: local.contains(&connection.destination.ip()),
     };
-    let trace = table.trace_paths(&packet).map_err(|unknown| {
-        anyhow::anyhow!(
-            "the table holds a rule the tracer cannot follow: {}",
-            unknown.0
-        )
-    })?;
+    // The kernel's table: damage (a slot without its element) is a path
+    // to report, not a failure of the trace.
+    let trace = table
+        .trace_paths_as_the_kernel(&packet)
+        .map_err(|unknown| {
+            anyhow::anyhow!(
+                "the table holds a rule the tracer cannot follow: {}",
+                unknown.0
+            )
+        })?;
     Ok(trace
         .paths
         .into_iter()
@@ -681,6 +690,47 @@ fn outcome(paths: &[Path]) -> Outcome {
     Outcome::Mixed
 }
 
+/// The nftables data layout's draw on `path`, in words: the service port's
+/// number `N` and the slot the draw rule's `numgen` picked, the
+/// `service-endpoints-` map element `N . slot` it found and the endpoint
+/// that element holds. `None` on a path without a draw (the chains
+/// layout, the other modes).
+fn drawn_slot(path: &Path) -> Option<String> {
+    // The element as the tracer writes it: `MAP: N . SLOT : ADDRESS . PORT`.
+    let element = path
+        .elements
+        .iter()
+        .find(|e| e.starts_with("service-endpoints-"))?;
+    let (map, rest) = element.split_once(": ")?;
+    let (key, target) = rest.split_once(" : ")?;
+    let (address, port) = target.split_once(" . ")?;
+    let endpoint = SocketAddr::new(address.parse().ok()?, port.parse().ok()?);
+    let (number, slot) = key.split_once(" . ")?;
+    // The draw rule: `dnat … to numgen random mod 1 offset N . numgen
+    // random mod SLOTS map @MAP`.
+    let slots = path.rules.iter().find_map(|rule| {
+        let (_, after) = rule.split_once(" . numgen random mod ")?;
+        after.split_whitespace().next()
+    })?;
+    Some(format!(
+        "drawn: service port number {number}, slot {slot} of {slots}: element {number} . {slot} \
+         of map {map} holds the endpoint {endpoint}"
+    ))
+}
+
+/// Whether `name` is a data-layout affinity map (`affinity-PROTO-SECS`).
+fn is_affinity_map(name: &str) -> bool {
+    let mut parts = name.split('-');
+    parts.next() == Some("affinity")
+        && parts
+            .next()
+            .is_some_and(|p| matches!(p, "tcp" | "udp" | "sctp"))
+        && parts
+            .next()
+            .is_some_and(|secs| !secs.is_empty() && secs.bytes().all(|b| b.is_ascii_digit()))
+        && parts.next().is_none()
+}
+
 /// The report for people.
 fn text(report: &Report) -> String {
     let mut out = String::new();
@@ -723,15 +773,25 @@ fn text(report: &Report) -> String {
         for element in &path.elements {
             let _ = writeln!(out, "    element {element}");
         }
+        if let Some(drawn) = drawn_slot(path) {
+            let _ = writeln!(out, "    {drawn}");
+        }
         for affinity in &path.affinity {
             let _ = writeln!(
                 out,
-                "    session affinity: {}{}",
+                "    session affinity: {}{}{}",
                 affinity.name,
                 affinity
                     .seconds
                     .map(|s| format!(", {s} s"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if is_affinity_map(&affinity.name) {
+                    " (a dynamic map keyed by the Service's address, its port and the \
+                     client: the client's next connections go to the endpoint recorded \
+                     there until the entry expires)"
+                } else {
+                    ""
+                }
             );
         }
         for rule in &path.not_followed {
@@ -840,6 +900,43 @@ mod tests {
             rules: Vec::new(),
             elements: Vec::new(),
             not_followed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_data_layout_path_names_its_number_slot_map_and_endpoint() {
+        let mut drawn = path(Verdict::Accept, Some("10.244.1.3:8080"), 1.0 / 3.0, false);
+        drawn.rules = vec![
+            "service-ips: 10.96.0.10 . tcp . 80 : goto service-X".to_owned(),
+            "service-X: dnat ip to numgen random mod 1 offset 69 . numgen random mod 3 \
+             map @service-endpoints-tcp-5"
+                .to_owned(),
+        ];
+        drawn.elements = vec!["service-endpoints-tcp-5: 69 . 1 : 10.244.1.3 . 8080".to_owned()];
+        assert_eq!(
+            drawn_slot(&drawn).as_deref(),
+            Some(
+                "drawn: service port number 69, slot 1 of 3: element 69 . 1 of map \
+                 service-endpoints-tcp-5 holds the endpoint 10.244.1.3:8080"
+            )
+        );
+        drawn.elements = vec!["service-endpoints-tcp-5: 69 . 1 : fd00:10:244::3 . 8080".to_owned()];
+        assert!(
+            drawn_slot(&drawn)
+                .unwrap()
+                .ends_with("holds the endpoint [fd00:10:244::3]:8080"),
+            "{drawn:?}"
+        );
+        // The chains layout: no draw.
+        assert_eq!(drawn_slot(&path(Verdict::Accept, None, 1.0, false)), None);
+        assert!(is_affinity_map("affinity-tcp-600"));
+        for other in [
+            "affinity-tcp-",
+            "affinity-icmp-600",
+            "affinity-tcp-600-x",
+            "KUBE-SEP",
+        ] {
+            assert!(!is_affinity_map(other), "{other}");
         }
     }
 
