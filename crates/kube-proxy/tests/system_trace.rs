@@ -357,6 +357,42 @@ fn traces_the_examples(node: &Node) {
         }
     }
     if data_layout {
+        // The text for people says which number, slot and element each
+        // path drew.
+        let output = node
+            .ns
+            .command(BIN)
+            .args(["trace", "--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{text}");
+        let (number, map) = web_draw(&node.ns);
+        // `drawn: service port number N, slot S of 3: element N . S of map
+        // MAP holds the endpoint E`, one per slot, each endpoint once.
+        let mut drawn: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line
+                    .trim()
+                    .strip_prefix(&format!("drawn: service port number {number}, slot "))?;
+                let (slot, rest) = rest.split_once(" of 3: element ")?;
+                let endpoint = rest.strip_prefix(&format!(
+                    "{number} . {slot} of map {map} holds the endpoint "
+                ))?;
+                Some((slot.to_owned(), endpoint.to_owned()))
+            })
+            .collect();
+        drawn.sort();
+        let slots: Vec<&str> = drawn.iter().map(|(slot, _)| slot.as_str()).collect();
+        assert_eq!(slots, ["0", "1", "2"], "{text}");
+        let mut endpoints: Vec<&str> = drawn.iter().map(|(_, e)| e.as_str()).collect();
+        endpoints.sort_unstable();
+        assert_eq!(
+            endpoints,
+            ["10.244.1.2:8080", "10.244.1.3:8080", "10.244.2.2:8080"],
+            "{text}"
+        );
         // Every slot of the draw is a path of its own.
         let slots: Vec<&str> = report["paths"]
             .as_array()
