@@ -1,7 +1,7 @@
 //! Kernel tests: UDP clients that keep sending from one source port move
 //! off an endpoint as soon as the Service stops using it, whatever way it
-//! leaves, in the iptables and the nftables mode, for a client in a pod of
-//! the node, in the node itself and outside the node.
+//! leaves, in the iptables and the nftables mode (each table layout), for a
+//! client in a pod of the node, in the node itself and outside the node.
 //!
 //! | object | addresses |
 //! |---|---|
@@ -30,7 +30,7 @@ use kp_iptables::{
     IptablesBackend, IptablesFlavor, IptablesOptions, LocalDetector, NodePortAddresses,
 };
 use kp_model::{IpFamily, NodeInfo, ObjectEvent, ProxyEventHandler, ResourceKind};
-use kp_nftables::{NftablesBackend, NftablesOptions};
+use kp_nftables::{Layout, NftablesBackend, NftablesOptions};
 use kp_sync::{Backend, Proxier, ProxierConfig, RunnerConfig};
 use kp_testkit::builders::{endpoint_slice, service, EndpointBuilder};
 use kp_testkit::netns::{require_root, require_tool, Topology};
@@ -45,7 +45,8 @@ const POD_UDP_PORT: u16 = 5353;
 #[derive(Debug, Clone, Copy)]
 enum Mode {
     Iptables,
-    Nftables,
+    /// The nftables mode with its table in this layout.
+    Nftables(Layout),
 }
 
 #[test]
@@ -55,7 +56,12 @@ fn iptables_clients_leave_an_endpoint_that_terminates_while_another_is_ready() {
 
 #[test]
 fn nftables_clients_leave_an_endpoint_that_terminates_while_another_is_ready() {
-    terminating_while_another_is_ready(Mode::Nftables);
+    terminating_while_another_is_ready(Mode::Nftables(Layout::Chains));
+}
+
+#[test]
+fn nftables_data_layout_clients_leave_an_endpoint_that_terminates_while_another_is_ready() {
+    terminating_while_another_is_ready(Mode::Nftables(Layout::Data));
 }
 
 #[test]
@@ -65,7 +71,12 @@ fn iptables_clients_leave_a_terminating_endpoint_once_it_is_removed() {
 
 #[test]
 fn nftables_clients_leave_a_terminating_endpoint_once_it_is_removed() {
-    removed_after_terminating_alone(Mode::Nftables);
+    removed_after_terminating_alone(Mode::Nftables(Layout::Chains));
+}
+
+#[test]
+fn nftables_data_layout_clients_leave_a_terminating_endpoint_once_it_is_removed() {
+    removed_after_terminating_alone(Mode::Nftables(Layout::Data));
 }
 
 #[test]
@@ -75,7 +86,12 @@ fn iptables_clients_of_a_service_without_endpoints_reach_its_first_one() {
 
 #[test]
 fn nftables_clients_of_a_service_without_endpoints_reach_its_first_one() {
-    first_endpoint_after_none(Mode::Nftables);
+    first_endpoint_after_none(Mode::Nftables(Layout::Chains));
+}
+
+#[test]
+fn nftables_data_layout_clients_of_a_service_without_endpoints_reach_its_first_one() {
+    first_endpoint_after_none(Mode::Nftables(Layout::Data));
 }
 
 /// The walk: s1 alone; s2 added; s1 terminating (still serving)
@@ -149,7 +165,7 @@ impl Walk {
             Mode::Iptables => require_tool(
                 &IptablesFlavor::Legacy.program(IpFamily::V4, kp_iptables::applier::Tool::Restore),
             ),
-            Mode::Nftables => {}
+            Mode::Nftables(_) => {}
         }
         let topology = Topology::builder()
             .remote_pod("s1", |p| p.udp(POD_UDP_PORT))
@@ -230,13 +246,15 @@ fn backend(mode: Mode) -> Box<dyn Backend> {
                 .unwrap(),
             )
         }
-        Mode::Nftables => {
+        Mode::Nftables(layout) => {
             let options = NftablesOptions {
                 local_detector: detector,
                 ..NftablesOptions::default()
             };
             Box::new(
-                NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All).unwrap(),
+                NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All)
+                    .unwrap()
+                    .with_layout(layout),
             )
         }
     }

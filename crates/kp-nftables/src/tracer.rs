@@ -229,6 +229,10 @@ enum Flow {
 struct Context<'a> {
     packet: &'a Packet,
     family: IpFamily,
+    /// A draw slot without an element goes on past the rule un-DNATed,
+    /// as in the kernel ([`Table::trace_paths_as_the_kernel`]), instead of
+    /// failing the trace.
+    slot_misses_go_on: bool,
 }
 
 impl Table {
@@ -356,9 +360,25 @@ impl Table {
         Some(())
     }
 
-    /// Every path `packet` can take through the table's base chains.
+    /// Every path `packet` can take through the table's base chains. A
+    /// data-layout draw that finds a slot without an element fails the
+    /// trace: no render may leave one.
     pub fn trace_paths(&self, packet: &Packet) -> Result<Trace, Unknown> {
+        self.trace_paths_with(packet, false)
+    }
+
+    /// [`Table::trace_paths`] over a table read from the kernel, where a
+    /// slot without an element is damage to report, not a renderer bug: the
+    /// kernel's map lookup misses and the connection goes on past the draw
+    /// rule un-DNATed, and so does that path here (its elements name the
+    /// missing one).
+    pub fn trace_paths_as_the_kernel(&self, packet: &Packet) -> Result<Trace, Unknown> {
+        self.trace_paths_with(packet, true)
+    }
+
+    fn trace_paths_with(&self, packet: &Packet, slot_misses_go_on: bool) -> Result<Trace, Unknown> {
         let context = Context {
+            slot_misses_go_on,
             packet,
             family: match packet.dst {
                 IpAddr::V4(_) => IpFamily::V4,
@@ -694,7 +714,8 @@ impl Table {
     /// `endpoints` connections, DNATed to the slot's element. A slot
     /// without an element is an error here: the kernel's lookup would miss
     /// and the connection go on past the rule un-DNATed (to the ClusterIP
-    /// itself), which no render may leave.
+    /// itself), which no render may leave. Tracing the kernel's table
+    /// (`slot_misses_go_on`), that path goes on past the rule instead.
     fn draw(
         &self,
         rule: &Rule,
@@ -716,6 +737,14 @@ impl Table {
         for slot in 0..endpoints {
             let key = Key::Slot(number, slot).to_string();
             let Some(to) = targets.and_then(|targets| targets.get(&key)).copied() else {
+                if context.slot_misses_go_on {
+                    let mut path = walk.clone();
+                    path.probability *= share;
+                    path.elements
+                        .push(format!("{map}: {key} : no element (the lookup misses)"));
+                    out.push((path, Flow::Next));
+                    continue;
+                }
                 return Err(Unknown(format!(
                     "{}: map {map} has no element {key}: the kernel's lookup misses and \
                      the connection goes on past the rule without DNAT",

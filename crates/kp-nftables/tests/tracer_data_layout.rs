@@ -211,3 +211,44 @@ fn a_slot_without_an_element_is_an_error_naming_the_map_and_the_key() {
         "{error}"
     );
 }
+
+/// Traced as the kernel does (a table read back after damage), the same
+/// hole is a path of its own: one in three connections goes on past the
+/// draw rule un-DNATed, naming the element it missed; the other two slots
+/// are DNATed as before.
+#[test]
+fn a_slot_without_an_element_traced_as_the_kernel_goes_on_without_dnat() {
+    let hole = Command::DeleteElements {
+        set: endpoints_map(Protocol::Tcp),
+        keys: vec![Key::Slot(2, 1)],
+    };
+    let trace = table(vec![hole])
+        .trace_paths_as_the_kernel(&packet(POD, "tcp", 80))
+        .unwrap();
+    assert_eq!(trace.paths.len(), 3, "{trace:#?}");
+    let missed: Vec<_> = trace
+        .paths
+        .iter()
+        .filter(|path| path.destination.is_none())
+        .collect();
+    assert_eq!(missed.len(), 1, "{trace:#?}");
+    assert!(
+        (missed[0].probability - 1.0 / 3.0).abs() < 1e-9,
+        "{trace:#?}"
+    );
+    assert!(
+        missed[0].elements.contains(
+            &"service-endpoints-tcp-2: 2 . 1 : no element (the lookup misses)".to_owned()
+        ),
+        "{trace:#?}"
+    );
+    assert_eq!(
+        trace
+            .paths
+            .iter()
+            .filter(|path| path.destination.is_some())
+            .count(),
+        2,
+        "{trace:#?}"
+    );
+}

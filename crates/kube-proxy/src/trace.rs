@@ -8,7 +8,12 @@
 //! packet through them with the mode's tracer, and prints every path it can
 //! take: the rules it matches in order, the endpoint it is DNATed to and
 //! with which probability, session affinity, whether it is masqueraded, and
-//! the verdict. `--output json` prints the same for tools.
+//! the verdict. `--output json` prints the same for tools. In the nftables
+//! data layout (`--nftables-layout data`) a path names the service chain's
+//! draw rule, the element `N . slot` of `service-endpoints-PROTO-K` it
+//! found and the endpoint that element holds, and the dynamic
+//! `affinity-PROTO-SECS` map of ClientIP affinity; a slot without its
+//! element (damage) is a path that goes on un-DNATed, as in the kernel.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -558,12 +563,16 @@ fn trace_nftables(
         src_local: connection.origin == Origin::ThisNode,
         dst_local: local.contains(&connection.destination.ip()),
     };
-    let trace = table.trace_paths(&packet).map_err(|unknown| {
-        anyhow::anyhow!(
-            "the table holds a rule the tracer cannot follow: {}",
-            unknown.0
-        )
-    })?;
+    // The kernel's table: damage (a slot without its element) is a path
+    // to report, not a failure of the trace.
+    let trace = table
+        .trace_paths_as_the_kernel(&packet)
+        .map_err(|unknown| {
+            anyhow::anyhow!(
+                "the table holds a rule the tracer cannot follow: {}",
+                unknown.0
+            )
+        })?;
     Ok(trace
         .paths
         .into_iter()
@@ -681,6 +690,47 @@ fn outcome(paths: &[Path]) -> Outcome {
     Outcome::Mixed
 }
 
+/// The nftables data layout's draw on `path`, in words: the service port's
+/// number `N` and the slot the draw rule's `numgen` picked, the
+/// `service-endpoints-` map element `N . slot` it found and the endpoint
+/// that element holds. `None` on a path without a draw (the chains
+/// layout, the other modes).
+fn drawn_slot(path: &Path) -> Option<String> {
+    // The element as the tracer writes it: `MAP: N . SLOT : ADDRESS . PORT`.
+    let element = path
+        .elements
+        .iter()
+        .find(|e| e.starts_with("service-endpoints-"))?;
+    let (map, rest) = element.split_once(": ")?;
+    let (key, target) = rest.split_once(" : ")?;
+    let (address, port) = target.split_once(" . ")?;
+    let endpoint = SocketAddr::new(address.parse().ok()?, port.parse().ok()?);
+    let (number, slot) = key.split_once(" . ")?;
+    // The draw rule: `dnat … to numgen random mod 1 offset N . numgen
+    // random mod SLOTS map @MAP`.
+    let slots = path.rules.iter().find_map(|rule| {
+        let (_, after) = rule.split_once(" . numgen random mod ")?;
+        after.split_whitespace().next()
+    })?;
+    Some(format!(
+        "drawn: service port number {number}, slot {slot} of {slots}: element {number} . {slot} \
+         of map {map} holds the endpoint {endpoint}"
+    ))
+}
+
+/// Whether `name` is a data-layout affinity map (`affinity-PROTO-SECS`).
+fn is_affinity_map(name: &str) -> bool {
+    let mut parts = name.split('-');
+    parts.next() == Some("affinity")
+        && parts
+            .next()
+            .is_some_and(|p| matches!(p, "tcp" | "udp" | "sctp"))
+        && parts
+            .next()
+            .is_some_and(|secs| !secs.is_empty() && secs.bytes().all(|b| b.is_ascii_digit()))
+        && parts.next().is_none()
+}
+
 /// The report for people.
 fn text(report: &Report) -> String {
     let mut out = String::new();
@@ -723,15 +773,25 @@ fn text(report: &Report) -> String {
         for element in &path.elements {
             let _ = writeln!(out, "    element {element}");
         }
+        if let Some(drawn) = drawn_slot(path) {
+            let _ = writeln!(out, "    {drawn}");
+        }
         for affinity in &path.affinity {
             let _ = writeln!(
                 out,
-                "    session affinity: {}{}",
+                "    session affinity: {}{}{}",
                 affinity.name,
                 affinity
                     .seconds
                     .map(|s| format!(", {s} s"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if is_affinity_map(&affinity.name) {
+                    " (a dynamic map keyed by the Service's address, its port and the \
+                     client: the client's next connections go to the endpoint recorded \
+                     there until the entry expires)"
+                } else {
+                    ""
+                }
             );
         }
         for rule in &path.not_followed {
@@ -767,119 +827,5 @@ fn text(report: &Report) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn destination_parses_address_port_and_protocol() {
-        let d: Destination = "10.96.0.10:53/UDP".parse().unwrap();
-        assert_eq!(d.addr, "10.96.0.10:53".parse().unwrap());
-        assert_eq!(d.protocol, Protocol::Udp);
-        let d: Destination = "[fd00:10:96::a]:80".parse().unwrap();
-        assert_eq!(d.protocol, Protocol::Tcp);
-        assert_eq!(d.addr.port(), 80);
-        let error = "10.96.0.10/tcp".parse::<Destination>().unwrap_err();
-        assert!(error.contains("ADDRESS:PORT"), "{error}");
-        let error = "10.96.0.10:80/icmp".parse::<Destination>().unwrap_err();
-        assert!(error.contains("\"icmp\""), "{error}");
-    }
-
-    #[test]
-    fn a_process_of_the_node_reaches_an_address_of_the_node_from_that_address() {
-        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
-        // The IPVS mode's kube-ipvs0 holds the Service addresses.
-        let local = [
-            ip("127.0.0.1"),
-            ip("10.96.0.10"),
-            ip("10.96.0.17"),
-            ip("192.168.99.2"),
-        ];
-        assert_eq!(
-            own_source(&local, IpFamily::V4, ip("10.96.0.17")),
-            ip("10.96.0.17")
-        );
-        assert_eq!(
-            own_source(&local, IpFamily::V4, ip("192.168.99.2")),
-            ip("192.168.99.2")
-        );
-        // Not an address of the node (a ClusterIP in the iptables modes):
-        // the first address that is not a loopback one.
-        let iptables_node = [ip("127.0.0.1"), ip("192.168.99.2")];
-        assert_eq!(
-            own_source(&iptables_node, IpFamily::V4, ip("10.96.0.17")),
-            ip("192.168.99.2")
-        );
-        assert_eq!(
-            own_source(&local, IpFamily::V4, ip("127.0.0.1")),
-            ip("127.0.0.1")
-        );
-        assert_eq!(
-            own_source(&[], IpFamily::V6, ip("fd00:10:96::a")),
-            ip("::1")
-        );
-    }
-
-    #[test]
-    fn only_einval_says_the_kernel_has_no_nftables() {
-        // EINVAL is 22 on every Linux architecture; EPERM, ENOENT, EACCES,
-        // EOPNOTSUPP (x86) and ENOBUFS are failures of another kind.
-        assert!(is_invalid_argument(22));
-        for other in [1, 2, 13, 95, 105] {
-            assert!(!is_invalid_argument(other), "errno {other}");
-        }
-    }
-
-    fn path(verdict: Verdict, endpoint: Option<&str>, probability: f64, masq: bool) -> Path {
-        Path {
-            probability,
-            verdict,
-            endpoint: endpoint.map(|e| e.parse().unwrap()),
-            masqueraded: masq,
-            affinity: Vec::new(),
-            rules: Vec::new(),
-            elements: Vec::new(),
-            not_followed: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn outcome_sums_the_paths_per_endpoint() {
-        let paths = [
-            path(Verdict::Accept, Some("10.244.1.2:80"), 0.25, true),
-            path(Verdict::Accept, Some("10.244.1.3:80"), 0.5, false),
-            path(Verdict::Accept, Some("10.244.1.2:80"), 0.25, true),
-        ];
-        let Outcome::Dnat {
-            endpoints,
-            masqueraded,
-        } = outcome(&paths)
-        else {
-            panic!("not DNAT");
-        };
-        assert_eq!(masqueraded, Masquerade::Some);
-        assert_eq!(endpoints.len(), 2);
-        assert_eq!(endpoints[0].endpoint, "10.244.1.2:80".parse().unwrap());
-        assert!((endpoints[0].probability - 0.5).abs() < 1e-9);
-        assert_eq!(
-            outcome(&[path(Verdict::Reject, None, 1.0, false)]),
-            Outcome::Reject
-        );
-        assert_eq!(
-            outcome(&[path(Verdict::Drop, None, 1.0, false)]),
-            Outcome::Drop
-        );
-        assert_eq!(
-            outcome(&[path(Verdict::Accept, None, 1.0, false)]),
-            Outcome::NotAService
-        );
-        assert_eq!(
-            outcome(&[
-                path(Verdict::Drop, None, 0.5, false),
-                path(Verdict::Accept, Some("10.244.1.2:80"), 0.5, false)
-            ]),
-            Outcome::Mixed
-        );
-        assert_eq!(outcome(&[]), Outcome::Mixed);
-    }
-}
+#[path = "trace_tests.rs"]
+mod tests;

@@ -84,6 +84,8 @@ const AS_CONTAINER: &str = "mount --bind /proc/sys /proc/sys \
 struct Node {
     ns: Netns,
     mode: &'static str,
+    /// The nftables table layout (`--nftables-layout`), if one is given.
+    layout: Option<&'static str>,
     dir: tempfile::TempDir,
 }
 
@@ -97,6 +99,11 @@ struct Container {
 /// `legacy_hint` kubelet's `KUBE-IPTABLES-HINT` chain in the legacy mangle
 /// table, so that the proxy picks iptables-legacy.
 fn node(mode: &'static str, legacy_hint: bool) -> Node {
+    node_in_layout(mode, legacy_hint, None)
+}
+
+/// [`node`], the nftables table in `layout` if given.
+fn node_in_layout(mode: &'static str, legacy_hint: bool, layout: Option<&'static str>) -> Node {
     require_root();
     require_tool("setpriv");
     require_tool("unshare");
@@ -119,16 +126,17 @@ fn node(mode: &'static str, legacy_hint: bool) -> Node {
     Node {
         ns,
         mode,
+        layout,
         dir: tempfile::tempdir().unwrap(),
     }
 }
 
 impl Node {
-    /// The proxy's flags: the example manifests in `mode`, the table size
-    /// left alone (see the file's comment).
+    /// The proxy's flags: the example manifests in `mode` (and layout),
+    /// the table size left alone (see the file's comment).
     fn flags(&self) -> Vec<String> {
         let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-        [
+        let mut flags = [
             "--manifests",
             examples.to_str().unwrap(),
             "--hostname-override",
@@ -141,7 +149,11 @@ impl Node {
             "0",
         ]
         .map(str::to_owned)
-        .to_vec()
+        .to_vec();
+        if let Some(layout) = self.layout {
+            flags.extend(["--nftables-layout".to_owned(), layout.to_owned()]);
+        }
+        flags
     }
 
     /// The init container: `--init-only` with the proxy's flags and full
@@ -268,7 +280,12 @@ impl Container {
 /// examples, answers `/healthz`, and complains of nothing but the OOM
 /// score.
 fn programs_with_least_privilege(mode: &'static str, legacy: bool) {
-    let node = node(mode, legacy);
+    programs_with_least_privilege_in(node(mode, legacy), legacy);
+}
+
+/// [`programs_with_least_privilege`] on `node`.
+fn programs_with_least_privilege_in(node: Node, legacy: bool) {
+    let mode = node.mode;
     node.init_container();
     let mut container = node.start_container(PROXY_CAPABILITIES);
 
@@ -341,6 +358,14 @@ fn the_iptables_legacy_flavor_programs_the_examples_with_only_net_admin_and_net_
 fn the_nftables_mode_programs_the_examples_with_only_net_admin_and_net_raw() {
     require_tool("nft");
     programs_with_least_privilege("nftables", false);
+}
+
+/// The data layout's dynamic affinity maps and endpoint maps need no more
+/// than the chains layout.
+#[test]
+fn the_nftables_data_layout_programs_the_examples_with_only_net_admin_and_net_raw() {
+    require_tool("nft");
+    programs_with_least_privilege_in(node_in_layout("nftables", false, Some("data")), false);
 }
 
 #[test]

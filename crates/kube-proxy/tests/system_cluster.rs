@@ -5,8 +5,8 @@
 //! with a local endpoint, keeps the client's address, and each node's
 //! health-check node port counts its own endpoints; topology hints and
 //! `trafficDistribution: PreferClose` keep traffic in the zone; a node
-//! drained of its endpoints converges. The same story runs in iptables and
-//! in nftables mode.
+//! drained of its endpoints converges. The same story runs in iptables mode
+//! and in nftables mode with each table layout.
 //!
 //! Address plan (kp-testkit's `plan`, one pod range per node):
 //!
@@ -63,12 +63,17 @@ const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 
 #[test]
 fn three_iptables_nodes_share_one_api_server() {
-    the_cluster_story("iptables");
+    the_cluster_story(&["--proxy-mode", "iptables"]);
 }
 
 #[test]
 fn three_nftables_nodes_share_one_api_server() {
-    the_cluster_story("nftables");
+    the_cluster_story(&["--proxy-mode", "nftables", "--nftables-layout", "chains"]);
+}
+
+#[test]
+fn three_nftables_nodes_in_the_data_layout_share_one_api_server() {
+    the_cluster_story(&["--proxy-mode", "nftables", "--nftables-layout", "data"]);
 }
 
 /// A proxy on one node, whose log is shown when the test fails.
@@ -81,7 +86,8 @@ struct Proxy {
 /// Which pods answered and the source addresses they saw.
 type Answers = BTreeMap<String, BTreeSet<IpAddr>>;
 
-fn the_cluster_story(mode: &str) {
+/// The story, each proxy started with `mode_flags` (its mode and layout).
+fn the_cluster_story(mode_flags: &[&str]) {
     require_root();
     let cluster = Cluster::builder()
         .node("node-a", |n| {
@@ -101,10 +107,10 @@ fn the_cluster_story(mode: &str) {
         .build()
         .unwrap();
     // The API server's sockets live in the fabric namespace.
-    cluster.fabric().block_on(|| story(&cluster, mode));
+    cluster.fabric().block_on(|| story(&cluster, mode_flags));
 }
 
-async fn story(cluster: &Cluster, mode: &str) {
+async fn story(cluster: &Cluster, mode_flags: &[&str]) {
     let server = TestApiServer::start_on(SocketAddr::from((FABRIC_IP, 0)))
         .await
         .unwrap();
@@ -139,7 +145,7 @@ async fn story(cluster: &Cluster, mode: &str) {
     let _proxies: Vec<Proxy> = cluster
         .nodes()
         .iter()
-        .map(|node| start_proxy(node, mode, &kubeconfig, dir.path()))
+        .map(|node| start_proxy(node, mode_flags, &kubeconfig, dir.path()))
         .collect();
     let senders = [cluster.pod("pa"), cluster.pod("pb"), cluster.pod("pc")];
     for node in cluster.nodes() {
@@ -294,13 +300,13 @@ fn a_drained_node_converges(cluster: &Cluster, server: &TestApiServer, senders: 
     }
 }
 
-fn start_proxy(node: &ClusterNode, mode: &str, kubeconfig: &Path, dir: &Path) -> Proxy {
+fn start_proxy(node: &ClusterNode, mode_flags: &[&str], kubeconfig: &Path, dir: &Path) -> Proxy {
     let log = dir.join(format!("{}.log", node.name()));
     let child = NsChild::spawn(
         node.command(env!("CARGO_BIN_EXE_kube-proxy"))
             .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(["--hostname-override", node.name()])
-            .args(["--proxy-mode", mode])
+            .args(mode_flags)
             .args(["--cluster-cidr", "10.244.0.0/16"])
             .args(["--iptables-min-sync-period", "0s"])
             .env_remove("KUBECONFIG")

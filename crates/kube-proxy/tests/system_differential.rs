@@ -2,7 +2,7 @@
 //! (Services of every type and policy, endpoints ready, serving and
 //! terminating, on this node, another node or none, both families) are
 //! written as manifests; each mode in turn (iptables with either flavor,
-//! nftables) programs them from the binary in a fresh node namespace, and
+//! nftables with each table layout) programs them from the binary in a fresh node namespace, and
 //! `kube-proxy check` with the same flags traces every Service address
 //! through the kernel's live rules and must find each one doing what the
 //! model (`kp_sync::expect`) says. The clusters come from
@@ -26,9 +26,10 @@ use kp_testkit::netns::{require_root, wait_until, Netns, NsChild};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
 
-/// The binary's flags for `mode` on the manifests in `dir`.
-fn flags(mode: &str, dir: &Path) -> Vec<String> {
-    [
+/// The binary's flags for `mode` (and the nftables table `layout`, if
+/// given) on the manifests in `dir`.
+fn flags(mode: &str, layout: Option<&str>, dir: &Path) -> Vec<String> {
+    let mut flags = [
         "--manifests",
         dir.to_str().unwrap(),
         "--hostname-override",
@@ -39,12 +40,17 @@ fn flags(mode: &str, dir: &Path) -> Vec<String> {
         mode,
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec();
+    if let Some(layout) = layout {
+        flags.extend(["--nftables-layout".to_owned(), layout.to_owned()]);
+    }
+    flags
 }
 
-/// Programs the cluster of `seed` with `mode` and checks it: `None` when
-/// the kernel does what the model says, else what `check` printed.
-fn differs(seed: u64, mode: &str, hint: Option<&str>) -> Option<String> {
+/// Programs the cluster of `seed` with `mode` (the nftables table in
+/// `layout`, if given) and checks it: `None` when the kernel does what the
+/// model says, else what `check` printed.
+fn differs(seed: u64, mode: &str, layout: Option<&str>, hint: Option<&str>) -> Option<String> {
     let ns = Netns::bare_node("diff").unwrap();
     if let Some(flavor) = hint {
         ns.declare_iptables_hint(flavor);
@@ -56,7 +62,7 @@ fn differs(seed: u64, mode: &str, hint: Option<&str>) -> Option<String> {
     let log = dir.path().join("proxy.log");
     let mut command = ns.command(BIN);
     command
-        .args(flags(mode, &manifests))
+        .args(flags(mode, layout, &manifests))
         .args(["--metrics-bind-address", "127.0.0.1:10249"])
         .args(["--healthz-bind-address", "127.0.0.1:10256"])
         .stdin(Stdio::null())
@@ -78,7 +84,7 @@ fn differs(seed: u64, mode: &str, hint: Option<&str>) -> Option<String> {
         let output = ns
             .command(BIN)
             .arg("check")
-            .args(flags(mode, &manifests))
+            .args(flags(mode, layout, &manifests))
             .output()
             .unwrap();
         last = format!(
@@ -116,11 +122,16 @@ fn cases() -> std::ops::Range<u64> {
 }
 
 fn every_case_agrees(mode: &str, hint: Option<&str>) {
+    every_case_agrees_in(mode, None, hint);
+}
+
+/// [`every_case_agrees`] with the nftables table in `layout`, if given.
+fn every_case_agrees_in(mode: &str, layout: Option<&str>, hint: Option<&str>) {
     require_root();
     for seed in cases() {
-        if let Some(report) = differs(seed, mode, hint) {
+        if let Some(report) = differs(seed, mode, layout, hint) {
             panic!(
-                "seed {seed}, mode {mode} {hint:?}: the kernel differs from the model:\n{report}"
+                "seed {seed}, mode {mode} {layout:?} {hint:?}: the kernel differs from the model:\n{report}"
             );
         }
     }
@@ -143,5 +154,10 @@ fn userspace_agrees_with_the_model() {
 
 #[test]
 fn nftables_agrees_with_the_model() {
-    every_case_agrees("nftables", None);
+    every_case_agrees_in("nftables", Some("chains"), None);
+}
+
+#[test]
+fn nftables_data_layout_agrees_with_the_model() {
+    every_case_agrees_in("nftables", Some("data"), None);
 }

@@ -7,8 +7,10 @@
 //! ready, serving and terminating, topology hints) and by mutation of the
 //! Services generated before them. Each batch is loaded by the binary
 //! (`--manifests`) in a fresh node namespace, for iptables (legacy and nft
-//! flavors), nftables and userspace (its portal rules and relay; the IPVS
-//! mode needs the VM, where `vm_random_clusters_…` covers it); the
+//! flavors), nftables (each table layout: a batch loads in about a second,
+//! so the data layout takes every batch too) and userspace (its portal
+//! rules and relay; the IPVS mode needs the VM, where
+//! `vm_random_clusters_…` covers it); the
 //! documents the source rejects (named in its
 //! `invalid manifest` lines) are left aside, and for the rest the proxy's
 //! syncs must succeed (a sync timestamp for both families, no sync or
@@ -718,9 +720,10 @@ fn batch(seed: u64) -> Vec<(String, String, String)> {
     out
 }
 
-/// The binary's flags for `mode` on the manifests in `dir`.
-fn flags(mode: &str, dir: &Path) -> Vec<String> {
-    [
+/// The binary's flags for `mode` (and the nftables table `layout`, if
+/// given) on the manifests in `dir`.
+fn flags(mode: &str, layout: Option<&str>, dir: &Path) -> Vec<String> {
+    let mut flags = [
         "--manifests",
         dir.to_str().unwrap(),
         "--hostname-override",
@@ -731,7 +734,11 @@ fn flags(mode: &str, dir: &Path) -> Vec<String> {
         mode,
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec();
+    if let Some(layout) = layout {
+        flags.extend(["--nftables-layout".to_owned(), layout.to_owned()]);
+    }
+    flags
 }
 
 fn node_namespace(hint: Option<&str>) -> Netns {
@@ -762,9 +769,15 @@ struct Failure {
     log: String,
 }
 
-/// Loads batch `seed` with `mode`; returns how many Service files the
-/// source accepted whole, or what failed.
-fn load(seed: u64, mode: &str, hint: Option<&str>) -> Result<(usize, Vec<String>), Failure> {
+/// Loads batch `seed` with `mode` (the nftables table in `layout`, if
+/// given); returns how many Service files the source accepted whole, or
+/// what failed.
+fn load(
+    seed: u64,
+    mode: &str,
+    layout: Option<&str>,
+    hint: Option<&str>,
+) -> Result<(usize, Vec<String>), Failure> {
     let services = batch(seed);
     let ns = node_namespace(hint);
     let dir = tempfile::tempdir().unwrap();
@@ -777,7 +790,7 @@ fn load(seed: u64, mode: &str, hint: Option<&str>) -> Result<(usize, Vec<String>
     let log = dir.path().join("proxy.log");
     let mut command = ns.command(BIN);
     command
-        .args(flags(mode, &manifests))
+        .args(flags(mode, layout, &manifests))
         .args(["--metrics-bind-address", "127.0.0.1:10249"])
         .args(["--healthz-bind-address", "127.0.0.1:10256"])
         .stdin(Stdio::null())
@@ -831,7 +844,7 @@ fn load(seed: u64, mode: &str, hint: Option<&str>) -> Result<(usize, Vec<String>
         let output = ns
             .command(BIN)
             .arg("check")
-            .args(flags(mode, &manifests))
+            .args(flags(mode, layout, &manifests))
             .output()
             .unwrap();
         last = format!(
@@ -933,12 +946,18 @@ fn cases() -> std::ops::Range<u64> {
 }
 
 fn every_accepted_document_programs(mode: &str, hint: Option<&str>) {
+    every_accepted_document_programs_in(mode, None, hint);
+}
+
+/// [`every_accepted_document_programs`], the nftables table in `layout` if
+/// given.
+fn every_accepted_document_programs_in(mode: &str, layout: Option<&str>, hint: Option<&str>) {
     require_root();
     let mut accepted = 0;
     let mut total = 0;
     let mut documents = 0;
     for seed in cases() {
-        match load(seed, mode, hint) {
+        match load(seed, mode, layout, hint) {
             Ok((count, rejections)) => {
                 accepted += count;
                 total += SERVICES as usize;
@@ -953,7 +972,7 @@ fn every_accepted_document_programs(mode: &str, hint: Option<&str>) {
             Err(failure) => {
                 let documents = culprits(seed, &failure.why, &failure.log);
                 panic!(
-                    "seed {seed}, mode {mode} {hint:?}: {}\n\
+                    "seed {seed}, mode {mode} {layout:?} {hint:?}: {}\n\
                      (repeat with KP_FUZZ_KERNEL_SEED={seed} KP_FUZZ_KERNEL_CASES=1)\n\
                      the proxy's log:\n{}\nthe documents:\n{documents}",
                     failure.why, failure.log
@@ -962,7 +981,7 @@ fn every_accepted_document_programs(mode: &str, hint: Option<&str>) {
         }
     }
     eprintln!(
-        "{mode} {hint:?}: {accepted} of {total} Service files ({documents} documents) \
+        "{mode} {layout:?} {hint:?}: {accepted} of {total} Service files ({documents} documents) \
          accepted whole and programmed"
     );
     // Every generated document is valid; the source refusing most of them
@@ -985,7 +1004,12 @@ fn iptables_nft_programs_every_accepted_document() {
 
 #[test]
 fn nftables_programs_every_accepted_document() {
-    every_accepted_document_programs("nftables", None);
+    every_accepted_document_programs_in("nftables", Some("chains"), None);
+}
+
+#[test]
+fn nftables_data_layout_programs_every_accepted_document() {
+    every_accepted_document_programs_in("nftables", Some("data"), None);
 }
 
 #[test]

@@ -103,7 +103,7 @@ endpoints:
 #[test]
 fn iptables_mode_programs_a_service_with_3000_source_ranges_and_every_other() {
     require_tool("iptables-legacy-restore");
-    hostile_source_ranges("iptables", |topology| {
+    hostile_source_ranges(&["--proxy-mode", "iptables"], |topology| {
         let save = topology.node().exec_ok("iptables-save", &[]);
         save.lines()
             .filter(|line| line.starts_with("-A KUBE-FW-") && line.contains(" -s "))
@@ -114,26 +114,42 @@ fn iptables_mode_programs_a_service_with_3000_source_ranges_and_every_other() {
 #[test]
 fn nftables_mode_programs_a_service_with_3000_source_ranges_and_every_other() {
     require_tool("nft");
-    hostile_source_ranges("nftables", |topology| {
-        let out = topology
-            .node()
-            .exec("nft", &["list", "table", "ip", "kube-proxy"]);
-        assert!(
-            out.status.success(),
-            "the table ip kube-proxy is in the kernel: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .matches("10.128.")
-            .count()
-            + 1
-    });
+    hostile_source_ranges(
+        &["--proxy-mode", "nftables", "--nftables-layout", "chains"],
+        nft_source_ranges,
+    );
 }
 
-/// Runs the binary in `mode` on the ordinary and the hostile Service and
-/// checks packets, health and metrics; `ranges_in_kernel` reads how many
-/// source ranges the kernel holds.
-fn hostile_source_ranges(mode: &str, ranges_in_kernel: impl Fn(&Topology) -> usize) {
+#[test]
+fn nftables_data_layout_programs_a_service_with_3000_source_ranges_and_every_other() {
+    require_tool("nft");
+    hostile_source_ranges(
+        &["--proxy-mode", "nftables", "--nftables-layout", "data"],
+        nft_source_ranges,
+    );
+}
+
+/// How many source ranges the `ip kube-proxy` table holds.
+fn nft_source_ranges(topology: &Topology) -> usize {
+    let out = topology
+        .node()
+        .exec("nft", &["list", "table", "ip", "kube-proxy"]);
+    assert!(
+        out.status.success(),
+        "the table ip kube-proxy is in the kernel: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .matches("10.128.")
+        .count()
+        + 1
+}
+
+/// Runs the binary with `mode_flags` (its mode, and the nftables table
+/// layout) on the ordinary and the hostile Service and checks packets,
+/// health and metrics; `ranges_in_kernel` reads how many source ranges the
+/// kernel holds.
+fn hostile_source_ranges(mode_flags: &[&str], ranges_in_kernel: impl Fn(&Topology) -> usize) {
     require_root();
     let topology = Topology::builder()
         .pod("ep1", |p| p.tcp(8080))
@@ -151,7 +167,7 @@ fn hostile_source_ranges(mode: &str, ranges_in_kernel: impl Fn(&Topology) -> usi
         topology
             .node()
             .command(env!("CARGO_BIN_EXE_kube-proxy"))
-            .args(["--proxy-mode", mode])
+            .args(mode_flags)
             .args(["--manifests", dir.path().to_str().unwrap()])
             .args(["--hostname-override", "node-1"])
             .args(["--cluster-cidr", "10.244.0.0/16"])

@@ -284,19 +284,24 @@ impl WebCluster {
 
     /// The binary in `mode` on the manifests, in the node namespace.
     fn spawn(&self, mode: &str) -> kp_testkit::netns::NsChild {
-        self.cluster.node().spawn(
-            env!("CARGO_BIN_EXE_kube-proxy"),
-            &[
-                "--proxy-mode",
-                mode,
-                "--manifests",
-                self.dir.path().to_str().unwrap(),
-                "--hostname-override",
-                "node-1",
-                "--cluster-cidr",
-                "10.244.0.0/16",
-            ],
-        )
+        self.spawn_with(&["--proxy-mode", mode])
+    }
+
+    /// The binary with `mode_flags` (its mode, and the nftables table
+    /// layout) on the manifests, in the node namespace.
+    fn spawn_with(&self, mode_flags: &[&str]) -> kp_testkit::netns::NsChild {
+        let mut args = mode_flags.to_vec();
+        args.extend([
+            "--manifests",
+            self.dir.path().to_str().unwrap(),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ]);
+        self.cluster
+            .node()
+            .spawn(env!("CARGO_BIN_EXE_kube-proxy"), &args)
     }
 
     /// The ClusterIP and the NodePort reach all three pods; after an edit
@@ -352,6 +357,17 @@ impl WebCluster {
 /// `--cleanup` removes its tables.
 #[test]
 fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
+    nftables_serves_follows_edits_and_cleans_up("chains");
+}
+
+/// The same in the data layout: the endpoints are elements of a
+/// `service-endpoints-tcp-K` map, and the edits change elements only.
+#[test]
+fn the_binary_in_nftables_data_layout_serves_follows_edits_and_cleans_up() {
+    nftables_serves_follows_edits_and_cleans_up("data");
+}
+
+fn nftables_serves_follows_edits_and_cleans_up(layout: &str) {
     require_root();
     require_tool("nft");
     let web = WebCluster::new(true);
@@ -359,9 +375,15 @@ fn the_binary_in_nftables_mode_serves_follows_edits_and_cleans_up() {
     // What the iptables mode would have left.
     node.exec_ok("iptables", &["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
 
-    let proxy = web.spawn("nftables");
+    let proxy = web.spawn_with(&["--proxy-mode", "nftables", "--nftables-layout", layout]);
     web.serves_and_follows_edits();
     assert!(nft_tables(node).contains(&"table ip kube-proxy".to_owned()));
+    let table = node.exec_ok("nft", &["list", "table", "ip", "kube-proxy"]);
+    assert_eq!(
+        table.contains("map service-endpoints-tcp-"),
+        layout == "data",
+        "the {layout} layout's table:\n{table}"
+    );
     assert_eq!(
         node.iptables_chains("nat", "KUBE-SVC-"),
         0,

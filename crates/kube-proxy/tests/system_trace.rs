@@ -1,6 +1,7 @@
 //! `kube-proxy trace` and `kube-proxy check` against a running proxy: the
 //! binary programs the example manifests in a node network namespace
-//! (iptables mode with each flavor, nftables mode), then:
+//! (iptables mode with each flavor, nftables mode with each table layout),
+//! then:
 //! - `kube-proxy trace` run in the same namespace reads the kernel's live
 //!   rules and reports, for a ClusterIP, a load balancer IP with source
 //!   ranges, a Service without endpoints and an address that is no Service,
@@ -9,8 +10,11 @@
 //! - `kube-proxy check` with the proxy's own flags finds no difference
 //!   between the kernel and the model, and after damage behind the proxy's
 //!   back (one Service's rule or map element deleted, the nat table or the
-//!   nftables table flushed, the nftables table deleted) names exactly the
-//!   damaged connections and exits 1.
+//!   nftables table flushed, the nftables table deleted; in the data layout
+//!   a `service-endpoints-…` element deleted or pointed elsewhere) names
+//!   exactly the damaged connections and exits 1.
+//! - the running proxy's state check, and its worker, read the data layout
+//!   as `check` does; `trace` shows a removed `hairpin-endpoints` pair.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,6 +32,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
 struct Node {
     ns: Netns,
     mode: &'static str,
+    /// The nftables table layout (`--nftables-layout`), if one is given.
+    layout: Option<&'static str>,
     proxy: Option<NsChild>,
     _dir: tempfile::TempDir,
     log: std::path::PathBuf,
@@ -36,11 +42,22 @@ struct Node {
 /// A node namespace running the binary in `mode` on the example manifests;
 /// `hint` is the iptables flavor kubelet's hint chain names, if any.
 fn node(mode: &'static str, hint: Option<&str>) -> Node {
-    node_with(mode, hint, &[])
+    node_with(mode, None, hint, &[])
 }
 
-/// [`node`], the proxy started with `extra` flags too.
-fn node_with(mode: &'static str, hint: Option<&str>, extra: &[&str]) -> Node {
+/// [`node`] in the nftables mode with the table in `layout`.
+fn nftables_node(layout: &'static str) -> Node {
+    node_with("nftables", Some(layout), None, &[])
+}
+
+/// [`node`], the nftables table in `layout` (if given), the proxy started
+/// with `extra` flags too.
+fn node_with(
+    mode: &'static str,
+    layout: Option<&'static str>,
+    hint: Option<&str>,
+    extra: &[&str],
+) -> Node {
     require_root();
     let ns = Netns::create("trace").unwrap();
     ns.ip(&["link", "set", "lo", "up"]).unwrap();
@@ -62,7 +79,7 @@ fn node_with(mode: &'static str, hint: Option<&str>, extra: &[&str]) -> Node {
     let log = dir.path().join("proxy.log");
     let mut command = ns.command(BIN);
     command
-        .args(proxy_flags(mode))
+        .args(proxy_flags(mode, layout))
         .args(["--metrics-bind-address", "127.0.0.1:10249"])
         .args(extra)
         .stdin(Stdio::null())
@@ -72,6 +89,7 @@ fn node_with(mode: &'static str, hint: Option<&str>, extra: &[&str]) -> Node {
     let node = Node {
         ns,
         mode,
+        layout,
         proxy: Some(proxy),
         _dir: dir,
         log,
@@ -88,10 +106,11 @@ fn node_with(mode: &'static str, hint: Option<&str>, extra: &[&str]) -> Node {
     node
 }
 
-/// The proxy's flags for `mode` on the example manifests.
-fn proxy_flags(mode: &str) -> Vec<String> {
+/// The proxy's flags for `mode` (and the nftables `layout`, if given) on
+/// the example manifests.
+fn proxy_flags(mode: &str, layout: Option<&str>) -> Vec<String> {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-    [
+    let mut flags = [
         "--manifests",
         examples.to_str().unwrap(),
         "--hostname-override",
@@ -102,7 +121,11 @@ fn proxy_flags(mode: &str) -> Vec<String> {
         mode,
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec();
+    if let Some(layout) = layout {
+        flags.extend(["--nftables-layout".to_owned(), layout.to_owned()]);
+    }
+    flags
 }
 
 impl Node {
@@ -113,7 +136,7 @@ impl Node {
             .ns
             .command(BIN)
             .arg("check")
-            .args(proxy_flags(self.mode))
+            .args(proxy_flags(self.mode, self.layout))
             .output()
             .unwrap();
         (
@@ -172,6 +195,23 @@ impl Node {
     }
 }
 
+/// The service number `N` of a data-layout draw rule (`… offset N . numgen
+/// random mod E map @MAP`) and its map's name.
+#[track_caller]
+fn draw_number_and_map(rule: &str) -> (u32, String) {
+    let number = rule
+        .split(" offset ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number in the draw rule {rule}"));
+    let map = rule
+        .rsplit_once(" map @")
+        .map(|(_, map)| map.to_owned())
+        .unwrap_or_else(|| panic!("no map in the draw rule {rule}"));
+    (number, map)
+}
+
 /// The endpoints of a DNAT outcome with their probabilities.
 #[track_caller]
 fn shares(report: &Value) -> BTreeMap<String, f64> {
@@ -189,8 +229,10 @@ fn shares(report: &Value) -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
-    let node = node(mode, hint);
+/// `kube-proxy trace` over the example manifests `node` programmed.
+fn traces_the_examples(node: &Node) {
+    let mode = node.mode;
+    let data_layout = node.layout == Some("data");
     let before = node.rules();
 
     // The proxy checked its own rules after its first full sync and found
@@ -266,19 +308,44 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
         };
         let rules = strings("rules");
         let endpoint = path["endpoint"].as_str().unwrap();
-        let (dispatch, dnat) = if mode == "iptables" {
-            (
-                "-j KUBE-SVC-".to_owned(),
-                format!("--to-destination {endpoint}"),
-            )
+        let dispatch = if mode == "iptables" {
+            "-j KUBE-SVC-"
         } else {
-            (
-                "services: ip daddr . meta l4proto . th dport vmap @service-ips".to_owned(),
-                format!("dnat to {endpoint}"),
-            )
+            "services: ip daddr . meta l4proto . th dport vmap @service-ips"
         };
-        assert!(rules.iter().any(|r| r.contains(&dispatch)), "{rules:#?}");
-        assert!(rules.iter().any(|r| r.ends_with(&dnat)), "{rules:#?}");
+        assert!(rules.iter().any(|r| r.contains(dispatch)), "{rules:#?}");
+        if data_layout {
+            // The data layout: the service chain's one draw rule, and the
+            // element of its number and the drawn slot in the map of that
+            // number.
+            let draw = rules
+                .iter()
+                .find(|r| r.contains(" to numgen random mod 1 offset "))
+                .unwrap_or_else(|| panic!("no draw rule: {rules:#?}"));
+            let (number, map) = draw_number_and_map(draw);
+            assert!(
+                draw.contains(" . numgen random mod 3 map @service-endpoints-tcp-"),
+                "{draw}"
+            );
+            assert_eq!(map, format!("service-endpoints-tcp-{}", number % 64));
+            let (ip, port) = endpoint.rsplit_once(':').unwrap();
+            let element = format!("{map}: {number} . ");
+            let target = format!(" : {ip} . {port}");
+            let elements = strings("elements");
+            assert!(
+                elements
+                    .iter()
+                    .any(|e| e.starts_with(&element) && e.ends_with(&target)),
+                "no element {element}SLOT{target}: {elements:#?}"
+            );
+        } else {
+            let dnat = if mode == "iptables" {
+                format!("--to-destination {endpoint}")
+            } else {
+                format!("dnat to {endpoint}")
+            };
+            assert!(rules.iter().any(|r| r.ends_with(&dnat)), "{rules:#?}");
+        }
         if mode == "nftables" {
             let elements = strings("elements");
             assert!(
@@ -289,6 +356,52 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
             );
         }
     }
+    if data_layout {
+        // The text for people says which number, slot and element each
+        // path drew.
+        let output = node
+            .ns
+            .command(BIN)
+            .args(["trace", "--to", "10.96.0.10:80/tcp", "--from", "10.244.1.5"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{text}");
+        let (number, map) = web_draw(&node.ns);
+        // `drawn: service port number N, slot S of 3: element N . S of map
+        // MAP holds the endpoint E`, one per slot, each endpoint once.
+        let mut drawn: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line
+                    .trim()
+                    .strip_prefix(&format!("drawn: service port number {number}, slot "))?;
+                let (slot, rest) = rest.split_once(" of 3: element ")?;
+                let endpoint = rest.strip_prefix(&format!(
+                    "{number} . {slot} of map {map} holds the endpoint "
+                ))?;
+                Some((slot.to_owned(), endpoint.to_owned()))
+            })
+            .collect();
+        drawn.sort();
+        let slots: Vec<&str> = drawn.iter().map(|(slot, _)| slot.as_str()).collect();
+        assert_eq!(slots, ["0", "1", "2"], "{text}");
+        let mut endpoints: Vec<&str> = drawn.iter().map(|(_, e)| e.as_str()).collect();
+        endpoints.sort_unstable();
+        assert_eq!(
+            endpoints,
+            ["10.244.1.2:8080", "10.244.1.3:8080", "10.244.2.2:8080"],
+            "{text}"
+        );
+        // Every slot of the draw is a path of its own.
+        let slots: Vec<&str> = report["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|path| path["endpoint"].as_str().unwrap())
+            .collect();
+        assert_eq!(slots.len(), 3, "{report:#}");
+    }
 
     // Session affinity, with the Service's timeout (600 s).
     let report = node.report(&["--to", "10.96.0.15:80", "--from", "10.244.1.5"]);
@@ -297,6 +410,13 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
         let affinity = path["affinity"].as_array().unwrap();
         assert!(!affinity.is_empty(), "{report:#}");
         assert!(affinity.iter().all(|a| a["seconds"] == 600), "{report:#}");
+        if data_layout {
+            // The dynamic map the base chains record the client in.
+            assert!(
+                affinity.iter().any(|a| a["name"] == "affinity-tcp-600"),
+                "{report:#}"
+            );
+        }
     }
 
     let after = node.rules();
@@ -317,17 +437,22 @@ fn traces_the_examples(mode: &'static str, hint: Option<&str>) {
 
 #[test]
 fn trace_reads_the_iptables_legacy_rules() {
-    traces_the_examples("iptables", Some("legacy"));
+    traces_the_examples(&node("iptables", Some("legacy")));
 }
 
 #[test]
 fn trace_reads_the_iptables_nft_rules() {
-    traces_the_examples("iptables", Some("nft"));
+    traces_the_examples(&node("iptables", Some("nft")));
 }
 
 #[test]
 fn trace_reads_the_nftables_table() {
-    traces_the_examples("nftables", None);
+    traces_the_examples(&nftables_node("chains"));
+}
+
+#[test]
+fn trace_reads_the_nftables_table_in_the_data_layout() {
+    traces_the_examples(&nftables_node("data"));
 }
 
 #[test]
@@ -360,13 +485,11 @@ fn trace_without_rules_or_with_a_bad_destination_says_why() {
 /// each starting with one of `prefixes` (every line when `prefixes` is
 /// empty).
 fn check_reports_the_damage(
-    mode: &'static str,
-    hint: Option<&str>,
+    mut node: Node,
     break_it: &dyn Fn(&Netns),
     damaged: usize,
     prefixes: &[&str],
 ) {
-    let mut node = node(mode, hint);
     let (code, stdout, stderr) = node.check();
     assert_eq!(code, Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let line = stdout
@@ -404,10 +527,9 @@ fn check_reports_the_damage(
     );
 }
 
-fn checks_the_examples(mode: &'static str, hint: Option<&str>, break_it: &dyn Fn(&Netns)) {
+fn checks_the_examples(node: Node, break_it: &dyn Fn(&Netns)) {
     check_reports_the_damage(
-        mode,
-        hint,
+        node,
         break_it,
         1,
         &["DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"],
@@ -424,8 +546,7 @@ fn check_finds_a_flushed_iptables_nat_table() {
     // The filter table's REJECT and firewall rules stay: only the
     // connections that needed nat differ.
     check_reports_the_damage(
-        "iptables",
-        Some("legacy"),
+        node("iptables", Some("legacy")),
         &|ns| {
             ns.exec_ok("iptables-legacy", &["-t", "nat", "-F"]);
         },
@@ -437,8 +558,7 @@ fn check_finds_a_flushed_iptables_nat_table() {
 #[test]
 fn check_finds_a_flushed_nftables_table() {
     check_reports_the_damage(
-        "nftables",
-        None,
+        nftables_node("chains"),
         &|ns| {
             ns.exec_ok("nft", &["flush", "table", "ip", "kube-proxy"]);
         },
@@ -450,8 +570,7 @@ fn check_finds_a_flushed_nftables_table() {
 #[test]
 fn check_finds_a_deleted_nftables_table() {
     check_reports_the_damage(
-        "nftables",
-        None,
+        nftables_node("chains"),
         &|ns| {
             ns.exec_ok("nft", &["delete", "table", "ip", "kube-proxy"]);
         },
@@ -462,7 +581,7 @@ fn check_finds_a_deleted_nftables_table() {
 
 #[test]
 fn check_finds_a_deleted_iptables_rule() {
-    checks_the_examples("iptables", Some("legacy"), &|ns| {
+    checks_the_examples(node("iptables", Some("legacy")), &|ns| {
         ns.exec_ok(
             "iptables-legacy",
             &[
@@ -491,7 +610,7 @@ fn check_finds_a_deleted_iptables_rule() {
 
 #[test]
 fn check_finds_a_deleted_nftables_map_element() {
-    checks_the_examples("nftables", None, &|ns| {
+    checks_the_examples(nftables_node("chains"), &|ns| {
         ns.exec_ok(
             "nft",
             &[
@@ -506,32 +625,81 @@ fn check_finds_a_deleted_nftables_map_element() {
     });
 }
 
+#[test]
+fn check_finds_a_flushed_nftables_table_in_the_data_layout() {
+    check_reports_the_damage(
+        nftables_node("data"),
+        &|ns| {
+            ns.exec_ok("nft", &["flush", "table", "ip", "kube-proxy"]);
+        },
+        18,
+        &[],
+    );
+}
+
+/// The data layout's draw of `demo/web:http` (10.96.0.10:80/tcp), read
+/// from `nft list`: the service chain's number `N` and its map
+/// `service-endpoints-tcp-(N mod 64)`.
+fn web_draw(ns: &Netns) -> (u32, String) {
+    let table = ns.exec_ok("nft", &["list", "table", "ip", "kube-proxy"]);
+    let chain = table
+        .split("10.96.0.10 . tcp . 80 : goto ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ' ', '\n']).next())
+        .unwrap_or_else(|| panic!("no service-ips element of 10.96.0.10:80:\n{table}"))
+        .to_owned();
+    let listing = ns.exec_ok("nft", &["list", "chain", "ip", "kube-proxy", &chain]);
+    let draw = listing
+        .lines()
+        .find(|line| line.contains(" offset "))
+        .unwrap_or_else(|| panic!("no draw rule in {chain}:\n{listing}"));
+    draw_number_and_map(draw.trim())
+}
+
+#[test]
+fn check_finds_a_deleted_service_endpoints_element() {
+    checks_the_examples(nftables_node("data"), &|ns| {
+        let (number, map) = web_draw(ns);
+        // `nft delete element` fails on an element that is not there.
+        ns.exec_ok(
+            "nft",
+            &[
+                "delete",
+                "element",
+                "ip",
+                "kube-proxy",
+                &map,
+                &format!("{{ {number} . 0 }}"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn check_finds_a_wrong_slot_target() {
+    checks_the_examples(nftables_node("data"), &|ns| {
+        let (number, map) = web_draw(ns);
+        let element = format!("{{ {number} . 1 }}");
+        ns.exec_ok(
+            "nft",
+            &["delete", "element", "ip", "kube-proxy", &map, &element],
+        );
+        // Slot 1 now sends one in three connections to an address that
+        // is no endpoint of the Service.
+        let wrong = format!("{{ {number} . 1 : 10.244.9.9 . 8080 }}");
+        ns.exec_ok("nft", &["add", "element", "ip", "kube-proxy", &map, &wrong]);
+    });
+}
+
 /// The worker the running proxy starts for its state checks: probes in,
 /// differences out. In a namespace without rules (no iptables rules, no
 /// nftables table), a connection the model DNATs is not handled by the
 /// kernel; bad input is an error, not an empty answer.
 #[test]
 fn the_state_check_worker_names_what_the_kernel_misses() {
-    use std::io::Write;
     require_root();
     let ns = Netns::create("worker").unwrap();
-    let run = |mode: &str, input: &str| {
-        let mut child = ns
-            .command(BIN)
-            .args(["__state-check", mode, "IPv4"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let run = |mode: &str, input: &str| state_check_worker(&ns, mode, input);
     let probes = r#"[{"namespace":"ns","name":"web","port":"http","protocol":"TCP",
         "frontend":"cluster IP","destination":"10.96.0.10:80","source":"192.0.2.1",
         "expected":{"kind":"endpoints","endpoints":["10.244.1.2:8080"],"masquerade":null}}]"#;
@@ -563,6 +731,7 @@ fn the_state_check_worker_names_what_the_kernel_misses() {
 fn the_running_proxy_reports_drift_and_rewrites_its_rules() {
     let node = node_with(
         "iptables",
+        None,
         Some("legacy"),
         &[
             "--state-check-interval",
@@ -631,6 +800,179 @@ fn the_running_proxy_reports_drift_and_rewrites_its_rules() {
     });
     assert!(clean, "the drift stayed counted:\n{last}\n{}", log());
     assert!(log().contains("The kernel's rules match the model again"));
+}
+
+/// The running proxy in the data layout: its state check finds a correct
+/// table clean, and one `service-endpoints-…` element deleted behind its
+/// back is put back by its next full sync.
+#[test]
+fn the_running_proxy_finds_the_data_layout_clean_and_repairs_a_deleted_element() {
+    let node = node_with(
+        "nftables",
+        Some("data"),
+        None,
+        &[
+            "--state-check-interval",
+            "1s",
+            "--iptables-sync-period",
+            "2s",
+        ],
+    );
+    let metrics = || {
+        node.ns
+            .run(|| kp_testkit::http::get(("127.0.0.1", 10249), "/metrics"))
+            .map(|reply| reply.body)
+            .unwrap_or_default()
+    };
+    let log = || std::fs::read_to_string(&node.log).unwrap_or_default();
+    let mut last = String::new();
+    let clean = wait_until(Duration::from_secs(20), || {
+        last = metrics();
+        last.contains("kubeproxy_rs_state_drift_services{ip_family=\"IPv4\"} 0\n")
+    });
+    assert!(clean, "no clean state check:\n{last}\n{}", log());
+
+    let (number, map) = web_draw(&node.ns);
+    let element = format!("{{ {number} . 2 }}");
+    node.ns.exec_ok(
+        "nft",
+        &["delete", "element", "ip", "kube-proxy", &map, &element],
+    );
+    let mut listing = String::new();
+    let repaired = wait_until(Duration::from_secs(10), || {
+        listing = node
+            .ns
+            .exec_ok("nft", &["list", "map", "ip", "kube-proxy", &map]);
+        listing.contains(&format!("{number} . 2 : "))
+    });
+    assert!(
+        repaired,
+        "the element was not put back:\n{listing}\n{}",
+        log()
+    );
+    assert!(
+        !log().contains("differ from what the proxy programmed"),
+        "drift reported on a correct table:\n{}",
+        log()
+    );
+}
+
+/// Hairpin in the data layout: an endpoint reaching itself through its
+/// Service is masqueraded on the path drawn to itself only, by its pair in
+/// `hairpin-endpoints`; with the pair removed behind the stopped proxy's
+/// back, `trace` shows that path no longer masqueraded. (`check` and the
+/// state check probe from clients that are no endpoint, so hairpin is
+/// `trace`'s to show.)
+#[test]
+fn trace_shows_a_removed_hairpin_endpoints_pair() {
+    let mut node = nftables_node("data");
+    node.stop_proxy();
+    let masqueraded = |node: &Node| -> BTreeMap<String, bool> {
+        let report = node.report(&["--to", "10.96.0.10:80/tcp", "--from", "10.244.1.2"]);
+        report["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|path| {
+                (
+                    path["endpoint"].as_str().unwrap().to_owned(),
+                    path["masqueraded"].as_bool().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let expected = |hairpin: bool| -> BTreeMap<String, bool> {
+        [
+            ("10.244.1.2:8080".to_owned(), hairpin),
+            ("10.244.1.3:8080".to_owned(), false),
+            ("10.244.2.2:8080".to_owned(), false),
+        ]
+        .into()
+    };
+    assert_eq!(masqueraded(&node), expected(true));
+    node.ns.exec_ok(
+        "nft",
+        &[
+            "delete",
+            "element",
+            "ip",
+            "kube-proxy",
+            "hairpin-endpoints",
+            "{ 10.244.1.2 . 10.244.1.2 }",
+        ],
+    );
+    assert_eq!(masqueraded(&node), expected(false));
+}
+
+/// Runs the running proxy's state-check worker (`__state-check MODE
+/// IPv4`) in `ns` on `input`.
+fn state_check_worker(ns: &Netns, mode: &str, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = ns
+        .command(BIN)
+        .args(["__state-check", mode, "IPv4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The state check's worker reads the data layout: `demo/web`'s ClusterIP
+/// is as the model says on the table the proxy left; with one slot's
+/// element deleted, or its target changed, it names the connection.
+#[test]
+fn the_state_check_worker_finds_damage_to_the_data_layout() {
+    let mut node = nftables_node("data");
+    node.stop_proxy();
+    let probes = r#"[{"namespace":"demo","name":"web","port":"http","protocol":"TCP",
+        "frontend":"cluster IP","destination":"10.96.0.10:80","source":"10.244.1.5",
+        "expected":{"kind":"endpoints","endpoints":["10.244.1.2:8080","10.244.1.3:8080","10.244.2.2:8080"],
+        "masquerade":false}}]"#;
+    let differences = || {
+        let output = state_check_worker(&node.ns, "nftables", probes);
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let found = differences();
+    assert_eq!(found, Value::Array(Vec::new()), "{found}");
+
+    let (number, map) = web_draw(&node.ns);
+    let slot = |n: u32| format!("{{ {number} . {n} }}");
+    node.ns.exec_ok(
+        "nft",
+        &["delete", "element", "ip", "kube-proxy", &map, &slot(0)],
+    );
+    let found = differences();
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found[0]["index"], 0, "{found}");
+    assert_eq!(found[0]["found"], "paths that end differently", "{found}");
+
+    // Slot 0 back to its endpoint, slot 1 to an address that is none.
+    let element = format!("{{ {number} . 0 : 10.244.1.2 . 8080 }}");
+    node.ns.exec_ok(
+        "nft",
+        &["add", "element", "ip", "kube-proxy", &map, &element],
+    );
+    assert_eq!(differences(), Value::Array(Vec::new()));
+    node.ns.exec_ok(
+        "nft",
+        &["delete", "element", "ip", "kube-proxy", &map, &slot(1)],
+    );
+    let wrong = format!("{{ {number} . 1 : 10.244.9.9 . 8080 }}");
+    node.ns
+        .exec_ok("nft", &["add", "element", "ip", "kube-proxy", &map, &wrong]);
+    let found = differences();
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    let text = found[0]["found"].as_str().unwrap();
+    assert!(text.contains("10.244.9.9:8080"), "{found}");
 }
 
 /// The userspace mode: `trace` finds the portal rule and the relay's
