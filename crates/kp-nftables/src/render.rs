@@ -1102,11 +1102,13 @@ fn write_hairpin(
 
 /// The data layout's affinity objects after a partial render's changes:
 /// when the Services come to need a protocol and timeout that none needed,
-/// or stop needing one, its map and entry set are declared (a map no
-/// Service needs is left, with no rule naming it, until the table is
-/// written afresh) and the recording chains are rewritten for the pairs
-/// needed now. Written with the fixed part, ahead of the Service chains
-/// that look the maps up.
+/// or stop needing one, the maps and entry sets needed now are declared
+/// and the recording chains are rewritten for them (with the fixed part,
+/// ahead of the Service chains that look the maps up). A map no Service
+/// needs any more, and an entry set no protocol's map needs, are deleted
+/// last, once no rule names them: the recording chains are rewritten
+/// without them, the chains of the Services that used them rewritten or
+/// flushed, and their entries deleted, all earlier in the transaction.
 fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut Sections) {
     let mut users = programmed.affinity.clone();
     for (service, record) in &delta.services {
@@ -1131,4 +1133,24 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
     }
     out.head.extend(head::affinity_declarations(&after));
     head::affinity_recording(&after, &mut out.head);
+    let timeouts_after: BTreeSet<u64> = after.iter().map(|&(_, secs)| secs).collect();
+    let mut timeouts_gone = BTreeSet::new();
+    for &(protocol, secs) in programmed.affinity.keys() {
+        if after.contains(&(protocol, secs)) {
+            continue;
+        }
+        out.tail.push(Command::DeleteSet {
+            name: Name::Fixed(crate::names::affinity_map(protocol, secs)),
+            map: true,
+        });
+        if !timeouts_after.contains(&secs) {
+            timeouts_gone.insert(secs);
+        }
+    }
+    for secs in timeouts_gone {
+        out.tail.push(Command::DeleteSet {
+            name: Name::Fixed(crate::names::affinity_services(secs)),
+            map: false,
+        });
+    }
 }

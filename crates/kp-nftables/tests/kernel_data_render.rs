@@ -8,6 +8,7 @@
 //! | ns1/sticky6, http 80/TCP | ClusterIP fd00:10:96::31, ClientIP affinity 300 s, endpoints ep1 (node-1), ep3 (node-2); client: pod ep2 |
 //! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
+//! | ns1/short, ns1/long, http 80/TCP | ClusterIPs 10.96.0.33 (affinity 300 s, then none) and .34 (600 s), endpoints ep1, ep2, ep3 |
 //!
 //! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
 //! (ep1), .3 (ep2), of node-2 10.244.2.2 (ep3), each serving TCP 8080.
@@ -139,6 +140,71 @@ fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
     let counts = hits(client, at("10.96.0.31", 80), 10);
     assert_eq!(counts.len(), 1, "held again, to one endpoint: {counts:?}");
     assert!(!counts.contains_key(&held), "{held} left: {counts:?}");
+}
+
+/// A ClientIP timeout no Service uses any more takes its affinity map and
+/// entry set with it, in the partial sync that ends its last user (the
+/// recording rules and the Service chain that named them go earlier in the
+/// same transaction); a timeout still in use keeps its map, and clients
+/// stay on one endpoint through it.
+#[test]
+fn an_affinity_timeout_no_service_uses_loses_its_map_and_set() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
+    let ips = ["ep1", "ep2", "ep3"].map(|p| pod_ip(&topology, p));
+    let sticky = |name: &str, ip: &str, secs: i32| {
+        service("ns1", name, |s| {
+            s.cluster_ip(ip)
+                .port("http", 80, "TCP")
+                .session_affinity_client_ip(secs)
+        })
+    };
+    proxy.apply(
+        &[
+            sticky("short", "10.96.0.33", 300),
+            sticky("long", "10.96.0.34", 600),
+        ],
+        &[
+            slice("short", &ips[..2], &ips[2..]),
+            slice("long", &ips[..2], &ips[2..]),
+        ],
+    );
+    proxy.sync();
+    let listing = proxy.nft(&["list", "table", "ip", "kube-proxy"]);
+    for name in [
+        "affinity-tcp-300",
+        "affinity-services-300",
+        "affinity-tcp-600",
+    ] {
+        assert!(
+            listing.contains(&format!(" {name} {{")),
+            "{name}: {listing}"
+        );
+    }
+
+    proxy.apply(
+        &[service("ns1", "short", |s| {
+            s.cluster_ip("10.96.0.33").port("http", 80, "TCP")
+        })],
+        &[],
+    );
+    proxy.sync();
+    let listing = proxy.nft(&["list", "table", "ip", "kube-proxy"]);
+    for gone in ["affinity-tcp-300", "affinity-services-300"] {
+        assert!(!listing.contains(gone), "{gone} is left: {listing}");
+    }
+    for kept in ["affinity-tcp-600", "affinity-services-600"] {
+        assert!(
+            listing.contains(&format!(" {kept} {{")),
+            "{kept}: {listing}"
+        );
+    }
+    let client = topology.client();
+    let counts = hits(client, at("10.96.0.34", 80), 10);
+    assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
+    let spread = hits_until_all(client, at("10.96.0.33", 80), &["ep1", "ep2", "ep3"], 200);
+    assert_eq!(spread.len(), 3, "no affinity left: {spread:?}");
 }
 
 /// A restart in the other layout: the new process's first sync deletes
