@@ -8,7 +8,8 @@
 //! | ns1/sticky6, http 80/TCP | ClusterIP fd00:10:96::31, ClientIP affinity 300 s, endpoints ep1 (node-1), ep3 (node-2); client: pod ep2 |
 //! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
-//! | ns1/short, ns1/long, http 80/TCP | ClusterIPs 10.96.0.33 (affinity 300 s, then none) and .34 (600 s), endpoints ep1, ep2, ep3 |
+//! | ns1/short, http 80/TCP, dns 53/UDP | ClusterIP 10.96.0.33, affinity 300 s, then its UDP port alone, then TCP without affinity; endpoints ep1, ep2, ep3 |
+//! | ns1/long, http 80/TCP | ClusterIP 10.96.0.34, affinity 600 s, endpoints ep1, ep2, ep3 |
 //!
 //! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
 //! (ep1), .3 (ep2), of node-2 10.244.2.2 (ep3), each serving TCP 8080.
@@ -153,52 +154,68 @@ fn an_affinity_timeout_no_service_uses_loses_its_map_and_set() {
     let topology = build(three_pods());
     let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
     let ips = ["ep1", "ep2", "ep3"].map(|p| pod_ip(&topology, p));
-    let sticky = |name: &str, ip: &str, secs: i32| {
-        service("ns1", name, |s| {
-            s.cluster_ip(ip)
-                .port("http", 80, "TCP")
-                .session_affinity_client_ip(secs)
-        })
-    };
-    proxy.apply(
-        &[
-            sticky("short", "10.96.0.33", 300),
-            sticky("long", "10.96.0.34", 600),
-        ],
-        &[
-            slice("short", &ips[..2], &ips[2..]),
-            slice("long", &ips[..2], &ips[2..]),
-        ],
-    );
+    let slices = [
+        slice("short", &ips[..2], &ips[2..]),
+        slice("long", &ips[..2], &ips[2..]),
+    ];
+    let long = service("ns1", "long", |s| {
+        s.cluster_ip("10.96.0.34")
+            .port("http", 80, "TCP")
+            .session_affinity_client_ip(600)
+    });
+    let listing = |proxy: &Proxy| proxy.nft(&["list", "table", "ip", "kube-proxy"]);
+    let declared = |listing: &str, name: &str| listing.contains(&format!(" {name} {{"));
+
+    // ns1/short: TCP and UDP ports, 300 s.
+    let short = service("ns1", "short", |s| {
+        s.cluster_ip("10.96.0.33")
+            .port("http", 80, "TCP")
+            .port("dns", 53, "UDP")
+            .session_affinity_client_ip(300)
+    });
+    proxy.apply(&[short, long.clone()], &slices);
     proxy.sync();
-    let listing = proxy.nft(&["list", "table", "ip", "kube-proxy"]);
+    let now = listing(&proxy);
     for name in [
         "affinity-tcp-300",
+        "affinity-udp-300",
         "affinity-services-300",
         "affinity-tcp-600",
     ] {
-        assert!(
-            listing.contains(&format!(" {name} {{")),
-            "{name}: {listing}"
-        );
+        assert!(declared(&now, name), "{name}: {now}");
     }
 
-    proxy.apply(
-        &[service("ns1", "short", |s| {
-            s.cluster_ip("10.96.0.33").port("http", 80, "TCP")
-        })],
-        &[],
-    );
+    // Its TCP port goes: the TCP map of 300 s goes, the UDP map and the
+    // entry set of 300 s stay.
+    let short = service("ns1", "short", |s| {
+        s.cluster_ip("10.96.0.33")
+            .port("dns", 53, "UDP")
+            .session_affinity_client_ip(300)
+    });
+    proxy.apply(&[short], &[]);
     proxy.sync();
-    let listing = proxy.nft(&["list", "table", "ip", "kube-proxy"]);
-    for gone in ["affinity-tcp-300", "affinity-services-300"] {
-        assert!(!listing.contains(gone), "{gone} is left: {listing}");
+    let now = listing(&proxy);
+    assert!(!now.contains("affinity-tcp-300"), "{now}");
+    for kept in [
+        "affinity-udp-300",
+        "affinity-services-300",
+        "affinity-tcp-600",
+    ] {
+        assert!(declared(&now, kept), "{kept}: {now}");
+    }
+
+    // No affinity left at 300 s: its map and entry set go.
+    let short = service("ns1", "short", |s| {
+        s.cluster_ip("10.96.0.33").port("http", 80, "TCP")
+    });
+    proxy.apply(&[short], &[]);
+    proxy.sync();
+    let now = listing(&proxy);
+    for gone in ["affinity-udp-300", "affinity-services-300"] {
+        assert!(!now.contains(gone), "{gone} is left: {now}");
     }
     for kept in ["affinity-tcp-600", "affinity-services-600"] {
-        assert!(
-            listing.contains(&format!(" {kept} {{")),
-            "{kept}: {listing}"
-        );
+        assert!(declared(&now, kept), "{kept}: {now}");
     }
     let client = topology.client();
     let counts = hits(client, at("10.96.0.34", 80), 10);
