@@ -84,6 +84,9 @@ pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 /// 5,000 × 50 cost 18 s, 64 maps 3.5 s (docs/nft-layout-experiment.md).
 pub const ENDPOINT_MAP_SHARDS: u32 = 64;
 
+/// How the names of the data layout's slot maps begin.
+pub const ENDPOINT_MAPS_PREFIX: &str = "service-endpoints-";
+
 /// The data layout's map that holds the slots of service port `number`
 /// of `protocol`: `service-endpoints-tcp-{number mod 64}`.
 pub fn endpoint_map(protocol: kp_model::Protocol, number: u32) -> &'static str {
@@ -97,7 +100,7 @@ pub fn endpoint_map(protocol: kp_model::Protocol, number: u32) -> &'static str {
         .flat_map(|protocol| {
             (0..ENDPOINT_MAP_SHARDS).map(move |shard| {
                 format!(
-                    "service-endpoints-{}-{shard}",
+                    "{ENDPOINT_MAPS_PREFIX}{}-{shard}",
                     crate::model::protocol_keyword(*protocol)
                 )
             })

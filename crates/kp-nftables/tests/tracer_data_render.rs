@@ -663,3 +663,45 @@ fn a_full_sync_of_an_untouched_table_sends_only_the_elements_that_differ() {
         &[at("10.244.1.2", 8080), at("10.244.2.9", 8080)],
     );
 }
+
+/// A full sync writes the slot elements and hairpin pairs of a map in
+/// shared commands, none larger than its netlink message can nest (256
+/// elements), and every endpoint is drawn.
+#[test]
+fn slot_elements_share_commands_of_at_most_256() {
+    let endpoints: Vec<_> = (0..600u32)
+        .map(|index| {
+            std::net::SocketAddr::from((std::net::Ipv4Addr::from(0x0af4_0a00 + index), 8080))
+        })
+        .collect();
+    let mut many = service("ns1", "many", "10.96.0.20", 80);
+    for endpoint in &endpoints {
+        many = many.remote_endpoint(&endpoint.ip().to_string(), 8080);
+    }
+    let mut world = World::v4_data();
+    world.put(many);
+    world.sync(true, &[]);
+    let commands = last_commands(&world);
+    let sizes = |wanted: &dyn Fn(&str) -> bool| -> Vec<usize> {
+        commands
+            .iter()
+            .filter_map(|command| match command {
+                Command::AddMapElements { map, elements } if wanted(map.as_str()) => {
+                    Some(elements.len())
+                }
+                Command::AddElements { set, elements } if wanted(set.as_str()) => {
+                    Some(elements.len())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let slots = sizes(&|name| name.starts_with("service-endpoints-tcp-"));
+    let pairs = sizes(&|name| name == "hairpin-endpoints");
+    for (what, sizes) in [("slots", &slots), ("hairpin pairs", &pairs)] {
+        assert_eq!(sizes.iter().sum::<usize>(), 600, "{what}: {sizes:?}");
+        assert!(sizes.iter().all(|size| *size <= 256), "{what}: {sizes:?}");
+        assert_eq!(sizes.len(), 3, "{what} in shared commands: {sizes:?}");
+    }
+    assert_goes_to(&world.trace(CLIENT, at("10.96.0.20", 80)), &endpoints);
+}
