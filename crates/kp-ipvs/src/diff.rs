@@ -201,13 +201,20 @@ impl KernelState {
                 }
                 self.sets.insert(*kind, BTreeSet::new());
             }
+            // Entry requests go without `NLM_F_EXCL`, so the kernel takes
+            // an add of a present member and a delete of a missing one as
+            // done (`ipset -exist`); only a missing set is refused.
             Op::AddEntry(kind, entry) => {
-                let set = self.sets.get_mut(kind).ok_or(OpError::Missing)?;
-                insert(set.insert(*entry))?;
+                self.sets
+                    .get_mut(kind)
+                    .ok_or(OpError::Missing)?
+                    .insert(*entry);
             }
             Op::DeleteEntry(kind, entry) => {
-                let set = self.sets.get_mut(kind).ok_or(OpError::Missing)?;
-                remove(set.remove(entry))?;
+                self.sets
+                    .get_mut(kind)
+                    .ok_or(OpError::Missing)?
+                    .remove(entry);
             }
             _ => self.apply_ipvs(op)?,
         }
@@ -286,5 +293,35 @@ impl fmt::Display for Op {
             }
             Op::DeleteReal(key, real) => write!(f, "ipvsadm -d {key} -r {real}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// As the kernel takes an entry request without `NLM_F_EXCL`, which is
+    /// how this crate's netlink layer sends them: an add of a present
+    /// member and a delete of a missing one are done; an entry of a set
+    /// that does not exist is refused.
+    #[test]
+    fn entry_requests_are_refused_only_for_a_missing_set() {
+        let entry = SetEntry::IpPort("10.96.0.1".parse().unwrap(), kp_model::Protocol::Tcp, 80);
+        let mut state = KernelState::default();
+        assert_eq!(
+            state.apply(&Op::AddEntry(SetKind::ClusterIp, entry)),
+            Err(OpError::Missing)
+        );
+        state.apply(&Op::CreateSet(SetKind::ClusterIp)).unwrap();
+        for op in [
+            Op::AddEntry(SetKind::ClusterIp, entry),
+            Op::AddEntry(SetKind::ClusterIp, entry),
+            Op::DeleteEntry(SetKind::ClusterIp, entry),
+            Op::DeleteEntry(SetKind::ClusterIp, entry),
+        ] {
+            state.apply(&op).unwrap();
+        }
+        assert!(state.sets[&SetKind::ClusterIp].is_empty());
     }
 }

@@ -348,8 +348,10 @@ impl IpvsKernel for NetlinkKernel {
 /// Whether the kernel refused `op` because it already held what `op`
 /// wanted: IPVS answers a delete of a missing service `ESRCH` and of a
 /// missing real server `ENOENT`, an add of a present one `EEXIST`;
-/// rtnetlink a delete of a missing address `EADDRNOTAVAIL`; ipset an add of
-/// a present element, or a delete of a missing one, `IPSET_ERR_EXIST`.
+/// rtnetlink a delete of a missing address `EADDRNOTAVAIL`. An ipset entry
+/// request is sent without `NLM_F_EXCL`, so the kernel takes an add of a
+/// present member or a delete of a missing one as done and never answers
+/// `IPSET_ERR_EXIST` to it.
 fn is_drift(op: &Op, error: &kp_netlink::Error) -> bool {
     const ENOENT: i32 = 2;
     const ESRCH: i32 = 3;
@@ -359,7 +361,7 @@ fn is_drift(op: &Op, error: &kp_netlink::Error) -> bool {
         return false;
     };
     match op {
-        Op::AddEntry(..) | Op::DeleteEntry(..) => code == ipset::IPSET_ERR_EXIST,
+        Op::AddEntry(..) | Op::DeleteEntry(..) => false,
         _ if op.adds() => code == EEXIST,
         _ if op.deletes() => matches!(code, ENOENT | ESRCH | EADDRNOTAVAIL),
         _ => false,
