@@ -493,6 +493,27 @@ impl Table {
     /// Runs `rule`'s expressions from `from` on: matches in order (a miss
     /// leaves the rule), statements, a verdict. `recorded` says whether the
     /// rule is already on the walk's matched list.
+    /// Whether `set` holds `key`; a match is recorded on the walk.
+    fn set_holds(&self, set: &Name, key: String, walk: &mut Walk) -> bool {
+        let found = self
+            .maps
+            .get(set.as_str())
+            .is_some_and(|elements| elements.contains_key(&key));
+        if found {
+            walk.elements.push(format!("{set}: {key}"));
+        }
+        found
+    }
+
+    /// The affinity set or map `set` as `rule` of the walk passes it.
+    fn affinity(&self, set: &Name, rule: &Rule, context: Context<'_>) -> Affinity {
+        Affinity {
+            set: set.as_str().to_owned(),
+            timeout_secs: self.timeouts_secs.get(set.as_str()).copied(),
+            rule: rule_text(rule, context.family),
+        }
+    }
+
     fn run_exprs(
         &self,
         rule: &Rule,
@@ -558,14 +579,7 @@ impl Table {
                 }
                 Expr::AddrInSet { field, set } => {
                     let addr = walk.address(packet, *field).to_string();
-                    let found = self
-                        .maps
-                        .get(set.as_str())
-                        .is_some_and(|elements| elements.contains_key(&addr));
-                    if found {
-                        walk.elements.push(format!("{set}: {addr}"));
-                    }
-                    found
+                    self.set_holds(set, addr, &mut walk)
                 }
                 Expr::DestinationPort { protocol, port } => {
                     protocol_keyword(*protocol) == packet.protocol && *port == walk.dport
@@ -612,11 +626,7 @@ impl Table {
                     true
                 }
                 Expr::UpdateSourceSet(set) => {
-                    walk.affinity.push(Affinity {
-                        set: set.as_str().to_owned(),
-                        timeout_secs: self.timeouts_secs.get(set.as_str()).copied(),
-                        rule: rule_text(rule, context.family),
-                    });
+                    walk.affinity.push(self.affinity(set, rule, context));
                     true
                 }
                 Expr::Dnat(to) => {
@@ -630,14 +640,7 @@ impl Table {
                 Expr::Reject => return Ok(vec![(walk, Flow::Reject)]),
                 Expr::AddrPairInSet(set) => {
                     let key = Key::AddrPair(packet.src, walk.dst).to_string();
-                    let found = self
-                        .maps
-                        .get(set.as_str())
-                        .is_some_and(|elements| elements.contains_key(&key));
-                    if found {
-                        walk.elements.push(format!("{set}: {key}"));
-                    }
-                    found
+                    self.set_holds(set, key, &mut walk)
                 }
                 Expr::CtStatusDnat => walk.destination.is_some(),
                 Expr::DestinationPortNot { protocol, port } => {
@@ -646,21 +649,10 @@ impl Table {
                 Expr::OriginalEntryInSet(set) => {
                     // Conntrack's original destination: the packet's own.
                     let key = format!("{} . {} . {}", packet.dst, packet.protocol, packet.dport);
-                    let found = self
-                        .maps
-                        .get(set.as_str())
-                        .is_some_and(|elements| elements.contains_key(&key));
-                    if found {
-                        walk.elements.push(format!("{set}: {key}"));
-                    }
-                    found
+                    self.set_holds(set, key, &mut walk)
                 }
                 Expr::RecordAffinity { map, .. } => {
-                    walk.affinity.push(Affinity {
-                        set: map.as_str().to_owned(),
-                        timeout_secs: self.timeouts_secs.get(map.as_str()).copied(),
-                        rule: rule_text(rule, context.family),
-                    });
+                    walk.affinity.push(self.affinity(map, rule, context));
                     true
                 }
                 Expr::DnatAffinity { protocol, map } => {
@@ -676,11 +668,7 @@ impl Table {
                     let Some(to) = found else {
                         // No entry for this client: the lookup misses and
                         // the rule does not apply; the draw comes next.
-                        walk.affinity.push(Affinity {
-                            set: map.as_str().to_owned(),
-                            timeout_secs: self.timeouts_secs.get(map.as_str()).copied(),
-                            rule: rule_text(rule, context.family),
-                        });
+                        walk.affinity.push(self.affinity(map, rule, context));
                         return Ok(vec![(walk, Flow::Next)]);
                     };
                     if !recorded {
