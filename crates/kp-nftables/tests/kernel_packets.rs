@@ -29,25 +29,8 @@
 //! node-2 10.244.2.2 (ep3), each serving TCP 8080.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod kernel;
-
-/// `#[test]`s running each of the functions named in both layouts.
-macro_rules! in_both_layouts {
-    ($($test:ident),* $(,)?) => {
-        mod chains {
-            $(#[test]
-            fn $test() {
-                super::$test(kp_nftables::Layout::Chains);
-            })*
-        }
-        mod data {
-            $(#[test]
-            fn $test() {
-                super::$test(kp_nftables::Layout::Data);
-            })*
-        }
-    };
-}
 
 in_both_layouts!(
     internal_traffic_policy_local_keeps_cluster_ip_traffic_on_the_node,

@@ -16,25 +16,8 @@
 //! [`Layout`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod kernel;
-
-/// `#[test]`s running each of the functions named in both layouts.
-macro_rules! in_both_layouts {
-    ($($test:ident),* $(,)?) => {
-        mod chains {
-            $(#[test]
-            fn $test() {
-                super::$test(kp_nftables::Layout::Chains);
-            })*
-        }
-        mod data {
-            $(#[test]
-            fn $test() {
-                super::$test(kp_nftables::Layout::Data);
-            })*
-        }
-    };
-}
 
 in_both_layouts!(
     cluster_ip_spreads_connections_over_every_ready_endpoint,

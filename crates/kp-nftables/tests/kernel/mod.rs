@@ -9,6 +9,25 @@
 //! fd00:10:244::/48 pods. Every pod serves TCP 8080 and UDP 5353.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+/// `#[test]`s running each of the functions named in both layouts.
+#[allow(unused_macros)] // not every test file runs tests in both layouts
+macro_rules! in_both_layouts {
+    ($($test:ident),* $(,)?) => {
+        mod chains {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Chains);
+            })*
+        }
+        mod data {
+            $(#[test]
+            fn $test() {
+                super::$test(kp_nftables::Layout::Data);
+            })*
+        }
+    };
+}
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
