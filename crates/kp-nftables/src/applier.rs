@@ -59,8 +59,7 @@ pub trait Applier: Send {
     /// as the kernel holds them, key text → endpoint
     /// ([`crate::live::read_map_targets_on`]): the data layout reads its
     /// ClientIP affinity entries to delete those of endpoints that left.
-    /// `None` where this applier has no kernel to read (a dry run, the
-    /// fake).
+    /// `None` where this applier has no kernel to read (a dry run).
     fn read_map_targets(
         &mut self,
         family: IpFamily,

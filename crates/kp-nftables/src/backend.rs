@@ -286,21 +286,53 @@ impl NftablesBackend {
     /// in a transaction of its own after the sync's, so a client's next
     /// connection draws a live endpoint instead of the one it last used.
     /// The entries are read back from the kernel first (rules, not the
-    /// proxy, write them). A failure does not fail the sync: an entry may
-    /// have expired since it was read, and those left expire with their
-    /// timeout.
+    /// proxy, write them). An entry may expire between its reading and its
+    /// deletion, and the kernel then refuses the whole transaction, so a
+    /// refused one is read and tried again, up to three times. A failure
+    /// does not fail the sync: the entries left expire with their timeout.
     fn forget_affinity_of(
         &mut self,
         own: &mut Ruleset,
         leaving: &BTreeMap<&'static str, BTreeSet<SocketAddr>>,
     ) {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let Some(transaction) = self.affinity_deletions(leaving) else {
+                return;
+            };
+            if transaction.commands.is_empty() {
+                return;
+            }
+            let before = self.current_generation();
+            match self.applier.apply(&transaction) {
+                Ok(()) => {
+                    let trusted =
+                        self.settle(own, self.state.trusted(), before, Commits::MaybeNone, false);
+                    self.state = self.state.with_trusted(trusted);
+                    tracing::debug!(family = %self.family, maps = transaction.commands.len(), "deleted ClientIP affinity entries of endpoints that left");
+                    return;
+                }
+                Err(error) if attempt < ATTEMPTS => {
+                    tracing::debug!(family = %self.family, error = %error, attempt, "deleting ClientIP affinity entries was refused; reading them again");
+                }
+                Err(error) => {
+                    tracing::warn!(family = %self.family, error = %error, attempts = ATTEMPTS, "could not delete ClientIP affinity entries of endpoints that left; they expire with their timeout");
+                }
+            }
+        }
+    }
+
+    /// The deletion of the affinity entries of `leaving` the kernel holds
+    /// now; `None` where the applier has no kernel to read (a dry run).
+    fn affinity_deletions(
+        &mut self,
+        leaving: &BTreeMap<&'static str, BTreeSet<SocketAddr>>,
+    ) -> Option<Transaction> {
         let mut transaction = Transaction::new(self.family);
         for (map, endpoints) in leaving {
-            let targets = match self.applier.read_map_targets(self.family, map) {
-                // No kernel to read (a dry run, the fake).
-                None => return,
-                Some(Ok(targets)) => targets,
-                Some(Err(error)) => {
+            let targets = match self.applier.read_map_targets(self.family, map)? {
+                Ok(targets) => targets,
+                Err(error) => {
                     tracing::warn!(family = %self.family, map, error = %error, "could not read ClientIP affinity entries; those of endpoints that left expire with their timeout");
                     continue;
                 }
@@ -317,21 +349,7 @@ impl NftablesBackend {
                 });
             }
         }
-        if transaction.commands.is_empty() {
-            return;
-        }
-        let before = self.current_generation();
-        match self.applier.apply(&transaction) {
-            Ok(()) => {
-                let trusted =
-                    self.settle(own, self.state.trusted(), before, Commits::MaybeNone, false);
-                self.state = self.state.with_trusted(trusted);
-                tracing::debug!(family = %self.family, maps = transaction.commands.len(), "deleted ClientIP affinity entries of endpoints that left");
-            }
-            Err(error) => {
-                tracing::warn!(family = %self.family, error = %error, "could not delete ClientIP affinity entries of endpoints that left; they expire with their timeout");
-            }
-        }
+        Some(transaction)
     }
 
     /// After a failed commit: the kernel may hold anything the record does

@@ -705,3 +705,49 @@ fn slot_elements_share_commands_of_at_most_256() {
     }
     assert_goes_to(&world.trace(CLIENT, at("10.96.0.20", 80)), &endpoints);
 }
+
+/// When an endpoint leaves a Service with ClientIP affinity, the entries
+/// leading to it are read back and deleted after the sync; a refused
+/// deletion (an entry expired between its reading and its deletion makes
+/// the kernel refuse the whole transaction) is read and tried again.
+#[test]
+fn affinity_entries_of_a_departed_endpoint_are_deleted_after_a_refusal_too() {
+    let mut world = sticky_world();
+    let map = "affinity-tcp-600";
+    let departing = "10.96.0.17 . 80 . 192.168.99.10";
+    let staying = "10.96.0.17 . 80 . 192.168.99.11";
+    let v4 = kp_model::IpFamily::V4;
+    world
+        .applier
+        .add_affinity_entry(v4, map, departing, at("10.244.2.12", 8080));
+    world
+        .applier
+        .add_affinity_entry(v4, map, staying, at("10.244.1.12", 8080));
+    let before = world.applier.transactions().len();
+    // The sync's own transaction goes through; the first deletion does not.
+    world.applier.fail_after(1, 1);
+    world.put(
+        service("ns1", "sticky", "10.96.0.17", 80)
+            .affinity_secs(600)
+            .local_endpoint("10.244.1.12", 8080),
+    );
+    let changed = BTreeSet::from([NamespacedName::new("ns1", "sticky")]);
+    world.try_sync(false, &changed).unwrap();
+
+    let table = world.applier.table(v4).unwrap();
+    assert_eq!(
+        table.targets[map].keys().collect::<Vec<_>>(),
+        [staying],
+        "{:#?}",
+        table.targets[map]
+    );
+    let deletions = world.applier.transactions()[before..]
+        .iter()
+        .filter(|sent| {
+            sent.transaction.commands.iter().any(|command| {
+                matches!(command, Command::DeleteElements { set, .. } if set.as_str() == map)
+            })
+        })
+        .count();
+    assert_eq!(deletions, 2, "the refused deletion and its retry");
+}
