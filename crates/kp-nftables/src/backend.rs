@@ -783,16 +783,22 @@ fn service_of_address(
         kp_sync::ServicePortState,
     >,
 ) -> Option<NamespacedName> {
+    // A command of several elements (the data layout's count sets share
+    // commands) may hold several Services' elements: none is blamed.
     let key = match command {
-        Command::AddElements { elements, .. } => elements.first().map(|element| element.key),
-        Command::DeleteElements { keys, .. } => keys.first().copied(),
+        Command::AddElements { elements, .. } if elements.len() == 1 => {
+            elements.first().map(|element| element.key)
+        }
+        Command::DeleteElements { keys, .. } if keys.len() == 1 => keys.first().copied(),
         _ => None,
     }?;
     let address = match key {
         Key::Addr(address)
         | Key::AddrProtoPort(address, _, _)
         | Key::AddrPortAddr(address, _, _) => address,
-        Key::ProtoPort(_, _) | Key::Slot(_, _) | Key::AddrPair(_, _) => return None,
+        Key::ProtoPort(..) | Key::EntrySlot(..) | Key::PortSlot(..) | Key::AddrPair(..) => {
+            return None
+        }
     };
     service_ports
         .iter()
@@ -955,7 +961,6 @@ mod tests {
             port: Arc::from("http"),
             protocol: kp_model::Protocol::Tcp,
             local: false,
-            number: 0,
             endpoints: endpoints.iter().map(|text| at(text)).collect(),
             affinity_secs: secs,
         };

@@ -241,9 +241,12 @@ pub enum Key {
     AddrProtoPort(IpAddr, Protocol, u16),
     /// `PROTOCOL . PORT`.
     ProtoPort(Protocol, u16),
-    /// `NUMBER . SLOT`: a slot of a service port's endpoints (keys of
-    /// `typeof numgen random mod 1 . numgen random mod 1`).
-    Slot(u32, u32),
+    /// `ADDRESS . PORT . SLOT`: a slot of the endpoints of a Service entry
+    /// (keys of `typeof ip daddr . tcp dport . numgen random mod 1`).
+    EntrySlot(IpAddr, u16, u32),
+    /// `PORT . SLOT`: a slot of the endpoints of a NodePort (keys of
+    /// `typeof tcp dport . numgen random mod 1`).
+    PortSlot(u16, u32),
     /// `ADDRESS . ADDRESS`: a source and destination pair (hairpin).
     AddrPair(IpAddr, IpAddr),
     /// `ADDRESS . PORT . ADDRESS`: a Service entry and a client
@@ -393,12 +396,25 @@ pub enum Expr {
     /// `ip saddr . ip daddr @SET`: the source and destination pair is in
     /// the set (an endpoint connecting to itself through a Service).
     AddrPairInSet(Name),
-    /// `dnat ip to numgen random mod 1 offset NUMBER . numgen random mod
-    /// ENDPOINTS map @MAP`: DNAT to the endpoint in a slot drawn at
-    /// random; a `meta l4proto` match must come before it.
+    /// `ip daddr . meta l4proto . th dport @SET`, or without the address
+    /// `meta l4proto . th dport @SET`: the packet's Service entry (or
+    /// NodePort) is in the set.
+    EntryInSet {
+        /// Whether the key starts with the destination address.
+        with_addr: bool,
+        /// The set.
+        set: Name,
+    },
+    /// `dnat ip to ip daddr . tcp dport . numgen random mod ENDPOINTS map
+    /// @MAP` (without `ip daddr . ` for a NodePort): DNAT to the endpoint
+    /// in a slot of the packet's entry drawn at random. nft writes the
+    /// port's protocol match before it itself, and leaves it out of its
+    /// listing again; so does the encoder.
     DnatDraw {
-        /// The service port's number (the first field of the key).
-        number: u32,
+        /// The protocol of the port in the key.
+        protocol: Protocol,
+        /// Whether the key starts with the destination address.
+        with_addr: bool,
         /// The count of slots, `0..endpoints`.
         endpoints: u32,
         /// The map of slots to endpoints.
@@ -609,7 +625,8 @@ impl fmt::Display for Key {
             Self::ProtoPort(protocol, port) => {
                 write!(f, "{} . {port}", protocol_keyword(*protocol))
             }
-            Self::Slot(number, slot) => write!(f, "{number} . {slot}"),
+            Self::EntrySlot(ip, port, slot) => write!(f, "{} . {port} . {slot}", Ip(ip)),
+            Self::PortSlot(port, slot) => write!(f, "{port} . {slot}"),
             Self::AddrPair(a, b) => write!(f, "{} . {}", Ip(a), Ip(b)),
             Self::AddrPortAddr(a, port, b) => write!(f, "{} . {port} . {}", Ip(a), Ip(b)),
         }
@@ -917,14 +934,28 @@ impl fmt::Display for ExprText<'_> {
             Expr::Reject => f.write_str("reject"),
             Expr::Verdict(verdict) => write!(f, "{verdict}"),
             Expr::AddrPairInSet(set) => write!(f, "{ipx} saddr . {ipx} daddr @{set}"),
+            Expr::EntryInSet { with_addr, set } => {
+                if *with_addr {
+                    write!(f, "{ipx} daddr . ")?;
+                }
+                write!(f, "meta l4proto . th dport @{set}")
+            }
             Expr::DnatDraw {
-                number,
+                protocol,
+                with_addr,
                 endpoints,
                 map,
-            } => write!(
-                f,
-                "dnat {ipx} to numgen random mod 1 offset {number} . numgen random mod {endpoints} map @{map}"
-            ),
+            } => {
+                write!(f, "dnat {ipx} to ")?;
+                if *with_addr {
+                    write!(f, "{ipx} daddr . ")?;
+                }
+                write!(
+                    f,
+                    "{} dport . numgen random mod {endpoints} map @{map}",
+                    protocol_keyword(*protocol)
+                )
+            }
             Expr::DnatAffinity { protocol, map } => write!(
                 f,
                 "dnat {ipx} to {ipx} daddr . {} dport . {ipx} saddr map @{map}",
@@ -1028,7 +1059,7 @@ impl StackText {
             }
             Key::ProtoPort(protocol, port) => proto_port(self, *protocol, *port),
             // Rarer keys, whose text needs no speed.
-            Key::Slot(..) | Key::AddrPair(..) | Key::AddrPortAddr(..) => {
+            Key::EntrySlot(..) | Key::PortSlot(..) | Key::AddrPair(..) | Key::AddrPortAddr(..) => {
                 let _ = fmt::Write::write_fmt(self, format_args!("{key}"));
             }
         }
@@ -1178,35 +1209,48 @@ mod tests {
         let cases = [
             (
                 IpFamily::V4,
-                spec("service-endpoints-tcp-2", vec![Number, Number], vec![dst, Port(Protocol::Tcp)], None, None),
-                "add map ip kube-proxy service-endpoints-tcp-2 { typeof numgen random mod 1 . numgen random mod 1 : ip daddr . tcp dport ; }",
+                spec("service-endpoints-tcp", vec![dst, Port(Protocol::Tcp), Number], vec![dst, Port(Protocol::Tcp)], None, None),
+                "add map ip kube-proxy service-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; }",
+            ),
+            (
+                IpFamily::V4,
+                spec("nodeport-endpoints-udp", vec![Port(Protocol::Udp), Number], vec![dst, Port(Protocol::Udp)], None, None),
+                "add map ip kube-proxy nodeport-endpoints-udp { typeof udp dport . numgen random mod 1 : ip daddr . udp dport ; }",
             ),
             (
                 IpFamily::V4,
                 Command::AddMapElements {
-                    map: name("service-endpoints-tcp-2"),
+                    map: name("service-endpoints-tcp"),
                     elements: vec![
                         MapElement {
-                            key: Key::Slot(2, 0),
+                            key: Key::EntrySlot("10.96.0.10".parse().unwrap(), 80, 0),
                             comment: Some("ns1/web:http".into()),
                             target: "10.244.1.2:8080".parse().unwrap(),
                         },
                         MapElement {
-                            key: Key::Slot(2, 1),
+                            key: Key::PortSlot(30080, 1),
                             comment: None,
                             target: "10.244.1.3:8080".parse().unwrap(),
                         },
                     ],
                 },
-                "add element ip kube-proxy service-endpoints-tcp-2 { 2 . 0 comment \"ns1/web:http\" : 10.244.1.2 . 8080, 2 . 1 : 10.244.1.3 . 8080 }",
+                "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 comment \"ns1/web:http\" : 10.244.1.2 . 8080, 30080 . 1 : 10.244.1.3 . 8080 }",
             ),
             (
                 IpFamily::V6,
                 rule(vec![
-                    Expr::L4Proto(Protocol::Udp),
-                    Expr::DnatDraw { number: 2, endpoints: 3, map: name("service-endpoints-udp-2") },
+                    Expr::EntryInSet { with_addr: true, set: name("endpoint-count-3") },
+                    Expr::DnatDraw { protocol: Protocol::Udp, with_addr: true, endpoints: 3, map: name("service-endpoints-udp") },
                 ]),
-                "add rule ip6 kube-proxy svc meta l4proto udp dnat ip6 to numgen random mod 1 offset 2 . numgen random mod 3 map @service-endpoints-udp-2",
+                "add rule ip6 kube-proxy svc ip6 daddr . meta l4proto . th dport @endpoint-count-3 dnat ip6 to ip6 daddr . udp dport . numgen random mod 3 map @service-endpoints-udp",
+            ),
+            (
+                IpFamily::V4,
+                rule(vec![
+                    Expr::EntryInSet { with_addr: false, set: name("nodeport-count-2") },
+                    Expr::DnatDraw { protocol: Protocol::Tcp, with_addr: false, endpoints: 2, map: name("nodeport-endpoints-tcp") },
+                ]),
+                "add rule ip kube-proxy svc meta l4proto . th dport @nodeport-count-2 dnat ip to tcp dport . numgen random mod 2 map @nodeport-endpoints-tcp",
             ),
             (
                 IpFamily::V4,
@@ -1279,7 +1323,8 @@ mod tests {
         for key in [
             Key::AddrPortAddr(wide, 65535, wide),
             Key::AddrPair(wide, wide),
-            Key::Slot(u32::MAX, u32::MAX),
+            Key::EntrySlot(wide, 65535, u32::MAX),
+            Key::PortSlot(65535, u32::MAX),
         ] {
             let mut text = StackText::default();
             text.key(&key);

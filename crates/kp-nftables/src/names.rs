@@ -78,43 +78,145 @@ pub const FIREWALL_IPS: &str = "firewall-ips";
 /// masquerade (an endpoint reaching itself through a Service).
 pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 
-/// How many `service-endpoints-PROTO-K` maps the data layout has per
-/// protocol: the kernel checks each element added to a map against every
-/// rule bound to it, so one map for all service ports made a cold start at
-/// 5,000 × 50 cost 18 s, 64 maps 3.5 s (docs/nft-layout-experiment.md).
-pub const ENDPOINT_MAP_SHARDS: u32 = 64;
+/// Which of the data layout's slot maps, count sets and class chains a
+/// draw uses: the cluster or the local endpoint list, of a Service entry
+/// (an address and port) or of a NodePort (a port on any node address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Pool {
+    /// The local endpoint list (eTP/iTP Local), not the cluster one.
+    pub local: bool,
+    /// Keyed by the NodePort rather than by the entry's address and port.
+    pub node_port: bool,
+}
 
-/// How the names of the data layout's slot maps begin.
-pub const ENDPOINT_MAPS_PREFIX: &str = "service-endpoints-";
+impl Pool {
+    /// The four pools.
+    pub const ALL: [Pool; 4] = [
+        Pool {
+            local: false,
+            node_port: false,
+        },
+        Pool {
+            local: false,
+            node_port: true,
+        },
+        Pool {
+            local: true,
+            node_port: false,
+        },
+        Pool {
+            local: true,
+            node_port: true,
+        },
+    ];
+}
 
-/// The data layout's map that holds the slots of service port `number`
-/// of `protocol`: `service-endpoints-tcp-{number mod 64}`.
-pub fn endpoint_map(protocol: kp_model::Protocol, number: u32) -> &'static str {
-    static NAMES: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
-        [
-            kp_model::Protocol::Tcp,
-            kp_model::Protocol::Udp,
-            kp_model::Protocol::Sctp,
-        ]
-        .iter()
-        .flat_map(|protocol| {
-            (0..ENDPOINT_MAP_SHARDS).map(move |shard| {
-                format!(
-                    "{ENDPOINT_MAPS_PREFIX}{}-{shard}",
-                    crate::model::protocol_keyword(*protocol)
-                )
-            })
-        })
-        .collect()
-    });
-    let row = match protocol {
+/// The data layout's slot maps, by pool (in the order of [`Pool::ALL`])
+/// and protocol (tcp, udp, sctp).
+const SLOT_MAPS: [[&str; 3]; 4] = [
+    [
+        "service-endpoints-tcp",
+        "service-endpoints-udp",
+        "service-endpoints-sctp",
+    ],
+    [
+        "nodeport-endpoints-tcp",
+        "nodeport-endpoints-udp",
+        "nodeport-endpoints-sctp",
+    ],
+    [
+        "local-endpoints-tcp",
+        "local-endpoints-udp",
+        "local-endpoints-sctp",
+    ],
+    [
+        "local-nodeport-endpoints-tcp",
+        "local-nodeport-endpoints-udp",
+        "local-nodeport-endpoints-sctp",
+    ],
+];
+
+/// The data layout's class chains, cluster then local, by protocol.
+const CLASS_CHAINS: [[&str; 3]; 2] = [
+    [
+        "endpoints-by-count-tcp",
+        "endpoints-by-count-udp",
+        "endpoints-by-count-sctp",
+    ],
+    [
+        "local-endpoints-by-count-tcp",
+        "local-endpoints-by-count-udp",
+        "local-endpoints-by-count-sctp",
+    ],
+];
+
+fn protocol_index(protocol: kp_model::Protocol) -> usize {
+    match protocol {
         kp_model::Protocol::Tcp => 0,
         kp_model::Protocol::Udp => 1,
         kp_model::Protocol::Sctp => 2,
+    }
+}
+
+/// The data layout's map of `pool`'s slots of `protocol`:
+/// `service-endpoints-tcp` (entry address . port . slot : endpoint),
+/// `nodeport-endpoints-tcp` (node port . slot : endpoint), and
+/// `local-endpoints-tcp`, `local-nodeport-endpoints-tcp` for the local
+/// lists.
+pub fn slot_map(pool: Pool, protocol: kp_model::Protocol) -> &'static str {
+    let row = usize::from(pool.node_port) + 2 * usize::from(pool.local);
+    SLOT_MAPS[row][protocol_index(protocol)]
+}
+
+/// Whether `name` is one of the data layout's slot maps or count sets,
+/// whose elements name no Service.
+pub fn is_slot_map_or_count_set(name: &str) -> bool {
+    SLOT_MAPS.iter().flatten().any(|map| *map == name) || count_of_set(name).is_some()
+}
+
+/// The pool and count of a count set's name (the inverse of
+/// [`count_set`]).
+pub fn count_of_set(name: &str) -> Option<(Pool, u32)> {
+    let (local, rest) = match name.strip_prefix("local-") {
+        Some(rest) => (true, rest),
+        None => (false, name),
     };
-    let index = row * ENDPOINT_MAP_SHARDS + number % ENDPOINT_MAP_SHARDS;
-    // The table holds every (protocol, shard) pair, and `index` is one.
-    NAMES.get(index as usize).map_or("", String::as_str)
+    let (node_port, count) = if let Some(count) = rest.strip_prefix("nodeport-count-") {
+        (true, count)
+    } else {
+        (false, rest.strip_prefix("endpoint-count-")?)
+    };
+    let count = count.parse().ok().filter(|_| !count.starts_with('0'))?;
+    Some((Pool { local, node_port }, count))
+}
+
+/// The data layout's set of `pool`'s entries that have `count` endpoints:
+/// `endpoint-count-3`, `nodeport-count-3`, `local-endpoint-count-3`,
+/// `local-nodeport-count-3`.
+pub fn count_set(pool: Pool, count: u32) -> &'static str {
+    let local = if pool.local { "local-" } else { "" };
+    let kind = if pool.node_port {
+        "nodeport-count"
+    } else {
+        "endpoint-count"
+    };
+    intern(format!("{local}{kind}-{count}"))
+}
+
+/// The data layout's chain of the draws of one endpoint list and protocol
+/// (one rule per endpoint count in use): `endpoints-by-count-tcp`, or
+/// `local-endpoints-by-count-tcp`.
+pub fn class_chain(local: bool, protocol: kp_model::Protocol) -> &'static str {
+    CLASS_CHAINS[usize::from(local)][protocol_index(protocol)]
+}
+
+/// Every slot map and class chain of the data layout.
+pub fn data_layout_fixed_names() -> impl Iterator<Item = &'static str> {
+    SLOT_MAPS
+        .iter()
+        .flatten()
+        .chain(CLASS_CHAINS.iter().flatten())
+        .copied()
 }
 
 /// The data layout's base chain that records ClientIP affinity of
@@ -143,8 +245,9 @@ pub fn affinity_services(secs: u64) -> &'static str {
 
 /// `name`, kept for the life of the process: the affinity names depend on
 /// the timeout values Services use, a handful in a cluster (at most one a
-/// second of the API's 1–86,400 range, per protocol), and the record keeps
-/// set names as `&'static str`.
+/// second of the API's 1–86,400 range, per protocol), the count sets' on
+/// the endpoint counts Services have had (a few dozen, each name under 40
+/// bytes), and the record keeps set names as `&'static str`.
 fn intern(name: String) -> &'static str {
     static NAMES: std::sync::LazyLock<std::sync::Mutex<std::collections::BTreeSet<&'static str>>> =
         std::sync::LazyLock::new(Default::default);

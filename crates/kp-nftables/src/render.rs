@@ -36,12 +36,14 @@
 //!
 //! **The data layout** ([`Layout::Data`], chosen with
 //! [`Renderer::with_layout`]) keeps the same machinery; its differences are
-//! in `service` and `head`. A service port's draw takes a number, kept in
-//! the record ([`crate::state::Draw`]) while the port exists and given to a
-//! new port as the smallest free one; a partial render rewrites only the
-//! chains whose commands changed (so an endpoint replaced is elements
-//! only), and adds or deletes a `hairpin-endpoints` pair only when the
-//! first Service needs it or the last one stops.
+//! in `service` and `head`. A service port's endpoints keep their slots
+//! while they stay (the record's [`crate::state::Draw`]); a partial render
+//! rewrites only the chains whose commands changed (so an endpoint
+//! replaced, or a change of the endpoint count, is elements only), adds the
+//! class rule of an endpoint count no entry had before (class rules are
+//! kept until the next full render), and adds or deletes a
+//! `hairpin-endpoints` pair only when the first Service needs it or the
+//! last one stops.
 //!
 //! **Stale chain cleanup** ([`stale_chain_cleanup`]): a flushed chain is
 //! deleted at least [`STALE_CHAIN_DELAY`] later, in a transaction of its
@@ -62,9 +64,9 @@ use kp_model::{IpFamily, NamespacedName, NodeInfo, Protocol, ServicePortName};
 use kp_sync::ServicePortState;
 
 use crate::model::{ChainKind, Command, Key, Name, Transaction};
-use crate::names::{ENDPOINT_MAPS_PREFIX, HAIRPIN_ENDPOINTS};
+use crate::names::{is_slot_map_or_count_set, HAIRPIN_ENDPOINTS};
 use crate::options::{Layout, NftDetector, NftablesOptions};
-use crate::state::{Element, Programmed, ServiceRecord, StateDelta};
+use crate::state::{Class, Element, Programmed, ServiceRecord, StateDelta};
 use crate::NftablesError;
 
 mod head;
@@ -223,21 +225,6 @@ pub(crate) struct Context {
     pub layout: Layout,
 }
 
-/// The data layout's numbers for service ports that have none yet: the
-/// smallest number that neither the record nor this render holds. A full
-/// render renders each Service twice, so a port asking again gets the
-/// number it got.
-#[derive(Debug)]
-pub(crate) struct Numbers<'p> {
-    /// The numbers the record holds (none when the table is reset).
-    held: Option<&'p BTreeSet<u32>>,
-    /// Numbers given out by this render.
-    given: BTreeMap<(ServicePortName, bool), u32>,
-    taken: BTreeSet<u32>,
-    /// No number below this one is free.
-    next: u32,
-}
-
 /// The commands of a transaction, by section.
 #[derive(Debug, Default)]
 pub(crate) struct Sections {
@@ -362,14 +349,8 @@ impl Renderer {
         let may_split = full && input.split;
         let limit = self
             .transaction_text_max
-            .max(estimated_chain_text(input.service_ports) / SPLIT_PIECES);
+            .max(estimated_chain_text(input.service_ports, self.layout) / SPLIT_PIECES);
         let mut split = false;
-        let mut numbers = Numbers {
-            held: (!input.reset).then_some(&programmed.numbers),
-            given: BTreeMap::new(),
-            taken: BTreeSet::new(),
-            next: 0,
-        };
         let affinity = if full && self.layout == Layout::Data {
             head::affinity_in_use(input)
         } else {
@@ -422,7 +403,7 @@ impl Renderer {
             input.changed_services.iter().collect()
         };
         let kept = if full {
-            self.build_records(&ctx, input, programmed, &services, &mut numbers, &mut delta)
+            self.build_records(&ctx, input, programmed, &services, &mut delta)
         } else {
             Vec::new()
         };
@@ -433,15 +414,7 @@ impl Renderer {
             } else {
                 programmed.services.get(service)
             };
-            let rendered = self.render_service(
-                &ctx,
-                input,
-                service,
-                old,
-                &mut numbers,
-                &mut out,
-                &mut stats,
-            );
+            let rendered = self.render_service(&ctx, input, service, old, &mut out, &mut stats);
             let record = if let Some(&kept) = kept.get(index) {
                 // The first pass built the record (the same one); this pass
                 // only writes the commands.
@@ -491,8 +464,13 @@ impl Renderer {
             write_hairpin(
                 input, programmed, &services, &kept, &delta, &mut out, &mut stats,
             );
-            if !full {
+            if full {
+                if !input.reset {
+                    delete_unused_count_sets(input, programmed, &mut out);
+                }
+            } else {
                 write_affinity_change(programmed, &delta, &mut out);
+                write_class_change(input.family, programmed, &delta, &mut out);
             }
         }
         // A full render flushed the maps and adds every element again,
@@ -590,7 +568,6 @@ impl Renderer {
         input: &RenderInput<'_>,
         programmed: &Programmed,
         services: &[&NamespacedName],
-        numbers: &mut Numbers<'_>,
         delta: &mut StateDelta,
     ) -> Vec<Kept> {
         let mut scratch = Sections::default();
@@ -606,7 +583,7 @@ impl Renderer {
                 programmed.services.get(service)
             };
             let record = self
-                .render_service(ctx, input, service, old, numbers, &mut scratch, &mut stats)
+                .render_service(ctx, input, service, old, &mut scratch, &mut stats)
                 .map(|mut record| {
                     record.chain_text_hash = fingerprint(&scratch.chains);
                     record
@@ -631,14 +608,12 @@ impl Renderer {
 
     /// Renders every port of `service` (none: the Service is gone); `old`
     /// is its record, if the table holds it.
-    #[allow(clippy::too_many_arguments)]
     fn render_service(
         &mut self,
         ctx: &Context,
         input: &RenderInput<'_>,
         service: &NamespacedName,
         old: Option<&ServiceRecord>,
-        numbers: &mut Numbers<'_>,
         out: &mut Sections,
         stats: &mut RenderStats,
     ) -> Option<ServiceRecord> {
@@ -647,32 +622,13 @@ impl Renderer {
         for (name, state) in ports_of(input.service_ports, service) {
             any = true;
             stats.service_ports_written += 1;
-            service::render_port(ctx, name, state, old, numbers, &mut record, out);
+            service::render_port(ctx, name, state, old, &mut record, out);
         }
         if !any {
             return None;
         }
         record.normalize();
         Some(record)
-    }
-}
-
-impl Numbers<'_> {
-    /// The number of service port `port`'s cluster or `local` list.
-    pub(crate) fn allocate(&mut self, port: &ServicePortName, local: bool) -> u32 {
-        if let Some(number) = self.given.get(&(port.clone(), local)) {
-            return *number;
-        }
-        let held = |number: &u32| self.held.is_some_and(|held| held.contains(number));
-        // Both sets only grow during a render, so the smallest free number
-        // only grows too.
-        while held(&self.next) || self.taken.contains(&self.next) {
-            self.next += 1;
-        }
-        let number = self.next;
-        self.taken.insert(number);
-        self.given.insert((port.clone(), local), number);
-        number
     }
 }
 
@@ -906,12 +862,13 @@ fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
 const ELEMENTS_PER_COMMAND: usize = 256;
 
 fn write_add(element: &Element, out: &mut Sections) {
-    // The data layout's slot elements and hairpin pairs name no Service
+    // The data layout's slot elements, count-set elements and hairpin
+    // pairs name no Service
     // (a refusal of one cannot be blamed on one), so consecutive ones of
     // a map share a command: a full sync at 10,000 × 2 writes 40,000 of
     // them, and a command each held 12 MB at once.
     let shared = element.comment.is_none()
-        && (element.map == HAIRPIN_ENDPOINTS || element.map.starts_with(ENDPOINT_MAPS_PREFIX));
+        && (element.map == HAIRPIN_ENDPOINTS || is_slot_map_or_count_set(element.map));
     if let Some(map_element) = element.to_map_element() {
         if shared {
             if let Some(Command::AddMapElements { map, elements }) = out.additions.last_mut() {
@@ -948,13 +905,20 @@ fn write_delete(element: &Element, out: &mut Sections) {
     });
 }
 
-/// About how much Service chain text a full render of `ports` writes
-/// (about 500 bytes a service port and 400 an endpoint, as the golden
-/// texts show).
-fn estimated_chain_text(ports: &BTreeMap<ServicePortName, ServicePortState>) -> usize {
+/// About how much Service chain text a full render of `ports` writes in
+/// `layout` (about 500 bytes a service port and 400 an endpoint, as the
+/// golden texts show; the data layout has no endpoint chains).
+fn estimated_chain_text(
+    ports: &BTreeMap<ServicePortName, ServicePortState>,
+    layout: Layout,
+) -> usize {
+    let per_endpoint = match layout {
+        Layout::Chains => 400,
+        Layout::Data => 0,
+    };
     ports
         .values()
-        .map(|state| 500 + 400 * state.endpoints.all_reachable.len())
+        .map(|state| 500 + per_endpoint * state.endpoints.all_reachable.len())
         .sum()
 }
 
@@ -1177,6 +1141,65 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
     for secs in timeouts_gone {
         out.tail.push(Command::DeleteSet {
             name: Name::Fixed(crate::names::affinity_services(secs)),
+            map: false,
+        });
+    }
+}
+
+/// The data layout's class rules after a partial render's changes: when
+/// the changed Services need a class the table does not hold (an endpoint
+/// count no entry of that pool and protocol had), its count set is
+/// declared and its class chain written anew, with the classes it held,
+/// in order (with the fixed part, ahead of the elements that fill the
+/// set). Classes no Service needs any more stay until the next full render
+/// (deleting them would be one more change, and the count may come back).
+fn write_class_change(
+    family: IpFamily,
+    programmed: &Programmed,
+    delta: &StateDelta,
+    out: &mut Sections,
+) {
+    let new: BTreeSet<Class> = delta
+        .services
+        .iter()
+        .flat_map(|(_, record)| record.iter().flat_map(|record| &record.data().classes))
+        .filter(|class| !programmed.classes.contains(class))
+        .copied()
+        .collect();
+    if new.is_empty() {
+        return;
+    }
+    head::count_sets(family, &new, false, &mut out.head);
+    let chains: BTreeSet<(bool, Protocol)> = new
+        .iter()
+        .map(|class| (class.pool.local, class.protocol))
+        .collect();
+    let all: BTreeSet<Class> = programmed
+        .classes
+        .iter()
+        .filter(|class| chains.contains(&(class.pool.local, class.protocol)))
+        .chain(&new)
+        .copied()
+        .collect();
+    head::class_rules(&all, &mut out.head);
+}
+
+/// The count sets the table holds that a full render's classes no longer
+/// use, deleted at the end of the fixed part (after the class chains that
+/// named them were flushed and written anew without them).
+fn delete_unused_count_sets(input: &RenderInput<'_>, programmed: &Programmed, out: &mut Sections) {
+    let in_use: BTreeSet<(crate::names::Pool, u32)> = head::classes_in_use(input)
+        .into_iter()
+        .map(|class| (class.pool, class.count))
+        .collect();
+    let held: BTreeSet<(crate::names::Pool, u32)> = programmed
+        .classes
+        .iter()
+        .map(|class| (class.pool, class.count))
+        .collect();
+    for (pool, count) in held.difference(&in_use) {
+        out.head.push(Command::DeleteSet {
+            name: Name::Fixed(crate::names::count_set(*pool, *count)),
             map: false,
         });
     }

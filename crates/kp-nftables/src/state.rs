@@ -2,8 +2,8 @@
 //! far as partial syncs need to know it: per Service, its map and set
 //! elements, its chains and its affinity sets; and the chains waiting to be
 //! deleted. With the data layout ([`crate::options::Layout::Data`]) also
-//! each service port's number and the endpoint in each of its slots, and
-//! how many Services use each hairpin pair.
+//! the endpoint in each slot of a service port, the draw rules its entries
+//! need, and how many Services use each hairpin pair.
 //!
 //! Every transaction is atomic, so a failed one leaves the kernel as the
 //! last successful one did and this record stays true; only someone else
@@ -18,6 +18,7 @@ use std::time::Instant;
 use kp_model::{NamespacedName, Protocol};
 
 use crate::model::{Key, MapElement, SetElement, Verdict};
+use crate::names::Pool;
 
 /// One element of a set or verdict map of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +43,8 @@ enum RecordKey {
     Addr(IpAddr),
     AddrProtoPort(IpAddr, Protocol, u16),
     ProtoPort(Protocol, u16),
-    Slot(u32, u32),
+    EntrySlot(IpAddr, u16, u32),
+    PortSlot(u16, u32),
     /// `A . A` (a hairpin pair).
     SelfPair(IpAddr),
     /// Any other key.
@@ -57,7 +59,8 @@ impl RecordKey {
                 Self::AddrProtoPort(address, protocol, port)
             }
             Key::ProtoPort(protocol, port) => Self::ProtoPort(protocol, port),
-            Key::Slot(number, slot) => Self::Slot(number, slot),
+            Key::EntrySlot(address, port, slot) => Self::EntrySlot(address, port, slot),
+            Key::PortSlot(port, slot) => Self::PortSlot(port, slot),
             Key::AddrPair(source, destination) if source == destination => Self::SelfPair(source),
             other @ (Key::AddrPair(..) | Key::AddrPortAddr(..)) => Self::Other(Box::new(other)),
         }
@@ -70,7 +73,8 @@ impl RecordKey {
                 Key::AddrProtoPort(address, protocol, port)
             }
             Self::ProtoPort(protocol, port) => Key::ProtoPort(protocol, port),
-            Self::Slot(number, slot) => Key::Slot(number, slot),
+            Self::EntrySlot(address, port, slot) => Key::EntrySlot(address, port, slot),
+            Self::PortSlot(port, slot) => Key::PortSlot(port, slot),
             Self::SelfPair(address) => Key::AddrPair(address, address),
             Self::Other(ref key) => **key,
         }
@@ -128,10 +132,26 @@ pub struct DataRecord {
     /// service ports, whose affinity maps and recording rules it needs;
     /// sorted, without duplicates.
     pub affinity: Vec<(Protocol, u64)>,
+    /// The draw rules (by pool, protocol and endpoint count) its entries
+    /// need; sorted, without duplicates.
+    pub classes: Vec<Class>,
+}
+
+/// One draw rule of the data layout's class chains: the entries of `pool`
+/// and `protocol` that have `count` endpoints (those in the count set) draw
+/// one of their `count` slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Class {
+    /// The entries' pool; NodePorts sort after addresses.
+    pub pool: Pool,
+    /// Their protocol.
+    pub protocol: Protocol,
+    /// Their endpoint count.
+    pub count: u32,
 }
 
 /// The data layout: one list of endpoints a service port draws from (its
-/// cluster list, or its local list), under a number of its own.
+/// cluster list, or its local list).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Draw {
     /// The service port's name (`port` of the Service's ports).
@@ -140,9 +160,6 @@ pub struct Draw {
     pub protocol: Protocol,
     /// Whether this is the local endpoint list (eTP/iTP Local).
     pub local: bool,
-    /// The number: the first field of the slot keys, and which map holds
-    /// them (`service-endpoints-PROTO-{number mod 64}`).
-    pub number: u32,
     /// The endpoint in each slot (slot `i` is `endpoints[i]`).
     pub endpoints: Vec<SocketAddr>,
     /// The port's ClientIP affinity timeout in seconds, if it has one: its
@@ -158,8 +175,9 @@ pub struct Programmed {
     /// Chains flushed because no Service uses them any more, with the time
     /// they were flushed; deleted by a later transaction.
     pub stale_chains: BTreeMap<Arc<str>, Instant>,
-    /// The data layout: the numbers the Services' draws hold.
-    pub numbers: BTreeSet<u32>,
+    /// The data layout: the draw rules and count sets the table holds (kept
+    /// until a full sync when no Service needs them any more).
+    pub classes: BTreeSet<Class>,
     /// The data layout: for each address in `hairpin-endpoints`, how many
     /// Services need it.
     pub hairpin: BTreeMap<IpAddr, usize>,
@@ -296,6 +314,7 @@ impl DataRecord {
             draws: Vec::new(),
             hairpin: Vec::new(),
             affinity: Vec::new(),
+            classes: Vec::new(),
         }
     }
 
@@ -311,6 +330,9 @@ impl DataRecord {
         self.affinity.sort_unstable();
         self.affinity.dedup();
         self.affinity.shrink_to_fit();
+        self.classes.sort_unstable();
+        self.classes.dedup();
+        self.classes.shrink_to_fit();
     }
 }
 
@@ -326,19 +348,14 @@ impl Programmed {
         for (service, record) in delta.services {
             if !replace_all {
                 if let Some(old) = self.services.get(&service) {
-                    uncount(
-                        &mut self.numbers,
-                        &mut self.hairpin,
-                        &mut self.affinity,
-                        old,
-                    );
+                    uncount(&mut self.hairpin, &mut self.affinity, old);
                 }
             }
             match record {
                 Some(record) => {
                     if !replace_all {
                         count(
-                            &mut self.numbers,
+                            &mut self.classes,
                             &mut self.hairpin,
                             &mut self.affinity,
                             &record,
@@ -352,12 +369,12 @@ impl Programmed {
             }
         }
         if replace_all {
-            self.numbers.clear();
+            self.classes.clear();
             self.hairpin.clear();
             self.affinity.clear();
             for record in self.services.values() {
                 count(
-                    &mut self.numbers,
+                    &mut self.classes,
                     &mut self.hairpin,
                     &mut self.affinity,
                     record,
@@ -378,7 +395,7 @@ impl Programmed {
     pub fn clear(&mut self) {
         self.services.clear();
         self.stale_chains.clear();
-        self.numbers.clear();
+        self.classes.clear();
         self.hairpin.clear();
         self.affinity.clear();
     }
@@ -397,16 +414,16 @@ impl Programmed {
     }
 }
 
-/// Adds the numbers, hairpin pairs and affinity timeouts `record` holds to
+/// Adds the classes, hairpin pairs and affinity timeouts `record` holds to
 /// the counts.
 fn count(
-    numbers: &mut BTreeSet<u32>,
+    classes: &mut BTreeSet<Class>,
     hairpin: &mut BTreeMap<IpAddr, usize>,
     affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
     let record = record.data();
-    numbers.extend(record.draws.iter().map(|draw| draw.number));
+    classes.extend(record.classes.iter().copied());
     for ip in &record.hairpin {
         *hairpin.entry(*ip).or_default() += 1;
     }
@@ -417,15 +434,11 @@ fn count(
 
 /// Takes what `record` held off the counts.
 fn uncount(
-    numbers: &mut BTreeSet<u32>,
     hairpin: &mut BTreeMap<IpAddr, usize>,
     affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
     let record = record.data();
-    for draw in &record.draws {
-        numbers.remove(&draw.number);
-    }
     release(hairpin, &record.hairpin);
     release(affinity, &record.affinity);
 }

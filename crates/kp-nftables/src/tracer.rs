@@ -178,7 +178,8 @@ fn named_set(expr: &Expr) -> Option<&Name> {
         Expr::AddrInSet { set, .. }
         | Expr::UpdateSourceSet(set)
         | Expr::AddrPairInSet(set)
-        | Expr::OriginalEntryInSet(set) => Some(set),
+        | Expr::OriginalEntryInSet(set)
+        | Expr::EntryInSet { set, .. } => Some(set),
         Expr::DispatchVmap { map, .. }
         | Expr::DnatDraw { map, .. }
         | Expr::DnatAffinity { map, .. }
@@ -679,11 +680,26 @@ impl Table {
                     walk.dnat(to);
                     return Ok(vec![(walk, Flow::Accept)]);
                 }
+                Expr::EntryInSet { with_addr, set } => {
+                    let key = if *with_addr {
+                        format!("{} . {} . {}", walk.dst, packet.protocol, walk.dport)
+                    } else {
+                        format!("{} . {}", packet.protocol, walk.dport)
+                    };
+                    self.set_holds(set, key, &mut walk)
+                }
                 Expr::DnatDraw {
-                    number,
+                    protocol,
+                    with_addr,
                     endpoints,
                     map,
-                } => return self.draw(rule, context, walk, *number, *endpoints, map),
+                } => {
+                    if protocol_keyword(*protocol) != packet.protocol {
+                        return Ok(vec![(walk, Flow::Next)]);
+                    }
+                    let entry = with_addr.then_some(walk.dst);
+                    return self.draw(rule, context, walk, entry, *endpoints, map);
+                }
                 Expr::Verdict(verdict) => return self.verdict(verdict, context, walk, depth),
                 Expr::InputInterface { .. } => return Err(unknown(expr)),
             };
@@ -697,8 +713,9 @@ impl Table {
         Ok(vec![(walk, Flow::Next)])
     }
 
-    /// `dnat to numgen random mod 1 offset NUMBER . numgen random mod
-    /// ENDPOINTS map @MAP`: one path per slot, each taken by one in
+    /// `dnat to [ip daddr .] tcp dport . numgen random mod ENDPOINTS map
+    /// @MAP` (`entry` is the destination address when the key holds it):
+    /// one path per slot of the entry, each taken by one in
     /// `endpoints` connections, DNATed to the slot's element. A slot
     /// without an element is an error here: the kernel's lookup would miss
     /// and the connection go on past the rule un-DNATed (to the ClusterIP
@@ -709,7 +726,7 @@ impl Table {
         rule: &Rule,
         context: Context<'_>,
         walk: Walk,
-        number: u32,
+        entry: Option<IpAddr>,
         endpoints: u32,
         map: &Name,
     ) -> Result<Vec<(Walk, Flow)>, Unknown> {
@@ -723,7 +740,11 @@ impl Table {
         let share = 1.0 / f64::from(endpoints);
         let mut out = Vec::new();
         for slot in 0..endpoints {
-            let key = Key::Slot(number, slot).to_string();
+            let key = match entry {
+                Some(ip) => Key::EntrySlot(ip, walk.dport, slot),
+                None => Key::PortSlot(walk.dport, slot),
+            }
+            .to_string();
             let Some(to) = targets.and_then(|targets| targets.get(&key)).copied() else {
                 if context.slot_misses_go_on {
                     let mut path = walk.clone();

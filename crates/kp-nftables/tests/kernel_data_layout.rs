@@ -92,14 +92,14 @@ fn the_ipv4_data_layout_over_netlink_lists_as_nft_leaves_it_and_reloads() {
     assert_lists(
         &text,
         &[
-            "typeof numgen random mod 1 . numgen random mod 1 : ip daddr . sctp dport",
+            "typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport",
             "typeof ip daddr . udp dport . ip saddr : ip daddr . udp dport",
             "size 1048576",
             "typeof ip saddr . ip daddr",
             "typeof ip daddr . meta l4proto . th dport",
             "ip saddr . ip daddr @hairpin-endpoints jump mark-for-masquerade",
             "dnat ip to ip daddr . sctp dport . ip saddr map @affinity-sctp-10800",
-            "meta l4proto tcp dnat ip to numgen random mod 1 offset 2 . numgen random mod 3 map @service-endpoints-tcp-2",
+            "ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp",
             "ct state new ct status dnat udp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-udp-10800 { ct original ip daddr . ct original proto-dst . ip saddr timeout 3h : ip daddr . udp dport }",
         ],
     );
@@ -112,12 +112,12 @@ fn the_ipv6_data_layout_over_netlink_lists_as_nft_leaves_it_and_reloads() {
     assert_lists(
         &text,
         &[
-            "typeof numgen random mod 1 . numgen random mod 1 : ip6 daddr . udp dport",
+            "typeof ip6 daddr . udp dport . numgen random mod 1 : ip6 daddr . udp dport",
             "typeof ip6 daddr . tcp dport . ip6 saddr : ip6 daddr . tcp dport",
             "typeof ip6 saddr . ip6 daddr",
             "ip6 saddr . ip6 daddr @hairpin-endpoints jump mark-for-masquerade",
             "dnat ip6 to ip6 daddr . udp dport . ip6 saddr map @affinity-udp-10800",
-            "meta l4proto sctp dnat ip6 to numgen random mod 1 offset 2 . numgen random mod 1 map @service-endpoints-sctp-2",
+            "ip6 daddr . meta l4proto . th dport @endpoint-count-1 dnat ip6 to ip6 daddr . sctp dport . numgen random mod 1 map @service-endpoints-sctp",
         ],
     );
 }

@@ -5,15 +5,16 @@
 //! set marks it for masquerade), and ClientIP affinity keeps a client on
 //! the endpoint recorded in the dynamic map, which the read-back finds.
 //!
-//! | Service (tcp 80) | number (map `service-endpoints-tcp-0`) | endpoints |
+//! | Service (tcp 80) | count set | endpoints |
 //! |---|---|---|
-//! | two, 10.96.0.30 | 64 | ep1, ep2 (node-1) :8080 |
-//! | three, 10.96.0.31 | 128 | ep1, ep2 (node-1), ep3 (node-2) :8080, everything masqueraded |
-//! | sticky, 10.96.0.32 | 192 | ep1, ep2 :8080, ClientIP affinity 10800 s |
+//! | two, 10.96.0.30 | `endpoint-count-2` | ep1, ep2 (node-1) :8080 |
+//! | three, 10.96.0.31 | `endpoint-count-3` | ep1, ep2 (node-1), ep3 (node-2) :8080, everything masqueraded |
+//! | sticky, 10.96.0.32 | `endpoint-count-2` | ep1, ep2 :8080, ClientIP affinity 10800 s |
 //!
 //! Node 192.168.99.2; pods of node-1 10.244.1.2 (ep1), .3 (ep2), of node-2
-//! 10.244.2.2 (ep3), each serving TCP 8080. Numbers are multiples of 64,
-//! so every Service shares one of the layout's 64 maps, as Services do.
+//! 10.244.2.2 (ep3), each serving TCP 8080. Every Service's slots are in
+//! the one slot map `service-endpoints-tcp`, keyed by its entry, as the
+//! renderer writes them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod data_layout;
@@ -28,12 +29,12 @@ use kp_model::{IpFamily, Protocol};
 use kp_nftables::live;
 use kp_nftables::model::{
     AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key, MapElement, SetElement,
-    TypeofField, TypeofSpec, Verdict,
+    SetSpec, TypeofField, TypeofSpec, Verdict, IPV4_PROTO_PORT,
 };
 use kp_nftables::{Applier, NetlinkApplier, Transaction};
 use kp_testkit::netns::{hits, hits_until_all, Topology};
 
-const SLOTS: &str = "service-endpoints-tcp-0";
+const SLOTS: &str = "service-endpoints-tcp";
 const AFFINITY: &str = "affinity-tcp-10800";
 const AFFINITY_SERVICES: &str = "affinity-services-10800";
 const HAIRPIN: &str = "hairpin-endpoints";
@@ -42,7 +43,6 @@ const HAIRPIN: &str = "hairpin-endpoints";
 struct Service {
     chain: &'static str,
     ip: &'static str,
-    number: u32,
     endpoints: Vec<IpAddr>,
     masquerade_all: bool,
     affinity: bool,
@@ -88,7 +88,7 @@ fn table(services: &[Service]) -> Transaction {
         Command::AddTable { comment: None },
         Command::AddTypeofSet(typeof_set(
             SLOTS,
-            vec![TypeofField::Number, TypeofField::Number],
+            vec![TypeofField::Addr(Destination), tcp, TypeofField::Number],
             vec![TypeofField::Addr(Destination), tcp],
         )),
         Command::AddTypeofSet(typeof_set(
@@ -206,13 +206,35 @@ fn table(services: &[Service]) -> Transaction {
                 }],
             ));
         }
+        let count = u32::try_from(service.endpoints.len()).unwrap();
+        let count_set = name(format!("endpoint-count-{count}"));
+        commands.push(Command::AddSet(SetSpec {
+            name: count_set.clone(),
+            map: false,
+            key: IPV4_PROTO_PORT,
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: None,
+        }));
+        commands.push(Command::AddElements {
+            set: count_set.clone(),
+            elements: vec![SetElement {
+                key: Key::AddrProtoPort(entry, Protocol::Tcp, 80),
+                comment: None,
+                verdict: None,
+            }],
+        });
         commands.push(rule(
             service.chain,
             vec![
-                Expr::L4Proto(Protocol::Tcp),
+                Expr::EntryInSet {
+                    with_addr: true,
+                    set: count_set,
+                },
                 Expr::DnatDraw {
-                    number: service.number,
-                    endpoints: u32::try_from(service.endpoints.len()).unwrap(),
+                    protocol: Protocol::Tcp,
+                    with_addr: true,
+                    endpoints: count,
                     map: name(SLOTS.to_owned()),
                 },
             ],
@@ -224,7 +246,7 @@ fn table(services: &[Service]) -> Transaction {
                 .iter()
                 .zip(0u32..)
                 .map(|(ip, slot)| MapElement {
-                    key: Key::Slot(service.number, slot),
+                    key: Key::EntrySlot(entry, 80, slot),
                     comment: None,
                     target: SocketAddr::new(*ip, POD_TCP_PORT),
                 })
@@ -263,7 +285,6 @@ fn programmed() -> Topology {
         Service {
             chain: "service-two",
             ip: "10.96.0.30",
-            number: 64,
             endpoints: vec![ep1, ep2],
             masquerade_all: false,
             affinity: false,
@@ -271,7 +292,6 @@ fn programmed() -> Topology {
         Service {
             chain: "service-three",
             ip: "10.96.0.31",
-            number: 128,
             endpoints: vec![ep1, ep2, ep3],
             masquerade_all: true,
             affinity: false,
@@ -279,7 +299,6 @@ fn programmed() -> Topology {
         Service {
             chain: "service-sticky",
             ip: "10.96.0.32",
-            number: 192,
             endpoints: vec![ep1, ep2],
             masquerade_all: false,
             affinity: true,

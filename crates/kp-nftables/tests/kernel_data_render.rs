@@ -81,13 +81,20 @@ fn endpoint_changes_are_elements_and_connections_follow_them() {
     let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep3"], 200);
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep3"]);
 
-    // ep3 gone: the count drops, and the draw rule is the only one written.
+    // ep3 gone: the count drops to 1, which no entry had, so the class
+    // chain is written anew with its classes (counts 1 and 2), and no
+    // Service chain.
     proxy.apply(&[], &[slice("web", &[ep1], &[])]);
     let outcome = proxy.sync();
     assert_eq!(
         rules_written(&outcome),
         2,
-        "the chain's two rules: {outcome:?}"
+        "the class chain's two rules: {outcome:?}"
+    );
+    let listing = proxy.list();
+    assert!(
+        listing.contains("@endpoint-count-1 dnat ip to ip daddr . tcp dport . numgen random mod 1 map @service-endpoints-tcp"),
+        "{listing}"
     );
     let counts = hits_until_all(client, at(WEB, 80), &["ep1"], 20);
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1"]);
@@ -99,9 +106,17 @@ fn endpoint_changes_are_elements_and_connections_follow_them() {
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2", "ep3"]);
     let listing = proxy.list();
     assert!(
-        listing.contains("numgen random mod 3 map @service-endpoints-tcp-0"),
+        listing.contains("numgen random mod 3 map @service-endpoints-tcp"),
         "{listing}"
     );
+
+    // Back to two, a count the table has a class for: elements only (the
+    // entry moves from one count set to the other, a slot goes).
+    proxy.apply(&[], &[slice("web", &[ep1, ep2], &[])]);
+    let outcome = proxy.sync();
+    assert_eq!(rules_written(&outcome), 0, "{outcome:?}");
+    let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep2"], 200);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
 }
 
 /// When the endpoint a client is held to leaves, its affinity entries are
@@ -258,8 +273,8 @@ fn a_restart_in_the_other_layout_replaces_the_table_whole() {
         assert_eq!(counts.len(), 2, "{to:?}: {counts:?}");
         let listing = later.list();
         let (gone, kept) = match to {
-            Layout::Data => ("chain endpoint-", "map service-endpoints-tcp-0"),
-            Layout::Chains => ("service-endpoints-tcp-0", "chain endpoint-"),
+            Layout::Data => ("chain endpoint-", "map service-endpoints-tcp"),
+            Layout::Chains => ("service-endpoints-tcp", "chain endpoint-"),
         };
         assert!(!listing.contains(gone), "{from:?} -> {to:?}: {listing}");
         assert!(listing.contains(kept), "{from:?} -> {to:?}: {listing}");

@@ -66,7 +66,7 @@ fn cluster_ip_spreads_connections_over_every_ready_endpoint(layout: Layout) {
     let listing = proxy.list();
     assert!(listing.contains("map service-ips"), "nft holds the table");
     assert_eq!(
-        listing.contains("numgen random mod 3 map @service-endpoints-tcp-0"),
+        listing.contains("numgen random mod 3 map @service-endpoints-tcp"),
         layout == Layout::Data,
         "the layout's draw: {listing}"
     );

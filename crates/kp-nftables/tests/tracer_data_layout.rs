@@ -93,13 +93,14 @@ fn a_new_tcp_connection_draws_one_of_three_slots_each_one_in_three() {
     assert_eq!(
         path.elements,
         [
-            "service-endpoints-tcp-2: 2 . 1 : 10.244.1.3 . 8080",
+            "endpoint-count-3: 10.96.0.12 . tcp . 80",
+            "service-endpoints-tcp: 10.96.0.12 . 80 . 1 : 10.244.1.3 . 8080",
             // After DNAT, the affinity-recording rule finds the entry.
             "affinity-services-10800: 10.96.0.12 . tcp . 80",
         ]
     );
     assert!(path.matched.contains(
-        &"service-web: meta l4proto tcp dnat ip to numgen random mod 1 offset 2 . numgen random mod 3 map @service-endpoints-tcp-2"
+        &"service-web: ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
             .to_owned()
     ));
     assert!(
@@ -118,7 +119,8 @@ fn udp_and_sctp_draw_from_their_own_maps() {
     assert_eq!(
         sctp.paths[0].elements,
         [
-            "service-endpoints-sctp-2: 2 . 0 : 10.244.1.2 . 9",
+            "endpoint-count-1: 10.96.0.12 . sctp . 9",
+            "service-endpoints-sctp: 10.96.0.12 . 9 . 0 : 10.244.1.2 . 9",
             "affinity-services-10800: 10.96.0.12 . sctp . 9",
         ]
     );
@@ -199,7 +201,7 @@ fn an_endpoint_reaching_itself_through_the_service_is_masqueraded_only_on_that_p
 fn a_slot_without_an_element_is_an_error_naming_the_map_and_the_key() {
     let hole = Command::DeleteElements {
         set: endpoints_map(Protocol::Tcp),
-        keys: vec![Key::Slot(2, 1)],
+        keys: vec![Key::EntrySlot("10.96.0.12".parse().unwrap(), 80, 1)],
     };
     let error = table(vec![hole])
         .trace_paths(&packet(POD, "tcp", 80))
@@ -207,7 +209,7 @@ fn a_slot_without_an_element_is_an_error_naming_the_map_and_the_key() {
     assert!(
         error
             .0
-            .contains("service-endpoints-tcp-2 has no element 2 . 1"),
+            .contains("service-endpoints-tcp has no element 10.96.0.12 . 80 . 1"),
         "{error}"
     );
 }
@@ -220,7 +222,7 @@ fn a_slot_without_an_element_is_an_error_naming_the_map_and_the_key() {
 fn a_slot_without_an_element_traced_as_the_kernel_goes_on_without_dnat() {
     let hole = Command::DeleteElements {
         set: endpoints_map(Protocol::Tcp),
-        keys: vec![Key::Slot(2, 1)],
+        keys: vec![Key::EntrySlot("10.96.0.12".parse().unwrap(), 80, 1)],
     };
     let trace = table(vec![hole])
         .trace_paths_as_the_kernel(&packet(POD, "tcp", 80))
@@ -238,7 +240,8 @@ fn a_slot_without_an_element_traced_as_the_kernel_goes_on_without_dnat() {
     );
     assert!(
         missed[0].elements.contains(
-            &"service-endpoints-tcp-2: 2 . 1 : no element (the lookup misses)".to_owned()
+            &"service-endpoints-tcp: 10.96.0.12 . 80 . 1 : no element (the lookup misses)"
+                .to_owned()
         ),
         "{trace:#?}"
     );

@@ -94,20 +94,46 @@ fn chains_written(commands: &[Command]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The number (`offset`) and modulus of every draw rule of the commands.
-fn draws(commands: &[Command]) -> Vec<(u32, u32)> {
+/// Of every draw rule of the commands: whether it is keyed by address
+/// (not by NodePort), and its modulus.
+fn draws(commands: &[Command]) -> Vec<(bool, u32)> {
     commands
         .iter()
         .filter_map(|command| match command {
             Command::AddRule(rule) => rule.exprs.iter().find_map(|expr| match expr {
                 Expr::DnatDraw {
-                    number, endpoints, ..
-                } => Some((*number, *endpoints)),
+                    with_addr,
+                    endpoints,
+                    ..
+                } => Some((*with_addr, *endpoints)),
                 _ => None,
             }),
             _ => None,
         })
         .collect()
+}
+
+/// The keys the commands add to and delete from `set`.
+fn set_changes(commands: &[Command], wanted: &str) -> (Vec<Key>, Vec<Key>) {
+    let mut added = Vec::new();
+    let mut deleted = Vec::new();
+    for command in commands {
+        match command {
+            Command::AddElements { set, elements } if set.as_str() == wanted => {
+                added.extend(elements.iter().map(|element| element.key));
+            }
+            Command::DeleteElements { set, keys } if set.as_str() == wanted => {
+                deleted.extend(keys.iter().copied());
+            }
+            _ => {}
+        }
+    }
+    (added, deleted)
+}
+
+/// A tcp Service entry.
+fn entry(address: &str, port: u16) -> Key {
+    Key::AddrProtoPort(ip(address), kp_model::Protocol::Tcp, port)
 }
 
 /// The `hairpin-endpoints` pairs the commands add or delete.
@@ -303,9 +329,48 @@ fn a_readiness_flip_that_keeps_the_count_changes_elements_only() {
     );
 }
 
-/// A count change rewrites the chain of the draw and no other.
+/// A count change to a count some entry of the pool already has moves the
+/// entry from one count set to the other and deletes (or adds) its last
+/// slot: elements only, no chain and no rule.
 #[test]
-fn a_count_change_rewrites_only_the_chain_of_the_draw() {
+fn a_count_change_to_a_count_in_use_changes_elements_only() {
+    let mut world = world();
+    // np's entries draw among 1 endpoint: the class of count 1 exists.
+    world.put(service("ns1", "web", "10.96.0.10", 80).local_endpoint("10.244.1.2", 8080));
+    world.sync(false, &[("ns1", "web")]);
+    let commands = last_commands(&world);
+    assert!(
+        !commands.iter().any(|command| command.is_rule()),
+        "{commands:#?}"
+    );
+    assert!(chains_written(&commands).is_empty(), "{commands:#?}");
+    assert_eq!(
+        set_changes(&commands, "endpoint-count-1"),
+        (vec![entry("10.96.0.10", 80)], vec![])
+    );
+    assert_eq!(
+        set_changes(&commands, "endpoint-count-2"),
+        (vec![], vec![entry("10.96.0.10", 80)])
+    );
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080)],
+    );
+    // And back: the slot comes again.
+    world.put(web("10.244.2.2"));
+    world.sync(false, &[("ns1", "web")]);
+    assert!(!last_commands(&world).iter().any(Command::is_rule));
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080), at("10.244.2.2", 8080)],
+    );
+}
+
+/// A count no entry of the pool had before adds its class: the count set
+/// is declared and the class chain written anew with every class it held,
+/// addresses first; no Service chain is rewritten.
+#[test]
+fn a_new_count_writes_its_class_chain_and_no_service_chain() {
     let mut world = world();
     world.put(
         service("ns1", "lb", "10.96.0.12", 80)
@@ -320,13 +385,22 @@ fn a_count_change_rewrites_only_the_chain_of_the_draw() {
     world.sync(false, &[("ns1", "lb")]);
     let commands = last_commands(&world);
     let written = chains_written(&commands);
-    assert_eq!(written.len(), 1, "{written:?}");
-    assert!(
-        written.iter().all(|chain| chain.starts_with("service-")),
-        "{written:?}"
+    assert_eq!(
+        written.into_iter().collect::<Vec<_>>(),
+        ["endpoints-by-count-tcp"]
     );
-    // The cluster list's number is kept; only its modulus changes.
-    assert_eq!(draws(&commands), [(0, 3)]);
+    // The class chain: address classes 1, 2, 3, then NodePort classes 1, 2, 3.
+    assert_eq!(
+        draws(&commands),
+        [
+            (true, 1),
+            (true, 2),
+            (true, 3),
+            (false, 1),
+            (false, 2),
+            (false, 3)
+        ]
+    );
     assert_goes_to(
         &world.trace(POD, at("10.96.0.12", 80)),
         &[
@@ -335,58 +409,54 @@ fn a_count_change_rewrites_only_the_chain_of_the_draw() {
             at("10.244.2.6", 8080),
         ],
     );
+    // A pod reaching the NodePort short-circuits to the cluster list.
+    assert_goes_to(
+        &world.trace(POD, at(NODE, 30081)),
+        &[
+            at("10.244.1.4", 8080),
+            at("10.244.2.4", 8080),
+            at("10.244.2.6", 8080),
+        ],
+    );
 }
 
-/// Numbers are the smallest free ones, kept while the port exists, and
-/// freed with it.
+/// A class no Service needs any more stays until the next full sync,
+/// which writes the class chains without it and deletes its count set.
 #[test]
-fn a_service_port_keeps_its_number_and_a_new_one_takes_the_smallest_free() {
+fn an_unused_class_is_kept_until_a_full_sync_deletes_its_count_set() {
     let mut world = world();
-    let numbers = |world: &World| {
+    let three = |world: &World| {
         world
             .backend
             .programmed()
-            .services
+            .classes
             .iter()
-            .map(|(service, record)| {
-                let mut numbers: Vec<u32> =
-                    record.data().draws.iter().map(|draw| draw.number).collect();
-                numbers.sort_unstable();
-                (service.to_string(), numbers)
-            })
-            .collect::<Vec<_>>()
+            .any(|class| class.count == 3)
     };
-    let before = numbers(&world);
-    // lb has a cluster and a local list; empty draws from nothing but
-    // still has its chain's number.
-    let np = before
-        .iter()
-        .find(|(service, _)| service == "ns1/np")
-        .unwrap()
-        .1
-        .clone();
-    world.remove("ns1", "np");
-    world.sync(false, &[("ns1", "np")]);
-    world.put(service("ns1", "new", "10.96.0.20", 80).remote_endpoint("10.244.2.20", 8080));
-    world.sync(false, &[("ns1", "new")]);
-    let after = numbers(&world);
-    let new = &after
-        .iter()
-        .find(|(service, _)| service == "ns1/new")
-        .unwrap()
-        .1;
-    assert_eq!(new, &[np[0]], "the smallest free number: np's first");
-    for (service, numbers) in &before {
-        if service != "ns1/np" {
-            assert!(
-                after.contains(&(service.clone(), numbers.clone())),
-                "{service}"
-            );
-        }
-    }
-    // A full sync keeps them too.
+    world.put(
+        service("ns1", "web", "10.96.0.10", 80)
+            .local_endpoint("10.244.1.2", 8080)
+            .remote_endpoint("10.244.2.2", 8080)
+            .remote_endpoint("10.244.2.3", 8080),
+    );
+    world.sync(false, &[("ns1", "web")]);
+    assert!(three(&world));
+    world.put(web("10.244.2.2"));
+    world.sync(false, &[("ns1", "web")]);
+    assert!(three(&world), "kept by a partial sync");
+    assert!(!last_commands(&world).iter().any(Command::is_rule));
     world.sync(true, &[]);
-    assert_eq!(numbers(&world), after);
+    assert!(!three(&world));
+    let text = world.applier.transactions().last().unwrap().text.clone();
+    assert!(
+        text.contains("delete set ip kube-proxy endpoint-count-3"),
+        "{text}"
+    );
+    assert!(!text.contains("mod 3 map"), "{text}");
+    assert_goes_to(
+        &world.trace(POD, at("10.96.0.10", 80)),
+        &[at("10.244.1.2", 8080), at("10.244.2.2", 8080)],
+    );
 }
 
 /// An address that is an endpoint of two Services needs one pair, kept
@@ -617,14 +687,12 @@ fn the_fake_refuses_a_rule_naming_a_map_the_table_lacks() {
             },
             Command::AddRule(Rule::new(
                 "svc",
-                vec![
-                    Expr::L4Proto(kp_model::Protocol::Tcp),
-                    Expr::DnatDraw {
-                        number: 3,
-                        endpoints: 2,
-                        map: Name::Fixed("service-endpoints-tcp-3"),
-                    },
-                ],
+                vec![Expr::DnatDraw {
+                    protocol: kp_model::Protocol::Tcp,
+                    with_addr: true,
+                    endpoints: 2,
+                    map: Name::Fixed("service-endpoints-tcp"),
+                }],
             )),
         ],
     };
@@ -696,7 +764,7 @@ fn slot_elements_share_commands_of_at_most_256() {
             })
             .collect()
     };
-    let slots = sizes(&|name| name.starts_with("service-endpoints-tcp-"));
+    let slots = sizes(&|name| name == "service-endpoints-tcp");
     let pairs = sizes(&|name| name == "hairpin-endpoints");
     for (what, sizes) in [("slots", &slots), ("hairpin pairs", &pairs)] {
         assert_eq!(sizes.iter().sum::<usize>(), 600, "{what}: {sizes:?}");

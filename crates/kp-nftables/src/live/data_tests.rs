@@ -53,14 +53,14 @@ fn layout(family: IpFamily) -> Transaction {
     let ep1 = ip(family, "10.244.1.2", "fd00:10:244:1::2");
     let ep2 = ip(family, "10.244.1.3", "fd00:10:244:1::3");
     let client = ip(family, "10.244.1.7", "fd00::7");
-    let endpoints = |protocol| {
+    let endpoints = |name: &str, key| {
         spec(
-            &format!(
-                "service-endpoints-{}-2",
-                crate::model::protocol_keyword(protocol)
-            ),
-            vec![TypeofField::Number, TypeofField::Number],
-            vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
+            name,
+            key,
+            vec![
+                TypeofField::Addr(Destination),
+                TypeofField::Port(Protocol::Tcp),
+            ],
         )
     };
     let affinity = |protocol| TypeofSpec {
@@ -87,7 +87,37 @@ fn layout(family: IpFamily) -> Transaction {
     );
     hairpin.comment = Some("endpoint . endpoint".into());
     let commands = vec![
-        Command::AddTypeofSet(endpoints(Protocol::Tcp)),
+        Command::AddTypeofSet(endpoints(
+            "service-endpoints-tcp",
+            vec![
+                TypeofField::Addr(Destination),
+                TypeofField::Port(Protocol::Tcp),
+                TypeofField::Number,
+            ],
+        )),
+        Command::AddTypeofSet(endpoints(
+            "nodeport-endpoints-tcp",
+            vec![TypeofField::Port(Protocol::Tcp), TypeofField::Number],
+        )),
+        Command::AddSet(crate::model::SetSpec {
+            name: model_name("endpoint-count-2"),
+            map: false,
+            key: match family {
+                IpFamily::V4 => crate::model::IPV4_PROTO_PORT,
+                IpFamily::V6 => crate::model::IPV6_PROTO_PORT,
+            },
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: None,
+        }),
+        Command::AddSet(crate::model::SetSpec {
+            name: model_name("nodeport-count-2"),
+            map: false,
+            key: crate::model::PROTO_PORT,
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: None,
+        }),
         Command::AddTypeofSet(affinity(Protocol::Tcp)),
         Command::AddTypeofSet(affinity(Protocol::Udp)),
         Command::AddTypeofSet(hairpin),
@@ -117,19 +147,43 @@ fn layout(family: IpFamily) -> Transaction {
             kind: ChainKind::Regular,
         },
         Command::AddMapElements {
-            map: model_name("service-endpoints-tcp-2"),
+            map: model_name("service-endpoints-tcp"),
             elements: vec![
                 MapElement {
-                    key: Key::Slot(2, 0),
+                    key: Key::EntrySlot(entry, 80, 0),
                     comment: Some("ns1/web:http".into()),
                     target: SocketAddr::new(ep1, 8080),
                 },
                 MapElement {
-                    key: Key::Slot(2, 1),
+                    key: Key::EntrySlot(entry, 80, 1),
                     comment: None,
                     target: SocketAddr::new(ep2, 8080),
                 },
             ],
+        },
+        Command::AddMapElements {
+            map: model_name("nodeport-endpoints-tcp"),
+            elements: vec![MapElement {
+                key: Key::PortSlot(30080, 1),
+                comment: None,
+                target: SocketAddr::new(ep2, 8080),
+            }],
+        },
+        Command::AddElements {
+            set: model_name("endpoint-count-2"),
+            elements: vec![SetElement {
+                key: Key::AddrProtoPort(entry, Protocol::Tcp, 80),
+                comment: None,
+                verdict: None,
+            }],
+        },
+        Command::AddElements {
+            set: model_name("nodeport-count-2"),
+            elements: vec![SetElement {
+                key: Key::ProtoPort(Protocol::Tcp, 30080),
+                comment: None,
+                verdict: None,
+            }],
         },
         Command::AddMapElements {
             map: model_name("affinity-tcp-10800"),
@@ -189,11 +243,30 @@ fn layout(family: IpFamily) -> Transaction {
         rule(
             "svc",
             vec![
-                Expr::L4Proto(Protocol::Tcp),
+                Expr::EntryInSet {
+                    with_addr: true,
+                    set: model_name("endpoint-count-2"),
+                },
                 Expr::DnatDraw {
-                    number: 2,
+                    protocol: Protocol::Tcp,
+                    with_addr: true,
                     endpoints: 2,
-                    map: model_name("service-endpoints-tcp-2"),
+                    map: model_name("service-endpoints-tcp"),
+                },
+            ],
+        ),
+        rule(
+            "svc",
+            vec![
+                Expr::EntryInSet {
+                    with_addr: false,
+                    set: model_name("nodeport-count-2"),
+                },
+                Expr::DnatDraw {
+                    protocol: Protocol::Tcp,
+                    with_addr: false,
+                    endpoints: 2,
+                    map: model_name("nodeport-endpoints-tcp"),
                 },
             ],
         ),
@@ -211,8 +284,8 @@ fn the_data_layout_decodes_back_to_what_was_encoded() {
         replayed.apply(&transaction).unwrap();
         pretty_assertions::assert_eq!(kernel_form(&replayed), decoded, "{family:?}");
         // The rules did not come back empty or as something else.
-        assert_eq!(decoded.chains["svc"].len(), 3, "{family:?}");
-        assert_eq!(decoded.typeof_sets.len(), 5, "{family:?}");
+        assert_eq!(decoded.chains["svc"].len(), 4, "{family:?}");
+        assert_eq!(decoded.typeof_sets.len(), 6, "{family:?}");
     }
 }
 

@@ -446,7 +446,12 @@ pub(super) fn set_names(dump: &Dump) -> Vec<String> {
 /// The name as the model holds it: one of the table's fixed names, or a
 /// Service's.
 pub fn model_name(name: &str) -> Name {
-    match names::FIXED_NAMES.iter().find(|fixed| **fixed == name) {
+    let fixed = names::FIXED_NAMES
+        .iter()
+        .copied()
+        .chain(names::data_layout_fixed_names())
+        .find(|fixed| *fixed == name);
+    match fixed {
         Some(fixed) => Name::Fixed(fixed),
         None => Name::Shared(Arc::from(name)),
     }
@@ -1123,14 +1128,6 @@ impl RuleDecoder<'_> {
                     _ => Err(self.error_at(i + 1, "fib compared with something other than local")),
                 }
             }
-            "numgen"
-                if self
-                    .raws
-                    .get(i + 1)
-                    .is_some_and(|next| next.name == "numgen") =>
-            {
-                self.draw_at(i)
-            }
             "numgen" => {
                 let random = raw.be32(3) == Some(1);
                 let offset = raw.be32(4).unwrap_or(0);
@@ -1207,14 +1204,7 @@ impl RuleDecoder<'_> {
                 key: META_L4PROTO,
                 slot: meta_slot,
             } if full && field == AddrField::Destination && meta_slot == SLOT_1 + len / 4 => {
-                let map = self.dispatch_tail(i + 1, meta_slot)?;
-                Ok((
-                    Expr::DispatchVmap {
-                        with_addr: true,
-                        map,
-                    },
-                    5,
-                ))
+                Ok((self.dispatch_tail(i + 1, meta_slot, true)?, 4))
             }
             Shape::Cmp {
                 slot: SLOT_1,
@@ -1301,9 +1291,10 @@ impl RuleDecoder<'_> {
         }
     }
 
-    /// `meta l4proto => S; payload th dport => S+1; lookup S… vmap @MAP`
-    /// from `i`; returns the map.
-    fn dispatch_tail(&self, i: usize, meta_slot: u32) -> Result<Name, ReadError> {
+    /// `meta l4proto => S; payload th dport => S+1; lookup S… [vmap] @SET`
+    /// from `i`: the dispatch through a verdict map, or the Service entry's
+    /// lookup in a set.
+    fn dispatch_tail(&self, i: usize, meta_slot: u32, with_addr: bool) -> Result<Expr, ReadError> {
         match (self.shape(i + 1)?, self.shape(i + 2)?) {
             (
                 Shape::Payload {
@@ -1315,13 +1306,23 @@ impl RuleDecoder<'_> {
                 Shape::Lookup {
                     set,
                     slot: SLOT_1,
-                    dslot: Some(SLOT_VERDICT),
+                    dslot,
                     invert: false,
                 },
-            ) if slot == meta_slot + 1 => Ok(model_name(&set)),
+            ) if slot == meta_slot + 1 => match dslot {
+                Some(SLOT_VERDICT) => Ok(Expr::DispatchVmap {
+                    with_addr,
+                    map: model_name(&set),
+                }),
+                None => Ok(Expr::EntryInSet {
+                    with_addr,
+                    set: model_name(&set),
+                }),
+                Some(_) => Err(self.error_at(i + 2, "a protocol and port lookup into a register")),
+            },
             _ => Err(self.error_at(
                 i + 1,
-                "a dispatch other than protocol and port through a verdict map",
+                "a dispatch other than protocol and port through a verdict map or set",
             )),
         }
     }
@@ -1336,16 +1337,7 @@ impl RuleDecoder<'_> {
             Shape::Payload {
                 base: BASE_TRANSPORT,
                 ..
-            } => {
-                let map = self.dispatch_tail(i, slot)?;
-                Ok((
-                    Expr::DispatchVmap {
-                        with_addr: false,
-                        map,
-                    },
-                    3,
-                ))
-            }
+            } => Ok((self.dispatch_tail(i, slot, false)?, 3)),
             Shape::Cmp {
                 slot: SLOT_1,
                 op: CMP_EQ,
@@ -1357,11 +1349,19 @@ impl RuleDecoder<'_> {
                 if !port_follows {
                     return Ok((Expr::L4Proto(protocol), 2));
                 }
+                let numgen_at =
+                    |index: usize| self.raws.get(index).is_some_and(|r| r.name == "numgen");
                 if let Shape::Payload {
                     base: BASE_NETWORK, ..
                 } = self.shape(i + 2)?
                 {
+                    if numgen_at(i + 4) {
+                        return self.draw_at(i, protocol, true);
+                    }
                     return self.dnat_affinity_at(i, protocol);
+                }
+                if numgen_at(i + 3) {
+                    return self.draw_at(i, protocol, false);
                 }
                 match (self.shape(i + 2)?, self.shape(i + 3)?) {
                     (

@@ -283,13 +283,44 @@ impl Encoder {
                 );
                 rule.lookup(set.as_str(), None, REG_1, None, false);
             }
+            Expr::EntryInSet { with_addr, set } => {
+                let mut next = REG32_00;
+                if *with_addr {
+                    let addr_len = self.addr_len();
+                    rule.payload(
+                        REG32_00,
+                        1,
+                        self.addr_offset(AddrField::Destination),
+                        addr_len,
+                    );
+                    next += addr_len / 4;
+                }
+                rule.meta(next, 16);
+                rule.payload(next + 1, 2, 2, 2);
+                rule.lookup(set.as_str(), None, REG32_00, None, false);
+            }
             Expr::DnatDraw {
-                number,
+                protocol,
+                with_addr,
                 endpoints,
                 map,
             } => {
-                rule.numgen_offset(REG_1, 1, *number);
-                rule.numgen_offset(concat_register(4, false), *endpoints, 0);
+                // Key: [daddr .] dport . slot, from the first register.
+                rule.meta(REG_1, 16);
+                rule.cmp(REG_1, 0, &[protocol_number(*protocol)]);
+                let mut at = 0;
+                if *with_addr {
+                    let len = self.addr_len();
+                    rule.payload(REG_1, 1, self.addr_offset(AddrField::Destination), len);
+                    at = len;
+                }
+                let port = if at == 0 {
+                    REG_1
+                } else {
+                    concat_register(at, false)
+                };
+                rule.payload(port, 2, 2, 2);
+                rule.numgen_offset(concat_register(at + 4, false), *endpoints, 0);
                 rule.lookup(map.as_str(), None, REG_1, Some(REG_1), false);
                 self.dnat_from_registers(rule);
             }

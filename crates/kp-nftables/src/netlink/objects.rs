@@ -337,8 +337,15 @@ pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
         }
         Key::ProtoPort(protocol, port) => proto_port(&mut out, *protocol, *port),
         // `numgen` writes host-order numbers, and the set compares them so.
-        Key::Slot(number, slot) => {
-            out.extend_from_slice(&number.to_ne_bytes());
+        Key::EntrySlot(ip, port, slot) => {
+            address(&mut out, ip);
+            out.extend_from_slice(&port.to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(&slot.to_ne_bytes());
+        }
+        Key::PortSlot(port, slot) => {
+            out.extend_from_slice(&port.to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
             out.extend_from_slice(&slot.to_ne_bytes());
         }
         Key::AddrPair(source, destination) => {

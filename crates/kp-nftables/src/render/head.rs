@@ -1,8 +1,9 @@
 //! The fixed part of the table, written by every full render: the table,
 //! its sets and maps (flushed, to be filled again), the base chains at
 //! upstream's hooks and priorities, and the rules of the fixed chains.
-//! The data layout adds the `service-endpoints-PROTO-K` maps and the
-//! `hairpin-endpoints` set, looked up first in `masquerading`.
+//! The data layout adds the slot maps, the count sets and class chains of
+//! the endpoint counts in use, and the `hairpin-endpoints` set, looked up
+//! first in `masquerading`.
 
 use std::collections::BTreeSet;
 
@@ -15,8 +16,8 @@ use crate::model::{
     IPV6_PROTO_PORT, PROTO_PORT,
 };
 use crate::names::{
-    affinity_map, affinity_services, endpoint_map, AFFINITY_OUTPUT, AFFINITY_PREROUTING,
-    ENDPOINT_MAP_SHARDS, HAIRPIN_ENDPOINTS,
+    affinity_map, affinity_services, class_chain, count_set, slot_map, Pool, AFFINITY_OUTPUT,
+    AFFINITY_PREROUTING, HAIRPIN_ENDPOINTS,
 };
 use crate::names::{
     CLUSTER_IPS, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT, FILTER_OUTPUT,
@@ -26,6 +27,7 @@ use crate::names::{
     REJECT_CHAIN, SERVICES, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS,
 };
 use crate::options::{Layout, NftablesOptions};
+use crate::state::Class;
 
 /// dstnat + 1: after DNAT chose the endpoint.
 const AFFINITY_PRIORITY: i32 = -99;
@@ -111,8 +113,8 @@ pub(super) fn prelude(layout: Layout, affinity: &BTreeSet<(Protocol, u64)>) -> V
         },
     ];
     if layout == Layout::Data {
-        // The draw and affinity rules name them.
-        commands.extend(endpoint_maps());
+        // The Service chains' gotos and affinity rules name them.
+        commands.extend(class_chains());
         commands.extend(affinity_declarations(affinity));
     }
     commands
@@ -206,21 +208,27 @@ pub(super) fn affinity_recording(affinity: &BTreeSet<(Protocol, u64)>, out: &mut
     }
 }
 
-/// The data layout's `service-endpoints-PROTO-K` maps, declared:
-/// `typeof numgen random mod 1 . numgen random mod 1 : ip daddr . tcp
-/// dport`. One map per protocol: nft 1.0.6 reads a `dnat … map` rule into a
-/// map typed `th dport` only in the transaction that creates the map
-/// (docs/nft-layout-experiment.md, finding 3).
-fn endpoint_maps() -> impl Iterator<Item = Command> {
-    PROTOCOLS.into_iter().flat_map(|protocol| {
-        (0..ENDPOINT_MAP_SHARDS).map(move |shard| {
+/// The data layout's slot maps, declared: `typeof ip daddr . tcp dport .
+/// numgen random mod 1 : ip daddr . tcp dport` (NodePorts: `typeof tcp
+/// dport . numgen random mod 1`). One map per pool and protocol: nft 1.0.6
+/// reads a `dnat … map` rule into a map typed `th dport` only in the
+/// transaction that creates the map (docs/nft-layout-experiment.md,
+/// finding 3). Only the class rules look them up, so an element added is
+/// checked against a handful of rules, not one per Service.
+fn slot_maps() -> impl Iterator<Item = Command> {
+    Pool::ALL.into_iter().flat_map(|pool| {
+        PROTOCOLS.into_iter().map(move |protocol| {
+            let dst = TypeofField::Addr(AddrField::Destination);
+            let port = TypeofField::Port(protocol);
+            let key = if pool.node_port {
+                vec![port, TypeofField::Number]
+            } else {
+                vec![dst, port, TypeofField::Number]
+            };
             Command::AddTypeofSet(TypeofSpec {
-                name: Name::Fixed(endpoint_map(protocol, shard)),
-                key: vec![TypeofField::Number, TypeofField::Number],
-                data: vec![
-                    TypeofField::Addr(AddrField::Destination),
-                    TypeofField::Port(protocol),
-                ],
+                name: Name::Fixed(slot_map(pool, protocol)),
+                key,
+                data: vec![dst, port],
                 size: None,
                 dynamic_timeout_secs: None,
                 comment: None,
@@ -229,8 +237,81 @@ fn endpoint_maps() -> impl Iterator<Item = Command> {
     })
 }
 
-/// The data layout's sets and maps, declared and flushed.
-fn write_data_sets_and_maps(out: &mut Vec<Command>) {
+/// The data layout's class chains, declared.
+fn class_chains() -> impl Iterator<Item = Command> {
+    [false, true].into_iter().flat_map(|local| {
+        PROTOCOLS
+            .into_iter()
+            .map(move |protocol| Command::AddChain {
+                name: Name::Fixed(class_chain(local, protocol)),
+                kind: ChainKind::Regular,
+            })
+    })
+}
+
+/// The classes the service ports of `input` need in the data layout.
+pub(super) fn classes_in_use(input: &RenderInput<'_>) -> BTreeSet<Class> {
+    input
+        .service_ports
+        .iter()
+        .flat_map(|(name, state)| super::service::classes_of(name, state))
+        .collect()
+}
+
+/// The count sets of `classes`, declared (an `add` of a set that exists
+/// changes nothing), and flushed too with `flush`.
+pub(super) fn count_sets(
+    family: IpFamily,
+    classes: &BTreeSet<Class>,
+    flush: bool,
+    out: &mut Vec<Command>,
+) {
+    let sets: BTreeSet<(Pool, u32)> = classes.iter().map(|c| (c.pool, c.count)).collect();
+    let ip_key = match family {
+        IpFamily::V4 => IPV4_PROTO_PORT,
+        IpFamily::V6 => IPV6_PROTO_PORT,
+    };
+    for (pool, count) in sets {
+        let name = Name::Fixed(count_set(pool, count));
+        out.push(Command::AddSet(SetSpec {
+            name: name.clone(),
+            map: false,
+            key: if pool.node_port { PROTO_PORT } else { ip_key },
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: None,
+        }));
+        if flush {
+            out.push(Command::FlushSet { name, map: false });
+        }
+    }
+}
+
+/// The rules of the class chains that `classes` fill, flushed first: one
+/// rule per class, addresses before NodePorts (so that a packet to a
+/// Service address never meets a NodePort's rule of the same port first),
+/// each in order of count.
+pub(super) fn class_rules(classes: &BTreeSet<Class>, out: &mut Vec<Command>) {
+    let chains: BTreeSet<(bool, Protocol)> = classes
+        .iter()
+        .map(|class| (class.pool.local, class.protocol))
+        .collect();
+    for (local, protocol) in chains {
+        out.push(Command::FlushChain(Name::Fixed(class_chain(
+            local, protocol,
+        ))));
+        for class in classes
+            .iter()
+            .filter(|class| class.pool.local == local && class.protocol == protocol)
+        {
+            out.push(Command::AddRule(super::service::class_rule(*class)));
+        }
+    }
+}
+
+/// The data layout's sets, maps and class chains, declared and flushed,
+/// with the count sets and class rules of `classes`.
+fn write_data_sets_and_maps(family: IpFamily, classes: &BTreeSet<Class>, out: &mut Vec<Command>) {
     out.push(Command::AddTypeofSet(TypeofSpec {
         name: Name::Fixed(HAIRPIN_ENDPOINTS),
         key: vec![
@@ -246,13 +327,22 @@ fn write_data_sets_and_maps(out: &mut Vec<Command>) {
         name: Name::Fixed(HAIRPIN_ENDPOINTS),
         map: false,
     });
-    for map in endpoint_maps() {
+    for map in slot_maps() {
         let name = match &map {
             Command::AddTypeofSet(spec) => spec.name.clone(),
             _ => continue,
         };
         out.push(map);
         out.push(Command::FlushSet { name, map: true });
+    }
+    count_sets(family, classes, true, out);
+    for chain in class_chains() {
+        let name = match &chain {
+            Command::AddChain { name, .. } => name.clone(),
+            _ => continue,
+        };
+        out.push(chain);
+        out.push(Command::FlushChain(name));
     }
 }
 
@@ -274,8 +364,13 @@ pub(super) fn write_head(
         comment: Some(TABLE_COMMENT),
     });
     write_sets_and_maps(ctx, input, out);
+    let classes = if ctx.layout == Layout::Data {
+        classes_in_use(input)
+    } else {
+        BTreeSet::new()
+    };
     if ctx.layout == Layout::Data {
-        write_data_sets_and_maps(out);
+        write_data_sets_and_maps(ctx.family, &classes, out);
     }
     for (name, chain_type, hook, priority) in BASE_CHAINS {
         out.push(Command::AddChain {
@@ -330,6 +425,10 @@ pub(super) fn write_head(
             }
         }
         affinity_recording(&affinity, out);
+        // Flushed with the other chains above: only the rules now.
+        let mut rules = Vec::new();
+        class_rules(&classes, &mut rules);
+        out.extend(rules.into_iter().filter(Command::is_rule));
     }
 }
 

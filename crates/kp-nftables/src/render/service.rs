@@ -5,9 +5,10 @@
 //! The data layout ([`Layout::Data`]) writes the same elements and the same
 //! `service-`, `local-`, `external-` and `firewall-` chains, but no
 //! `endpoint-` chains: the `service-` (cluster endpoints) and `local-`
-//! (local endpoints) chains each end in one draw rule over the slots of
-//! their endpoint list, and each reachable endpoint's hairpin pair is
-//! recorded for `hairpin-endpoints`.
+//! (local endpoints) chains each end in a goto to their class chain, where
+//! one rule per endpoint count draws a slot of the packet's entry; the
+//! port writes its entries' slots and count-set elements, and each
+//! reachable endpoint's hairpin pair is recorded for `hairpin-endpoints`.
 
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
@@ -16,16 +17,16 @@ use std::sync::Arc;
 use kp_model::{Endpoint, Protocol, Refusal, ServicePortName, TrafficPlan};
 use kp_sync::ServicePortState;
 
-use super::{Context, Numbers, Sections};
+use super::{Context, Sections};
 use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
-use crate::names::{affinity_map, affinity_services, endpoint_map};
+use crate::names::{affinity_map, affinity_services, class_chain, count_set, slot_map, Pool};
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
     SERVICE_NODEPORTS,
 };
 use crate::options::Layout;
-use crate::state::{Draw, Element, ServiceRecord};
+use crate::state::{Class, Draw, Element, ServiceRecord};
 
 /// One service port while it is rendered.
 struct Port<'a> {
@@ -61,7 +62,6 @@ pub(super) fn render_port(
     name: &ServicePortName,
     state: &ServicePortState,
     old: Option<&ServiceRecord>,
-    numbers: &mut Numbers<'_>,
     record: &mut ServiceRecord,
     out: &mut Sections,
 ) {
@@ -117,9 +117,10 @@ pub(super) fn render_port(
                     local,
                     endpoints: list,
                 };
-                write_draw_chain(name, &port, chain, &draw, old, numbers, &mut writer, record);
+                write_draw_chain(name, &port, chain, &draw, old, &mut writer, record);
             }
         }
+        record.data_mut().classes.extend(classes_of(name, state));
         record
             .data_mut()
             .hairpin
@@ -536,22 +537,87 @@ struct DrawList<'a> {
     endpoints: &'a [Arc<Endpoint>],
 }
 
+/// Which of a service port's entries reach its cluster or local chain, so
+/// draw from that list.
+#[derive(Debug, Clone, Copy)]
+struct Reach {
+    /// The ClusterIP.
+    cluster_ip: bool,
+    /// The external and load balancer IPs, and the NodePort.
+    external: bool,
+}
+
+/// The entries that reach the chain of the `local` or cluster list
+/// (`write_elements` and `write_external_chain` send them there): the
+/// ClusterIP reaches the chain of its internal policy; the external
+/// entries reach the local chain under `externalTrafficPolicy: Local`, and
+/// the cluster chain under the Cluster policy or by a short-circuit.
+fn reach(plan: &TrafficPlan, local: bool) -> Reach {
+    let cluster_ip = plan.has_internal_endpoints && plan.internal_policy_local == local;
+    let external = plan.uses_external_path
+        && if local {
+            plan.external_policy_local && plan.uses_local_endpoints
+        } else {
+            plan.uses_cluster_endpoints
+        };
+    Reach {
+        cluster_ip,
+        external,
+    }
+}
+
+/// The draw rules the data layout's class chains need for service port
+/// `name`: per endpoint list in use with endpoints, one for its address
+/// entries and one for its NodePort, if they reach it.
+pub(super) fn classes_of(name: &ServicePortName, state: &ServicePortState) -> Vec<Class> {
+    let plan = &state.plan;
+    let sp = &state.port;
+    let lists = [
+        (
+            false,
+            plan.uses_cluster_endpoints,
+            state.endpoints.cluster.len(),
+        ),
+        (true, plan.uses_local_endpoints, state.endpoints.local.len()),
+    ];
+    let mut classes = Vec::new();
+    for (local, used, count) in lists {
+        let Some(count) = u32::try_from(count).ok().filter(|count| used && *count > 0) else {
+            continue;
+        };
+        let reach = reach(plan, local);
+        let external_addresses = !(sp.external_ips.is_empty() && sp.load_balancer_ips.is_empty());
+        let addresses = reach.cluster_ip || (reach.external && external_addresses);
+        let node_port = reach.external && sp.node_port.is_some();
+        for (wanted, node_port) in [(addresses, false), (node_port, true)] {
+            if wanted {
+                classes.push(Class {
+                    pool: Pool { local, node_port },
+                    protocol: name.protocol,
+                    count,
+                });
+            }
+        }
+    }
+    classes
+}
+
 /// The data layout's `service-…` or `local-…` chain: the ClusterIP
-/// masquerade rule (written before, by `write_internal_masquerade`), then
-/// the draw over the slots of `list`, whose elements go into `record`.
+/// masquerade rule (written before, by `write_internal_masquerade`), the
+/// affinity lookup, then a goto to the class chain that draws a slot of
+/// the packet's entry; and the slots and count-set elements of every entry
+/// that reaches the chain, into `record`.
 ///
-/// The number and slots come from `old` (what the last transaction left):
-/// a service port keeps its number while it exists, and its endpoints keep
-/// their slots ([`assign_slots`]), so an endpoint replaced, or a readiness
-/// flip that keeps the count, changes elements only.
-#[allow(clippy::too_many_arguments)]
+/// The slots come from `old` (what the last transaction left): the port's
+/// endpoints keep their slots ([`assign_slots`]), so an endpoint replaced
+/// changes slot elements only, and a count change moves each entry from
+/// one count set to another besides: no rule changes in either case.
 fn write_draw_chain(
     name: &ServicePortName,
     port: &Port<'_>,
     chain: &Arc<str>,
     list: &DrawList<'_>,
     old: Option<&ServiceRecord>,
-    numbers: &mut Numbers<'_>,
     writer: &mut ChainWriter,
     record: &mut ServiceRecord,
 ) {
@@ -561,75 +627,100 @@ fn write_draw_chain(
             draw.local == list.local && draw.protocol == port.protocol && draw.port == name.port
         })
     });
-    let number = match old_draw {
-        Some(draw) => draw.number,
-        None => numbers.allocate(name, list.local),
-    };
     let wanted: Vec<SocketAddr> = list
         .endpoints
         .iter()
         .map(|ep| SocketAddr::new(ep.ip, ep.port))
         .collect();
     let slots = assign_slots(old_draw.map_or(&[], |draw| &draw.endpoints), &wanted);
-    let map = endpoint_map(port.protocol, number);
-    for (slot, endpoint) in slots.iter().enumerate() {
-        let slot = u32::try_from(slot).unwrap_or(u32::MAX);
-        record
-            .elements
-            .push(Element::endpoint(map, Key::Slot(number, slot), *endpoint));
-    }
-    if let Some(draw) = draw_rule(port.protocol, number, slots.len(), map) {
-        if let Some(secs) = port.state.port.session_affinity_timeout {
+    let sp = &port.state.port;
+    let protocol = port.protocol;
+    if let Ok(count @ 1..) = u32::try_from(slots.len()) {
+        let reach = reach(&port.plan, list.local);
+        let mut addresses: Vec<std::net::IpAddr> = Vec::new();
+        if reach.cluster_ip {
+            addresses.push(sp.cluster_ip);
+        }
+        if reach.external {
+            addresses.extend(sp.external_ips.iter().chain(&sp.load_balancer_ips));
+        }
+        let pool = Pool {
+            local: list.local,
+            node_port: false,
+        };
+        for ip in &addresses {
+            let key = Key::AddrProtoPort(*ip, protocol, sp.port);
+            record
+                .elements
+                .push(Element::set(count_set(pool, count), key));
+            for (slot, endpoint) in (0..).zip(&slots) {
+                let key = Key::EntrySlot(*ip, sp.port, slot);
+                let map = slot_map(pool, protocol);
+                record.elements.push(Element::endpoint(map, key, *endpoint));
+            }
+        }
+        if let Some(node_port) = sp.node_port.filter(|_| reach.external) {
+            let pool = Pool {
+                local: list.local,
+                node_port: true,
+            };
+            let key = Key::ProtoPort(protocol, node_port);
+            record
+                .elements
+                .push(Element::set(count_set(pool, count), key));
+            for (slot, endpoint) in (0..).zip(&slots) {
+                let key = Key::PortSlot(node_port, slot);
+                let map = slot_map(pool, protocol);
+                record.elements.push(Element::endpoint(map, key, *endpoint));
+            }
+        }
+        if let Some(secs) = sp.session_affinity_timeout {
             // A client with an entry goes where it went before.
             writer.rule(
                 chain,
                 vec![Expr::DnatAffinity {
-                    protocol: port.protocol,
-                    map: Name::Fixed(affinity_map(port.protocol, secs.as_secs())),
+                    protocol,
+                    map: Name::Fixed(affinity_map(protocol, secs.as_secs())),
                 }],
             );
         }
-        writer.rule(chain, draw);
+        let class_chain = class_chain(list.local, protocol);
+        writer.rule(
+            chain,
+            vec![Expr::Verdict(Verdict::Goto(Name::Fixed(class_chain)))],
+        );
     }
     record.data_mut().draws.push(Draw {
         port: Arc::clone(&name.port),
-        protocol: port.protocol,
+        protocol,
         local: list.local,
-        number,
         endpoints: slots,
-        affinity_secs: port
-            .state
-            .port
-            .session_affinity_timeout
-            .map(|timeout| timeout.as_secs()),
+        affinity_secs: sp.session_affinity_timeout.map(|timeout| timeout.as_secs()),
     });
 }
 
-/// The rule that draws one of `count` slots of service port `number` and
-/// DNATs to the endpoint in it: `meta l4proto tcp dnat ip to numgen random
-/// mod 1 offset N . numgen random mod E map @service-endpoints-tcp-K`
-/// (`numgen random mod 1 offset N` is the constant N: nft 1.0.6 refuses a
-/// literal in a concatenation). `None` without endpoints (no slot to draw).
-///
-/// The modulus is the endpoint count, so a count change rewrites this rule
-/// (and the kernel validates the table); how a count change is written
-/// (padded capacity, a ct-mark draw, rules by count) is being measured,
-/// and its answer replaces only this function.
-fn draw_rule(
-    protocol: Protocol,
-    number: u32,
-    count: usize,
-    map: &'static str,
-) -> Option<Vec<Expr>> {
-    let endpoints = u32::try_from(count).ok().filter(|count| *count > 0)?;
-    Some(vec![
-        Expr::L4Proto(protocol),
-        Expr::DnatDraw {
-            number,
-            endpoints,
-            map: Name::Fixed(map),
-        },
-    ])
+/// The rule of `class` in its class chain: `ip daddr . meta l4proto . th
+/// dport @endpoint-count-3 dnat ip to ip daddr . tcp dport . numgen random
+/// mod 3 map @service-endpoints-tcp` (for a NodePort, without the
+/// address). A count change moves an entry from one count set to another;
+/// a count no entry of the pool had before is the only rule it may add.
+pub(super) fn class_rule(class: Class) -> Rule {
+    let with_addr = !class.pool.node_port;
+    Rule::new(
+        class_chain(class.pool.local, class.protocol),
+        vec![
+            Expr::EntryInSet {
+                with_addr,
+                set: Name::Fixed(count_set(class.pool, class.count)),
+            },
+            Expr::DnatDraw {
+                protocol: class.protocol,
+                with_addr,
+                endpoints: class.count,
+                map: Name::Fixed(slot_map(class.pool, class.protocol)),
+            },
+        ],
+    )
 }
 
 /// The endpoint of each slot, given the slots `old` held and the endpoints
@@ -750,19 +841,30 @@ mod tests {
     }
 
     #[test]
-    fn the_draw_is_one_rule_whose_modulus_is_the_count() {
-        let rule = draw_rule(Protocol::Udp, 70, 3, endpoint_map(Protocol::Udp, 70)).unwrap();
-        let text: Vec<String> = rule
-            .iter()
-            .map(|expr| expr.text(kp_model::IpFamily::V4).to_string())
-            .collect();
+    fn a_class_rule_draws_among_its_count() {
+        let class = Class {
+            pool: Pool {
+                local: false,
+                node_port: false,
+            },
+            protocol: Protocol::Udp,
+            count: 3,
+        };
         assert_eq!(
-            text.join(" "),
-            "meta l4proto udp dnat ip to numgen random mod 1 offset 70 . numgen random mod 3 map @service-endpoints-udp-6"
+            Command::AddRule(class_rule(class)).line(kp_model::IpFamily::V4).to_string(),
+            "add rule ip kube-proxy endpoints-by-count-udp ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . udp dport . numgen random mod 3 map @service-endpoints-udp"
         );
+        let class = Class {
+            pool: Pool {
+                local: true,
+                node_port: true,
+            },
+            protocol: Protocol::Tcp,
+            count: 2,
+        };
         assert_eq!(
-            draw_rule(Protocol::Tcp, 0, 0, endpoint_map(Protocol::Tcp, 0)),
-            None
+            Command::AddRule(class_rule(class)).line(kp_model::IpFamily::V6).to_string(),
+            "add rule ip6 kube-proxy local-endpoints-by-count-tcp meta l4proto . th dport @local-nodeport-count-2 dnat ip6 to tcp dport . numgen random mod 2 map @local-nodeport-endpoints-tcp"
         );
     }
 }

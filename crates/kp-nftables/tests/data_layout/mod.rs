@@ -1,12 +1,12 @@
-//! A hand-built transaction holding every statement of the sharded data
-//! layout (docs/nft-layout-experiment.md, "The layouts"), for tcp, udp and
-//! sctp, in either family.
+//! A hand-built transaction holding every statement of the data layout
+//! (rules by endpoint count, docs/nft-layout-experiment.md), for tcp, udp
+//! and sctp, in either family.
 //!
 //! | object | IPv4 | IPv6 |
 //! |---|---|---|
 //! | Service entry (ClusterIP) | 10.96.0.12 | fd00:10:96::c |
 //! | endpoints ep1, ep2, ep3 | 10.244.1.2, .3, .4 | fd00:10:244:1::2, ::3, ::4 |
-//! | service port number | 2 (maps `service-endpoints-PROTO-2`) | same |
+//! | slot maps, count sets | `service-endpoints-PROTO`, `endpoint-count-N` | same |
 //!
 //! tcp 80 → ep1, ep2, ep3 :8080 (slots 0, 1, 2); udp 53 → ep1, ep2 :5353;
 //! sctp 9 → ep1 :9. ClientIP affinity 10800 s on all three.
@@ -19,14 +19,13 @@ use kp_model::{IpFamily, Protocol};
 use kp_nftables::live::decode::model_name;
 use kp_nftables::model::{
     protocol_keyword, AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key,
-    MapElement, Name, Rule, SetElement, TypeofField, TypeofSpec, Verdict,
+    MapElement, Name, Rule, SetElement, SetSpec, TypeofField, TypeofSpec, Verdict, IPV4_PROTO_PORT,
+    IPV6_PROTO_PORT,
 };
 use kp_nftables::Transaction;
 
 /// The protocols, in the order the transaction writes them.
 pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
-/// The service port's number.
-pub const NUMBER: u32 = 2;
 /// The affinity timeout.
 pub const AFFINITY_SECS: u64 = 10800;
 /// The Service's ports and its endpoints' port, per protocol.
@@ -74,10 +73,12 @@ fn fixed(text: &str) -> Name {
 }
 
 pub fn endpoints_map(protocol: Protocol) -> Name {
-    name(format!(
-        "service-endpoints-{}-{NUMBER}",
-        protocol_keyword(protocol)
-    ))
+    name(format!("service-endpoints-{}", protocol_keyword(protocol)))
+}
+
+/// The set of the entries with `protocol`'s endpoint count.
+pub fn count_set(protocol: Protocol) -> Name {
+    name(format!("endpoint-count-{}", endpoint_count(protocol)))
 }
 
 pub fn affinity_map(protocol: Protocol) -> Name {
@@ -103,7 +104,11 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
     for protocol in PROTOCOLS {
         commands.push(Command::AddTypeofSet(TypeofSpec {
             name: endpoints_map(protocol),
-            key: vec![TypeofField::Number, TypeofField::Number],
+            key: vec![
+                TypeofField::Addr(Destination),
+                TypeofField::Port(protocol),
+                TypeofField::Number,
+            ],
             data: vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
             size: None,
             dynamic_timeout_secs: None,
@@ -120,6 +125,19 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             size: Some(1_048_576),
             dynamic_timeout_secs: Some(AFFINITY_SECS),
             comment: Some("ClientIP affinity: service entry . client -> endpoint".into()),
+        }));
+    }
+    for protocol in PROTOCOLS {
+        commands.push(Command::AddSet(SetSpec {
+            name: count_set(protocol),
+            map: false,
+            key: match family {
+                IpFamily::V4 => IPV4_PROTO_PORT,
+                IpFamily::V6 => IPV6_PROTO_PORT,
+            },
+            verdicts: false,
+            dynamic_timeout_secs: None,
+            comment: None,
         }));
     }
     commands.push(Command::AddTypeofSet(TypeofSpec {
@@ -180,7 +198,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         let (_, target_port) = ports(protocol);
         let elements = (0..endpoint_count(protocol))
             .map(|slot| MapElement {
-                key: Key::Slot(NUMBER, slot),
+                key: Key::EntrySlot(entry(family), ports(protocol).0, slot),
                 comment: (slot == 0).then(|| Arc::from("ns1/web:p")),
                 target: SocketAddr::new(endpoint(family, slot as u8 + 1), target_port),
             })
@@ -188,6 +206,16 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         commands.push(Command::AddMapElements {
             map: endpoints_map(protocol),
             elements,
+        });
+    }
+    for protocol in PROTOCOLS {
+        commands.push(Command::AddElements {
+            set: count_set(protocol),
+            elements: vec![SetElement {
+                key: Key::AddrProtoPort(entry(family), protocol, ports(protocol).0),
+                comment: None,
+                verdict: None,
+            }],
         });
     }
     commands.push(Command::AddElements {
@@ -260,9 +288,13 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         commands.push(rule(
             SERVICE_CHAIN,
             vec![
-                Expr::L4Proto(protocol),
+                Expr::EntryInSet {
+                    with_addr: true,
+                    set: count_set(protocol),
+                },
                 Expr::DnatDraw {
-                    number: NUMBER,
+                    protocol,
+                    with_addr: true,
                     endpoints: endpoint_count(protocol),
                     map: endpoints_map(protocol),
                 },

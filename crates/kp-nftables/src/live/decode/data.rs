@@ -136,7 +136,10 @@ pub(super) fn typeof_key(family: IpFamily, fields: &[TypeofField], key: &[u8]) -
     use TypeofField::{Addr, AnyPort, L4Proto, Number, Port};
     let mut reader = Fields { family, rest: key };
     let out = match fields {
-        [Number, Number] => Key::Slot(reader.number()?, reader.number()?),
+        [Addr(AddrField::Destination), Port(_), Number] => {
+            Key::EntrySlot(reader.address()?, reader.port()?, reader.number()?)
+        }
+        [Port(_), Number] => Key::PortSlot(reader.port()?, reader.number()?),
         [Addr(AddrField::Source), Addr(AddrField::Destination)] => {
             Key::AddrPair(reader.address()?, reader.address()?)
         }
@@ -293,40 +296,70 @@ impl RuleDecoder<'_> {
         ))
     }
 
-    /// `numgen mod 1 offset N; numgen mod E; lookup => reg 1; nat` from
-    /// `i`: the draw.
-    pub(super) fn draw_at(&self, i: usize) -> Result<(Expr, usize), ReadError> {
+    /// After `meta l4proto == P` at `i`: `[payload daddr;] payload dport;
+    /// numgen mod E; lookup => reg 1; nat`, the draw.
+    pub(super) fn draw_at(
+        &self,
+        i: usize,
+        protocol: Protocol,
+        with_addr: bool,
+    ) -> Result<(Expr, usize), ReadError> {
         let bad = |index: usize, reason: &str| Err(self.error_at(index, reason));
-        let (first, second) = (&self.raws[i], &self.raws[i + 1]);
-        let random = |raw: &super::Raw<'_>| raw.be32(3) == Some(1) && raw.only(&[1, 2, 3, 4]);
-        if !random(first) || first.be32(2) != Some(1) || first.slot(1) != Some(SLOT_1) {
-            return bad(i, "a draw whose first numgen is not the constant number");
+        let mut at = i + 2;
+        let mut slot = SLOT_1;
+        if with_addr {
+            let len = self.addr_len();
+            match self.shape(at)? {
+                Shape::Payload {
+                    base: BASE_NETWORK,
+                    offset,
+                    len: loaded,
+                    slot: SLOT_1,
+                } if offset == self.dst_offset() && loaded == len => {}
+                _ => return bad(at, "a draw whose key does not start with the destination"),
+            }
+            at += 1;
+            slot += len / 4;
         }
-        let number = first.be32(4).unwrap_or(0);
-        if !random(second) || second.be32(4).unwrap_or(0) != 0 || second.slot(1) != Some(SLOT_1 + 1)
-        {
-            return bad(i + 1, "a draw whose second numgen is not the slot");
+        match self.shape(at)? {
+            Shape::Payload {
+                base: BASE_TRANSPORT,
+                offset: 2,
+                len: 2,
+                slot: loaded,
+            } if loaded == slot => {}
+            _ => return bad(at, "a draw whose key has no destination port"),
         }
-        let endpoints = second
+        let numgen = self
+            .raws
+            .get(at + 1)
+            .filter(|raw| raw.name == "numgen")
+            .ok_or_else(|| self.error_at(at + 1, "a draw without numgen"))?;
+        let random = numgen.be32(3) == Some(1) && numgen.only(&[1, 2, 3, 4]);
+        if !random || numgen.be32(4).unwrap_or(0) != 0 || numgen.slot(1) != Some(slot + 1) {
+            return bad(at + 1, "a draw whose numgen is not the slot");
+        }
+        let endpoints = numgen
             .be32(2)
-            .ok_or_else(|| self.error_at(i + 1, "no modulus"))?;
+            .ok_or_else(|| self.error_at(at + 1, "no modulus"))?;
         let Shape::Lookup {
             set,
             slot: SLOT_1,
             dslot: Some(SLOT_1),
             invert: false,
-        } = self.shape(i + 2)?
+        } = self.shape(at + 2)?
         else {
-            return bad(i + 2, "a draw not looked up in a map of endpoints");
+            return bad(at + 2, "a draw not looked up in a map of endpoints");
         };
-        self.nat_map_at(i + 3)?;
+        self.nat_map_at(at + 3)?;
         Ok((
             Expr::DnatDraw {
-                number,
+                protocol,
+                with_addr,
                 endpoints,
                 map: model_name(&set),
             },
-            4,
+            at + 4 - i,
         ))
     }
 
