@@ -168,10 +168,15 @@ pub fn slot_map(pool: Pool, protocol: kp_model::Protocol) -> &'static str {
     SLOT_MAPS[row][protocol_index(protocol)]
 }
 
+/// Whether `name` is one of the data layout's slot maps.
+pub fn is_slot_map(name: &str) -> bool {
+    SLOT_MAPS.iter().flatten().any(|map| *map == name)
+}
+
 /// Whether `name` is one of the data layout's slot maps or count sets,
 /// whose elements name no Service.
 pub fn is_slot_map_or_count_set(name: &str) -> bool {
-    SLOT_MAPS.iter().flatten().any(|map| *map == name) || count_of_set(name).is_some()
+    is_slot_map(name) || count_of_set(name).is_some()
 }
 
 /// The pool and count of a count set's name (the inverse of

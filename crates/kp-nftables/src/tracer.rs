@@ -551,6 +551,7 @@ impl Table {
                     | Expr::CtStatusDnat
                     | Expr::DestinationPortNot { .. }
                     | Expr::OriginalEntryInSet(_)
+                    | Expr::EntryInSet { .. }
             );
             if !is_match && !recorded {
                 walk.matched.push(rule_text(rule, context.family));

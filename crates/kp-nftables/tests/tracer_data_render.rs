@@ -196,6 +196,17 @@ fn a_new_connection_has_one_path_per_slot_each_equally_likely() {
         .collect();
     destinations.sort_by_key(|(destination, _)| *destination);
     assert_eq!(destinations.len(), 2, "{trace:#?}");
+    // Each path names the class rule that drew (count 2), not the rules
+    // of other counts it walked past.
+    for path in &trace.paths {
+        let draws: Vec<&String> = path
+            .matched
+            .iter()
+            .filter(|rule| rule.contains("numgen random mod"))
+            .collect();
+        assert_eq!(draws.len(), 1, "{path:#?}");
+        assert!(draws[0].contains("@endpoint-count-2 "), "{path:#?}");
+    }
     for (destination, probability) in destinations {
         assert!(
             (probability - 0.5).abs() < 1e-9,

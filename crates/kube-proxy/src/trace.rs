@@ -9,9 +9,10 @@
 //! take: the rules it matches in order, the endpoint it is DNATed to and
 //! with which probability, session affinity, whether it is masqueraded, and
 //! the verdict. `--output json` prints the same for tools. In the nftables
-//! data layout (`--nftables-layout data`) a path names the service chain's
-//! draw rule, the element `N . slot` of `service-endpoints-PROTO-K` it
-//! found and the endpoint that element holds, and the dynamic
+//! data layout (`--nftables-layout data`) a path names the class rule that
+//! drew (by the count set holding the packet's entry), the element `ENTRY
+//! . slot` of the slot map it found and the endpoint that element holds,
+//! and the dynamic
 //! `affinity-PROTO-SECS` map of ClientIP affinity; a slot without its
 //! element (damage) is a path that goes on un-DNATed, as in the kernel.
 
@@ -690,31 +691,31 @@ fn outcome(paths: &[Path]) -> Outcome {
     Outcome::Mixed
 }
 
-/// The nftables data layout's draw on `path`, in words: the service port's
-/// number `N` and the slot the draw rule's `numgen` picked, the
-/// `service-endpoints-` map element `N . slot` it found and the endpoint
-/// that element holds. `None` on a path without a draw (the chains
-/// layout, the other modes).
+/// The nftables data layout's draw on `path`, in words: the count set
+/// that holds the packet's entry (which class rule drew), the slot the
+/// rule's `numgen` picked, the slot map's element `ENTRY . SLOT` it found
+/// and the endpoint that element holds. `None` on a path without a draw
+/// (the chains layout, the other modes).
 fn drawn_slot(path: &Path) -> Option<String> {
-    // The element as the tracer writes it: `MAP: N . SLOT : ADDRESS . PORT`.
-    let element = path
-        .elements
-        .iter()
-        .find(|e| e.starts_with("service-endpoints-"))?;
+    // The elements as the tracer writes them: `MAP: KEY : ADDRESS . PORT`
+    // for the slot, `SET: KEY` for the count set.
+    let element = path.elements.iter().find(|e| {
+        e.split_once(": ")
+            .is_some_and(|(map, _)| kp_nftables::names::is_slot_map(map))
+    })?;
     let (map, rest) = element.split_once(": ")?;
     let (key, target) = rest.split_once(" : ")?;
     let (address, port) = target.split_once(" . ")?;
     let endpoint = SocketAddr::new(address.parse().ok()?, port.parse().ok()?);
-    let (number, slot) = key.split_once(" . ")?;
-    // The draw rule: `dnat … to numgen random mod 1 offset N . numgen
-    // random mod SLOTS map @MAP`.
-    let slots = path.rules.iter().find_map(|rule| {
-        let (_, after) = rule.split_once(" . numgen random mod ")?;
-        after.split_whitespace().next()
+    let (entry, slot) = key.rsplit_once(" . ")?;
+    let (set, count) = path.elements.iter().find_map(|e| {
+        let (set, _) = e.split_once(": ")?;
+        let (_, count) = kp_nftables::names::count_of_set(set)?;
+        Some((set, count))
     })?;
     Some(format!(
-        "drawn: service port number {number}, slot {slot} of {slots}: element {number} . {slot} \
-         of map {map} holds the endpoint {endpoint}"
+        "drawn: the entry {entry} is in {set}, so slot {slot} of {count} was drawn: element \
+         {key} of map {map} holds the endpoint {endpoint}"
     ))
 }
 

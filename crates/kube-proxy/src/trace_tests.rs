@@ -77,28 +77,39 @@ fn path(verdict: Verdict, endpoint: Option<&str>, probability: f64, masq: bool) 
 }
 
 #[test]
-fn a_data_layout_path_names_its_number_slot_map_and_endpoint() {
+fn a_data_layout_path_names_its_count_set_slot_map_and_endpoint() {
     let mut drawn = path(Verdict::Accept, Some("10.244.1.3:8080"), 1.0 / 3.0, false);
     drawn.rules = vec![
         "service-ips: 10.96.0.10 . tcp . 80 : goto service-X".to_owned(),
-        "service-X: dnat ip to numgen random mod 1 offset 69 . numgen random mod 3 \
-         map @service-endpoints-tcp-5"
+        "service-X: goto endpoints-by-count-tcp".to_owned(),
+        "endpoints-by-count-tcp: ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip \
+         to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
             .to_owned(),
     ];
-    drawn.elements = vec!["service-endpoints-tcp-5: 69 . 1 : 10.244.1.3 . 8080".to_owned()];
+    drawn.elements = vec![
+        "endpoint-count-3: 10.96.0.10 . tcp . 80".to_owned(),
+        "service-endpoints-tcp: 10.96.0.10 . 80 . 1 : 10.244.1.3 . 8080".to_owned(),
+    ];
     assert_eq!(
         drawn_slot(&drawn).as_deref(),
         Some(
-            "drawn: service port number 69, slot 1 of 3: element 69 . 1 of map \
-             service-endpoints-tcp-5 holds the endpoint 10.244.1.3:8080"
+            "drawn: the entry 10.96.0.10 . 80 is in endpoint-count-3, so slot 1 of 3 was drawn: \
+             element 10.96.0.10 . 80 . 1 of map service-endpoints-tcp holds the endpoint \
+             10.244.1.3:8080"
         )
     );
-    drawn.elements = vec!["service-endpoints-tcp-5: 69 . 1 : fd00:10:244::3 . 8080".to_owned()];
+    drawn.elements = vec![
+        "nodeport-count-3: tcp . 30080".to_owned(),
+        "nodeport-endpoints-tcp: 30080 . 1 : fd00:10:244::3 . 8080".to_owned(),
+    ];
+    let text = drawn_slot(&drawn).unwrap();
     assert!(
-        drawn_slot(&drawn)
-            .unwrap()
-            .ends_with("holds the endpoint [fd00:10:244::3]:8080"),
-        "{drawn:?}"
+        text.starts_with("drawn: the entry 30080 is in nodeport-count-3, so slot 1 of 3"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("holds the endpoint [fd00:10:244::3]:8080"),
+        "{text}"
     );
     // The chains layout: no draw.
     assert_eq!(drawn_slot(&path(Verdict::Accept, None, 1.0, false)), None);

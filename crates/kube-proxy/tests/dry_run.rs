@@ -180,13 +180,15 @@ fn the_nftables_layout_flag_chooses_how_endpoints_are_written() {
         chains.contains("add chain ip kube-proxy endpoint-"),
         "{chains}"
     );
-    assert!(!chains.contains("service-endpoints-tcp-"), "{chains}");
+    assert!(!chains.contains("service-endpoints-tcp"), "{chains}");
     assert!(
-        data.contains("add map ip kube-proxy service-endpoints-tcp-"),
+        data.contains("add map ip kube-proxy service-endpoints-tcp "),
         "{data}"
     );
     assert!(
-        data.contains("dnat ip to numgen random mod 1 offset "),
+        data.contains(
+            "add rule ip kube-proxy endpoints-by-count-tcp ip daddr . meta l4proto . th dport @endpoint-count-"
+        ),
         "{data}"
     );
     assert!(

@@ -380,7 +380,7 @@ fn nftables_serves_follows_edits_and_cleans_up(layout: &str) {
     assert!(nft_tables(node).contains(&"table ip kube-proxy".to_owned()));
     let table = node.exec_ok("nft", &["list", "table", "ip", "kube-proxy"]);
     assert_eq!(
-        table.contains("map service-endpoints-tcp-"),
+        table.contains("map service-endpoints-tcp {"),
         layout == "data",
         "the {layout} layout's table:\n{table}"
     );

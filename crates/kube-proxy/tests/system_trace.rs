@@ -195,23 +195,6 @@ impl Node {
     }
 }
 
-/// The service number `N` of a data-layout draw rule (`… offset N . numgen
-/// random mod E map @MAP`) and its map's name.
-#[track_caller]
-fn draw_number_and_map(rule: &str) -> (u32, String) {
-    let number = rule
-        .split(" offset ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no number in the draw rule {rule}"));
-    let map = rule
-        .rsplit_once(" map @")
-        .map(|(_, map)| map.to_owned())
-        .unwrap_or_else(|| panic!("no map in the draw rule {rule}"));
-    (number, map)
-}
-
 /// The endpoints of a DNAT outcome with their probabilities.
 #[track_caller]
 fn shares(report: &Value) -> BTreeMap<String, f64> {
@@ -315,28 +298,31 @@ fn traces_the_examples(node: &Node) {
         };
         assert!(rules.iter().any(|r| r.contains(dispatch)), "{rules:#?}");
         if data_layout {
-            // The data layout: the service chain's one draw rule, and the
-            // element of its number and the drawn slot in the map of that
-            // number.
+            // The data layout: the class rule of count 3, and the element
+            // of the entry and the drawn slot in the slot map.
             let draw = rules
                 .iter()
-                .find(|r| r.contains(" to numgen random mod 1 offset "))
+                .find(|r| r.contains(" . numgen random mod "))
                 .unwrap_or_else(|| panic!("no draw rule: {rules:#?}"));
-            let (number, map) = draw_number_and_map(draw);
             assert!(
-                draw.contains(" . numgen random mod 3 map @service-endpoints-tcp-"),
+                draw.starts_with("endpoints-by-count-tcp: ")
+                    && draw.contains("@endpoint-count-3 ")
+                    && draw.ends_with(" . numgen random mod 3 map @service-endpoints-tcp"),
                 "{draw}"
             );
-            assert_eq!(map, format!("service-endpoints-tcp-{}", number % 64));
             let (ip, port) = endpoint.rsplit_once(':').unwrap();
-            let element = format!("{map}: {number} . ");
+            let element = "service-endpoints-tcp: 10.96.0.10 . 80 . ";
             let target = format!(" : {ip} . {port}");
             let elements = strings("elements");
             assert!(
                 elements
                     .iter()
-                    .any(|e| e.starts_with(&element) && e.ends_with(&target)),
+                    .any(|e| e.starts_with(element) && e.ends_with(&target)),
                 "no element {element}SLOT{target}: {elements:#?}"
+            );
+            assert!(
+                elements.contains(&"endpoint-count-3: 10.96.0.10 . tcp . 80".to_owned()),
+                "{elements:#?}"
             );
         } else {
             let dnat = if mode == "iptables" {
@@ -357,7 +343,7 @@ fn traces_the_examples(node: &Node) {
         }
     }
     if data_layout {
-        // The text for people says which number, slot and element each
+        // The text for people says which count set, slot and element each
         // path drew.
         let output = node
             .ns
@@ -367,18 +353,19 @@ fn traces_the_examples(node: &Node) {
             .unwrap();
         let text = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{text}");
-        let (number, map) = web_draw(&node.ns);
-        // `drawn: service port number N, slot S of 3: element N . S of map
-        // MAP holds the endpoint E`, one per slot, each endpoint once.
+        let (entry, map) = web_draw(&node.ns);
+        // `drawn: the entry E is in endpoint-count-3, so slot S of 3 was
+        // drawn: element E . S of map MAP holds the endpoint A`, one per
+        // slot, each endpoint once.
         let mut drawn: Vec<(String, String)> = text
             .lines()
             .filter_map(|line| {
-                let rest = line
-                    .trim()
-                    .strip_prefix(&format!("drawn: service port number {number}, slot "))?;
-                let (slot, rest) = rest.split_once(" of 3: element ")?;
+                let rest = line.trim().strip_prefix(&format!(
+                    "drawn: the entry {entry} is in endpoint-count-3, so slot "
+                ))?;
+                let (slot, rest) = rest.split_once(" of 3 was drawn: element ")?;
                 let endpoint = rest.strip_prefix(&format!(
-                    "{number} . {slot} of map {map} holds the endpoint "
+                    "{entry} . {slot} of map {map} holds the endpoint "
                 ))?;
                 Some((slot.to_owned(), endpoint.to_owned()))
             })
@@ -637,29 +624,22 @@ fn check_finds_a_flushed_nftables_table_in_the_data_layout() {
     );
 }
 
-/// The data layout's draw of `demo/web:http` (10.96.0.10:80/tcp), read
-/// from `nft list`: the service chain's number `N` and its map
-/// `service-endpoints-tcp-(N mod 64)`.
-fn web_draw(ns: &Netns) -> (u32, String) {
-    let table = ns.exec_ok("nft", &["list", "table", "ip", "kube-proxy"]);
-    let chain = table
-        .split("10.96.0.10 . tcp . 80 : goto ")
-        .nth(1)
-        .and_then(|rest| rest.split([',', ' ', '\n']).next())
-        .unwrap_or_else(|| panic!("no service-ips element of 10.96.0.10:80:\n{table}"))
-        .to_owned();
-    let listing = ns.exec_ok("nft", &["list", "chain", "ip", "kube-proxy", &chain]);
-    let draw = listing
-        .lines()
-        .find(|line| line.contains(" offset "))
-        .unwrap_or_else(|| panic!("no draw rule in {chain}:\n{listing}"));
-    draw_number_and_map(draw.trim())
+/// The data layout's slots of `demo/web:http` (10.96.0.10:80/tcp), read
+/// from `nft list`: its slot map and the key of slot 0 there.
+fn web_draw(ns: &Netns) -> (String, String) {
+    let map = "service-endpoints-tcp";
+    let listing = ns.exec_ok("nft", &["list", "map", "ip", "kube-proxy", map]);
+    assert!(
+        listing.contains("10.96.0.10 . 80 . 0 : "),
+        "no slot 0 of 10.96.0.10:80 in {map}:\n{listing}"
+    );
+    ("10.96.0.10 . 80".to_owned(), map.to_owned())
 }
 
 #[test]
 fn check_finds_a_deleted_service_endpoints_element() {
     checks_the_examples(nftables_node("data"), &|ns| {
-        let (number, map) = web_draw(ns);
+        let (entry, map) = web_draw(ns);
         // `nft delete element` fails on an element that is not there.
         ns.exec_ok(
             "nft",
@@ -669,7 +649,7 @@ fn check_finds_a_deleted_service_endpoints_element() {
                 "ip",
                 "kube-proxy",
                 &map,
-                &format!("{{ {number} . 0 }}"),
+                &format!("{{ {entry} . 0 }}"),
             ],
         );
     });
@@ -678,15 +658,15 @@ fn check_finds_a_deleted_service_endpoints_element() {
 #[test]
 fn check_finds_a_wrong_slot_target() {
     checks_the_examples(nftables_node("data"), &|ns| {
-        let (number, map) = web_draw(ns);
-        let element = format!("{{ {number} . 1 }}");
+        let (entry, map) = web_draw(ns);
+        let element = format!("{{ {entry} . 1 }}");
         ns.exec_ok(
             "nft",
             &["delete", "element", "ip", "kube-proxy", &map, &element],
         );
         // Slot 1 now sends one in three connections to an address that
         // is no endpoint of the Service.
-        let wrong = format!("{{ {number} . 1 : 10.244.9.9 . 8080 }}");
+        let wrong = format!("{{ {entry} . 1 : 10.244.9.9 . 8080 }}");
         ns.exec_ok("nft", &["add", "element", "ip", "kube-proxy", &map, &wrong]);
     });
 }
@@ -832,8 +812,8 @@ fn the_running_proxy_finds_the_data_layout_clean_and_repairs_a_deleted_element()
     });
     assert!(clean, "no clean state check:\n{last}\n{}", log());
 
-    let (number, map) = web_draw(&node.ns);
-    let element = format!("{{ {number} . 2 }}");
+    let (entry, map) = web_draw(&node.ns);
+    let element = format!("{{ {entry} . 2 }}");
     node.ns.exec_ok(
         "nft",
         &["delete", "element", "ip", "kube-proxy", &map, &element],
@@ -843,7 +823,7 @@ fn the_running_proxy_finds_the_data_layout_clean_and_repairs_a_deleted_element()
         listing = node
             .ns
             .exec_ok("nft", &["list", "map", "ip", "kube-proxy", &map]);
-        listing.contains(&format!("{number} . 2 : "))
+        listing.contains(&format!("{entry} . 2 : "))
     });
     assert!(
         repaired,
@@ -944,8 +924,8 @@ fn the_state_check_worker_finds_damage_to_the_data_layout() {
     let found = differences();
     assert_eq!(found, Value::Array(Vec::new()), "{found}");
 
-    let (number, map) = web_draw(&node.ns);
-    let slot = |n: u32| format!("{{ {number} . {n} }}");
+    let (entry, map) = web_draw(&node.ns);
+    let slot = |n: u32| format!("{{ {entry} . {n} }}");
     node.ns.exec_ok(
         "nft",
         &["delete", "element", "ip", "kube-proxy", &map, &slot(0)],
@@ -956,7 +936,7 @@ fn the_state_check_worker_finds_damage_to_the_data_layout() {
     assert_eq!(found[0]["found"], "paths that end differently", "{found}");
 
     // Slot 0 back to its endpoint, slot 1 to an address that is none.
-    let element = format!("{{ {number} . 0 : 10.244.1.2 . 8080 }}");
+    let element = format!("{{ {entry} . 0 : 10.244.1.2 . 8080 }}");
     node.ns.exec_ok(
         "nft",
         &["add", "element", "ip", "kube-proxy", &map, &element],
@@ -966,7 +946,7 @@ fn the_state_check_worker_finds_damage_to_the_data_layout() {
         "nft",
         &["delete", "element", "ip", "kube-proxy", &map, &slot(1)],
     );
-    let wrong = format!("{{ {number} . 1 : 10.244.9.9 . 8080 }}");
+    let wrong = format!("{{ {entry} . 1 : 10.244.9.9 . 8080 }}");
     node.ns
         .exec_ok("nft", &["add", "element", "ip", "kube-proxy", &map, &wrong]);
     let found = differences();

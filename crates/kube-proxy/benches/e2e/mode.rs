@@ -362,9 +362,13 @@ fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
         lines.take_while(|line| *line != "}").collect()
     };
     let chain_body = |name: &str| block("chain", name);
-    if let Some(reached) = nft_draw_reaches(&chain_body(object), destination, |map| {
-        block("map", map).join(" ")
-    }) {
+    if let Some(reached) = nft_draw_reaches(
+        listing,
+        object,
+        &chain_body(object),
+        destination,
+        |kind, name| block(kind, name).join(" "),
+    ) {
         return reached;
     }
     let endpoints: Vec<String> = chain_body(object)
@@ -379,40 +383,63 @@ fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
         .any(|endpoint| chain_body(endpoint).iter().any(|line| line.contains(&dnat)))
 }
 
-/// For a service chain with a data-layout draw (`… numgen random mod 1
-/// offset N . numgen random mod E map @MAP`): whether `MAP`'s text (from
-/// `map_text`) holds an element `N . SLOT : IP . PORT` for `destination`
-/// (`IP:PORT`) with a slot below `E`. `None` without such a rule.
+/// For a service chain of the data layout (its last rule `goto
+/// endpoints-by-count-PROTO`): whether the slot map holds `destination`
+/// (`IP:PORT`) in a slot of the chain's ClusterIP entry (the `service-ips`
+/// element that goes to `object`) below the entry's endpoint count (the
+/// `endpoint-count-E` set that holds the entry). `block(kind, name)` is
+/// the text of a set or map. `None` without such a goto.
 fn nft_draw_reaches(
+    listing: &str,
+    object: &str,
     chain: &[&str],
     destination: &str,
-    map_text: impl Fn(&str) -> String,
+    block: impl Fn(&str, &str) -> String,
 ) -> Option<bool> {
-    let draw = chain
+    let protocol = chain
         .iter()
-        .find(|line| line.contains(" map @service-endpoints-"))?;
-    let words: Vec<&str> = draw.split_whitespace().collect();
-    let after = |word: &str| {
-        words
-            .windows(2)
-            .filter(|pair| pair[0] == word)
-            .map(|pair| pair[1])
-            .collect::<Vec<_>>()
+        .find_map(|line| line.strip_prefix("goto endpoints-by-count-"))?;
+    let words = |text: &str| -> Vec<String> {
+        text.split_whitespace()
+            .filter(|word| *word != "." && *word != "}" && *word != "{")
+            .map(|word| word.trim_matches([',', '"']).to_owned())
+            .collect()
     };
-    let number = *after("offset").first()?;
-    let modulus: u32 = after("mod").last()?.parse().ok()?;
-    let map = after("map").first()?.strip_prefix('@')?;
-    let (ip, port) = destination.rsplit_once(':')?;
-    let text = map_text(map);
-    let elements = text.split_once("elements = {")?.1;
+    // `IP . PROTO . PORT : goto OBJECT` in service-ips.
+    let service_ips = block("map", "service-ips");
+    let elements = service_ips.split_once("elements = {")?.1;
+    let (ip, port) = elements
+        .split(',')
+        .find_map(|element| match words(element).as_slice() {
+            [ip, p, port, colon, goto, chain]
+                if p == protocol && colon == ":" && goto == "goto" && chain == object =>
+            {
+                Some((ip.clone(), port.clone()))
+            }
+            _ => None,
+        })?;
+    let entry = format!("{ip} . {protocol} . {port}");
+    let count: u32 = listing
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("set endpoint-count-"))
+        .filter_map(|rest| rest.strip_suffix(" {"))
+        .find(|count| {
+            let set = block("set", &format!("endpoint-count-{count}"));
+            set.split_once("elements = {").is_some_and(|(_, elements)| {
+                elements
+                    .split(',')
+                    .any(|element| words(element).join(" . ") == entry)
+            })
+        })?
+        .parse()
+        .ok()?;
+    let (to_ip, to_port) = destination.rsplit_once(':')?;
+    let map = block("map", &format!("service-endpoints-{protocol}"));
+    let elements = map.split_once("elements = {")?.1;
     Some(elements.split(',').any(|element| {
-        let words: Vec<&str> = element
-            .split_whitespace()
-            .filter(|word| *word != "." && *word != "}")
-            .collect();
-        matches!(words.as_slice(), [n, slot, ":", i, p]
-            if *n == number && *i == ip && *p == port
-                && slot.parse::<u32>().is_ok_and(|slot| slot < modulus))
+        matches!(words(element).as_slice(), [i, p, slot, colon, t, tp]
+            if *i == ip && *p == port && colon == ":" && t == to_ip && tp == to_port
+                && slot.parse::<u32>().is_ok_and(|slot| slot < count))
     }))
 }
 
