@@ -13,7 +13,9 @@
 # installed). containerd (ctr), skopeo and docker-registry take the built
 # image into each runtime's store and a registry (tests/image.rs); setpriv
 # and unshare run the proxy as an unprivileged container's process
-# (tests/system_capabilities.rs).
+# (tests/system_capabilities.rs). Debian's archive keys, trixie's among them
+# (debian-archive-keyring 2023.3+deb12u2 or later), verify the current nft
+# that scripts/lib/nft-current.sh fetches.
 KP_REQUIRED_PROGRAMS=(
   "iptables-legacy-restore iptables"
   "iptables-nft-restore iptables"
@@ -33,6 +35,7 @@ KP_REQUIRED_PROGRAMS=(
   "unshare util-linux"
   "cc gcc"
   "/usr/include/stdio.h libc6-dev"
+  "/usr/share/keyrings/debian-archive-trixie-automatic.gpg debian-archive-keyring"
 )
 
 # A program on PATH (in /usr/sbin too, for non-root users), or a file given
