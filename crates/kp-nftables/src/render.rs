@@ -465,12 +465,13 @@ impl Renderer {
                 input, programmed, &services, &kept, &delta, &mut out, &mut stats,
             );
             if full {
+                delta.classes = head::classes_to_hold(input);
                 if !input.reset {
-                    delete_unused_count_sets(input, programmed, &mut out);
+                    delete_unused_count_sets(programmed, &delta.classes, &mut out);
                 }
             } else {
                 write_affinity_change(programmed, &delta, &mut out);
-                write_class_change(input.family, programmed, &delta, &mut out);
+                write_class_change(input.family, programmed, &mut delta, &mut out);
             }
         }
         // A full render flushed the maps and adds every element again,
@@ -1148,27 +1149,33 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
 
 /// The data layout's class rules after a partial render's changes: when
 /// the changed Services need a class the table does not hold (an endpoint
-/// count no entry of that pool and protocol had), its count set is
-/// declared and its class chain written anew, with the classes it held,
-/// in order (with the fixed part, ahead of the elements that fill the
-/// set). Classes no Service needs any more stay until the next full render
-/// (deleting them would be one more change, and the count may come back).
+/// count no entry of that pool and protocol had, nor one more or one
+/// fewer), it and its neighbours ([`head::with_neighbours`]) are added:
+/// their count sets declared and their class chains written anew, with
+/// the classes they held, in order (with the fixed part, ahead of the
+/// elements that fill the sets); `delta` records them. Classes no Service
+/// needs any more stay until the next full render (deleting them would be
+/// one more change, and the count may come back).
 fn write_class_change(
     family: IpFamily,
     programmed: &Programmed,
-    delta: &StateDelta,
+    delta: &mut StateDelta,
     out: &mut Sections,
 ) {
-    let new: BTreeSet<Class> = delta
+    let missing: BTreeSet<Class> = delta
         .services
         .iter()
         .flat_map(|(_, record)| record.iter().flat_map(|record| &record.data().classes))
         .filter(|class| !programmed.classes.contains(class))
         .copied()
         .collect();
-    if new.is_empty() {
+    if missing.is_empty() {
         return;
     }
+    let new: BTreeSet<Class> = head::with_neighbours(&missing)
+        .difference(&programmed.classes)
+        .copied()
+        .collect();
     head::count_sets(family, &new, false, &mut out.head);
     let chains: BTreeSet<(bool, Protocol)> = new
         .iter()
@@ -1182,22 +1189,22 @@ fn write_class_change(
         .copied()
         .collect();
     head::class_rules(&all, &mut out.head);
+    delta.classes = new;
 }
 
-/// The count sets the table holds that a full render's classes no longer
-/// use, deleted at the end of the fixed part (after the class chains that
-/// named them were flushed and written anew without them).
-fn delete_unused_count_sets(input: &RenderInput<'_>, programmed: &Programmed, out: &mut Sections) {
-    let in_use: BTreeSet<(crate::names::Pool, u32)> = head::classes_in_use(input)
-        .into_iter()
-        .map(|class| (class.pool, class.count))
-        .collect();
-    let held: BTreeSet<(crate::names::Pool, u32)> = programmed
+/// The count sets the table holds that a full render's classes (`held`
+/// after it) no longer use, deleted at the end of the fixed part (after
+/// the class chains that named them were flushed and written anew without
+/// them).
+fn delete_unused_count_sets(programmed: &Programmed, held: &BTreeSet<Class>, out: &mut Sections) {
+    let in_use: BTreeSet<(crate::names::Pool, u32)> =
+        held.iter().map(|class| (class.pool, class.count)).collect();
+    let before: BTreeSet<(crate::names::Pool, u32)> = programmed
         .classes
         .iter()
         .map(|class| (class.pool, class.count))
         .collect();
-    for (pool, count) in held.difference(&in_use) {
+    for (pool, count) in before.difference(&in_use) {
         out.head.push(Command::DeleteSet {
             name: Name::Fixed(crate::names::count_set(*pool, *count)),
             map: false,

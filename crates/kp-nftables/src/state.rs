@@ -201,6 +201,9 @@ pub struct StateDelta {
     pub newly_stale: Vec<Arc<str>>,
     /// Stale chains this transaction deleted or that are in use again.
     pub no_longer_stale: Vec<Arc<str>>,
+    /// The data layout's classes this transaction wrote: every class the
+    /// table holds after it (with `replace_all`), or those it added.
+    pub classes: BTreeSet<Class>,
     /// The time of the sync.
     pub now: Option<Instant>,
 }
@@ -354,12 +357,7 @@ impl Programmed {
             match record {
                 Some(record) => {
                     if !replace_all {
-                        count(
-                            &mut self.classes,
-                            &mut self.hairpin,
-                            &mut self.affinity,
-                            &record,
-                        );
+                        count(&mut self.hairpin, &mut self.affinity, &record);
                     }
                     self.services.insert(service, record);
                 }
@@ -369,17 +367,16 @@ impl Programmed {
             }
         }
         if replace_all {
-            self.classes.clear();
             self.hairpin.clear();
             self.affinity.clear();
             for record in self.services.values() {
-                count(
-                    &mut self.classes,
-                    &mut self.hairpin,
-                    &mut self.affinity,
-                    record,
-                );
+                count(&mut self.hairpin, &mut self.affinity, record);
             }
+        }
+        if replace_all {
+            self.classes = delta.classes;
+        } else {
+            self.classes.append(&mut delta.classes);
         }
         for chain in delta.no_longer_stale {
             self.stale_chains.remove(&chain);
@@ -414,16 +411,14 @@ impl Programmed {
     }
 }
 
-/// Adds the classes, hairpin pairs and affinity timeouts `record` holds to
+/// Adds the hairpin pairs and affinity timeouts `record` holds to
 /// the counts.
 fn count(
-    classes: &mut BTreeSet<Class>,
     hairpin: &mut BTreeMap<IpAddr, usize>,
     affinity: &mut BTreeMap<(Protocol, u64), usize>,
     record: &ServiceRecord,
 ) {
     let record = record.data();
-    classes.extend(record.classes.iter().copied());
     for ip in &record.hairpin {
         *hairpin.entry(*ip).or_default() += 1;
     }

@@ -377,41 +377,33 @@ fn a_count_change_to_a_count_in_use_changes_elements_only() {
     );
 }
 
-/// A count no entry of the pool had before adds its class: the count set
-/// is declared and the class chain written anew with every class it held,
-/// addresses first; no Service chain is rewritten.
+/// The lb Service with cluster endpoints 10.244.1.4 and 10.244.2.4, and
+/// `more` remote ones 10.244.2.6, .7, ….
+fn lb_with(more: u8) -> common::ServiceBuilder {
+    let mut lb = service("ns1", "lb", "10.96.0.12", 80)
+        .lb_ip("203.0.113.9")
+        .source_range("198.51.100.0/24")
+        .node_port(30081)
+        .etp_local()
+        .local_endpoint("10.244.1.4", 8080)
+        .remote_endpoint("10.244.2.4", 8080);
+    for n in 0..more {
+        lb = lb.remote_endpoint(&format!("10.244.2.{}", 6 + n), 8080);
+    }
+    lb
+}
+
+/// One more endpoint than any entry has: its class was written ahead (each
+/// class in use comes with the counts one below and one above), so the
+/// change is elements only.
 #[test]
-fn a_new_count_writes_its_class_chain_and_no_service_chain() {
+fn one_endpoint_more_than_any_entry_has_changes_elements_only() {
     let mut world = world();
-    world.put(
-        service("ns1", "lb", "10.96.0.12", 80)
-            .lb_ip("203.0.113.9")
-            .source_range("198.51.100.0/24")
-            .node_port(30081)
-            .etp_local()
-            .local_endpoint("10.244.1.4", 8080)
-            .remote_endpoint("10.244.2.4", 8080)
-            .remote_endpoint("10.244.2.6", 8080),
-    );
+    world.put(lb_with(1));
     world.sync(false, &[("ns1", "lb")]);
     let commands = last_commands(&world);
-    let written = chains_written(&commands);
-    assert_eq!(
-        written.into_iter().collect::<Vec<_>>(),
-        ["endpoints-by-count-tcp"]
-    );
-    // The class chain: address classes 1, 2, 3, then NodePort classes 1, 2, 3.
-    assert_eq!(
-        draws(&commands),
-        [
-            (true, 1),
-            (true, 2),
-            (true, 3),
-            (false, 1),
-            (false, 2),
-            (false, 3)
-        ]
-    );
+    assert!(!commands.iter().any(Command::is_rule), "{commands:#?}");
+    assert!(chains_written(&commands).is_empty(), "{commands:#?}");
     assert_goes_to(
         &world.trace(POD, at("10.96.0.12", 80)),
         &[
@@ -420,15 +412,42 @@ fn a_new_count_writes_its_class_chain_and_no_service_chain() {
             at("10.244.2.6", 8080),
         ],
     );
-    // A pod reaching the NodePort short-circuits to the cluster list.
-    assert_goes_to(
-        &world.trace(POD, at(NODE, 30081)),
-        &[
-            at("10.244.1.4", 8080),
-            at("10.244.2.4", 8080),
-            at("10.244.2.6", 8080),
-        ],
+}
+
+/// A count the table holds no class for (here 5, where counts 1 to 3 are
+/// held) adds its class and those of its neighbours: the count sets are
+/// declared and the class chain written anew with every class it held,
+/// addresses first; no Service chain is rewritten.
+#[test]
+fn a_new_count_writes_its_class_chain_and_no_service_chain() {
+    let mut world = world();
+    world.put(lb_with(3));
+    world.sync(false, &[("ns1", "lb")]);
+    let commands = last_commands(&world);
+    let written = chains_written(&commands);
+    assert_eq!(
+        written.into_iter().collect::<Vec<_>>(),
+        ["endpoints-by-count-tcp"]
     );
+    // The class chain: address classes 1 to 6, then NodePort classes 1 to 6.
+    let expected: Vec<(bool, u32)> = [true, false]
+        .into_iter()
+        .flat_map(|with_addr| (1..=6).map(move |count| (with_addr, count)))
+        .collect();
+    assert_eq!(draws(&commands), expected);
+    let lb: Vec<_> = [
+        "10.244.1.4",
+        "10.244.2.4",
+        "10.244.2.6",
+        "10.244.2.7",
+        "10.244.2.8",
+    ]
+    .iter()
+    .map(|ip| at(ip, 8080))
+    .collect();
+    assert_goes_to(&world.trace(POD, at("10.96.0.12", 80)), &lb);
+    // A pod reaching the NodePort short-circuits to the cluster list.
+    assert_goes_to(&world.trace(POD, at(NODE, 30081)), &lb);
 }
 
 /// A class no Service needs any more stays until the next full sync,
@@ -436,34 +455,40 @@ fn a_new_count_writes_its_class_chain_and_no_service_chain() {
 #[test]
 fn an_unused_class_is_kept_until_a_full_sync_deletes_its_count_set() {
     let mut world = world();
-    let three = |world: &World| {
+    let five = |world: &World| {
         world
             .backend
             .programmed()
             .classes
             .iter()
-            .any(|class| class.count == 3)
+            .any(|class| class.count == 5)
     };
-    world.put(
-        service("ns1", "web", "10.96.0.10", 80)
-            .local_endpoint("10.244.1.2", 8080)
-            .remote_endpoint("10.244.2.2", 8080)
-            .remote_endpoint("10.244.2.3", 8080),
-    );
+    assert!(!five(&world));
+    let mut many = service("ns1", "web", "10.96.0.10", 80).local_endpoint("10.244.1.2", 8080);
+    for last in 2..6 {
+        many = many.remote_endpoint(&format!("10.244.2.{last}"), 8080);
+    }
+    world.put(many);
     world.sync(false, &[("ns1", "web")]);
-    assert!(three(&world));
+    assert!(five(&world));
     world.put(web("10.244.2.2"));
     world.sync(false, &[("ns1", "web")]);
-    assert!(three(&world), "kept by a partial sync");
+    assert!(five(&world), "kept by a partial sync");
     assert!(!last_commands(&world).iter().any(Command::is_rule));
     world.sync(true, &[]);
-    assert!(!three(&world));
+    assert!(!five(&world));
     let text = world.applier.transactions().last().unwrap().text.clone();
+    for count in [4, 5, 6] {
+        assert!(
+            text.contains(&format!("delete set ip kube-proxy endpoint-count-{count}")),
+            "{text}"
+        );
+        assert!(!text.contains(&format!("mod {count} map")), "{text}");
+    }
     assert!(
-        text.contains("delete set ip kube-proxy endpoint-count-3"),
-        "{text}"
+        text.contains("mod 3 map"),
+        "the neighbour of 2 stays: {text}"
     );
-    assert!(!text.contains("mod 3 map"), "{text}");
     assert_goes_to(
         &world.trace(POD, at("10.96.0.10", 80)),
         &[at("10.244.1.2", 8080), at("10.244.2.2", 8080)],
