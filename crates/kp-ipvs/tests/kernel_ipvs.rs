@@ -1352,6 +1352,14 @@ fn trace_difference(live: &kp_ipvs::trace::LiveState, probe: &Probe) -> Option<S
                 && trace.paths.iter().all(|path| path.destination.is_some())
                 && masquerade.is_none_or(|m| trace.paths.iter().all(|p| p.masqueraded == m))
         }
+        // The endpoint reaching itself is masqueraded (KUBE-LOOP-BACK).
+        Expected::Hairpin { endpoints, itself } => {
+            trace.always(PathVerdict::Accept)
+                && trace.destinations() == *endpoints
+                && trace.paths.iter().all(|path| {
+                    path.destination.is_some_and(|to| to.ip() != *itself) || path.masqueraded
+                })
+        }
         Expected::Reject => trace.always(PathVerdict::Reject),
         Expected::Drop => trace.always(PathVerdict::Drop),
         // The empty virtual server answers ICMP port unreachable, as
@@ -2403,9 +2411,11 @@ fn client_ip_of(client: &kp_testkit::netns::Host, address: SocketAddr) -> IpAddr
 
 /// The IPv4 connections `kube-proxy check` derives from the example
 /// manifests: every service port's ClusterIP (11 service ports), the three
-/// NodePorts on the node address, the external IP, and the load balancer
-/// IPs (demo/shop's twice: from inside its source ranges and from outside).
-const EXAMPLE_CONNECTIONS: usize = 18;
+/// NodePorts on the node address, the external IP, the load balancer IPs
+/// (demo/shop's twice: from inside its source ranges and from outside),
+/// and for the 10 service ports with an endpoint on this node that
+/// endpoint reaching its own ClusterIP (hairpin).
+const EXAMPLE_CONNECTIONS: usize = 28;
 
 /// A node namespace where the binary in IPVS mode programmed the example
 /// manifests and was then stopped (killed: its kernel state stays, and
@@ -2604,7 +2614,8 @@ impl StoppedExampleNode {
 /// server deleted behind the stopped proxy's back (`ipvsadm -D -t
 /// 10.96.0.10:80`). Its address stays on kube-ipvs0 and in KUBE-CLUSTER-IP,
 /// so a connection to it is delivered to the node, where nothing handles
-/// it; check names that one connection and no other.
+/// it; check names its two connections (from outside, and from its
+/// endpoint on the node) and no other.
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
 fn vm_kube_proxy_check_names_a_deleted_virtual_server() {
@@ -2614,10 +2625,16 @@ fn vm_kube_proxy_check_names_a_deleted_virtual_server() {
         protocol: Protocol::Tcp,
         port: 80,
     })]);
-    stopped.assert_check_names(&[(
-        "demo/web:http cluster IP 10.96.0.10:80/tcp from 192.0.2.1",
-        "not handled (no rule for this address and port)",
-    )]);
+    stopped.assert_check_names(&[
+        (
+            "demo/web:http cluster IP 10.96.0.10:80/tcp from 192.0.2.1",
+            "not handled (no rule for this address and port)",
+        ),
+        (
+            "demo/web:http cluster IP 10.96.0.10:80/tcp from 10.244.1.2",
+            "not handled (no rule for this address and port)",
+        ),
+    ]);
 }
 
 /// `kube-proxy check` in the IPVS mode: one of the two real servers of
@@ -2693,11 +2710,13 @@ fn vm_kube_proxy_check_names_a_removed_load_balancer_firewall_member() {
 /// `kube-proxy check` in the IPVS mode after `iptables-legacy -t nat -F`:
 /// IPVS itself still schedules every connection (it DNATs at LOCAL_IN, not
 /// through nat rules), and the filter table's source-range firewall still
-/// drops, so the only thing lost is the masquerade mark. Exactly the four
-/// connections the model masquerades differ (a NodePort, a load balancer
-/// IP and an external IP of Services with externalTrafficPolicy: Cluster);
-/// not the ClusterIPs (the model leaves their masquerade to the mode), not
-/// demo/api-local's NodePort and load balancer IP (Local: never
+/// drops, so the only thing lost is the masquerade (the mark, and the
+/// KUBE-LOOP-BACK rule). Exactly the connections the model masquerades
+/// differ: four from outside (a NodePort, a load balancer IP and an
+/// external IP of Services with externalTrafficPolicy: Cluster), and the
+/// ten of an endpoint reaching its own ClusterIP (hairpin); not the
+/// ClusterIPs from outside (the model leaves their masquerade to the
+/// mode), not demo/api-local's NodePort and load balancer IP (Local: never
 /// masqueraded), not the refused client of demo/shop's source ranges, not
 /// the rejected demo/empty.
 #[test]
@@ -2724,6 +2743,46 @@ fn vm_kube_proxy_check_names_the_masqueraded_connections_of_a_flushed_nat_table(
         (
             "demo/legacy external IP 203.0.113.20:8080/tcp from 192.0.2.1",
             "DNAT to one of {10.244.1.6:8080}, not masqueraded",
+        ),
+        (
+            "demo/api-local:http cluster IP 10.96.0.13:80/tcp from 10.244.1.5",
+            "DNAT to one of {10.244.1.5:8080, 10.244.2.4:8080}, not masqueraded",
+        ),
+        (
+            "demo/draining:http cluster IP 10.96.0.18:80/tcp from 10.244.1.9",
+            "DNAT to one of {10.244.1.9:8080}, not masqueraded",
+        ),
+        (
+            "demo/legacy cluster IP 10.96.0.14:8080/tcp from 10.244.1.6",
+            "DNAT to one of {10.244.1.6:8080}, not masqueraded",
+        ),
+        (
+            "demo/multi:http cluster IP 10.96.0.16:80/tcp from 10.244.1.7",
+            "DNAT to one of {10.244.1.7:8080}, not masqueraded",
+        ),
+        (
+            "demo/multi:metrics cluster IP 10.96.0.16:9090/tcp from 10.244.1.7",
+            "DNAT to one of {10.244.1.7:9090}, not masqueraded",
+        ),
+        (
+            "demo/shop:https cluster IP 10.96.0.12:443/tcp from 10.244.1.4",
+            shop,
+        ),
+        (
+            "demo/sticky:http cluster IP 10.96.0.15:80/tcp from 10.244.1.2",
+            "DNAT to one of {10.244.1.2:8080, 10.244.1.3:8080}, not masqueraded",
+        ),
+        (
+            "demo/web:http cluster IP 10.96.0.10:80/tcp from 10.244.1.2",
+            "DNAT to one of {10.244.1.2:8080, 10.244.1.3:8080, 10.244.2.2:8080}, not masqueraded",
+        ),
+        (
+            "demo/web-nodeport:http cluster IP 10.96.0.11:80/tcp from 10.244.1.2",
+            "DNAT to one of {10.244.1.2:8080, 10.244.1.3:8080}, not masqueraded",
+        ),
+        (
+            "kube-system/dns:dns cluster IP 10.96.0.53:53/udp from 10.244.1.8",
+            "DNAT to one of {10.244.1.8:5353}, not masqueraded",
         ),
     ]);
 }

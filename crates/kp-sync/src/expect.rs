@@ -62,6 +62,17 @@ pub enum Expected {
         /// Whether the source is rewritten.
         masquerade: Option<bool>,
     },
+    /// An endpoint on this node connecting to its own Service: DNATed to
+    /// one of exactly these endpoints, and masqueraded on every path that
+    /// leads back to `itself` (its reply would otherwise go straight to
+    /// itself, from an address it never connected to); the other paths as
+    /// for any pod.
+    Hairpin {
+        /// Every endpoint the connection may go to.
+        endpoints: BTreeSet<SocketAddr>,
+        /// The endpoint's address, the connection's source.
+        itself: IpAddr,
+    },
     /// Refused with an ICMP error: no endpoint anywhere.
     Reject,
     /// Dropped: a source range refuses the client.
@@ -83,7 +94,7 @@ pub enum Expected {
 impl Expected {
     /// The connection reaches no endpoint.
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, Self::Endpoints { .. })
+        !matches!(self, Self::Endpoints { .. } | Self::Hairpin { .. })
     }
 }
 
@@ -101,6 +112,14 @@ impl fmt::Display for Expected {
                     Some(false) => f.write_str(", not masqueraded"),
                     None => Ok(()),
                 }
+            }
+            Self::Hairpin { endpoints, itself } => {
+                let list: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+                write!(
+                    f,
+                    "DNAT to one of {{{}}}, masqueraded back to {itself}",
+                    list.join(", ")
+                )
             }
             Self::Reject => f.write_str("rejected"),
             Self::Drop => f.write_str("dropped"),
@@ -123,7 +142,8 @@ pub struct Probe {
     pub destination: SocketAddr,
     /// The transport protocol.
     pub protocol: Protocol,
-    /// The client's address (never the node's own, never a pod's).
+    /// The client's address: outside the cluster and the node, or (for
+    /// [`Expected::Hairpin`]) an endpoint of this node.
     pub source: IpAddr,
     /// What must happen.
     pub expected: Expected,
@@ -200,12 +220,24 @@ pub fn probes(
     };
     let mut probes = Vec::new();
     if IpFamily::of(&port.cluster_ip) == family && !port.cluster_ip.is_unspecified() {
-        probes.push(probe(
-            Frontend::ClusterIp,
-            SocketAddr::new(port.cluster_ip, port.port),
-            outside,
-            &internal,
-        ));
+        let cluster_ip = SocketAddr::new(port.cluster_ip, port.port);
+        probes.push(probe(Frontend::ClusterIp, cluster_ip, outside, &internal));
+        // An endpoint of this node reaching its own Service (hairpin): the
+        // first local one the ClusterIP may lead to.
+        if let Expected::Endpoints { endpoints, .. } = &internal {
+            let local = state
+                .endpoints
+                .for_internal_traffic(port)
+                .iter()
+                .find(|endpoint| endpoint.is_local);
+            if let Some(local) = local {
+                let hairpin = Expected::Hairpin {
+                    endpoints: endpoints.clone(),
+                    itself: local.ip,
+                };
+                probes.push(probe(Frontend::ClusterIp, cluster_ip, local.ip, &hairpin));
+            }
+        }
     }
     if let Some(node_port) = port.node_port {
         for ip in node_ips.iter().filter(|ip| IpFamily::of(ip) == family) {
@@ -299,7 +331,7 @@ mod tests {
             .endpoint("10.244.2.2", 8080, false)
             .build();
         let probes = probes(&name, &state, IpFamily::V4, &[]);
-        assert_eq!(probes.len(), 1);
+        assert_eq!(probes.len(), 2);
         assert_eq!(probes[0].frontend, Frontend::ClusterIp);
         assert_eq!(probes[0].destination, "10.96.0.10:80".parse().unwrap());
         assert_eq!(
@@ -309,6 +341,26 @@ mod tests {
                 masquerade: None
             }
         );
+        // The local endpoint reaching its own Service.
+        assert_eq!(probes[1].destination, probes[0].destination);
+        assert_eq!(probes[1].source, "10.244.1.2".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            probes[1].expected,
+            Expected::Hairpin {
+                endpoints: set(&["10.244.1.2:8080", "10.244.2.2:8080"]),
+                itself: "10.244.1.2".parse().unwrap(),
+            }
+        );
+    }
+
+    #[test]
+    fn without_a_local_endpoint_no_hairpin_probe() {
+        let (name, state) = service("ns", "web", "10.96.0.10", 80)
+            .endpoint("10.244.2.2", 8080, false)
+            .build();
+        let probes = probes(&name, &state, IpFamily::V4, &[]);
+        assert_eq!(probes.len(), 1, "{probes:?}");
+        assert!(!matches!(probes[0].expected, Expected::Hairpin { .. }));
     }
 
     #[test]

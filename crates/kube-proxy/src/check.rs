@@ -243,6 +243,20 @@ fn differs(mode: TraceMode, expected: &Expected, outcome: &Outcome) -> Option<St
                     None => true,
                 }
         }
+        (
+            Expected::Hairpin { endpoints, itself },
+            Outcome::Dnat {
+                endpoints: found, ..
+            },
+        ) => {
+            let reached: BTreeSet<SocketAddr> = found.iter().map(|share| share.endpoint).collect();
+            &reached == endpoints
+                && (mode == TraceMode::Userspace
+                    || found
+                        .iter()
+                        .filter(|share| share.endpoint.ip() == *itself)
+                        .all(|share| share.masqueraded))
+        }
         (Expected::Reject, Outcome::Reject) | (Expected::Drop, Outcome::Drop) => true,
         (Expected::NoLocalEndpoint | Expected::RejectUnlessFiltered, Outcome::Reject) => {
             (*expected == Expected::RejectUnlessFiltered) != (mode == TraceMode::Ipvs)
@@ -295,7 +309,47 @@ mod tests {
         Share {
             endpoint: endpoint.parse().unwrap(),
             probability: 0.5,
+            masqueraded: false,
         }
+    }
+
+    #[test]
+    fn a_hairpin_connection_must_be_masqueraded_back_to_itself() {
+        let expected = Expected::Hairpin {
+            endpoints: ["10.244.1.2:80", "10.244.2.2:80"]
+                .iter()
+                .map(|a| a.parse().unwrap())
+                .collect(),
+            itself: "10.244.1.2".parse().unwrap(),
+        };
+        let found = |to_itself_masqueraded| Outcome::Dnat {
+            endpoints: vec![
+                Share {
+                    masqueraded: to_itself_masqueraded,
+                    ..share("10.244.1.2:80")
+                },
+                share("10.244.2.2:80"),
+            ],
+            masqueraded: Masquerade::Some,
+        };
+        assert_eq!(differs(TraceMode::Nftables, &expected, &found(true)), None);
+        let text = differs(TraceMode::Nftables, &expected, &found(false)).unwrap();
+        assert!(text.contains("DNAT to one of"), "{text}");
+        // The relay dials from the node: nothing to masquerade.
+        assert_eq!(
+            differs(TraceMode::Userspace, &expected, &found(false)),
+            None
+        );
+        // The endpoints must match too.
+        let one = Outcome::Dnat {
+            endpoints: vec![Share {
+                masqueraded: true,
+                ..share("10.244.1.2:80")
+            }],
+            masqueraded: Masquerade::All,
+        };
+        assert!(differs(TraceMode::Nftables, &expected, &one).is_some());
+        assert!(!expected.is_refusal());
     }
 
     #[test]
@@ -314,7 +368,11 @@ mod tests {
             ports.insert(name, state);
         }
         let probes = family_probes(IpFamily::V4, &(ports, NodeInfo::default()));
-        let destinations: Vec<String> = probes.iter().map(|p| p.destination.to_string()).collect();
+        let destinations: Vec<String> = probes
+            .iter()
+            .filter(|p| !matches!(p.expected, Expected::Hairpin { .. }))
+            .map(|p| p.destination.to_string())
+            .collect();
         assert_eq!(destinations, ["10.96.0.10:80", "10.96.0.11:80"]);
     }
 

@@ -391,6 +391,10 @@ enum WireExpected {
         endpoints: Vec<SocketAddr>,
         masquerade: Option<bool>,
     },
+    Hairpin {
+        endpoints: Vec<SocketAddr>,
+        itself: IpAddr,
+    },
     Reject,
     Drop,
     NoLocalEndpoint,
@@ -430,6 +434,10 @@ impl From<&Probe> for WireProbe {
                     endpoints: endpoints.iter().copied().collect(),
                     masquerade: *masquerade,
                 },
+                Expected::Hairpin { endpoints, itself } => WireExpected::Hairpin {
+                    endpoints: endpoints.iter().copied().collect(),
+                    itself: *itself,
+                },
                 Expected::Reject => WireExpected::Reject,
                 Expected::Drop => WireExpected::Drop,
                 Expected::NoLocalEndpoint => WireExpected::NoLocalEndpoint,
@@ -466,6 +474,10 @@ impl TryFrom<WireProbe> for Probe {
                 } => Expected::Endpoints {
                     endpoints: endpoints.into_iter().collect(),
                     masquerade,
+                },
+                WireExpected::Hairpin { endpoints, itself } => Expected::Hairpin {
+                    endpoints: endpoints.into_iter().collect(),
+                    itself,
                 },
                 WireExpected::Reject => Expected::Reject,
                 WireExpected::Drop => Expected::Drop,

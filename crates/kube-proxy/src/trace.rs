@@ -224,6 +224,8 @@ pub struct Share {
     pub endpoint: SocketAddr,
     /// The chance a new connection goes there.
     pub probability: f64,
+    /// Whether every path to it is masqueraded.
+    pub masqueraded: bool,
 }
 
 /// Runs `kube-proxy trace`; `args` starts with the program name.
@@ -659,10 +661,14 @@ fn outcome(paths: &[Path]) -> Outcome {
                 continue;
             };
             match endpoints.iter_mut().find(|s| s.endpoint == endpoint) {
-                Some(share) => share.probability += path.probability,
+                Some(share) => {
+                    share.probability += path.probability;
+                    share.masqueraded &= path.masqueraded;
+                }
                 None => endpoints.push(Share {
                     endpoint,
                     probability: path.probability,
+                    masqueraded: path.masqueraded,
                 }),
             }
         }

@@ -466,6 +466,9 @@ fn trace_without_rules_or_with_a_bad_destination_says_why() {
     assert!(stderr.contains("ADDRESS:PORT"), "{stderr}");
 }
 
+/// The connections `kube-proxy check` probes for the example manifests.
+const EXAMPLE_CONNECTIONS: usize = 28;
+
 /// `kube-proxy check` finds the kernel as the model says; after
 /// `break_it` damaged the rules behind the stopped proxy's back, it exits 1
 /// and prints one line per damaged connection: `damaged` lines in all,
@@ -489,8 +492,9 @@ fn check_reports_the_damage(
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     // Every example Service port's ClusterIP at least, and its other
-    // addresses: 11 service ports, 18 connections.
-    assert_eq!(checked, 18, "{stdout}");
+    // addresses, and for each port with an endpoint on this node that
+    // endpoint reaching its own Service: 11 service ports, 28 connections.
+    assert_eq!(checked, EXAMPLE_CONNECTIONS, "{stdout}");
     assert!(line.ends_with(": 0 different"), "{stdout}");
 
     node.stop_proxy();
@@ -514,19 +518,21 @@ fn check_reports_the_damage(
     );
 }
 
+/// Damage to `demo/web`'s ClusterIP: its connection from outside and its
+/// endpoint 10.244.1.2 reaching it (hairpin) differ.
 fn checks_the_examples(node: Node, break_it: &dyn Fn(&Netns)) {
     check_reports_the_damage(
         node,
         break_it,
-        1,
+        2,
         &["DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"],
     );
 }
 
 /// The example connections the model DNATs (all but the rejected
 /// `demo/empty` ClusterIP and the `demo/shop` load balancer IP refused to
-/// a client outside its source ranges).
-const DNAT_CONNECTIONS: usize = 16;
+/// a client outside its source ranges), the 10 hairpin ones among them.
+const DNAT_CONNECTIONS: usize = 26;
 
 #[test]
 fn check_finds_a_flushed_iptables_nat_table() {
@@ -549,7 +555,7 @@ fn check_finds_a_flushed_nftables_table() {
         &|ns| {
             ns.exec_ok("nft", &["flush", "table", "ip", "kube-proxy"]);
         },
-        18,
+        EXAMPLE_CONNECTIONS,
         &[],
     );
 }
@@ -561,7 +567,7 @@ fn check_finds_a_deleted_nftables_table() {
         &|ns| {
             ns.exec_ok("nft", &["delete", "table", "ip", "kube-proxy"]);
         },
-        18,
+        EXAMPLE_CONNECTIONS,
         &[],
     );
 }
@@ -619,7 +625,7 @@ fn check_finds_a_flushed_nftables_table_in_the_data_layout() {
         &|ns| {
             ns.exec_ok("nft", &["flush", "table", "ip", "kube-proxy"]);
         },
-        18,
+        EXAMPLE_CONNECTIONS,
         &[],
     );
 }
@@ -840,9 +846,9 @@ fn the_running_proxy_finds_the_data_layout_clean_and_repairs_a_deleted_element()
 /// Hairpin in the data layout: an endpoint reaching itself through its
 /// Service is masqueraded on the path drawn to itself only, by its pair in
 /// `hairpin-endpoints`; with the pair removed behind the stopped proxy's
-/// back, `trace` shows that path no longer masqueraded. (`check` and the
-/// state check probe from clients that are no endpoint, so hairpin is
-/// `trace`'s to show.)
+/// back, `trace` shows that path no longer masqueraded, and `check`
+/// (which probes each Service from one of its endpoints on this node too)
+/// names that connection alone.
 #[test]
 fn trace_shows_a_removed_hairpin_endpoints_pair() {
     let mut node = nftables_node("data");
@@ -882,6 +888,36 @@ fn trace_shows_a_removed_hairpin_endpoints_pair() {
         ],
     );
     assert_eq!(masqueraded(&node), expected(false));
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let different: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("DIFFERENT"))
+        .collect();
+    // The pair serves every Service 10.244.1.2 is an endpoint of: each of
+    // their hairpin connections, and no other, differs.
+    let services: Vec<&str> = different
+        .iter()
+        .filter_map(|line| line.strip_prefix("DIFFERENT "))
+        .filter_map(|line| line.split(' ').next())
+        .collect();
+    assert_eq!(
+        services,
+        [
+            "demo/sticky:http",
+            "demo/web:http",
+            "demo/web-nodeport:http"
+        ],
+        "{stdout}"
+    );
+    for line in &different {
+        assert!(
+            line.contains(" from 10.244.1.2: the model says DNAT to one of {")
+                && line.contains("}, masqueraded back to 10.244.1.2; the nftables rules: DNAT")
+                && line.ends_with("}, not masqueraded"),
+            "{stdout}"
+        );
+    }
 }
 
 /// Runs the running proxy's state-check worker (`__state-check MODE
@@ -991,7 +1027,7 @@ fn trace_and_check_read_the_userspace_relay() {
     let (code, stdout, stderr) = node.check();
     assert_eq!(code, Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(
-        stdout.contains("IPv4: 18 connections to 11 service ports checked against the userspace rules: 0 different"),
+        stdout.contains("IPv4: 28 connections to 11 service ports checked against the userspace rules: 0 different"),
         "{stdout}"
     );
 
@@ -1023,9 +1059,12 @@ fn trace_and_check_read_the_userspace_relay() {
         .lines()
         .filter(|l| l.starts_with("DIFFERENT"))
         .collect();
-    assert_eq!(different.len(), 1, "{stdout}");
-    assert!(
-        different[0].starts_with("DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"),
-        "{stdout}"
-    );
+    // From outside, and from its endpoint 10.244.1.2 (hairpin).
+    assert_eq!(different.len(), 2, "{stdout}");
+    for line in different {
+        assert!(
+            line.starts_with("DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"),
+            "{stdout}"
+        );
+    }
 }
