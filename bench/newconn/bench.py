@@ -333,6 +333,14 @@ def program(args, layout, manifests, logdir):
     if "table ip kube-proxy" not in tables:
         raise BenchError(f"after kube-proxy ({layout} layout) stopped, namespace {ns} holds no table "
                          f"ip kube-proxy (tables: {tables.strip() or 'none'})")
+    # every Service of the manifests has its service chain (both layouts),
+    # so the first sync held the whole background
+    chains = nsx(ns, "nft", "list", "chains", "ip").stdout
+    services = len(re.findall(r"^\s*chain service-[A-Z0-9]{8}-", chains, re.M))
+    expected = args.background + 2 + len(args.count_list)
+    if services != expected:
+        raise BenchError(f"after the first sync of kube-proxy ({layout} layout), table ip kube-proxy "
+                         f"holds {services} service chains, expected {expected}")
     return synced
 
 
