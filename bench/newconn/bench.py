@@ -493,7 +493,7 @@ def main(argv):
         ok = ratio <= args.max_ratio
         if layout == "data" and not ok:
             failed = True
-        print(f"| {layout} | {fmt(small)} | {fmt(big)} | {ratio:.2f} | "
+        print(f"| {layout} | {fmt(small)} | {fmt(big)} | {ratio:.3f} | "
               f"{min(per_run):.2f}–{max(per_run):.2f} | {'yes' if ok else 'no'} |")
     if failed:
         print(f"\nFAIL: the data layout's ratio is above {args.max_ratio:.2f}.")
