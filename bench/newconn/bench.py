@@ -6,7 +6,7 @@ its chains layout.
 
   bench.py [--background 10000] [--background-endpoints 2] [--small 2]
            [--big 1000] [--counts 1,3,5] [--layouts data,chains]
-           [--runs 7] [--packets 20000] [--max-ratio 1.10]
+           [--runs 7] [--packets 20000] [--baseline] [--max-ratio 1.10]
            [--bin target/release/kube-proxy] [--keep-manifests DIR]
   bench.py --manifests-only DIR [the same Service options]
 
@@ -121,6 +121,8 @@ def parse_args(argv):
     except ValueError:
         p.error(f"--counts {args.counts!r}: expected a comma list of integers")
     args.layout_list = [l for l in args.layouts.split(",") if l]
+    if not args.layout_list:
+        p.error("--layouts is empty: name data, chains or both")
     for name in ("background", "runs", "packets"):
         if getattr(args, name) < 0 or (name != "background" and getattr(args, name) == 0):
             p.error(f"--{name} {getattr(args, name)}: must be positive")
