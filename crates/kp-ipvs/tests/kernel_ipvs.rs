@@ -1385,8 +1385,8 @@ fn trace_difference(live: &kp_ipvs::trace::LiveState, probe: &Probe) -> Option<S
 /// (`kp_ipvs::trace::LiveState::read`) sends every probe of
 /// `kp_sync::expect::probes` where the model says: the same endpoints,
 /// masquerading where the model has a word on it, refusal and drop. A real
-/// server deleted behind the backend's back then shows in exactly the probe
-/// of its Service.
+/// server deleted behind the backend's back then shows in exactly the probes
+/// of its ClusterIP (from outside, and from its endpoint on this node).
 #[test]
 #[ignore = "needs a kernel with IPVS: run scripts/ipvs-vm/run"]
 fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
@@ -1483,12 +1483,17 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
         .iter()
         .filter(|p| matches!(p.expected, Expected::Endpoints { .. }))
         .count();
+    let hairpin = probes
+        .iter()
+        .filter(|p| matches!(p.expected, Expected::Hairpin { .. }))
+        .count();
     println!(
-        "trace: {} probes of {} service ports, {} to endpoints, {} refused or dropped, {} different",
+        "trace: {} probes of {} service ports, {} to endpoints, {} hairpin, {} refused or dropped, {} different",
         probes.len(),
         parts.ports.len(),
         to_endpoints,
-        probes.len() - to_endpoints,
+        hairpin,
+        probes.len() - to_endpoints - hairpin,
         differences.len()
     );
     assert!(differences.is_empty(), "{}", differences.join("\n"));
@@ -1496,8 +1501,14 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
     // load balancer IP), local 3, sticky 1, dns 1, lb 3 (ClusterIP, a
     // client inside the range and one outside), itp 1, np-empty 2,
     // local-far 2 (its ClusterIP and NodePort, both without a local
-    // endpoint).
-    assert_eq!((probes.len(), to_endpoints), (19, 13), "{probes:#?}");
+    // endpoint); and the hairpin connection of each of the 7 with an
+    // endpoint on this node their ClusterIP leads to (web, local, sticky,
+    // dns, lb, np, itp).
+    assert_eq!(
+        (probes.len(), to_endpoints, hairpin),
+        (26, 13, 7),
+        "{probes:#?}"
+    );
     // Every kind of outcome is among the probes.
     for wanted in [Expected::Reject, Expected::Drop, Expected::NoLocalEndpoint] {
         assert!(
@@ -1541,7 +1552,8 @@ fn vm_every_probe_of_the_model_traces_through_the_live_state_as_expected() {
         .filter(|p| p.frontend == Frontend::ClusterIp && p.destination == at("10.96.0.10", 80))
         .map(ToString::to_string)
         .collect();
-    assert_eq!(web_probe.len(), 1, "{probes:#?}");
+    // From outside, and from its endpoint on this node (hairpin).
+    assert_eq!(web_probe.len(), 2, "{probes:#?}");
     assert_eq!(
         differing.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
         web_probe,

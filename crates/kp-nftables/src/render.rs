@@ -239,6 +239,9 @@ pub(crate) struct Sections {
     pub chains_printed: (usize, usize),
     pub deletions: Vec<Command>,
     pub additions: Vec<Command>,
+    /// For each map whose elements share commands, the command in
+    /// `additions` that takes its next element (see `write_add`).
+    pub shared_additions: Vec<(&'static str, usize)>,
     pub tail: Vec<Command>,
 }
 
@@ -864,39 +867,54 @@ const ELEMENTS_PER_COMMAND: usize = 256;
 
 fn write_add(element: &Element, out: &mut Sections) {
     // The data layout's slot elements, count-set elements and hairpin
-    // pairs name no Service
-    // (a refusal of one cannot be blamed on one), so consecutive ones of
-    // a map share a command: a full sync at 10,000 × 2 writes 40,000 of
-    // them, and a command each held 12 MB at once.
+    // pairs name no Service (a refusal of one cannot be blamed on one), so
+    // the elements of a map share commands, across Services: a full sync
+    // at 10,000 × 2 writes 40,000 of them, and a command each held 12 MB at
+    // once (and as much again while the list of commands grew).
     let shared = element.comment.is_none()
         && (element.map == HAIRPIN_ENDPOINTS || is_slot_map_or_count_set(element.map));
-    if let Some(map_element) = element.to_map_element() {
-        if shared {
-            if let Some(Command::AddMapElements { map, elements }) = out.additions.last_mut() {
-                if map.as_str() == element.map && elements.len() < ELEMENTS_PER_COMMAND {
-                    elements.push(map_element);
-                    return;
-                }
-            }
-        }
-        out.additions.push(Command::AddMapElements {
-            map: Name::Fixed(element.map),
-            elements: vec![map_element],
-        });
-        return;
-    }
     if shared {
-        if let Some(Command::AddElements { set, elements }) = out.additions.last_mut() {
-            if set.as_str() == element.map && elements.len() < ELEMENTS_PER_COMMAND {
+        let open = out
+            .shared_additions
+            .iter()
+            .find(|(map, _)| *map == element.map)
+            .map(|(_, index)| *index);
+        let command = open.and_then(|index| out.additions.get_mut(index));
+        match (command, element.to_map_element()) {
+            (Some(Command::AddMapElements { elements, .. }), Some(map_element))
+                if elements.len() < ELEMENTS_PER_COMMAND =>
+            {
+                elements.push(map_element);
+                return;
+            }
+            (Some(Command::AddElements { elements, .. }), None)
+                if elements.len() < ELEMENTS_PER_COMMAND =>
+            {
                 elements.push(element.to_set_element());
                 return;
             }
+            _ => {}
+        }
+        let index = out.additions.len();
+        match out
+            .shared_additions
+            .iter_mut()
+            .find(|(map, _)| *map == element.map)
+        {
+            Some(open) => open.1 = index,
+            None => out.shared_additions.push((element.map, index)),
         }
     }
-    out.additions.push(Command::AddElements {
-        set: Name::Fixed(element.map),
-        elements: vec![element.to_set_element()],
-    });
+    match element.to_map_element() {
+        Some(map_element) => out.additions.push(Command::AddMapElements {
+            map: Name::Fixed(element.map),
+            elements: vec![map_element],
+        }),
+        None => out.additions.push(Command::AddElements {
+            set: Name::Fixed(element.map),
+            elements: vec![element.to_set_element()],
+        }),
+    }
 }
 
 fn write_delete(element: &Element, out: &mut Sections) {

@@ -855,3 +855,42 @@ fn affinity_entries_of_a_departed_endpoint_are_deleted_after_a_refusal_too() {
         .count();
     assert_eq!(deletions, 2, "the refused deletion and its retry");
 }
+
+/// The slot and count-set elements of different Services share commands
+/// too (they name no Service): 300 Services with one endpoint each send
+/// their 300 slots in two commands, not 300.
+#[test]
+fn slot_and_count_elements_of_many_services_share_commands() {
+    let mut world = World::v4_data();
+    for n in 0..300u32 {
+        let cluster_ip = std::net::Ipv4Addr::from(0x0a60_1000 + n).to_string();
+        let endpoint = std::net::Ipv4Addr::from(0x0af4_0200 + n).to_string();
+        world.put(
+            service("ns1", &format!("s{n}"), &cluster_ip, 80).remote_endpoint(&endpoint, 8080),
+        );
+    }
+    world.sync(true, &[]);
+    let commands = last_commands(&world);
+    let sizes = |wanted: &str| -> Vec<usize> {
+        commands
+            .iter()
+            .filter_map(|command| match command {
+                Command::AddMapElements { map, elements } if map.as_str() == wanted => {
+                    Some(elements.len())
+                }
+                Command::AddElements { set, elements } if set.as_str() == wanted => {
+                    Some(elements.len())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(sizes("service-endpoints-tcp"), [256, 44]);
+    assert_eq!(sizes("endpoint-count-1"), [256, 44]);
+    // Service IPs stay one command each: a refusal names its Service.
+    assert_eq!(sizes("service-ips").len(), 300);
+    assert_goes_to(
+        &world.trace(POD, at("10.96.16.7", 80)),
+        &[at("10.244.2.7", 8080)],
+    );
+}

@@ -768,10 +768,13 @@ fn write_chain_hashes(writer: &ChainWriter, record: &mut ServiceRecord) {
         let index = match chains.iter().position(|(name, _)| **name == *chain) {
             Some(index) => index,
             None => {
-                chains.push((
-                    Arc::from(chain),
-                    std::collections::hash_map::DefaultHasher::new(),
-                ));
+                // The record's own name when it has one: no second copy.
+                let name = record
+                    .chains
+                    .iter()
+                    .find(|known| ***known == *chain)
+                    .map_or_else(|| Arc::from(chain), Arc::clone);
+                chains.push((name, std::collections::hash_map::DefaultHasher::new()));
                 chains.len() - 1
             }
         };
