@@ -46,8 +46,12 @@
 //!    another; in the data layout, the `endpoint-count-K` set holding the
 //!    entry has K = the count, and the slot map's slots below K hold
 //!    exactly them. So an added endpoint must be there, with the count
-//!    one higher, and a replaced or removed one gone. p50 and p99 per run
-//!    by nearest rank: with 20 patches, p99 is the largest.
+//!    one higher, and a replaced or removed one gone. That read-back is
+//!    not timed, but the next patch waits for it: where it takes longer
+//!    than the interval (listing a slot map of 250,000 elements takes `nft`
+//!    seconds), the patches go out late (counted; each latency still runs
+//!    from its own patch), and stderr shows the longest read-back. p50 and
+//!    p99 per run by nearest rank: with 20 patches, p99 is the largest.
 //! 3. **full and partial sync**: the proxy's own
 //!    `kubeproxy_sync_{full,partial}_proxy_rules_duration_seconds`
 //!    histograms: the first (start-up) full sync alone, the mean of the

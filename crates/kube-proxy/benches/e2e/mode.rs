@@ -170,7 +170,12 @@ impl Mode {
     /// (the data layout) the entry's count and its slots below it.
     pub fn service_endpoints(self, object: &str) -> Option<Endpoints> {
         let Some(iptables) = self.iptables() else {
-            return nft_service_endpoints(&self.nft_listing(), object);
+            // The chains, and the sets and maps without their elements
+            // (`nft -t`); the few sets and maps the data layout's draw
+            // needs are read on their own: not the hairpin pairs, as many
+            // as the endpoints, nor the other maps.
+            let listing = self.run("nft", &["-t", "list", "table", "ip", "kube-proxy"]);
+            return nft_service_endpoints(&listing, object, nft_object);
         };
         // One listing of the table: a listing of one chain costs as much.
         let listing = self.run(iptables, &["-t", "nat", "-S"]);
@@ -397,23 +402,46 @@ fn nft_service_port(chain: &str) -> Option<String> {
     Some(format!("{namespace}/{name}:{port}"))
 }
 
-/// The endpoints the `service-` chain `object` in `listing` sends to: the
-/// `endpoint-` chains it goes to and their DNAT destinations, or (the data
-/// layout) what it draws from the slot map. `None` if there is no such
-/// chain.
-fn nft_service_endpoints(listing: &str, object: &str) -> Option<Endpoints> {
-    let block = |kind: &str, name: &str| -> Option<Vec<&str>> {
-        let mut lines = listing.lines().map(str::trim);
-        let header = format!("{kind} {name} {{");
-        let quoted = format!("{kind} \"{name}\" {{");
-        if !lines.any(|line| line == header || line == quoted) {
-            return None;
-        }
-        Some(lines.take_while(|line| *line != "}").collect())
-    };
+/// `nft list KIND ip kube-proxy NAME` (a set or a map, with its
+/// elements); empty if there is none.
+fn nft_object(kind: &str, name: &str) -> String {
+    Command::new("nft")
+        .args(["list", kind, "ip", "kube-proxy", name])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// The lines of the block `KIND NAME {` … `}` in an nft listing, if there
+/// is one.
+fn nft_block<'a>(listing: &'a str, kind: &str, name: &str) -> Option<Vec<&'a str>> {
+    let mut lines = listing.lines().map(str::trim);
+    let header = format!("{kind} {name} {{");
+    let quoted = format!("{kind} \"{name}\" {{");
+    if !lines.any(|line| line == header || line == quoted) {
+        return None;
+    }
+    Some(lines.take_while(|line| *line != "}").collect())
+}
+
+/// The endpoints the `service-` chain `object` in `listing` (chains with
+/// their rules) sends to: the `endpoint-` chains it goes to and their DNAT
+/// destinations, or (the data layout) what it draws from the slot map,
+/// whose sets and maps `object_listing(kind, name)` lists with their
+/// elements. `None` if there is no such chain.
+fn nft_service_endpoints(
+    listing: &str,
+    object: &str,
+    object_listing: impl Fn(&str, &str) -> String,
+) -> Option<Endpoints> {
+    let block = |kind: &str, name: &str| nft_block(listing, kind, name);
     let chain = block("chain", object)?;
     if let Some(drawn) = nft_draw(listing, object, &chain, |kind, name| {
-        block(kind, name).unwrap_or_default().join(" ")
+        nft_block(&object_listing(kind, name), kind, name)
+            .unwrap_or_default()
+            .join(" ")
     }) {
         return Some(drawn);
     }

@@ -170,6 +170,9 @@ fn drive(
     std::thread::sleep(Duration::from_secs_f64(settle));
     let began = Instant::now();
     let mut patches = Vec::with_capacity(workload.patches);
+    // Untimed, but it delays the next patch if it takes longer than the
+    // interval (a late patch): shown so that this can be told.
+    let mut read_back_ms = Vec::with_capacity(workload.patches);
     for (k, (change, object)) in targets.iter().enumerate() {
         let due = began + PATCH_EVERY * u32::try_from(k).unwrap();
         let late = Instant::now() > due + Duration::from_millis(50);
@@ -186,9 +189,11 @@ fn drive(
             .iter()
             .map(|address| format!("{address}:{TARGET_PORT}"))
             .collect();
+        let reading = Instant::now();
         let verified = mode
             .service_endpoints(object)
             .is_some_and(|found| found.are(&expected));
+        read_back_ms.push(reading.elapsed().as_secs_f64() * 1000.0);
         patches.push(Patch {
             latency_ms: (sync.end - patched) * 1000.0,
             kind: sync.kind,
@@ -205,6 +210,9 @@ fn drive(
         .map(|p| format!("{:.0}/{:.0}", p.latency_ms, p.sync_ms))
         .collect();
     eprintln!("  patch → programmed / its sync (ms): {}", shown.join(" "));
+    if let Some(longest) = read_back_ms.iter().copied().reduce(f64::max) {
+        eprintln!("  reading a patched Service's rules back took up to {longest:.0} ms");
+    }
     // Without patches there is no churn whose stale chains to count.
     let stale_check = if workload.patches > 0 {
         STALE_CHECK_AFTER
