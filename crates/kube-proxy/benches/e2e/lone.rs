@@ -5,15 +5,18 @@
 //! A separate step, so that the capture costs nothing in the runs: a fresh
 //! binary whose PATH starts with a wrapper for the restore program
 //! (`iptables-legacy-restore`) that keeps a copy of each input and then
-//! execs the real program. After the first sync one Service's second
-//! endpoint is patched, then patched back, and the inputs of the two partial
-//! syncs that applied them are kept: there and back, each applies to the
-//! rules the other leaves. The binary is stopped (the rules stay, exactly as
-//! it made them), and five times each input is restored alone, in turn,
-//! with the proxy's arguments, a second apart (timed, spawn included, as
-//! the proxy's sync includes it); the median of the ten is the reference.
+//! execs the real program. After the first sync one Service's slice is
+//! patched as the runs patch it (its second endpoint replaced, or an
+//! endpoint added: `KP_E2E_PATCH_KIND`), then patched back, and the inputs
+//! of the two partial syncs that applied them are kept: there and back,
+//! each applies to the rules the other leaves. The binary is stopped (the
+//! rules stay, exactly as it made them), and five times each input is
+//! restored alone, in turn, with the proxy's arguments, a second apart
+//! (timed, spawn included, as the proxy's sync includes it); the median of
+//! the ten is the reference.
 
 use std::fs::File;
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -112,14 +115,14 @@ fn measure(
     let settle = (first_end + PATCH_EVERY.as_secs_f64() - unix_now()).max(0.0);
     std::thread::sleep(Duration::from_secs_f64(settle));
     let i = workload.patch_target(0, 1);
-    let original = Workload::endpoint(i, 1);
+    let original = workload.populated(i);
     let mut kept = None;
     for attempt in 0..ATTEMPTS {
-        let mut capture = |endpoint| {
+        let mut capture = |endpoints: &[Ipv4Addr]| {
             std::thread::sleep(PATCH_EVERY);
             watch.refresh();
             let copies_before = inputs(&copies).len();
-            server.update(Workload::slice(i, endpoint, Some(SystemTime::now())));
+            server.update(Workload::slice(i, endpoints, Some(SystemTime::now())));
             let (sync, _) = applied(&mut watch, &proxy);
             let new = inputs(&copies);
             let alone =
@@ -127,8 +130,8 @@ fn measure(
             alone.then(|| (new.last().unwrap().clone(), sync.duration * 1000.0))
         };
         // There and back: after both, the rules are as before.
-        let there = capture(Workload::patched_endpoint(100 + attempt));
-        let back = capture(original);
+        let there = capture(&workload.changed(i, Workload::patched_endpoint(100 + attempt)));
+        let back = capture(&original);
         if let (Some(there), Some(back)) = (there, back) {
             kept = Some([there, back]);
             break;

@@ -1,15 +1,20 @@
 //! The `kube-proxy` binary end to end: the benchmark docs/BENCHMARKS.md
 //! leads with. For each mode, each size N and each run, a fresh network
 //! namespace (removed afterwards, also on panic) holds a fresh kp-testkit
-//! test API server (the real list/watch protocol) with N Services × 2
-//! endpoints (one TCP port each; ClusterIPs in 10.96.0.0/16, endpoints on
-//! node-2 in 10.244.0.0/16, owned by no host) and the binary, started as an
-//! operator runs it: `--kubeconfig … --hostname-override node-1
-//! --cluster-cidr 10.244.0.0/16`, so with our defaults, which are
-//! upstream's: syncPeriod 30 s, minSyncPeriod 1 s. The root namespace's
-//! rules are never touched. The workload is the one upstream v1.28.7 was
-//! measured with (against a real kube-apiserver): N Services × 2 endpoints,
-//! then 20 single-endpoint patches 3 s apart, the proxy's own metrics and
+//! test API server (the real list/watch protocol) with N Services × E
+//! endpoints (E = 2 unless `KP_E2E_ENDPOINTS` says; one TCP port each;
+//! ClusterIPs in 10.96.0.0/16; endpoints on node-2, owned by no host, in
+//! 10.244.0.0/16 while the N × E fit there, else in 10.16.0.0/12, outside
+//! the cluster CIDR, which no rule matches an endpoint against; every
+//! address is used once, not shared between Services, so that the data
+//! layout's per-address elements are as many as the endpoints, the harder
+//! case: `workload.rs`) and the binary, started as an operator runs it:
+//! `--kubeconfig … --hostname-override node-1 --cluster-cidr
+//! 10.244.0.0/16`, so with our defaults, which are upstream's: syncPeriod
+//! 30 s, minSyncPeriod 1 s. The root namespace's rules are never touched.
+//! The workload by default is the one upstream v1.28.7 was measured with
+//! (against a real kube-apiserver): N Services × 2 endpoints, then 20
+//! single-endpoint patches 3 s apart, the proxy's own metrics and
 //! `iptables-save` read from outside.
 //!
 //! Each run measures:
@@ -21,17 +26,32 @@
 //!    `KUBE-SVC-` chains.
 //! 2. **patch → programmed**: 3 s after the first sync, 20 patches 3 s
 //!    apart, each replacing the second endpoint of a different Service's
-//!    EndpointSlice (`server.update`, with the EndpointSlice controller's
-//!    `last-change-trigger-time` annotation set to the patch time). Each
+//!    EndpointSlice (`KP_E2E_PATCH_KIND=replace`, the default: the count
+//!    stays E), or in pairs on a different Service each pair, the first
+//!    adding an endpoint (E → E + 1), the second removing it again
+//!    (`count`); each with `server.update` and the EndpointSlice
+//!    controller's `last-change-trigger-time` annotation set to the patch
+//!    time. Each
 //!    one's latency runs from just before the update reaches the server to
 //!    the end (`last_timestamp`) of the sync that applied it: the first
 //!    sync after the patch in which the proxy's
 //!    `kubeproxy_network_programming_duration_seconds` count rose, which
 //!    happens exactly in the sync that drained the patch (so a periodic
 //!    full sync that was already running does not count; that it started
-//!    after the patch is checked). Untimed, `iptables -t nat -S KUBE-SVC-…`
-//!    must then show the new endpoint. p50 and p99 per run by nearest rank:
-//!    with 20 patches, p99 is the largest.
+//!    after the patch is checked). Untimed, the Service's rules must then
+//!    send to exactly its endpoints after the patch (`mode.rs`): as many
+//!    endpoint chains (`iptables -t nat -S`: the `KUBE-SEP-` chains its
+//!    `KUBE-SVC-` chain jumps to; nftables: the `endpoint-` chains its
+//!    `service-` chain goes to), each DNATing to one of them, none to
+//!    another; in the data layout, the `endpoint-count-K` set holding the
+//!    entry has K = the count, and the slot map's slots below K hold
+//!    exactly them. So an added endpoint must be there, with the count
+//!    one higher, and a replaced or removed one gone. That read-back is
+//!    not timed, but the next patch waits for it: where it takes longer
+//!    than the interval (listing a slot map of 250,000 elements takes `nft`
+//!    seconds), the patches go out late (counted; each latency still runs
+//!    from its own patch), and stderr shows the longest read-back. p50 and
+//!    p99 per run by nearest rank: with 20 patches, p99 is the largest.
 //! 3. **full and partial sync**: the proxy's own
 //!    `kubeproxy_sync_{full,partial}_proxy_rules_duration_seconds`
 //!    histograms: the first (start-up) full sync alone, the mean of the
@@ -71,7 +91,11 @@
 //! (`source-ranges`: 10,000 `loadBalancerSourceRanges`; `endpoints`: 1,000
 //! endpoints; `external-ips`: 100; `ports`: 200; default `none`),
 //! `KP_E2E_PATCHES` (default 20; 0 skips the patches and the stale-chain
-//! count, for start-up figures alone), `KP_E2E_LONE=0` skips the
+//! count, for start-up figures alone), `KP_E2E_ENDPOINTS` the endpoints
+//! per Service (default 2; at most 999, so that an added one still fits
+//! one EndpointSlice), `KP_E2E_PATCH_KIND` what the patches change
+//! (`replace`, the default: one endpoint replaced; `count`: one added,
+//! then removed again), `KP_E2E_LONE=0` skips the
 //! lone-restore reference, `KP_E2E_LOG=DIR` keeps the binary's logs there
 //! (default: a temporary directory), `KP_E2E_POLL_MS` sets how often the
 //! metrics are read while a sync is awaited (default 5; each read costs the
@@ -97,7 +121,7 @@ use crate::lone::Lone;
 use crate::mode::Mode;
 use crate::proxy::SyncKind;
 use crate::run::{RunResult, PATCHES};
-use crate::workload::{Hostile, Workload};
+use crate::workload::{Hostile, PatchKind, Workload, ENDPOINTS};
 
 /// The environment variable that moves iptables-legacy's lock file.
 const XTABLES_LOCKFILE: &str = "XTABLES_LOCKFILE";
@@ -111,6 +135,8 @@ struct Settings {
     logs: PathBuf,
     hostile: Hostile,
     patches: usize,
+    endpoints: usize,
+    kind: PatchKind,
 }
 
 /// Median and extremes of one figure over the runs.
@@ -152,6 +178,11 @@ impl Settings {
                 "KP_E2E_PATCHES",
                 &var("KP_E2E_PATCHES", &PATCHES.to_string()),
             ),
+            endpoints: number(
+                "KP_E2E_ENDPOINTS",
+                &var("KP_E2E_ENDPOINTS", &ENDPOINTS.to_string()),
+            ),
+            kind: PatchKind::parse(&var("KP_E2E_PATCH_KIND", "replace")),
         };
         assert!(
             !settings.modes.is_empty() && !settings.sizes.is_empty() && settings.runs > 0,
@@ -220,7 +251,13 @@ fn main() {
         let mut results: Vec<(usize, Vec<RunResult>)> = Vec::new();
         let mut reference = None;
         for &size in &settings.sizes {
-            let workload = Workload::new(size, settings.hostile, settings.patches);
+            let workload = Workload::new(
+                size,
+                settings.endpoints,
+                settings.hostile,
+                settings.patches,
+                settings.kind,
+            );
             let mut runs = Vec::with_capacity(settings.runs);
             for n in 1..=settings.runs {
                 eprintln!("e2e: {}, {size} Services, run {n}", mode.name());
@@ -271,6 +308,8 @@ fn header(settings: &Settings) {
         "KP_E2E_POLL_MS",
         "KP_E2E_HOSTILE",
         "KP_E2E_PATCHES",
+        "KP_E2E_ENDPOINTS",
+        "KP_E2E_PATCH_KIND",
     ] {
         if let Ok(value) = std::env::var(name) {
             command.push_str(&format!("{name}={value} "));
@@ -309,13 +348,15 @@ fn header(settings: &Settings) {
     );
     println!();
     println!(
-        "Workload: N Services × 2 endpoints, a hostile Service beside them: {}; \
-         {} single-endpoint patches {} s apart; \
+        "Workload: N Services × {} endpoints, a hostile Service beside them: {}; \
+         {} {} {} s apart; \
          the binary with its defaults (syncPeriod 30 s, minSyncPeriod 1 s); its metrics read \
          every {} ms while a sync is awaited; iptables-legacy lock file {}; {} run(s) each, \
          medians with (min–max) over the runs.",
+        settings.endpoints,
         settings.hostile.name(),
         settings.patches,
+        settings.kind.describe(),
         run::PATCH_EVERY.as_secs(),
         proxy::poll().as_millis(),
         std::env::var(XTABLES_LOCKFILE).unwrap_or_default(),

@@ -48,6 +48,17 @@ pub struct Ruleset {
     service_objects: BTreeMap<String, String>,
 }
 
+/// The endpoints a service object sends to, as read from the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// How many it draws from: its endpoint chains, or (the nftables data
+    /// layout) the `K` of the `endpoint-count-K` set holding its entry.
+    pub count: usize,
+    /// The `IP:PORT` destinations found among them, sorted: one per
+    /// endpoint chain with a DNAT rule, or per slot below the count.
+    pub destinations: Vec<String>,
+}
+
 impl Mode {
     /// Every mode, in the order of `KP_E2E_MODES`' names.
     pub const ALL: [Mode; 4] = [
@@ -151,27 +162,52 @@ impl Mode {
         }
     }
 
-    /// Whether the service object `object` sends to `destination`
-    /// (`IP:PORT`) now: `iptables-legacy -t nat -S KUBE-SVC-…`, then `-S` of
-    /// each `KUBE-SEP-` chain it jumps to, for its DNAT rule.
-    pub fn service_reaches(self, object: &str, destination: &str) -> bool {
+    /// The endpoints the service object `object` sends to now, `None` if
+    /// the object is not found. iptables: `iptables-legacy -t nat -S`, the
+    /// `KUBE-SEP-` chains `object` jumps to and their DNAT rules'
+    /// destinations; nftables: `nft list table ip kube-proxy`, the
+    /// `endpoint-` chains `object` goes to and their DNAT destinations, or
+    /// (the data layout) the entry's count and its slots below it.
+    pub fn service_endpoints(self, object: &str) -> Option<Endpoints> {
         let Some(iptables) = self.iptables() else {
-            return nft_service_reaches(&self.nft_listing(), object, destination);
+            // The chains, and the sets and maps without their elements
+            // (`nft -t`); the few sets and maps the data layout's draw
+            // needs are read on their own: not the hairpin pairs, as many
+            // as the endpoints, nor the other maps.
+            let listing = self.run("nft", &["-t", "list", "table", "ip", "kube-proxy"]);
+            return nft_service_endpoints(&listing, object, nft_object);
         };
-        let rules = |chain: &str| self.run(iptables, &["-t", "nat", "-S", chain]);
-        rules(object)
-            .lines()
-            .filter_map(|line| line.strip_prefix("-A "))
-            .filter_map(jump_target)
+        // One listing of the table: a listing of one chain costs as much.
+        let listing = self.run(iptables, &["-t", "nat", "-S"]);
+        let rules = |chain: &str| {
+            let prefix = format!("-A {chain} ");
+            listing
+                .lines()
+                .filter_map(move |line| line.strip_prefix(&prefix).map(str::to_owned))
+                .collect::<Vec<String>>()
+        };
+        if !listing.lines().any(|line| line == format!("-N {object}")) {
+            return None;
+        }
+        let chains: BTreeSet<String> = rules(object)
+            .iter()
+            .filter_map(|rule| jump_target(rule))
             .filter(|target| chain_kind(target) == Some(ObjectKind::Endpoint))
-            .any(|endpoint| {
-                rules(endpoint).lines().any(|line| {
-                    let words: Vec<&str> = line.split_whitespace().collect();
+            .map(str::to_owned)
+            .collect();
+        let destinations = chains
+            .iter()
+            .filter_map(|chain| {
+                rules(chain).iter().find_map(|rule| {
+                    let words: Vec<&str> = rule.split_whitespace().collect();
                     words
                         .windows(2)
-                        .any(|pair| pair == ["--to-destination", destination])
+                        .find(|pair| pair[0] == "--to-destination")
+                        .map(|pair| pair[1].to_owned())
                 })
             })
+            .collect();
+        Some(Endpoints::new(chains.len(), destinations))
     }
 
     /// The versions of the mode's programs, for the header.
@@ -211,6 +247,24 @@ impl Mode {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Endpoints {
+    fn new(count: usize, mut destinations: Vec<String>) -> Self {
+        destinations.sort();
+        Self {
+            count,
+            destinations,
+        }
+    }
+
+    /// Whether these are exactly `expected` (`IP:PORT`, any order): as
+    /// many to draw from, each of them there, no other.
+    pub fn are(&self, expected: &[String]) -> bool {
+        let mut expected = expected.to_vec();
+        expected.sort();
+        self.count == expected.len() && self.destinations == expected
     }
 }
 
@@ -348,54 +402,79 @@ fn nft_service_port(chain: &str) -> Option<String> {
     Some(format!("{namespace}/{name}:{port}"))
 }
 
-/// Whether the `service-` chain `object` in `listing` goes to an
-/// `endpoint-` chain that DNATs to `destination` (`IP:PORT`), or (the data
-/// layout) draws from a map holding `destination` under its number.
-fn nft_service_reaches(listing: &str, object: &str, destination: &str) -> bool {
-    let block = |kind: &str, name: &str| -> Vec<&str> {
-        let mut lines = listing.lines().map(str::trim);
-        let header = format!("{kind} {name} {{");
-        let quoted = format!("{kind} \"{name}\" {{");
-        if !lines.any(|line| line == header || line == quoted) {
-            return Vec::new();
-        }
-        lines.take_while(|line| *line != "}").collect()
-    };
-    let chain_body = |name: &str| block("chain", name);
-    if let Some(reached) = nft_draw_reaches(
-        listing,
-        object,
-        &chain_body(object),
-        destination,
-        |kind, name| block(kind, name).join(" "),
-    ) {
-        return reached;
+/// `nft list KIND ip kube-proxy NAME` (a set or a map, with its
+/// elements); empty if there is none.
+fn nft_object(kind: &str, name: &str) -> String {
+    Command::new("nft")
+        .args(["list", kind, "ip", "kube-proxy", name])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// The lines of the block `KIND NAME {` … `}` in an nft listing, if there
+/// is one.
+fn nft_block<'a>(listing: &'a str, kind: &str, name: &str) -> Option<Vec<&'a str>> {
+    let mut lines = listing.lines().map(str::trim);
+    let header = format!("{kind} {name} {{");
+    let quoted = format!("{kind} \"{name}\" {{");
+    if !lines.any(|line| line == header || line == quoted) {
+        return None;
     }
-    let endpoints: Vec<String> = chain_body(object)
-        .into_iter()
-        .flat_map(nft_targets)
-        .filter(|target| nft_chain_kind(target) == Some(ObjectKind::Endpoint))
-        .map(str::to_owned)
-        .collect();
-    let dnat = format!("dnat to {destination}");
-    endpoints
+    Some(lines.take_while(|line| *line != "}").collect())
+}
+
+/// The endpoints the `service-` chain `object` in `listing` (chains with
+/// their rules) sends to: the `endpoint-` chains it goes to and their DNAT
+/// destinations, or (the data layout) what it draws from the slot map,
+/// whose sets and maps `object_listing(kind, name)` lists with their
+/// elements. `None` if there is no such chain.
+fn nft_service_endpoints(
+    listing: &str,
+    object: &str,
+    object_listing: impl Fn(&str, &str) -> String,
+) -> Option<Endpoints> {
+    let block = |kind: &str, name: &str| nft_block(listing, kind, name);
+    let chain = block("chain", object)?;
+    if let Some(drawn) = nft_draw(listing, object, &chain, |kind, name| {
+        nft_block(&object_listing(kind, name), kind, name)
+            .unwrap_or_default()
+            .join(" ")
+    }) {
+        return Some(drawn);
+    }
+    let endpoints: BTreeSet<&str> = chain
         .iter()
-        .any(|endpoint| chain_body(endpoint).iter().any(|line| line.contains(&dnat)))
+        .flat_map(|line| nft_targets(line))
+        .filter(|target| nft_chain_kind(target) == Some(ObjectKind::Endpoint))
+        .collect();
+    let destinations = endpoints
+        .iter()
+        .filter_map(|endpoint| {
+            block("chain", endpoint)?.iter().find_map(|line| {
+                let (_, to) = line.split_once("dnat to ")?;
+                to.split_whitespace().next().map(str::to_owned)
+            })
+        })
+        .collect();
+    Some(Endpoints::new(endpoints.len(), destinations))
 }
 
 /// For a service chain of the data layout (its last rule `goto
-/// endpoints-by-count-PROTO`): whether the slot map holds `destination`
-/// (`IP:PORT`) in a slot of the chain's ClusterIP entry (the `service-ips`
-/// element that goes to `object`) below the entry's endpoint count (the
-/// `endpoint-count-E` set that holds the entry). `block(kind, name)` is
-/// the text of a set or map. `None` without such a goto.
-fn nft_draw_reaches(
+/// endpoints-by-count-PROTO`): the entry's endpoint count (the `K` of the
+/// `endpoint-count-K` set that holds the chain's ClusterIP entry, the
+/// `service-ips` element that goes to `object`) and the destinations the
+/// slot map holds in the entry's slots below it. `block(kind, name)` is
+/// the text of a set or map. `None` without such a goto; a count of 0 if
+/// no count set holds the entry.
+fn nft_draw(
     listing: &str,
     object: &str,
     chain: &[&str],
-    destination: &str,
     block: impl Fn(&str, &str) -> String,
-) -> Option<bool> {
+) -> Option<Endpoints> {
     let protocol = chain
         .iter()
         .find_map(|line| line.strip_prefix("goto endpoints-by-count-"))?;
@@ -405,42 +484,57 @@ fn nft_draw_reaches(
             .map(|word| word.trim_matches([',', '"']).to_owned())
             .collect()
     };
+    let elements = |text: &str| -> Vec<Vec<String>> {
+        text.split_once("elements = {")
+            .map(|(_, elements)| elements.split(',').map(words).collect())
+            .unwrap_or_default()
+    };
+    let nothing = || Endpoints::new(0, Vec::new());
     // `IP . PROTO . PORT : goto OBJECT` in service-ips.
-    let service_ips = block("map", "service-ips");
-    let elements = service_ips.split_once("elements = {")?.1;
-    let (ip, port) = elements
-        .split(',')
-        .find_map(|element| match words(element).as_slice() {
-            [ip, p, port, colon, goto, chain]
-                if p == protocol && colon == ":" && goto == "goto" && chain == object =>
-            {
-                Some((ip.clone(), port.clone()))
-            }
-            _ => None,
-        })?;
-    let entry = format!("{ip} . {protocol} . {port}");
-    let count: u32 = listing
+    let entry =
+        elements(&block("map", "service-ips"))
+            .into_iter()
+            .find_map(|element| match element.as_slice() {
+                [ip, p, port, colon, goto, chain]
+                    if p == protocol && colon == ":" && goto == "goto" && chain == object =>
+                {
+                    Some([ip.clone(), p.clone(), port.clone()])
+                }
+                _ => None,
+            });
+    let Some(entry) = entry else {
+        return Some(nothing());
+    };
+    let [ip, _, port] = &entry;
+    let count = listing
         .lines()
         .filter_map(|line| line.trim().strip_prefix("set endpoint-count-"))
         .filter_map(|rest| rest.strip_suffix(" {"))
         .find(|count| {
-            let set = block("set", &format!("endpoint-count-{count}"));
-            set.split_once("elements = {").is_some_and(|(_, elements)| {
-                elements
-                    .split(',')
-                    .any(|element| words(element).join(" . ") == entry)
-            })
-        })?
-        .parse()
-        .ok()?;
-    let (to_ip, to_port) = destination.rsplit_once(':')?;
-    let map = block("map", &format!("service-endpoints-{protocol}"));
-    let elements = map.split_once("elements = {")?.1;
-    Some(elements.split(',').any(|element| {
-        matches!(words(element).as_slice(), [i, p, slot, colon, t, tp]
-            if *i == ip && *p == port && colon == ":" && t == to_ip && tp == to_port
-                && slot.parse::<u32>().is_ok_and(|slot| slot < count))
-    }))
+            elements(&block("set", &format!("endpoint-count-{count}")))
+                .iter()
+                .any(|element| *element == entry)
+        })
+        .and_then(|count| count.parse::<usize>().ok());
+    let Some(count) = count else {
+        return Some(nothing());
+    };
+    // `IP . PORT . SLOT : TO_IP . TO_PORT` in service-endpoints-PROTO.
+    let destinations = elements(&block("map", &format!("service-endpoints-{protocol}")))
+        .into_iter()
+        .filter_map(|element| match element.as_slice() {
+            [i, p, slot, colon, to_ip, to_port]
+                if i == ip
+                    && p == port
+                    && colon == ":"
+                    && slot.parse::<usize>().is_ok_and(|slot| slot < count) =>
+            {
+                Some(format!("{to_ip}:{to_port}"))
+            }
+            _ => None,
+        })
+        .collect();
+    Some(Endpoints::new(count, destinations))
 }
 
 /// The chain an iptables rule (`CHAIN … -j TARGET`) jumps or goes to.

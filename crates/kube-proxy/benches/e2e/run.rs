@@ -10,7 +10,7 @@ use kp_testkit::apiserver::TestApiServer;
 
 use crate::mode::{Mode, ObjectKind};
 use crate::proxy::{unix_now, Histogram, Memory, Proxy, SeenSync, Snapshot, SyncKind};
-use crate::workload::{Workload, TARGET_PORT};
+use crate::workload::{Change, Workload, TARGET_PORT};
 
 /// Patches per run, as upstream was measured.
 pub const PATCHES: usize = 20;
@@ -41,7 +41,9 @@ pub struct Patch {
     /// Whether the patch went out later than its turn because the one
     /// before took longer than [`PATCH_EVERY`].
     pub late: bool,
-    /// Whether the new endpoint was in the nat table right after.
+    /// Whether the Service's rules sent to exactly its endpoints after
+    /// the patch right after (as many to draw from, each of them, no
+    /// other: a new endpoint there, a replaced or removed one gone).
     pub verified: bool,
 }
 
@@ -149,14 +151,14 @@ fn drive(
     // Untimed: the rules are complete, and where each patch will show.
     let ruleset = mode.ruleset();
     let service_objects = ruleset.count(ObjectKind::Service);
-    let targets: Vec<(usize, String)> = (0..workload.patches)
+    let targets: Vec<(Change, String)> = (0..workload.patches)
         .map(|k| {
-            let i = workload.patch_target(k, workload.patches);
-            let port = Workload::service_port(i);
+            let change = workload.change(k);
+            let port = Workload::service_port(change.service);
             let object = ruleset
                 .service_object(&port)
                 .unwrap_or_else(|| panic!("no service chain for {port} after the first sync"));
-            (i, object.to_owned())
+            (change, object.to_owned())
         })
         .collect();
     drop(ruleset);
@@ -168,19 +170,30 @@ fn drive(
     std::thread::sleep(Duration::from_secs_f64(settle));
     let began = Instant::now();
     let mut patches = Vec::with_capacity(workload.patches);
-    for (k, (i, object)) in targets.iter().enumerate() {
+    // Untimed, but it delays the next patch if it takes longer than the
+    // interval (a late patch): shown so that this can be told.
+    let mut read_back_ms = Vec::with_capacity(workload.patches);
+    for (k, (change, object)) in targets.iter().enumerate() {
         let due = began + PATCH_EVERY * u32::try_from(k).unwrap();
         let late = Instant::now() > due + Duration::from_millis(50);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
         watch.refresh();
-        let endpoint = Workload::patched_endpoint(k);
         let at = SystemTime::now();
         let patched = at.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-        server.update(Workload::slice(*i, endpoint, Some(at)));
+        server.update(Workload::slice(change.service, &change.endpoints, Some(at)));
         let (sync, syncs_before) = applied(&mut watch, &proxy);
-        let verified = mode.service_reaches(object, &format!("{endpoint}:{TARGET_PORT}"));
+        let expected: Vec<String> = change
+            .endpoints
+            .iter()
+            .map(|address| format!("{address}:{TARGET_PORT}"))
+            .collect();
+        let reading = Instant::now();
+        let verified = mode
+            .service_endpoints(object)
+            .is_some_and(|found| found.are(&expected));
+        read_back_ms.push(reading.elapsed().as_secs_f64() * 1000.0);
         patches.push(Patch {
             latency_ms: (sync.end - patched) * 1000.0,
             kind: sync.kind,
@@ -197,6 +210,9 @@ fn drive(
         .map(|p| format!("{:.0}/{:.0}", p.latency_ms, p.sync_ms))
         .collect();
     eprintln!("  patch → programmed / its sync (ms): {}", shown.join(" "));
+    if let Some(longest) = read_back_ms.iter().copied().reduce(f64::max) {
+        eprintln!("  reading a patched Service's rules back took up to {longest:.0} ms");
+    }
     // Without patches there is no churn whose stale chains to count.
     let stale_check = if workload.patches > 0 {
         STALE_CHECK_AFTER
