@@ -154,19 +154,7 @@ impl Encoder {
                 rule.cmp(REG_1, 1, &0u32.to_ne_bytes());
             }
             Expr::DispatchVmap { with_addr, map } => {
-                let mut next = REG32_00;
-                if *with_addr {
-                    let addr_len = self.addr_len();
-                    rule.payload(
-                        REG32_00,
-                        1,
-                        self.addr_offset(AddrField::Destination),
-                        addr_len,
-                    );
-                    next += addr_len / 4;
-                }
-                rule.meta(next, 16);
-                rule.payload(next + 1, 2, 2, 2);
+                self.entry_key(rule, *with_addr);
                 rule.lookup(map.as_str(), None, REG32_00, Some(REG_VERDICT), false);
             }
             Expr::AddrIs {
@@ -284,19 +272,7 @@ impl Encoder {
                 rule.lookup(set.as_str(), None, REG_1, None, false);
             }
             Expr::EntryInSet { with_addr, set } => {
-                let mut next = REG32_00;
-                if *with_addr {
-                    let addr_len = self.addr_len();
-                    rule.payload(
-                        REG32_00,
-                        1,
-                        self.addr_offset(AddrField::Destination),
-                        addr_len,
-                    );
-                    next += addr_len / 4;
-                }
-                rule.meta(next, 16);
-                rule.payload(next + 1, 2, 2, 2);
+                self.entry_key(rule, *with_addr);
                 rule.lookup(set.as_str(), None, REG32_00, None, false);
             }
             Expr::DnatDraw {
@@ -401,6 +377,25 @@ impl Encoder {
             }
         }
         Ok(())
+    }
+
+    /// `[ip daddr .] meta l4proto . th dport` into the 32-bit registers
+    /// from `NFT_REG32_00`: the key of a Service entry (or NodePort), as
+    /// the dispatch maps and the count sets are keyed.
+    fn entry_key(&self, rule: &mut Rule<'_>, with_addr: bool) {
+        let mut next = REG32_00;
+        if with_addr {
+            let addr_len = self.addr_len();
+            rule.payload(
+                REG32_00,
+                1,
+                self.addr_offset(AddrField::Destination),
+                addr_len,
+            );
+            next += addr_len / 4;
+        }
+        rule.meta(next, 16);
+        rule.payload(next + 1, 2, 2, 2);
     }
 
     /// `dnat ip|ip6 to` the address and port a map lookup left in the
