@@ -1215,13 +1215,8 @@ fn write_class_change(
 /// the class chains that named them were flushed and written anew without
 /// them).
 fn delete_unused_count_sets(programmed: &Programmed, held: &BTreeSet<Class>, out: &mut Sections) {
-    let in_use: BTreeSet<(crate::names::Pool, u32)> =
-        held.iter().map(|class| (class.pool, class.count)).collect();
-    let before: BTreeSet<(crate::names::Pool, u32)> = programmed
-        .classes
-        .iter()
-        .map(|class| (class.pool, class.count))
-        .collect();
+    let in_use = head::count_sets_of(held);
+    let before = head::count_sets_of(&programmed.classes);
     for (pool, count) in before.difference(&in_use) {
         out.head.push(Command::DeleteSet {
             name: Name::Fixed(crate::names::count_set(*pool, *count)),

@@ -499,12 +499,8 @@ fn check_reports_the_damage(
 
     node.stop_proxy();
     break_it(&node.ns);
-    let (code, stdout, stderr) = node.check();
-    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let different: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("DIFFERENT"))
-        .collect();
+    let stdout = failed_check(&node);
+    let different = different_lines(&stdout);
     assert_eq!(different.len(), damaged, "{stdout}");
     for line in &different {
         assert!(
@@ -527,6 +523,23 @@ fn checks_the_examples(node: Node, break_it: &dyn Fn(&Netns)) {
         2,
         &["DIFFERENT demo/web:http cluster IP 10.96.0.10:80/tcp"],
     );
+}
+
+/// `kube-proxy check` in `node`, which must find differences (exit 1):
+/// its stdout.
+#[track_caller]
+fn failed_check(node: &Node) -> String {
+    let (code, stdout, stderr) = node.check();
+    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    stdout
+}
+
+/// The `DIFFERENT …` lines of a check's output.
+fn different_lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("DIFFERENT"))
+        .collect()
 }
 
 /// The example connections the model DNATs (all but the rejected
@@ -888,12 +901,8 @@ fn trace_shows_a_removed_hairpin_endpoints_pair() {
         ],
     );
     assert_eq!(masqueraded(&node), expected(false));
-    let (code, stdout, stderr) = node.check();
-    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let different: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("DIFFERENT"))
-        .collect();
+    let stdout = failed_check(&node);
+    let different = different_lines(&stdout);
     // The pair serves every Service 10.244.1.2 is an endpoint of: each of
     // their hairpin connections, and no other, differs.
     let services: Vec<&str> = different
@@ -1053,12 +1062,8 @@ fn trace_and_check_read_the_userspace_relay() {
         "iptables-legacy",
         &["-t", "nat", "-D", "KUBE-PORTALS-CONTAINER", &number],
     );
-    let (code, stdout, stderr) = node.check();
-    assert_eq!(code, Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let different: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("DIFFERENT"))
-        .collect();
+    let stdout = failed_check(&node);
+    let different = different_lines(&stdout);
     // From outside, and from its endpoint 10.244.1.2 (hairpin).
     assert_eq!(different.len(), 2, "{stdout}");
     for line in different {

@@ -291,7 +291,7 @@ pub(super) fn count_sets(
     flush: bool,
     out: &mut Vec<Command>,
 ) {
-    let sets: BTreeSet<(Pool, u32)> = classes.iter().map(|c| (c.pool, c.count)).collect();
+    let sets = count_sets_of(classes);
     let ip_key = match family {
         IpFamily::V4 => IPV4_PROTO_PORT,
         IpFamily::V6 => IPV6_PROTO_PORT,
@@ -310,6 +310,14 @@ pub(super) fn count_sets(
             out.push(Command::FlushSet { name, map: false });
         }
     }
+}
+
+/// The count sets `classes` look up: one per pool and count.
+pub(super) fn count_sets_of(classes: &BTreeSet<Class>) -> BTreeSet<(Pool, u32)> {
+    classes
+        .iter()
+        .map(|class| (class.pool, class.count))
+        .collect()
 }
 
 /// The rules of the class chains that `classes` fill, flushed first: one

@@ -644,34 +644,28 @@ fn write_draw_chain(
         if reach.external {
             addresses.extend(sp.external_ips.iter().chain(&sp.load_balancer_ips));
         }
-        let pool = Pool {
-            local: list.local,
-            node_port: false,
-        };
-        for ip in &addresses {
-            let key = Key::AddrProtoPort(*ip, protocol, sp.port);
-            record
-                .elements
-                .push(Element::set(count_set(pool, count), key));
-            for (slot, endpoint) in (0..).zip(&slots) {
-                let key = Key::EntrySlot(*ip, sp.port, slot);
-                let map = slot_map(pool, protocol);
-                record.elements.push(Element::endpoint(map, key, *endpoint));
-            }
-        }
-        if let Some(node_port) = sp.node_port.filter(|_| reach.external) {
+        // Each entry's count-set key: its address (or NodePort) and port.
+        let entries = addresses
+            .iter()
+            .map(|ip| Key::AddrProtoPort(*ip, protocol, sp.port))
+            .chain(
+                sp.node_port
+                    .filter(|_| reach.external)
+                    .map(|node_port| Key::ProtoPort(protocol, node_port)),
+            );
+        for entry in entries {
             let pool = Pool {
                 local: list.local,
-                node_port: true,
+                node_port: matches!(entry, Key::ProtoPort(..)),
             };
-            let key = Key::ProtoPort(protocol, node_port);
             record
                 .elements
-                .push(Element::set(count_set(pool, count), key));
+                .push(Element::set(count_set(pool, count), entry));
+            let map = slot_map(pool, protocol);
             for (slot, endpoint) in (0..).zip(&slots) {
-                let key = Key::PortSlot(node_port, slot);
-                let map = slot_map(pool, protocol);
-                record.elements.push(Element::endpoint(map, key, *endpoint));
+                if let Some(key) = slot_key(entry, slot) {
+                    record.elements.push(Element::endpoint(map, key, *endpoint));
+                }
             }
         }
         if let Some(secs) = sp.session_affinity_timeout {
@@ -697,6 +691,16 @@ fn write_draw_chain(
         endpoints: slots,
         affinity_secs: sp.session_affinity_timeout.map(|timeout| timeout.as_secs()),
     });
+}
+
+/// The slot map's key of slot `slot` of the entry whose count-set key is
+/// `entry`: `address . port . slot`, or `node port . slot`.
+fn slot_key(entry: Key, slot: u32) -> Option<Key> {
+    match entry {
+        Key::AddrProtoPort(ip, _, port) => Some(Key::EntrySlot(ip, port, slot)),
+        Key::ProtoPort(_, port) => Some(Key::PortSlot(port, slot)),
+        _ => None,
+    }
 }
 
 /// The rule of `class` in its class chain: `ip daddr . meta l4proto . th
