@@ -523,6 +523,7 @@ impl Lane {
             split: true,
             service_ports: current,
             changed_services: &none,
+            prune: false,
             node: &node,
             node_port_addresses: None,
             now: Instant::now(),

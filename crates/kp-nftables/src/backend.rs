@@ -306,8 +306,15 @@ impl NftablesBackend {
             let before = self.current_generation();
             match self.applier.apply(&transaction) {
                 Ok(()) => {
-                    let trusted =
-                        self.settle(own, self.state.trusted(), before, Commits::MaybeNone, false);
+                    // Element deletions, refused unless each entry was
+                    // there: a change the kernel counts.
+                    let trusted = self.settle(
+                        own,
+                        self.state.trusted(),
+                        before,
+                        Commits::Changes(1),
+                        false,
+                    );
                     self.state = self.state.with_trusted(trusted);
                     tracing::debug!(family = %self.family, maps = transaction.commands.len(), "deleted ClientIP affinity entries of endpoints that left");
                     return;
@@ -434,6 +441,7 @@ impl NftablesBackend {
             split: false,
             service_ports: request.service_ports,
             changed_services: request.changed_services,
+            prune: false,
             node: request.node,
             node_port_addresses: node_ports,
             now,
@@ -448,6 +456,7 @@ impl NftablesBackend {
             .chain(self.programmed.services.keys().cloned())
             .collect();
         input.full = false;
+        input.prune = true;
         input.changed_services = &every_service;
         let mut transaction = Transaction::new(self.family);
         let rendered = self
@@ -574,6 +583,7 @@ impl Backend for NftablesBackend {
             split: plan.split,
             service_ports: request.service_ports,
             changed_services: request.changed_services,
+            prune: false,
             node: request.node,
             node_port_addresses: node_ports.as_deref(),
             now,

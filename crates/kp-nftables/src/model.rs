@@ -569,6 +569,26 @@ impl Command {
     pub fn is_rule(&self) -> bool {
         matches!(self, Self::AddRule(_))
     }
+
+    /// Whether committing this command certainly changes the table, so
+    /// that the kernel counts the commit as a new ruleset generation: a
+    /// rule added, an object deleted (which fails if it is not there), or
+    /// elements added or deleted (deleting a missing element fails; adding
+    /// one the set holds already is a no-op, which a caller that compared
+    /// with what the table holds rules out). Declaring a table, chain or
+    /// set that exists, or flushing an empty one, changes nothing.
+    pub fn certainly_changes(&self) -> bool {
+        matches!(
+            self,
+            Self::AddRule(_)
+                | Self::DeleteTable
+                | Self::DeleteChain(_)
+                | Self::DeleteSet { .. }
+                | Self::AddElements { .. }
+                | Self::DeleteElements { .. }
+                | Self::AddMapElements { .. }
+        )
+    }
 }
 
 impl ChainType {

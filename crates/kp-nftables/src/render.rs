@@ -109,6 +109,11 @@ pub struct RenderInput<'a> {
     /// Services that changed since the last successful transaction (used by
     /// a partial render).
     pub changed_services: &'a BTreeSet<NamespacedName>,
+    /// For a partial render: also drop what only a full render drops (the
+    /// data layout's classes no Service needs any more), so that the table
+    /// ends as a full render would leave it. A full sync of a table nobody
+    /// else touched is sent so, as its differences.
+    pub prune: bool,
     /// This node.
     pub node: &'a NodeInfo,
     /// `nodePortAddresses` resolved to this host's addresses: `None` accepts
@@ -147,10 +152,19 @@ pub struct Rendered {
     pub text: String,
     /// Transactions written (more than one for a split full render).
     pub transactions: usize,
-    /// Of those, the ones with at least one rule: the kernel always counts
-    /// such a commit as a change (a new ruleset generation), while one
-    /// without may change nothing.
-    pub transactions_with_rules: usize,
+    /// Of those, the ones that certainly change the table
+    /// ([`Command::certainly_changes`]: a rule, an element added or
+    /// deleted, an object deleted), so that the kernel counts their commit
+    /// as a new ruleset generation; one with none of these (objects
+    /// declared or flushed only) may change nothing.
+    ///
+    /// An element added is a change only if the table does not hold it
+    /// already, which holds wherever the commit's generation is trusted
+    /// (the table is then exactly the record the render compared with). If
+    /// the table held it after all, the generation stays, the commits do
+    /// not explain it, and the backend trusts the table no more: a full
+    /// rewrite, never a wrong trust.
+    pub transactions_with_changes: usize,
     /// A fingerprint of the fixed part of a full render (see
     /// [`Renderer::head_fingerprint`]); `None` for a partial one.
     pub head_hash: Option<u64>,
@@ -163,12 +177,12 @@ pub struct Rendered {
 /// How a render's commits move the ruleset generation on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Commits {
-    /// By exactly this many: each transaction has a rule, and the kernel
-    /// counts a commit that adds a rule as a change.
+    /// By exactly this many: each transaction changes the table, and the
+    /// kernel counts each such commit as a new generation.
     Changes(usize),
-    /// One transaction without a rule, which may change nothing.
+    /// One transaction that may change nothing.
     MaybeNone,
-    /// Several transactions, some without a rule: unknown.
+    /// Several transactions, some of which may change nothing: unknown.
     Unknown,
 }
 
@@ -176,7 +190,7 @@ impl Rendered {
     /// How this render's transactions, once committed, moved the ruleset
     /// generation on.
     pub fn commits(&self) -> Commits {
-        if self.transactions_with_rules == self.transactions {
+        if self.transactions_with_changes == self.transactions {
             Commits::Changes(self.transactions)
         } else if self.transactions == 1 {
             Commits::MaybeNone
@@ -367,8 +381,8 @@ impl Renderer {
             lines: 0,
             rules: 0,
             transactions: 0,
-            transactions_with_rules: 0,
-            current_rules: 0,
+            transactions_with_changes: 0,
+            current_changes: 0,
         };
         // Service chain text written since the last split, in bytes.
         let mut chain_text = 0;
@@ -387,7 +401,8 @@ impl Renderer {
             if emitted.text.is_some() {
                 out.chains_text.reserve(self.text_hint);
             }
-            head::write_head(&ctx, &self.options, input, &mut out.head);
+            let shared = head::Shared::of(&ctx, input);
+            head::write_head(&ctx, &self.options, input, &shared, &mut out.head);
         }
         let mut delta = StateDelta {
             replace_all: full,
@@ -470,11 +485,12 @@ impl Renderer {
             if full {
                 delta.classes = head::classes_to_hold(input);
                 if !input.reset {
-                    delete_unused_count_sets(programmed, &delta.classes, &mut out);
+                    delete_unused_count_sets(programmed, &delta.classes, &mut out.head);
                 }
             } else {
                 write_affinity_change(programmed, &delta, &mut out);
-                write_class_change(input.family, programmed, &mut delta, &mut out);
+                let wanted = input.prune.then(|| head::classes_to_hold(input));
+                write_class_change(input.family, programmed, wanted, &mut delta, &mut out);
             }
         }
         // A full render flushed the maps and adds every element again,
@@ -496,7 +512,7 @@ impl Renderer {
         if !input.reset {
             revive_stale_chains(programmed, &mut delta);
         }
-        let head_hash = full.then(|| fingerprint(&out.head));
+        let head_hash = full.then(|| self.head_fingerprint(input));
         if split {
             if out.has_chains() {
                 emitted.chain_transaction(&mut emit, &mut out)?;
@@ -524,7 +540,7 @@ impl Renderer {
             full,
             text: String::new(),
             transactions: emitted.transactions,
-            transactions_with_rules: emitted.transactions_with_rules,
+            transactions_with_changes: emitted.transactions_with_changes,
             head_hash,
             delta,
             stats,
@@ -533,12 +549,14 @@ impl Renderer {
 
     /// A fingerprint of the fixed part a full render of `input` writes
     /// (base chains, fixed sets and maps, their rules), without the table's
-    /// deletion: a full sync whose fixed part and Services' chains match
-    /// what the kernel holds has nothing to rewrite.
+    /// deletion, and without what the data layout holds there for the
+    /// Services (their count classes and affinity maps, which partial
+    /// renders keep up to date): a full sync whose fixed part and Services'
+    /// chains match what the kernel holds has nothing to rewrite.
     pub fn head_fingerprint(&self, input: &RenderInput<'_>) -> u64 {
         let ctx = self.context(input);
         let mut head = Vec::new();
-        head::write_head(&ctx, &self.options, input, &mut head);
+        head::write_head(&ctx, &self.options, input, &head::Shared::none(), &mut head);
         fingerprint(&head)
     }
 
@@ -952,16 +970,17 @@ struct Emitted<'t> {
     lines: usize,
     rules: usize,
     transactions: usize,
-    transactions_with_rules: usize,
-    /// Rules in the transaction being written.
-    current_rules: usize,
+    transactions_with_changes: usize,
+    /// Commands of the transaction being written that certainly change
+    /// the table.
+    current_changes: usize,
 }
 
 impl Emitted<'_> {
-    fn count(&mut self, lines: usize, rules: usize) {
+    fn count(&mut self, lines: usize, rules: usize, changes: usize) {
         self.lines += lines;
         self.rules += rules;
-        self.current_rules += rules;
+        self.current_changes += changes;
     }
 
     /// Hands `commands` on (nothing when empty), counting them.
@@ -974,7 +993,11 @@ impl Emitted<'_> {
             return Ok(());
         }
         let rules = commands.iter().filter(|command| command.is_rule()).count();
-        self.count(commands.len(), rules);
+        let changes = commands
+            .iter()
+            .filter(|command| command.certainly_changes())
+            .count();
+        self.count(commands.len(), rules, changes);
         match self.text.as_deref_mut() {
             Some(text) => {
                 for command in &commands {
@@ -995,8 +1018,9 @@ impl Emitted<'_> {
         if let Some(text) = self.text.as_deref_mut() {
             text.push_str(&out.chains_text);
             out.chains_text.clear();
+            // Service chains: their rules are what changes the table.
             let (lines, rules) = std::mem::take(&mut out.chains_printed);
-            self.count(lines, rules);
+            self.count(lines, rules, rules);
         }
         self.emit(emit, std::mem::take(&mut out.chains))
     }
@@ -1004,8 +1028,8 @@ impl Emitted<'_> {
     /// Ends the current transaction.
     fn commit<E>(&mut self, emit: &mut impl FnMut(Piece) -> Result<(), E>) -> Result<(), E> {
         self.transactions += 1;
-        self.transactions_with_rules += usize::from(self.current_rules > 0);
-        self.current_rules = 0;
+        self.transactions_with_changes += usize::from(self.current_changes > 0);
+        self.current_changes = 0;
         emit(Piece::Commit)
     }
 
@@ -1173,10 +1197,15 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
 /// the classes they held, in order (with the fixed part, ahead of the
 /// elements that fill the sets); `delta` records them. Classes no Service
 /// needs any more stay until the next full render (deleting them would be
-/// one more change, and the count may come back).
+/// one more change, and the count may come back). Given the classes a
+/// full render would hold now (`wanted`), the table ends holding exactly
+/// those: the missing ones are added as above, and those no Service needs
+/// go, their class chains written anew without them and their count sets
+/// deleted last.
 fn write_class_change(
     family: IpFamily,
     programmed: &Programmed,
+    wanted: Option<BTreeSet<Class>>,
     delta: &mut StateDelta,
     out: &mut Sections,
 ) {
@@ -1187,38 +1216,79 @@ fn write_class_change(
         .filter(|class| !programmed.classes.contains(class))
         .copied()
         .collect();
-    if missing.is_empty() {
+    let mut new: BTreeSet<Class> = if missing.is_empty() {
+        BTreeSet::new()
+    } else {
+        head::with_neighbours(&missing)
+            .difference(&programmed.classes)
+            .copied()
+            .collect()
+    };
+    if let Some(wanted) = &wanted {
+        new.extend(wanted.difference(&programmed.classes));
+    }
+    let dropped: BTreeSet<Class> = match &wanted {
+        Some(wanted) => programmed
+            .classes
+            .difference(wanted)
+            .filter(|class| !new.contains(class))
+            .copied()
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    if new.is_empty() && dropped.is_empty() {
         return;
     }
-    let new: BTreeSet<Class> = head::with_neighbours(&missing)
-        .difference(&programmed.classes)
-        .copied()
-        .collect();
     head::count_sets(family, &new, false, &mut out.head);
     let chains: BTreeSet<(bool, Protocol)> = new
         .iter()
+        .chain(&dropped)
         .map(|class| (class.pool.local, class.protocol))
         .collect();
-    let all: BTreeSet<Class> = programmed
+    let held: BTreeSet<Class> = programmed
         .classes
-        .iter()
-        .filter(|class| chains.contains(&(class.pool.local, class.protocol)))
-        .chain(&new)
+        .union(&new)
+        .filter(|class| !dropped.contains(class))
         .copied()
         .collect();
-    head::class_rules(&all, &mut out.head);
+    for &(local, protocol) in &chains {
+        let in_chain: BTreeSet<Class> = held
+            .iter()
+            .filter(|class| (class.pool.local, class.protocol) == (local, protocol))
+            .copied()
+            .collect();
+        if in_chain.is_empty() {
+            // No class left: the chain is only emptied.
+            out.head
+                .push(Command::FlushChain(Name::Fixed(crate::names::class_chain(
+                    local, protocol,
+                ))));
+        } else {
+            head::class_rules(&in_chain, &mut out.head);
+        }
+    }
+    if !dropped.is_empty() {
+        // Last: the entries that leave them are deleted from them above.
+        delete_unused_count_sets(programmed, &held, &mut out.tail);
+    }
     delta.classes = new;
+    delta.classes_dropped = dropped;
 }
 
-/// The count sets the table holds that a full render's classes (`held`
-/// after it) no longer use, deleted at the end of the fixed part (after
-/// the class chains that named them were flushed and written anew without
-/// them).
-fn delete_unused_count_sets(programmed: &Programmed, held: &BTreeSet<Class>, out: &mut Sections) {
+/// The count sets the table holds that the classes held after a render
+/// (`held`) no longer use, deleted into `out`: at the end of a full
+/// render's fixed part (after the class chains that named them were
+/// flushed and written anew without them), or at the end of a partial
+/// render's transaction (after the entries that left them).
+fn delete_unused_count_sets(
+    programmed: &Programmed,
+    held: &BTreeSet<Class>,
+    out: &mut Vec<Command>,
+) {
     let in_use = head::count_sets_of(held);
     let before = head::count_sets_of(&programmed.classes);
     for (pool, count) in before.difference(&in_use) {
-        out.head.push(Command::DeleteSet {
+        out.push(Command::DeleteSet {
             name: Name::Fixed(crate::names::count_set(*pool, *count)),
             map: false,
         });

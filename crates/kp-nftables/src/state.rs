@@ -204,6 +204,9 @@ pub struct StateDelta {
     /// The data layout's classes this transaction wrote: every class the
     /// table holds after it (with `replace_all`), or those it added.
     pub classes: BTreeSet<Class>,
+    /// The data layout's classes this transaction removed (without
+    /// `replace_all`).
+    pub classes_dropped: BTreeSet<Class>,
     /// The time of the sync.
     pub now: Option<Instant>,
 }
@@ -377,6 +380,9 @@ impl Programmed {
             self.classes = delta.classes;
         } else {
             self.classes.append(&mut delta.classes);
+            for class in &delta.classes_dropped {
+                self.classes.remove(class);
+            }
         }
         for chain in delta.no_longer_stale {
             self.stale_chains.remove(&chain);

@@ -4,7 +4,7 @@
 //!
 //! | object | addresses |
 //! |---|---|
-//! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3 |
+//! | ns1/web, http 80/TCP | ClusterIP 10.96.0.30, endpoints ep1, ep2 (node-1), then ep1 and ep3 (node-2), then ep1 alone, then ep1, ep2, ep3, then five (two silent), then ep1, ep2, then the five again |
 //! | ns1/sticky6, http 80/TCP | ClusterIP fd00:10:96::31, ClientIP affinity 300 s, endpoints ep1 (node-1), ep3 (node-2); client: pod ep2 |
 //! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
@@ -144,6 +144,31 @@ fn endpoint_changes_are_elements_and_connections_follow_them() {
     assert_eq!(rules_written(&outcome), 0, "{outcome:?}");
     let counts = hits_until_all(client, at(WEB, 80), &["ep1", "ep2"], 200);
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["ep1", "ep2"]);
+
+    // Five again, taken by a periodic full sync of the untouched table: it
+    // sends only the differences and ends as a full rewrite would. The
+    // entry leaves the count set of two, which no class needs any more:
+    // the class chain is written anew with the classes 4 to 6, the entry's
+    // element leaves the set, and the set goes last, in one transaction.
+    proxy.apply(
+        &[],
+        &[slice("web", &[ep1, ep2, silent[0]], &[ep3, silent[1]])],
+    );
+    let outcome = proxy.full_sync();
+    assert!(outcome.full);
+    assert_eq!(rules_written(&outcome), 3, "{outcome:?}");
+    let listing = proxy.list();
+    for gone in ["endpoint-count-1", "endpoint-count-2", "endpoint-count-3"] {
+        assert!(!listing.contains(gone), "{gone}: {listing}");
+    }
+    assert!(
+        listing.contains("@endpoint-count-5 dnat ip to ip daddr . tcp dport . numgen random mod 5 map @service-endpoints-tcp"),
+        "{listing}"
+    );
+    let five = proxy.nft(&["list", "set", "ip", "kube-proxy", "endpoint-count-5"]);
+    assert!(five.contains(WEB), "{five}");
+    let again = proxy.full_sync();
+    assert_eq!(rules_written(&again), 0, "{again:?}");
 }
 
 /// When the endpoint a client is held to leaves, its affinity entries are
@@ -183,6 +208,21 @@ fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
     let counts = hits(client, at("10.96.0.31", 80), 10);
     assert_eq!(counts.len(), 1, "held again, to one endpoint: {counts:?}");
     assert!(!counts.contains_key(&held), "{held} left: {counts:?}");
+    // The deletion is a commit of the proxy's own: the table stays
+    // trusted, and the periodic full sync sends only what differs from a
+    // full render: the class of four endpoints (the neighbour of three)
+    // goes, so the class chain is written anew with the classes of one to
+    // three endpoints. The next one sends nothing.
+    let periodic = proxy.full_sync();
+    assert!(periodic.full);
+    assert_eq!(rules_written(&periodic), 3, "{periodic:?}");
+    assert!(
+        !proxy.list().contains("endpoint-count-4"),
+        "{}",
+        proxy.list()
+    );
+    let again = proxy.full_sync();
+    assert_eq!(rules_written(&again), 0, "{again:?}");
 }
 
 /// A ClientIP timeout no Service uses any more takes its affinity map and

@@ -10,9 +10,10 @@
 //! | ns1/fill0 … fill19 | ClusterIPs 10.96.1.0 …, one endpoint each on node-2 (no host) |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod kernel;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kernel::{
@@ -135,6 +136,48 @@ fn a_full_sync_of_an_untouched_table_rewrites_nothing_and_one_after_a_foreign_co
     let again = full_sync(&ep2);
     assert_eq!(again.rules_written_per_table[0].1, 0, "{again:?}");
 }
+
+/// The first sync of a table too large for one transaction is split
+/// (here, every few Services): the table it leaves is trusted as a whole,
+/// so the next full sync rewrites nothing, in either layout.
+fn a_split_first_sync_leaves_a_trusted_table(layout: kp_nftables::Layout) {
+    require();
+    let topology = build(three_pods());
+    let mut backend = netlink_backend_v4()
+        .with_layout(layout)
+        .with_transaction_text_max(2_000);
+    let node = node_v4();
+    let ports = web_and_fillers(pod_ip(&topology, "ep1"), 40);
+    let first = sync_backend(&topology, &mut backend, IpFamily::V4, &node, &ports, true);
+    assert!(first.rules_written_per_table[0].1 > 40, "{first:?}");
+    let again = sync_backend(&topology, &mut backend, IpFamily::V4, &node, &ports, true);
+    assert!(again.full);
+    assert_eq!(again.rules_written_per_table[0].1, 0, "{again:?}");
+    let web = at("10.96.0.10", 80);
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep1");
+    // An endpoint change in a partial sync keeps the table trusted too.
+    let moved = web_and_fillers(pod_ip(&topology, "ep2"), 40);
+    let changed = BTreeSet::from([kp_model::NamespacedName::new("ns1", "web")]);
+    let stale = kp_sync::StaleConntrack::default();
+    let partial = kp_sync::SyncRequest {
+        family: IpFamily::V4,
+        full: false,
+        service_ports: &moved,
+        changed_services: &changed,
+        node: &node,
+        stale_conntrack: &stale,
+    };
+    let outcome = topology
+        .node()
+        .run(|| kp_sync::Backend::sync(&mut backend, &partial))
+        .unwrap();
+    assert!(!outcome.full, "{outcome:?}");
+    assert_eq!(connect(topology.client(), web).unwrap().backend, "ep2");
+    let after = sync_backend(&topology, &mut backend, IpFamily::V4, &node, &moved, true);
+    assert_eq!(after.rules_written_per_table[0].1, 0, "{after:?}");
+}
+
+in_both_layouts!(a_split_first_sync_leaves_a_trusted_table);
 
 #[test]
 fn the_two_families_do_not_take_each_others_commits_for_someone_elses() {

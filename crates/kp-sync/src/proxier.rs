@@ -285,6 +285,12 @@ impl Proxier {
         self.sync(false)
     }
 
+    /// Syncs once, right now, in full, as the periodic sync of the runner
+    /// does.
+    pub fn sync_once_full(&self) -> Result<SyncOutcome, SyncError> {
+        self.sync(true)
+    }
+
     /// Syncs whenever the runner says so until `shutdown` completes. Syncs
     /// run on tokio's blocking pool, since backends call into the kernel.
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {

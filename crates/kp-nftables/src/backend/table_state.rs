@@ -124,9 +124,9 @@ impl TableState {
 }
 
 /// Whether the proxy's own `commits`, made from generation `before`,
-/// alone explain the generation `after`: each commit that adds a rule moves
-/// it on by one, and a commit that may change nothing leaves it where it
-/// was. Any other generation means someone else committed meanwhile.
+/// alone explain the generation `after`: each commit that changes the
+/// table moves it on by one, and a commit that may change nothing is
+/// taken to have left it where it was. Any other generation means someone else committed meanwhile.
 pub(super) fn commits_explain(before: u32, after: u32, commits: Commits) -> bool {
     match commits {
         Commits::Changes(n) => after == (0..n).fold(before, |g, _| next_generation(g)),

@@ -385,25 +385,51 @@ pub(super) fn reset() -> Vec<Command> {
     vec![Command::AddTable { comment: None }, Command::DeleteTable]
 }
 
+/// What the fixed part of the data layout holds for the Services: the
+/// classes of their endpoint counts and their ClientIP affinity maps.
+/// Partial renders keep these up to date as Services change, so they are
+/// left out of the fixed part's fingerprint ([`Shared::none`]).
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    pub classes: BTreeSet<Class>,
+    pub affinity: BTreeSet<(Protocol, u64)>,
+}
+
+impl Shared {
+    /// What the service ports of `input` need.
+    pub fn of(ctx: &Context, input: &RenderInput<'_>) -> Self {
+        if ctx.layout == Layout::Data {
+            Self {
+                classes: classes_to_hold(input),
+                affinity: affinity_in_use(input),
+            }
+        } else {
+            Self::none()
+        }
+    }
+
+    /// Nothing: the fixed part alone.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
 /// Writes the fixed part of a full transaction (without the reset) into
-/// `out`.
+/// `out`, with `shared` (the data layout's).
 pub(super) fn write_head(
     ctx: &Context,
     options: &NftablesOptions,
     input: &RenderInput<'_>,
+    shared: &Shared,
     out: &mut Vec<Command>,
 ) {
     out.push(Command::AddTable {
         comment: Some(TABLE_COMMENT),
     });
     write_sets_and_maps(ctx, input, out);
-    let classes = if ctx.layout == Layout::Data {
-        classes_to_hold(input)
-    } else {
-        BTreeSet::new()
-    };
+    let classes = &shared.classes;
     if ctx.layout == Layout::Data {
-        write_data_sets_and_maps(ctx.family, &classes, out);
+        write_data_sets_and_maps(ctx.family, classes, out);
     }
     for (name, chain_type, hook, priority) in BASE_CHAINS {
         out.push(Command::AddChain {
@@ -445,9 +471,9 @@ pub(super) fn write_head(
     }
     write_fixed_rules(ctx, options, input, out);
     if ctx.layout == Layout::Data {
-        let affinity = affinity_in_use(input);
-        out.extend(affinity_declarations(&affinity));
-        for command in affinity_declarations(&affinity) {
+        let affinity = &shared.affinity;
+        out.extend(affinity_declarations(affinity));
+        for command in affinity_declarations(affinity) {
             if let Command::AddTypeofSet(spec) = command {
                 if spec.dynamic_timeout_secs.is_none() {
                     out.push(Command::FlushSet {
@@ -457,10 +483,10 @@ pub(super) fn write_head(
                 }
             }
         }
-        affinity_recording(&affinity, out);
+        affinity_recording(affinity, out);
         // Flushed with the other chains above: only the rules now.
         let mut rules = Vec::new();
-        class_rules(&classes, &mut rules);
+        class_rules(classes, &mut rules);
         out.extend(rules.into_iter().filter(Command::is_rule));
     }
 }

@@ -165,6 +165,15 @@ impl<'t> Proxy<'t> {
         result.unwrap_or_else(|error| panic!("sync failed: {}", kp_sync::error_chain(&error)))
     }
 
+    /// Syncs once in full, as the periodic sync does, in the node namespace.
+    #[track_caller]
+    #[allow(dead_code)] // not every test file syncs in full
+    pub fn full_sync(&self) -> SyncOutcome {
+        let proxier = &self.proxier;
+        let result = self.topology.node().run(|| proxier.sync_once_full());
+        result.unwrap_or_else(|error| panic!("sync failed: {}", kp_sync::error_chain(&error)))
+    }
+
     /// `nft ARGS…` in the node namespace (someone else touching the rules).
     pub fn nft(&self, args: &[&str]) -> String {
         self.topology.node().exec_ok("nft", args)
