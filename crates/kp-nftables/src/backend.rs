@@ -449,15 +449,18 @@ impl NftablesBackend {
         if Some(self.renderer.head_fingerprint(&input)) != self.state.head_hash() {
             return Ok(None);
         }
-        let every_service: BTreeSet<NamespacedName> = request
-            .service_ports
-            .keys()
-            .map(|port| port.service.clone())
-            .chain(self.programmed.services.keys().cloned())
-            .collect();
+        // The table is the record, which the previous successful sync
+        // left: only the Services that changed since then (the sync loop
+        // names them, for a full sync too) can render differently, and,
+        // to be safe, those the record and the request do not both have.
+        let mut changed = request.changed_services.clone();
+        changed.extend(services_in_one_only(
+            request.service_ports,
+            &self.programmed,
+        ));
         input.full = false;
         input.prune = true;
-        input.changed_services = &every_service;
+        input.changed_services = &changed;
         let mut transaction = Transaction::new(self.family);
         let rendered = self
             .renderer
@@ -666,6 +669,43 @@ impl std::fmt::Debug for NftablesBackend {
 
 /// Counts after the transaction, for logs and metrics, from the record
 /// it left (`programmed`).
+/// The Services that have service ports in `service_ports` but no record
+/// in `programmed`, or a record but no service port: a merge of the two
+/// sorted name sequences.
+fn services_in_one_only(
+    service_ports: &BTreeMap<kp_model::ServicePortName, kp_sync::ServicePortState>,
+    programmed: &Programmed,
+) -> Vec<NamespacedName> {
+    use std::cmp::Ordering;
+    let mut requested = service_ports.keys().map(|port| &port.service).peekable();
+    let mut recorded = programmed.services.keys().peekable();
+    let mut only = Vec::new();
+    loop {
+        let order = match (requested.peek(), recorded.peek()) {
+            (None, None) => return only,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(a), Some(b)) => a.cmp(b),
+        };
+        match order {
+            Ordering::Less => {
+                if let Some(service) = requested.next() {
+                    only.push(service.clone());
+                    // The Service's other ports.
+                    while requested.next_if(|next| *next == service).is_some() {}
+                }
+            }
+            Ordering::Greater => only.extend(recorded.next().cloned()),
+            Ordering::Equal => {
+                if let Some(service) = requested.next() {
+                    while requested.next_if(|next| *next == service).is_some() {}
+                }
+                recorded.next();
+            }
+        }
+    }
+}
+
 fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutcome {
     let (chains, rules, _) = programmed.totals();
     let table = TABLE.to_owned();

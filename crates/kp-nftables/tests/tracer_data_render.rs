@@ -751,7 +751,7 @@ fn a_full_sync_of_an_untouched_table_sends_only_the_elements_that_differ() {
     assert!(!periodic.contains("element"), "{periodic}");
 
     world.put(web("10.244.2.9"));
-    world.sync(true, &[]);
+    world.sync(true, &[("ns1", "web")]);
     let commands = last_commands(&world);
     assert!(
         !commands.iter().any(|command| command.is_rule()),

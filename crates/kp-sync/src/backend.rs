@@ -51,7 +51,13 @@ pub struct SyncRequest<'a> {
     pub full: bool,
     /// Every service port, sorted by name so rendering is deterministic.
     pub service_ports: &'a BTreeMap<ServicePortName, ServicePortState>,
-    /// Services whose ports or endpoints changed since the previous sync.
+    /// Services whose service ports or categorized endpoints may differ
+    /// from those of the previous successful sync, for a full sync as for
+    /// a partial one: after a new node or the first sync, every Service
+    /// (and every Service the last sync had); Services left out because
+    /// the kernel refused their rules are among them when they leave.
+    /// A backend that knows its kernel state is what the previous
+    /// successful sync left can render only these in a full sync too.
     pub changed_services: &'a BTreeSet<NamespacedName>,
     /// The proxy's own Node.
     pub node: &'a NodeInfo,

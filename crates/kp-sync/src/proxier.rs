@@ -142,6 +142,8 @@ struct Tracked {
     services_synced: bool,
     endpoint_slices_synced: bool,
     needs_full_sync: bool,
+    /// Services that changed behind failed syncs, handed to the next one.
+    carried_changed: BTreeSet<NamespacedName>,
     /// Stale conntrack entries of failed syncs, handed to the next one.
     carried_stale: StaleConntrack,
     /// Trigger times of the changes of failed syncs, handed to the next one.
@@ -192,6 +194,7 @@ impl Proxier {
             services_synced: false,
             endpoint_slices_synced: false,
             needs_full_sync: true,
+            carried_changed: BTreeSet::new(),
             carried_stale: StaleConntrack::default(),
             carried_trigger_times: Vec::new(),
             refused: BTreeSet::new(),
@@ -379,7 +382,7 @@ impl Proxier {
         } = &mut *applying;
         let started = Instant::now();
         let repair = self.repair.swap(false, Ordering::AcqRel);
-        let drained = self.drain(force_full || repair).inspect_err(|_| {
+        let mut drained = self.drain(force_full || repair).inspect_err(|_| {
             // Nothing was synced; the repair waits for the next sync.
             if repair {
                 self.repair.store(true, Ordering::Release);
@@ -393,12 +396,19 @@ impl Proxier {
             );
             backend.distrust_kernel();
         }
-        let service_ports = categorize(categorized, &drained, self.family, self.topology);
+        let mut changed = std::mem::take(&mut drained.changed);
+        let service_ports = categorize(
+            categorized,
+            &drained,
+            &mut changed,
+            self.family,
+            self.topology,
+        );
         let request = SyncRequest {
             family: self.family,
             full: drained.full,
             service_ports,
-            changed_services: &drained.changed,
+            changed_services: &changed,
             node: &drained.node,
             stale_conntrack: &drained.stale,
         };
@@ -425,7 +435,7 @@ impl Proxier {
         match result {
             Ok(outcome) => {
                 let stats = stats(Ok(outcome.clone()), false);
-                self.log_success(&stats, &drained.changed);
+                self.log_success(&stats, &changed);
                 for observer in &self.observers {
                     observer.on_synced(&request, &outcome);
                     observer.on_sync_finished(self.family, &stats);
@@ -450,7 +460,7 @@ impl Proxier {
                 if let BackendError::Rejected { services, .. } = &source {
                     self.refuse(services, &error_chain(&source));
                 }
-                self.restore_after_failure(drained);
+                self.restore_after_failure(drained, changed);
                 Err(SyncError::Backend {
                     family: self.family.as_api_str(),
                     source,
@@ -478,7 +488,9 @@ impl Proxier {
         let needed_full = std::mem::take(&mut tracked.needs_full_sync);
         let mut changed = services.changed;
         changed.extend(endpoints.changed);
+        // Only a Service's own change gives it another try.
         tracked.forgive_changed(&changed, self.family);
+        changed.append(&mut tracked.carried_changed);
         self.status
             .set_refused_services(tracked.refused.iter().cloned().collect());
         let mut stale = std::mem::take(&mut tracked.carried_stale);
@@ -542,12 +554,14 @@ impl Proxier {
             .collect()
     }
 
-    /// After a failed sync the next one is full, and it carries the stale
-    /// conntrack entries, the queue time and the trigger times of the
-    /// changes that did not make it into the kernel.
-    fn restore_after_failure(&self, drained: Drained) {
+    /// After a failed sync the next one is full, and it carries the
+    /// Services that changed, the stale conntrack entries, the queue time
+    /// and the trigger times of the changes that did not make it into the
+    /// kernel.
+    fn restore_after_failure(&self, drained: Drained, changed: BTreeSet<NamespacedName>) {
         let mut tracked = self.lock_tracked();
         tracked.needs_full_sync = true;
+        tracked.carried_changed.extend(changed);
         tracked.carried_stale.merge(drained.stale);
         tracked.carried_trigger_times.extend(drained.trigger_times);
         self.status.requeue(drained.queued_since);
@@ -735,32 +749,47 @@ struct Categorized {
     service_ports: BTreeMap<ServicePortName, ServicePortState>,
 }
 
-/// The categorized view of `drained`, without the refused Services: built
-/// anew for a full sync or a new node; for a partial sync, the last view
-/// with the changed Services' service ports categorized again.
+/// The categorized view of `drained`, without the refused Services, and
+/// the Services whose categorized service ports may differ from the last
+/// sync's (`drained.changed` and more, into `changed`). The last view is
+/// kept while the node stays the same, full sync or not: the changed
+/// Services' service ports are categorized again and the refused ones
+/// left out. A new node (or the first sync) builds it anew, and every
+/// Service counts as changed, since each may categorize differently.
 /// Categorizing every service port on every sync cost a partial sync at
 /// 10,000 Services more than the rest of the sync loop together (upstream
-/// does it per service port on every sync as well).
+/// does it per service port on every sync as well); a full sync that did
+/// so made each Service one to render again.
 fn categorize<'a>(
     categorized: &'a mut Option<Categorized>,
     drained: &Drained,
+    changed: &mut BTreeSet<NamespacedName>,
     family: IpFamily,
     topology: TopologyOptions,
 ) -> &'a BTreeMap<ServicePortName, ServicePortState> {
     let reusable = categorized
         .as_ref()
-        .is_some_and(|last| !drained.full && last.node == drained.node);
+        .is_some_and(|last| last.node == drained.node);
+    if let Some(last) = categorized.as_ref().filter(|_| !reusable) {
+        changed.extend(last.service_ports.keys().map(|name| name.service.clone()));
+    }
     // A view that cannot be reused is freed before the new one is built.
     let current = match categorized.take().filter(|_| reusable) {
         Some(mut last) => {
-            for service in &drained.changed {
+            for service in &drained.refused {
+                if has_service(&last.service_ports, service) {
+                    remove_service(&mut last.service_ports, service);
+                    changed.insert(service.clone());
+                }
+            }
+            for service in changed.iter() {
                 remove_service(&mut last.service_ports, service);
             }
-            let changed = drained.service_ports.iter().filter(|(name, _)| {
-                drained.changed.contains(&name.service) && !drained.refused.contains(&name.service)
+            let again = drained.service_ports.iter().filter(|(name, _)| {
+                changed.contains(&name.service) && !drained.refused.contains(&name.service)
             });
             last.service_ports
-                .extend(categorize_each(changed, drained, family, topology));
+                .extend(categorize_each(again, drained, family, topology));
             last
         }
         None => {
@@ -768,6 +797,7 @@ fn categorize<'a>(
                 .service_ports
                 .iter()
                 .filter(|(name, _)| !drained.refused.contains(&name.service));
+            changed.extend(programmed.clone().map(|(name, _)| name.service.clone()));
             Categorized {
                 node: drained.node.clone(),
                 service_ports: categorize_each(programmed, drained, family, topology).collect(),
@@ -777,20 +807,35 @@ fn categorize<'a>(
     &categorized.insert(current).service_ports
 }
 
+/// Whether `service_ports` holds a service port of `service`.
+fn has_service(
+    service_ports: &BTreeMap<ServicePortName, ServicePortState>,
+    service: &NamespacedName,
+) -> bool {
+    service_ports
+        .range(first_port_of(service)..)
+        .next()
+        .is_some_and(|(name, _)| name.service == *service)
+}
+
+/// The first name a service port of `service` can have: service port
+/// names sort by Service, then port name, then protocol (TCP first), so
+/// its ports are adjacent, from the empty name with TCP.
+fn first_port_of(service: &NamespacedName) -> ServicePortName {
+    ServicePortName {
+        service: service.clone(),
+        port: Arc::from(""),
+        protocol: Protocol::Tcp,
+    }
+}
+
 /// Removes every service port of `service`.
 fn remove_service(
     service_ports: &mut BTreeMap<ServicePortName, ServicePortState>,
     service: &NamespacedName,
 ) {
-    // Service port names sort by Service, then port name, then protocol
-    // (TCP first): its ports are adjacent, from the empty name with TCP.
-    let first = ServicePortName {
-        service: service.clone(),
-        port: Arc::from(""),
-        protocol: Protocol::Tcp,
-    };
     let names: Vec<ServicePortName> = service_ports
-        .range(first..)
+        .range(first_port_of(service)..)
         .take_while(|(name, _)| name.service == *service)
         .map(|(name, _)| name.clone())
         .collect();

@@ -176,8 +176,10 @@ fn a_backend_failure_makes_the_next_sync_full() {
 
     let retry = backend.take_single_request();
     assert!(retry.full);
-    // The removed ClusterIP of the failed sync is not forgotten.
+    // The removed ClusterIP of the failed sync is not forgotten, nor is
+    // its Service among the changed ones.
     assert_eq!(deleted_cluster_ips(&retry), [ip("10.96.0.12")]);
+    assert_eq!(retry.changed_service_names(), ["ns1/dns"]);
     assert_eq!(status.queued_since(), None);
 }
 
@@ -287,6 +289,44 @@ fn a_node_label_change_forces_a_full_sync_with_the_new_labels() {
         NODE_ZONE
     );
     assert_eq!(request.node.addresses, [IpAddr::V4(NODE_IP)]);
+    // Topology depends on the labels: every Service may differ.
+    assert_eq!(
+        request.changed_service_names(),
+        ["ns1/db", "ns1/dns", "ns1/web"]
+    );
+}
+
+/// The periodic full sync names the Services that changed since the last
+/// sync, none when nothing did, and hands on the same categorized view a
+/// proxier started afresh builds.
+#[test]
+fn a_periodic_full_sync_names_only_the_services_that_changed() {
+    let (proxier, backend) = proxier_after_first_sync();
+    backend.take_requests();
+
+    proxier.sync_once_full().unwrap();
+    let untouched = backend.take_single_request();
+    assert!(untouched.full);
+    assert!(untouched.changed_services.is_empty(), "{untouched:?}");
+    assert_eq!(
+        untouched.service_port_names(),
+        ["ns1/db:pg", "ns1/dns:dns", "ns1/web:http"]
+    );
+
+    let slice = web_endpoints(&["10.244.1.2", "10.244.2.9"]);
+    proxier.on_endpoint_slice(ObjectEvent::Apply(slice.clone()));
+    proxier.sync_once_full().unwrap();
+    let changed = backend.take_single_request();
+    assert!(changed.full);
+    assert_eq!(changed.changed_service_names(), ["ns1/web"]);
+    let services = [web(), db(), dns()];
+    let slices = [slice, db_endpoints(), dns_endpoints(&["10.244.1.6"])];
+    let (fresh, fresh_backend) = proxier_with_objects(&services, &slices);
+    fresh.sync_once().unwrap();
+    assert_eq!(
+        changed.service_ports,
+        fresh_backend.take_single_request().service_ports
+    );
 }
 
 #[test]

@@ -314,7 +314,8 @@ pub fn node_v4() -> NodeInfo {
 }
 
 /// One sync of `backend` (of `family`) in the node namespace of
-/// `topology`, with no Service marked changed.
+/// `topology`, with every Service of `service_ports` marked changed (a
+/// caller that does not track changes).
 pub fn sync_backend(
     topology: &Topology,
     backend: &mut NftablesBackend,
@@ -328,12 +329,15 @@ pub fn sync_backend(
 ) -> SyncOutcome {
     use kp_sync::Backend;
     let stale = kp_sync::StaleConntrack::default();
-    let none = std::collections::BTreeSet::new();
+    let every: std::collections::BTreeSet<kp_model::NamespacedName> = service_ports
+        .keys()
+        .map(|port| port.service.clone())
+        .collect();
     let request = kp_sync::SyncRequest {
         family,
         full,
         service_ports,
-        changed_services: &none,
+        changed_services: &every,
         node,
         stale_conntrack: &stale,
     };
