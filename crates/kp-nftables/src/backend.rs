@@ -1012,6 +1012,7 @@ mod tests {
             protocol: kp_model::Protocol::Tcp,
             local: false,
             endpoints: endpoints.iter().map(|text| at(text)).collect(),
+            entries: Vec::new(),
             affinity_secs: secs,
         };
         let record = |draws| ServiceRecord {

@@ -500,10 +500,10 @@ impl Renderer {
         for (&service, kept) in services.iter().zip(&kept) {
             let old = programmed.services.get(service);
             if let Some(record) = kept.record(old, &delta.services) {
-                for element in &record.elements {
+                record.for_each_element(|element| {
                     write_add(element, &mut out);
                     stats.elements_added += 1;
-                }
+                });
             }
         }
         if full && !input.reset {
@@ -744,10 +744,10 @@ fn diff_elements(
     out: &mut Sections,
     stats: &mut RenderStats,
 ) {
-    let old_elements: &[Element] = old.map_or(&[], |old| &old.elements);
-    let new_elements: &[Element] = new.map_or(&[], |new| &new.elements);
-    for element in new_elements {
-        match find(old_elements, element) {
+    let old_elements = old.map(ServiceRecord::all_elements).unwrap_or_default();
+    let new_elements = new.map(ServiceRecord::all_elements).unwrap_or_default();
+    for element in &new_elements {
+        match find(&old_elements, element) {
             Some(kept) if kept == element => {}
             Some(_) => {
                 write_delete(element, out);
@@ -761,8 +761,8 @@ fn diff_elements(
             }
         }
     }
-    for element in old_elements {
-        if find(new_elements, element).is_none() {
+    for element in &old_elements {
+        if find(&new_elements, element).is_none() {
             write_delete(element, out);
             stats.elements_deleted += 1;
         }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use kp_model::{NamespacedName, Protocol};
 
 use crate::model::{Key, MapElement, SetElement, Verdict};
-use crate::names::Pool;
+use crate::names::{count_set, slot_map, Pool};
 
 /// One element of a set or verdict map of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,9 +162,75 @@ pub struct Draw {
     pub local: bool,
     /// The endpoint in each slot (slot `i` is `endpoints[i]`).
     pub endpoints: Vec<SocketAddr>,
+    /// The entries that draw from it (none while it has no endpoint): each
+    /// is an element of the count set of its pool and endpoint count, and
+    /// has a slot element per endpoint in the slot map of its pool and
+    /// protocol. Those elements are not recorded but derived
+    /// ([`Draw::elements`]): at 5,000 service ports × 50 endpoints they
+    /// would be 250,000 recorded elements that repeat the endpoints.
+    pub entries: Vec<Entry>,
     /// The port's ClientIP affinity timeout in seconds, if it has one: its
     /// clients' entries are in `affinity-PROTO-SECS`.
     pub affinity_secs: Option<u64>,
+}
+
+/// An entry of a [`Draw`]: where a packet's destination is looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Entry {
+    /// An address (ClusterIP, external IP, load-balancer IP) and the
+    /// service port: `address . protocol . port` in the count set.
+    Addr(IpAddr, u16),
+    /// A NodePort: `protocol . node port` in the count set.
+    NodePort(u16),
+}
+
+impl Entry {
+    /// Its key in its count set.
+    pub fn key(self, protocol: Protocol) -> Key {
+        match self {
+            Self::Addr(ip, port) => Key::AddrProtoPort(ip, protocol, port),
+            Self::NodePort(port) => Key::ProtoPort(protocol, port),
+        }
+    }
+
+    /// The key of its slot `slot` in its slot map: `address . port . slot`
+    /// or `node port . slot`.
+    pub fn slot_key(self, slot: u32) -> Key {
+        match self {
+            Self::Addr(ip, port) => Key::EntrySlot(ip, port, slot),
+            Self::NodePort(port) => Key::PortSlot(port, slot),
+        }
+    }
+}
+
+impl Draw {
+    /// The pool of `entry` of this draw.
+    pub fn pool(&self, entry: Entry) -> Pool {
+        Pool {
+            local: self.local,
+            node_port: matches!(entry, Entry::NodePort(_)),
+        }
+    }
+
+    /// The count-set and slot elements of its entries, in no particular
+    /// order.
+    pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
+        let count = u32::try_from(self.endpoints.len()).unwrap_or(u32::MAX);
+        self.entries.iter().flat_map(move |&entry| {
+            let pool = self.pool(entry);
+            let set = Element::set(count_set(pool, count), entry.key(self.protocol));
+            let map = slot_map(pool, self.protocol);
+            let slots = (0..).zip(&self.endpoints).map(move |(slot, endpoint)| {
+                Element::endpoint(map, entry.slot_key(slot), *endpoint)
+            });
+            std::iter::once(set).chain(slots)
+        })
+    }
+
+    /// How many elements [`Draw::elements`] gives.
+    fn element_count(&self) -> usize {
+        self.entries.len() * (1 + self.endpoints.len())
+    }
 }
 
 /// The table as the last successful transaction left it.
@@ -300,6 +366,42 @@ impl ServiceRecord {
         }
     }
 
+    /// Every element the Service holds in the table, sorted by map and
+    /// key: those recorded, and those derived from the data layout's draws
+    /// ([`Draw::elements`]).
+    pub fn all_elements(&self) -> Vec<Element> {
+        if self.data().draws.iter().all(|draw| draw.entries.is_empty()) {
+            return self.elements.clone();
+        }
+        let mut all = Vec::with_capacity(self.element_count());
+        all.extend(self.elements.iter().cloned());
+        all.extend(self.data().draws.iter().flat_map(Draw::elements));
+        all.sort_by(|a, b| (a.map, a.key()).cmp(&(b.map, b.key())));
+        all
+    }
+
+    /// Hands every element the Service holds in the table to `each`, in no
+    /// particular order, without collecting them.
+    pub fn for_each_element(&self, mut each: impl FnMut(&Element)) {
+        self.elements.iter().for_each(&mut each);
+        for draw in &self.data().draws {
+            for element in draw.elements() {
+                each(&element);
+            }
+        }
+    }
+
+    /// How many elements the Service holds in the table.
+    pub fn element_count(&self) -> usize {
+        self.elements.len()
+            + self
+                .data()
+                .draws
+                .iter()
+                .map(Draw::element_count)
+                .sum::<usize>()
+    }
+
     /// The data layout's part of the record (empty in the default layout).
     pub fn data(&self) -> &DataRecord {
         static EMPTY: DataRecord = DataRecord::new();
@@ -411,7 +513,7 @@ impl Programmed {
                 (
                     chains + record.chains.len(),
                     rules + record.rules,
-                    elements + record.elements.len(),
+                    elements + record.element_count(),
                 )
             })
     }

@@ -894,3 +894,39 @@ fn slot_and_count_elements_of_many_services_share_commands() {
         &[at("10.244.2.7", 8080)],
     );
 }
+
+/// The record holds a Service's slot and count-set elements as its draws
+/// (an entry and the endpoint of each slot), not as elements: what it
+/// gives as the Service's elements still has them, each once, sorted.
+#[test]
+fn the_record_derives_slot_and_count_elements_from_its_draws() {
+    let mut world = world();
+    world.sync(true, &[]);
+    let record = &world.backend.programmed().services[&NamespacedName::new("ns1", "web")];
+    let maps = |elements: &[kp_nftables::Element]| -> Vec<&'static str> {
+        elements.iter().map(|element| element.map).collect()
+    };
+    let recorded = maps(&record.elements);
+    assert!(
+        !recorded
+            .iter()
+            .any(|map| map.starts_with("endpoint-count-") || *map == "service-endpoints-tcp"),
+        "{recorded:?}"
+    );
+    let all = record.all_elements();
+    assert_eq!(all.len(), record.element_count());
+    assert_eq!(all.len(), record.elements.len() + 3, "{all:#?}");
+    let slots: Vec<String> = all
+        .iter()
+        .filter(|element| element.map == "service-endpoints-tcp")
+        .map(|element| format!("{} : {:?}", element.key(), element.data))
+        .collect();
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    assert!(
+        all.windows(2)
+            .all(|pair| (pair[0].map, pair[0].key()) < (pair[1].map, pair[1].key())),
+        "sorted, each once: {all:#?}"
+    );
+    assert!(all.iter().any(|element| element.map == "endpoint-count-2"
+        && element.key() == Key::AddrProtoPort(ip("10.96.0.10"), kp_model::Protocol::Tcp, 80)));
+}

@@ -26,7 +26,7 @@ use crate::names::{
     SERVICE_NODEPORTS,
 };
 use crate::options::Layout;
-use crate::state::{Class, Draw, Element, ServiceRecord};
+use crate::state::{Class, Draw, Element, Entry, ServiceRecord};
 
 /// One service port while it is rendered.
 struct Port<'a> {
@@ -635,7 +635,8 @@ fn write_draw_chain(
     let slots = assign_slots(old_draw.map_or(&[], |draw| &draw.endpoints), &wanted);
     let sp = &port.state.port;
     let protocol = port.protocol;
-    if let Ok(count @ 1..) = u32::try_from(slots.len()) {
+    let mut entries = Vec::new();
+    if !slots.is_empty() {
         let reach = reach(&port.plan, list.local);
         let mut addresses: Vec<std::net::IpAddr> = Vec::new();
         if reach.cluster_ip {
@@ -644,30 +645,13 @@ fn write_draw_chain(
         if reach.external {
             addresses.extend(sp.external_ips.iter().chain(&sp.load_balancer_ips));
         }
-        // Each entry's count-set key: its address (or NodePort) and port.
-        let entries = addresses
+        // Each entry: its address (or NodePort) and port; its count-set
+        // and slot elements are derived from the draw.
+        entries = addresses
             .iter()
-            .map(|ip| Key::AddrProtoPort(*ip, protocol, sp.port))
-            .chain(
-                sp.node_port
-                    .filter(|_| reach.external)
-                    .map(|node_port| Key::ProtoPort(protocol, node_port)),
-            );
-        for entry in entries {
-            let pool = Pool {
-                local: list.local,
-                node_port: matches!(entry, Key::ProtoPort(..)),
-            };
-            record
-                .elements
-                .push(Element::set(count_set(pool, count), entry));
-            let map = slot_map(pool, protocol);
-            for (slot, endpoint) in (0..).zip(&slots) {
-                if let Some(key) = slot_key(entry, slot) {
-                    record.elements.push(Element::endpoint(map, key, *endpoint));
-                }
-            }
-        }
+            .map(|ip| Entry::Addr(*ip, sp.port))
+            .chain(sp.node_port.filter(|_| reach.external).map(Entry::NodePort))
+            .collect();
         if let Some(secs) = sp.session_affinity_timeout {
             // A client with an entry goes where it went before.
             writer.rule(
@@ -689,18 +673,9 @@ fn write_draw_chain(
         protocol,
         local: list.local,
         endpoints: slots,
+        entries,
         affinity_secs: sp.session_affinity_timeout.map(|timeout| timeout.as_secs()),
     });
-}
-
-/// The slot map's key of slot `slot` of the entry whose count-set key is
-/// `entry`: `address . port . slot`, or `node port . slot`.
-fn slot_key(entry: Key, slot: u32) -> Option<Key> {
-    match entry {
-        Key::AddrProtoPort(ip, _, port) => Some(Key::EntrySlot(ip, port, slot)),
-        Key::ProtoPort(_, port) => Some(Key::PortSlot(port, slot)),
-        _ => None,
-    }
 }
 
 /// The rule of `class` in its class chain: `ip daddr . meta l4proto . th
