@@ -135,6 +135,18 @@ pub enum ApplyError {
         /// that order.
         refused: Vec<Command>,
     },
+    /// The kernel refused lines of a transaction that was written in
+    /// pieces and encoded as they came (its commands are gone): their
+    /// numbers, with the kernel's error for each; nothing was committed.
+    /// [`crate::netlink::name_refused_lines`] names them from the same
+    /// transaction rendered again.
+    #[error("the kernel refused the transaction: {}{}", lines.first().map_or("", |(_, message)| message.as_str()), lines.first().and_then(|(line, _)| *line).map(|n| format!(" (line {n} of transaction {})", transaction + 1)).unwrap_or_default())]
+    RefusedLines {
+        /// The transaction, counted from 0 among those of the stream.
+        transaction: usize,
+        /// The refused lines (`None` where unknown) with their errors.
+        lines: Vec<(Option<usize>, String)>,
+    },
     /// A line of the transaction does not fit netlink's length fields (an
     /// attribute, a nested attribute or a message); nothing was sent.
     #[error("not sent: {object} does not fit a netlink message: {reason} (line {}: {})", line.0, abbreviated(&line.1))]

@@ -503,6 +503,46 @@ impl NftablesBackend {
         Ok(Some(outcome))
     }
 
+    /// `error` with the refused lines of a streamed transaction
+    /// ([`ApplyError::RefusedLines`]) named: the applier encoded its
+    /// commands as they came and kept none, so the same render is made
+    /// again (rendering is deterministic, and the record is as it was),
+    /// collected this time, and the lines are read from its transaction.
+    fn name_refused_lines(&mut self, error: ApplyError, input: &RenderInput<'_>) -> ApplyError {
+        let ApplyError::RefusedLines { transaction, .. } = &error else {
+            return error;
+        };
+        let wanted = *transaction;
+        let mut current = Transaction::new(self.family);
+        let mut found = None;
+        let mut index = 0;
+        let rendered = self
+            .renderer
+            .render_streamed(input, &self.programmed, |piece| {
+                match piece {
+                    Piece::Commands(mut commands) if index == wanted => {
+                        current.commands.append(&mut commands);
+                    }
+                    Piece::Commands(_) => {}
+                    Piece::Commit => {
+                        if index == wanted {
+                            found = Some(std::mem::replace(
+                                &mut current,
+                                Transaction::new(self.family),
+                            ));
+                        }
+                        index += 1;
+                    }
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
+        let Ok(_) = rendered;
+        match found {
+            Some(transaction) => crate::netlink::name_refused_lines(error, &transaction),
+            None => error,
+        }
+    }
+
     /// The addresses NodePorts answer on; `None` means every local address.
     fn resolve_node_ports(
         &mut self,
@@ -616,6 +656,7 @@ impl Backend for NftablesBackend {
                 // Only a transaction that built the table from nothing
                 // (the retry after a failure) tells that the refused lines
                 // themselves are at fault.
+                let error = self.name_refused_lines(error, &input);
                 self.forget_kernel();
                 let blame = if reset { Blame::Lines } else { Blame::Nobody };
                 return Err(rejected(error, request.service_ports, blame));

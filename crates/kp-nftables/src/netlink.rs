@@ -166,12 +166,17 @@ impl Encoder {
     /// Encodes `transaction` into its messages; a command that cannot be
     /// encoded is named by its line.
     fn encode(&mut self, transaction: &Transaction) -> Result<(), LineError> {
-        for (index, command) in transaction.commands.iter().enumerate() {
-            self.line = index + 1;
-            self.encode_command(command)
-                .map_err(|error| (index + 1, error))?;
+        for command in &transaction.commands {
+            self.encode_next(command)
+                .map_err(|error| (self.line, error))?;
         }
         Ok(())
+    }
+
+    /// Encodes `command` as the transaction's next line.
+    fn encode_next(&mut self, command: &Command) -> Result<(), EncodeError> {
+        self.line += 1;
+        self.encode_command(command)
     }
 
     fn encode_command(&mut self, command: &Command) -> Result<(), EncodeError> {
@@ -280,40 +285,60 @@ impl Expected {
         Ok(())
     }
 
-    fn of(transaction: &Transaction) -> Self {
-        let mut expected = Self {
+    /// What an empty transaction leaves.
+    fn new() -> Self {
+        Self {
             table_exists: None,
             generation_moves: false,
-        };
+        }
+    }
+
+    fn of(transaction: &Transaction) -> Self {
+        let mut expected = Self::new();
         for command in &transaction.commands {
-            match command {
-                Command::AddTable { .. } => expected.table_exists = Some(true),
-                Command::DeleteTable => expected.table_exists = Some(false),
-                Command::AddRule(_) => {
-                    expected.generation_moves = true;
-                    // A rule can only be added to a table that exists.
-                    expected.table_exists.get_or_insert(true);
-                }
-                _ => {
-                    // Chains, sets and elements live in the table too.
-                    expected.table_exists.get_or_insert(true);
-                }
-            }
+            expected.take_in(command);
         }
         expected
+    }
+
+    /// What the transaction leaves with `command` as its next line.
+    fn take_in(&mut self, command: &Command) {
+        match command {
+            Command::AddTable { .. } => self.table_exists = Some(true),
+            Command::DeleteTable => self.table_exists = Some(false),
+            Command::AddRule(_) => {
+                self.generation_moves = true;
+                // A rule can only be added to a table that exists.
+                self.table_exists.get_or_insert(true);
+            }
+            _ => {
+                // Chains, sets and elements live in the table too.
+                self.table_exists.get_or_insert(true);
+            }
+        }
     }
 }
 
 /// The error for command `line` (1-based) of `transaction`, which the
 /// encoder refused, naming the object it writes.
 fn encode_error(transaction: &Transaction, line: usize, error: EncodeError) -> ApplyError {
-    let family = transaction.family;
     let Some(command) = transaction.commands.get(line.wrapping_sub(1)).cloned() else {
         // Not reached: the encoder numbers the commands it was given.
         return ApplyError::NotApplied {
             reason: format!("the netlink encoder refused line {line}, which does not exist"),
         };
     };
+    command_encode_error(transaction.family, line, command, error)
+}
+
+/// The error for `command`, line `line` of a transaction of `family`,
+/// which the encoder refused.
+fn command_encode_error(
+    family: IpFamily,
+    line: usize,
+    command: Command,
+    error: EncodeError,
+) -> ApplyError {
     let text = command.line(family).to_string();
     match error {
         EncodeError::Unsupported => ApplyError::Kernel {
@@ -339,17 +364,21 @@ fn encode_error(transaction: &Transaction, line: usize, error: EncodeError) -> A
     }
 }
 
-/// The error for a batch the kernel did not apply, or whose answers were
-/// lost: a refused message is named by its line of `transaction` (through
-/// `encoder`, which wrote the batch).
-fn batch_error(failure: BatchFailure, encoder: &Encoder, transaction: &Transaction) -> ApplyError {
+/// The lines of the messages of a batch the kernel did not apply, with
+/// the kernel's error for each (the line is `None` where the encoder does
+/// not know it); an error of its own for a batch whose answers were lost,
+/// or that was refused as a whole.
+fn refused_lines(
+    failure: BatchFailure,
+    encoder: &Encoder,
+) -> Result<Vec<(Option<usize>, String)>, ApplyError> {
     if let Some(broken) = failure.broken {
         // Answers lost or unread (a receive error, `ENOBUFS`): whether
         // each message was applied is unknown.
-        return ApplyError::Write(broken.error.into());
+        return Err(ApplyError::Write(broken.error.into()));
     }
     if let Some(error) = failure.refused_whole {
-        return match error.errno() {
+        return Err(match error.errno() {
             Some(ERESTART) => ApplyError::GenerationMoved,
             Some(EOPNOTSUPP) => ApplyError::NoNftables {
                 message: error.to_string(),
@@ -360,13 +389,21 @@ fn batch_error(failure: BatchFailure, encoder: &Encoder, transaction: &Transacti
                 also_refused: Vec::new(),
                 refused: Vec::new(),
             },
-        };
+        });
     }
-    let mut refused = failure.refused.iter().map(|refused| {
-        let line = encoder
-            .line_of(refused.index)
-            .and_then(|n| transaction.line(n).map(|text| (n, text)));
-        (line, refused.error.to_string())
+    Ok(failure
+        .refused
+        .iter()
+        .map(|refused| (encoder.line_of(refused.index), refused.error.to_string()))
+        .collect())
+}
+
+/// The error for the refused `lines` of `transaction` (with the kernel's
+/// error for each), naming each line by its text and command.
+fn named_refusal(lines: Vec<(Option<usize>, String)>, transaction: &Transaction) -> ApplyError {
+    let mut refused = lines.into_iter().map(|(line, message)| {
+        let line = line.and_then(|n| transaction.line(n).map(|text| (n, text)));
+        (line, message)
     });
     let Some((line, message)) = refused.next() else {
         // Not reached: a failure names what failed.
@@ -387,6 +424,16 @@ fn batch_error(failure: BatchFailure, encoder: &Encoder, transaction: &Transacti
         line,
         also_refused,
         refused,
+    }
+}
+
+/// `error` with the lines of an [`ApplyError::RefusedLines`] named from
+/// `transaction`, the same transaction rendered again (rendering is
+/// deterministic); any other error as it is.
+pub fn name_refused_lines(error: ApplyError, transaction: &Transaction) -> ApplyError {
+    match error {
+        ApplyError::RefusedLines { lines, .. } => named_refusal(lines, transaction),
+        other => other,
     }
 }
 
@@ -465,37 +512,63 @@ fn read_back(channel: &mut Channel, family: IpFamily) -> Result<ReadBack, kp_net
 }
 
 impl NetlinkApplier {
+    /// The encoder of this applier's next transaction of `family`.
+    fn encoder(&mut self, family: IpFamily) -> Encoder {
+        self.transactions += 1;
+        let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
+        let mut encoder = Encoder::new(family, prefix);
+        encoder.refused_chains.clone_from(&self.refused_chains);
+        encoder
+    }
+
     /// Commits `transaction`, bound to `generation` when given.
-    ///
-    /// The transaction counts as applied only when the kernel answered
-    /// every message without an error and a read-back agrees: the
-    /// table exists (or, after a transaction that deletes it last, does
-    /// not), and the generation moved on when the transaction added a
-    /// rule (the kernel counts every such commit as a change).
     fn commit(
         &mut self,
         transaction: &Transaction,
         generation: Option<u32>,
     ) -> Result<(), ApplyError> {
         let family = transaction.family;
-        self.transactions += 1;
-        let prefix = format!("{:x}x{}x", self.epoch, self.transactions);
-        let mut encoder = Encoder::new(family, prefix);
-        encoder.refused_chains.clone_from(&self.refused_chains);
+        let mut encoder = self.encoder(family);
         encoder
             .encode(transaction)
             .map_err(|(line, error)| encode_error(transaction, line, error))?;
+        let expected = Expected::of(transaction);
+        self.send(family, &mut encoder, expected, generation)
+            .map_err(|failure| match failure {
+                SendFailure::Apply(error) => error,
+                SendFailure::Batch(failure) => match refused_lines(failure, &encoder) {
+                    Ok(lines) => named_refusal(lines, transaction),
+                    Err(error) => error,
+                },
+            })
+    }
+
+    /// Sends the messages of `encoder` as one batch (bound to `generation`
+    /// when given) and reads back what it left.
+    ///
+    /// The transaction counts as applied only when the kernel answered
+    /// every message without an error and a read-back agrees with what it
+    /// was `expected` to leave: the table exists (or, after a transaction
+    /// that deletes it last, does not), and the generation moved on when
+    /// the transaction added a rule (the kernel counts every such commit
+    /// as a change).
+    fn send(
+        &mut self,
+        family: IpFamily,
+        encoder: &mut Encoder,
+        expected: Expected,
+        generation: Option<u32>,
+    ) -> Result<(), SendFailure> {
         let messages = std::mem::take(&mut encoder.messages);
         let empty = messages.is_empty();
         if empty && generation.is_none() {
             // Nothing to commit: an empty partial sync.
             return Ok(());
         }
-        let expected = Expected::of(transaction);
         let before = if expected.generation_moves {
             Some(
                 ask_generation(&mut self.channel)
-                    .map_err(|error| ApplyError::Write(error.into()))?,
+                    .map_err(|error| SendFailure::Apply(ApplyError::Write(error.into())))?,
             )
         } else {
             None
@@ -508,13 +581,76 @@ impl NetlinkApplier {
         }
         self.channel
             .execute_encoded_batch(&batch, messages)
-            .map_err(|failure| batch_error(failure, &encoder, transaction))?;
+            .map_err(SendFailure::Batch)?;
         if empty {
             return Ok(());
         }
-        let read =
-            read_back(&mut self.channel, family).map_err(|error| read_back_error(family, error))?;
-        expected.judge(family, before, &read)
+        let read = read_back(&mut self.channel, family)
+            .map_err(|error| SendFailure::Apply(read_back_error(family, error)))?;
+        expected
+            .judge(family, before, &read)
+            .map_err(SendFailure::Apply)
+    }
+}
+
+/// Why a batch was not committed.
+enum SendFailure {
+    /// The kernel refused it or its answers were lost.
+    Batch(BatchFailure),
+    /// Anything else.
+    Apply(ApplyError),
+}
+
+/// The transactions of a [`NetlinkApplier`] written in pieces: each piece
+/// is encoded as it comes and its commands dropped, so that a large full
+/// sync never holds its commands and its messages at once (its element
+/// commands alone were 6 MB at 10,000 Service ports × 2 endpoints). A
+/// refusal names its lines by number only
+/// ([`ApplyError::RefusedLines`]); the caller, which rendered them, names
+/// them from the same render ([`name_refused_lines`]).
+struct NetlinkStream<'a> {
+    applier: &'a mut NetlinkApplier,
+    family: IpFamily,
+    /// The encoder of the transaction being written.
+    encoder: Option<Encoder>,
+    /// What the transaction being written must leave.
+    expected: Expected,
+    /// Transactions this stream committed.
+    committed: usize,
+}
+
+impl crate::applier::TransactionStream for NetlinkStream<'_> {
+    fn write(&mut self, commands: Vec<Command>) -> Result<(), ApplyError> {
+        let encoder = match &mut self.encoder {
+            Some(encoder) => encoder,
+            None => self.encoder.insert(self.applier.encoder(self.family)),
+        };
+        for command in &commands {
+            self.expected.take_in(command);
+            encoder.encode_next(command).map_err(|error| {
+                command_encode_error(self.family, encoder.line, command.clone(), error)
+            })?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), ApplyError> {
+        let mut encoder = match self.encoder.take() {
+            Some(encoder) => encoder,
+            None => self.applier.encoder(self.family),
+        };
+        let expected = std::mem::replace(&mut self.expected, Expected::new());
+        let transaction = self.committed;
+        self.committed += 1;
+        self.applier
+            .send(self.family, &mut encoder, expected, None)
+            .map_err(|failure| match failure {
+                SendFailure::Apply(error) => error,
+                SendFailure::Batch(failure) => match refused_lines(failure, &encoder) {
+                    Ok(lines) => ApplyError::RefusedLines { transaction, lines },
+                    Err(error) => error,
+                },
+            })
     }
 }
 
@@ -527,6 +663,16 @@ impl Default for NetlinkApplier {
 impl Applier for NetlinkApplier {
     fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
         self.commit(transaction, None)
+    }
+
+    fn stream(&mut self, family: IpFamily) -> Box<dyn crate::applier::TransactionStream + '_> {
+        Box::new(NetlinkStream {
+            applier: self,
+            family,
+            encoder: None,
+            expected: Expected::new(),
+            committed: 0,
+        })
     }
 
     fn read_map_targets(

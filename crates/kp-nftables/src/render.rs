@@ -259,6 +259,21 @@ pub(crate) struct Sections {
     pub tail: Vec<Command>,
 }
 
+impl Sections {
+    /// The additions written so far, once `in_piece` (the elements written
+    /// since the last piece) reaches [`ELEMENTS_PER_PIECE`]; the count
+    /// starts again, and the next element of a map starts a command of its
+    /// own.
+    fn full_piece(&mut self, in_piece: &mut usize) -> Option<Vec<Command>> {
+        if *in_piece < ELEMENTS_PER_PIECE {
+            return None;
+        }
+        *in_piece = 0;
+        self.shared_additions.clear();
+        Some(std::mem::take(&mut self.additions))
+    }
+}
+
 /// Where the first pass of a full render put a Service's record.
 #[derive(Debug, Clone, Copy)]
 enum Kept {
@@ -394,7 +409,8 @@ impl Renderer {
             } else {
                 wanted
             });
-            out.additions.reserve(input.service_ports.len() * 2);
+            out.additions
+                .reserve((input.service_ports.len() * 2).min(ELEMENTS_PER_PIECE));
             if input.reset {
                 out.reset = head::reset();
             }
@@ -479,31 +495,16 @@ impl Renderer {
             }
         }
         if ctx.layout == Layout::Data {
-            write_hairpin(
-                input, programmed, &services, &kept, &delta, &mut out, &mut stats,
-            );
             if full {
                 delta.classes = head::classes_to_hold(input);
                 if !input.reset {
                     delete_unused_count_sets(programmed, &delta.classes, &mut out.head);
                 }
             } else {
+                write_hairpin(programmed, &delta, &mut out, &mut stats);
                 write_affinity_change(programmed, &delta, &mut out);
                 let wanted = input.prune.then(|| head::classes_to_hold(input));
                 write_class_change(input.family, programmed, wanted, &mut delta, &mut out);
-            }
-        }
-        // A full render flushed the maps and adds every element again,
-        // written only now: held from the start, they would lie between
-        // the commands of the transactions above, and the transactions'
-        // commands and the elements would be held at once.
-        for (&service, kept) in services.iter().zip(&kept) {
-            let old = programmed.services.get(service);
-            if let Some(record) = kept.record(old, &delta.services) {
-                record.for_each_element(|element| {
-                    write_add(element, &mut out);
-                    stats.elements_added += 1;
-                });
             }
         }
         if full && !input.reset {
@@ -525,7 +526,38 @@ impl Renderer {
             emitted.emit(&mut emit, std::mem::take(&mut out.head))?;
             emitted.chains(&mut emit, &mut out)?;
         }
-        for section in [out.deletions, out.additions, out.tail] {
+        emitted.emit(&mut emit, std::mem::take(&mut out.deletions))?;
+        // A full render flushed the maps and adds every element again,
+        // written only now, after everything else of the last transaction
+        // was handed on, and handed on in pieces: held from the start, the
+        // elements would lie between the commands of the transactions
+        // above, and an applier that encodes pieces as they come holds a
+        // piece's commands, never all the elements' at once.
+        let mut in_piece = 0;
+        for (&service, kept) in services.iter().zip(&kept) {
+            let old = programmed.services.get(service);
+            if let Some(record) = kept.record(old, &delta.services) {
+                record.for_each_element(|element| {
+                    write_add(element, &mut out);
+                    stats.elements_added += 1;
+                    in_piece += 1;
+                });
+            }
+            if let Some(piece) = out.full_piece(&mut in_piece) {
+                emitted.emit(&mut emit, piece)?;
+            }
+        }
+        if full && ctx.layout == Layout::Data {
+            for ip in hairpin_of_all(programmed, &services, &kept, &delta) {
+                write_add(&hairpin_pair(ip), &mut out);
+                stats.elements_added += 1;
+                in_piece += 1;
+                if let Some(piece) = out.full_piece(&mut in_piece) {
+                    emitted.emit(&mut emit, piece)?;
+                }
+            }
+        }
+        for section in [out.additions, out.tail] {
             emitted.emit(&mut emit, section)?;
         }
         // Every render commits at least one transaction (an empty one for a
@@ -878,6 +910,10 @@ fn find<'e>(elements: &'e [Element], wanted: &Element) -> Option<&'e Element> {
         .map(|index| &elements[index])
 }
 
+/// About how many elements a full render hands on in one piece: 4,096
+/// elements are a few hundred kB of commands.
+const ELEMENTS_PER_PIECE: usize = 4096;
+
 /// The most elements one command of the data layout's maps carries: its
 /// netlink message nests them in one attribute, whose length is 16 bits
 /// (an IPv6 slot element with its endpoint is under 100 bytes).
@@ -1082,34 +1118,39 @@ fn keep_changed_chains(
     });
 }
 
-/// The data layout's `hairpin-endpoints` pairs: with a full render, every
-/// pair a Service needs (the set was flushed); with a partial one, the
-/// pairs the first Service needs now, and the deletion of those the last
-/// Service stopped needing (`programmed.hairpin` counts the Services).
-fn write_hairpin(
-    input: &RenderInput<'_>,
+/// A `hairpin-endpoints` pair.
+fn hairpin_pair(ip: IpAddr) -> Element {
+    Element::set(HAIRPIN_ENDPOINTS, Key::AddrPair(ip, ip))
+}
+
+/// The addresses whose `hairpin-endpoints` pair a full render of the data
+/// layout adds (the set was flushed): every one a Service needs.
+fn hairpin_of_all(
     programmed: &Programmed,
     services: &[&NamespacedName],
     kept: &[Kept],
     delta: &StateDelta,
+) -> BTreeSet<IpAddr> {
+    let mut all = BTreeSet::new();
+    for (&service, kept) in services.iter().zip(kept) {
+        let old = programmed.services.get(service);
+        if let Some(record) = kept.record(old, &delta.services) {
+            all.extend(record.data().hairpin.iter().copied());
+        }
+    }
+    all
+}
+
+/// The data layout's `hairpin-endpoints` pairs of a partial render: the
+/// pairs the first Service needs now, and the deletion of those the last
+/// Service stopped needing (`programmed.hairpin` counts the Services). A
+/// full render adds [`hairpin_of_all`] with the other elements.
+fn write_hairpin(
+    programmed: &Programmed,
+    delta: &StateDelta,
     out: &mut Sections,
     stats: &mut RenderStats,
 ) {
-    let pair = |ip: IpAddr| Element::set(HAIRPIN_ENDPOINTS, Key::AddrPair(ip, ip));
-    if input.full || input.reset {
-        let mut all = BTreeSet::new();
-        for (&service, kept) in services.iter().zip(kept) {
-            let old = programmed.services.get(service);
-            if let Some(record) = kept.record(old, &delta.services) {
-                all.extend(record.data().hairpin.iter().copied());
-            }
-        }
-        for ip in all {
-            write_add(&pair(ip), out);
-            stats.elements_added += 1;
-        }
-        return;
-    }
     let mut change: BTreeMap<IpAddr, isize> = BTreeMap::new();
     for (service, record) in &delta.services {
         if let Some(old) = programmed.services.get(service) {
@@ -1125,10 +1166,10 @@ fn write_hairpin(
         let before = programmed.hairpin.get(&ip).copied().unwrap_or(0);
         let after = before.saturating_add_signed(change);
         if before == 0 && after > 0 {
-            write_add(&pair(ip), out);
+            write_add(&hairpin_pair(ip), out);
             stats.elements_added += 1;
         } else if before > 0 && after == 0 {
-            write_delete(&pair(ip), out);
+            write_delete(&hairpin_pair(ip), out);
             stats.elements_deleted += 1;
         }
     }

@@ -11,6 +11,15 @@ use crate::model::{
     AddrField, Address, ChainKind, Command, Expr, Key, Name, Rule, SetElement, Verdict,
 };
 
+/// The error of a batch of `transaction` (encoded by `encoder`) that
+/// failed as `failure` says, as [`NetlinkApplier::apply`] reports it.
+fn batch_error(failure: BatchFailure, encoder: &Encoder, transaction: &Transaction) -> ApplyError {
+    match refused_lines(failure, encoder) {
+        Ok(lines) => named_refusal(lines, transaction),
+        Err(error) => error,
+    }
+}
+
 const SERVICE_CHAIN: &str = "service-AAAAAAAA-ns1/web/tcp/http";
 const ENDPOINT_CHAIN: &str = "endpoint-BBBBBBBB-ns1/web/tcp/http__10.244.1.2/8080";
 
