@@ -332,7 +332,16 @@ async fn serve(
     }
     // Each failure is logged by name; none stops the proxy.
     let _ = kp_conntrack::apply_conntrack_sysctls(&config.conntrack);
-    modes::remove_leftovers(mode);
+    // Removing what the other modes left runs `iptables-save` and
+    // `iptables-restore` for each flavour (some 80 ms at start): it runs
+    // while the source lists the API server's objects, and the first sync
+    // waits for it.
+    let (leftovers_gone_tx, leftovers_gone) = watch::channel(false);
+    let _leftovers = tokio::task::spawn_blocking(move || {
+        modes::remove_leftovers(mode);
+        // Nobody listening means every proxier has stopped already.
+        let _ = leftovers_gone_tx.send(true);
+    });
     let agent = Agent::new(config, mode, node_name)?;
     let drift = DriftCheck::start(
         crate::check::trace_mode(mode)?,
@@ -365,7 +374,14 @@ async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for proxier in &proxiers {
-        tasks.spawn(Arc::clone(proxier).run(stopped(stop_rx.clone())));
+        let run = Arc::clone(proxier).run(stopped(stop_rx.clone()));
+        let mut leftovers_gone = leftovers_gone.clone();
+        tasks.spawn(async move {
+            // An error means the removal ended without a word (it
+            // panicked); syncing is right either way.
+            let _ = leftovers_gone.wait_for(|gone| *gone).await;
+            run.await;
+        });
     }
     agent.serve(config, mode, &proxiers, &stop_rx, &mut tasks)?;
     let source_run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> =
