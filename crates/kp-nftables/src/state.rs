@@ -176,7 +176,8 @@ pub struct Programmed {
     /// they were flushed; deleted by a later transaction.
     pub stale_chains: BTreeMap<Arc<str>, Instant>,
     /// The data layout: the draw rules and count sets the table holds (kept
-    /// until a full sync when no Service needs them any more).
+    /// until a full sync when no Service needs them any more); the group
+    /// chains and group sets it holds are those of these classes.
     pub classes: BTreeSet<Class>,
     /// The data layout: for each address in `hairpin-endpoints`, how many
     /// Services need it.

@@ -1,9 +1,9 @@
 //! The fixed part of the table, written by every full render: the table,
 //! its sets and maps (flushed, to be filled again), the base chains at
 //! upstream's hooks and priorities, and the rules of the fixed chains.
-//! The data layout adds the slot maps, the count sets and class chains of
-//! the endpoint counts in use, and the `hairpin-endpoints` set, looked up
-//! first in `masquerading`.
+//! The data layout adds the slot maps, the count sets, group sets, class
+//! chains and group chains of the endpoint counts in use, and the
+//! `hairpin-endpoints` set, looked up first in `masquerading`.
 
 use std::collections::BTreeSet;
 
