@@ -358,17 +358,40 @@ def tail(path, n=15):
 
 
 def class_positions(ns, ips_counts):
-    """For the data layout: the rules of `endpoints-by-count-tcp` and the
-    1-based position of the class rule of each count in `ips_counts`."""
-    text = nsx(ns, "nft", "list", "chain", "ip", "kube-proxy", "endpoints-by-count-tcp").stdout
-    rules = [l.strip() for l in text.splitlines() if "@endpoint-count-" in l]
+    """For the data layout: the number of class rules, and for each count
+    in `ips_counts` how many rules a new connection to an entry of that
+    count walks to its class rule (1-based). With grouped classes
+    (`endpoints-by-count-tcp` goes to `endpoints-by-count-tcp-9-16`, …)
+    the walk is the group rules up to the entry's group and the class
+    rules up to its own in the group chain; without, the class rules up to
+    its own."""
+    text = nsx(ns, "nft", "list", "table", "ip", "kube-proxy").stdout
+    chains, chain = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*chain (\S+) \{", line)
+        if m:
+            chain = chains.setdefault(m.group(1), [])
+        elif line.strip() == "}":
+            chain = None
+        elif chain is not None and line.strip():
+            chain.append(line.strip())
+    top = [r for r in chains.get("endpoints-by-count-tcp", []) if "@endpoint-" in r]
+    total = sum(1 for rules in chains.values() for r in rules if "@endpoint-count-" in r)
     positions = {}
     for count in ips_counts:
-        for i, rule in enumerate(rules):
+        for i, rule in enumerate(top):
             if re.search(rf"@endpoint-count-{count}\b", rule):
                 positions[count] = i + 1
                 break
-    return len(rules), positions
+            m = re.search(r"@endpoint-group-\S+ goto (\S+)", rule)
+            if not m:
+                continue
+            inner = [r for r in chains.get(m.group(1), []) if "@endpoint-count-" in r]
+            found = [j for j, r in enumerate(inner) if re.search(rf"@endpoint-count-{count}\b", r)]
+            if found:
+                positions[count] = i + 1 + found[0] + 1
+                break
+    return total, positions
 
 
 # ---------------------------------------------------------------- measuring
@@ -487,8 +510,9 @@ def main(argv):
           + (f", and one Service per count {args.counts}" if args.count_list else "") + ".")
     if "data" in setup:
         total, pos = setup["data"]["classes"]
-        print(f"Data layout: {total} class rules in endpoints-by-count-tcp; the small Service's is "
-              f"rule {pos.get(args.small, '?')}, the big one's rule {pos.get(args.big, '?')}.")
+        print(f"Data layout: {total} address class rules; a new connection to the small Service "
+              f"walks {pos.get(args.small, '?')} rules of the class (and group) chains to its class "
+              f"rule, to the big one {pos.get(args.big, '?')}.")
     print(f"Per sample: conntrack flushed, {args.packets} SYNs from new source ports; {args.runs} runs; "
           f"µs of CPU per new connection, median (min–max).\n")
     print(f"| layout | {args.small} endpoints | {args.big} endpoints | ratio of medians | "

@@ -173,26 +173,114 @@ pub fn is_slot_map(name: &str) -> bool {
     SLOT_MAPS.iter().flatten().any(|map| *map == name)
 }
 
-/// Whether `name` is one of the data layout's slot maps or count sets,
-/// whose elements name no Service.
+/// Whether `name` is one of the data layout's slot maps, count sets or
+/// group sets, whose elements name no Service.
 pub fn is_slot_map_or_count_set(name: &str) -> bool {
-    is_slot_map(name) || count_of_set(name).is_some()
+    is_slot_map(name) || count_of_set(name).is_some() || group_of_set(name).is_some()
 }
 
 /// The pool and count of a count set's name (the inverse of
 /// [`count_set`]).
 pub fn count_of_set(name: &str) -> Option<(Pool, u32)> {
+    let (pool, count) = pool_and_rest(name, "count-")?;
+    Some((pool, parse_count(count)?))
+}
+
+/// How many consecutive endpoint counts one group of a class chain holds
+/// (counts 1–8, 9–16, …): a new connection walks at most the rules of the
+/// groups before its entry's and the class rules of its own group.
+pub const GROUP_SIZE: u32 = 8;
+
+/// The first count of the group `count` belongs to (1 for 1–8, 9 for
+/// 9–16, …); counts start at 1.
+pub fn group_of_count(count: u32) -> u32 {
+    count.saturating_sub(1) / GROUP_SIZE * GROUP_SIZE + 1
+}
+
+/// The data layout's set of `pool`'s entries whose endpoint count is in
+/// the group that starts at `first` (see [`group_of_count`]):
+/// `endpoint-group-1-8`, `nodeport-group-9-16`, `local-endpoint-group-1-8`,
+/// `local-nodeport-group-1-8`.
+pub fn group_set(pool: Pool, first: u32) -> &'static str {
+    let local = if pool.local { "local-" } else { "" };
+    let kind = if pool.node_port {
+        "nodeport-group"
+    } else {
+        "endpoint-group"
+    };
+    let last = group_last(first);
+    intern(format!("{local}{kind}-{first}-{last}"))
+}
+
+/// The pool and first count of a group set's name (the inverse of
+/// [`group_set`]).
+pub fn group_of_set(name: &str) -> Option<(Pool, u32)> {
+    let (pool, range) = pool_and_rest(name, "group-")?;
+    Some((pool, parse_group_range(range)?))
+}
+
+/// The data layout's chain of the class rules of one endpoint list,
+/// protocol and group of counts (the group that starts at `first`):
+/// `endpoints-by-count-tcp-1-8`, `local-endpoints-by-count-udp-9-16`. The
+/// class chain's rule for the group looks the entry up in the group's set
+/// and goes there.
+pub fn group_chain(local: bool, protocol: kp_model::Protocol, first: u32) -> &'static str {
+    let last = group_last(first);
+    intern(format!("{}-{first}-{last}", class_chain(local, protocol)))
+}
+
+/// The endpoint list, protocol and first count of a group chain's name
+/// (the inverse of [`group_chain`]).
+pub fn group_of_chain(name: &str) -> Option<(bool, kp_model::Protocol, u32)> {
+    [false, true].into_iter().find_map(|local| {
+        PROTOCOLS.into_iter().find_map(|protocol| {
+            let range = name
+                .strip_prefix(class_chain(local, protocol))?
+                .strip_prefix('-')?;
+            Some((local, protocol, parse_group_range(range)?))
+        })
+    })
+}
+
+const PROTOCOLS: [kp_model::Protocol; 3] = [
+    kp_model::Protocol::Tcp,
+    kp_model::Protocol::Udp,
+    kp_model::Protocol::Sctp,
+];
+
+/// The last count of the group that starts at `first`.
+fn group_last(first: u32) -> u32 {
+    first.saturating_add(GROUP_SIZE - 1)
+}
+
+/// `local-` or not, then `nodeport-` or `endpoint-`, then `kind`: the pool
+/// and what follows.
+fn pool_and_rest<'a>(name: &'a str, kind: &str) -> Option<(Pool, &'a str)> {
     let (local, rest) = match name.strip_prefix("local-") {
         Some(rest) => (true, rest),
         None => (false, name),
     };
-    let (node_port, count) = if let Some(count) = rest.strip_prefix("nodeport-count-") {
-        (true, count)
+    let (node_port, rest) = if let Some(rest) = rest.strip_prefix("nodeport-") {
+        (true, rest)
     } else {
-        (false, rest.strip_prefix("endpoint-count-")?)
+        (false, rest.strip_prefix("endpoint-")?)
     };
-    let count = count.parse().ok().filter(|_| !count.starts_with('0'))?;
-    Some((Pool { local, node_port }, count))
+    Some((Pool { local, node_port }, rest.strip_prefix(kind)?))
+}
+
+/// A count as the names write it: decimal, no leading zero, not 0.
+fn parse_count(text: &str) -> Option<u32> {
+    text.parse()
+        .ok()
+        .filter(|count| *count > 0 && !text.starts_with('0'))
+}
+
+/// `FIRST-LAST` of a group as [`group_set`] and [`group_chain`] write it:
+/// the first count of a group and its last.
+fn parse_group_range(text: &str) -> Option<u32> {
+    let (first, last) = text.split_once('-')?;
+    let (first, last) = (parse_count(first)?, parse_count(last)?);
+    (group_of_count(first) == first && group_last(first) == last).then_some(first)
 }
 
 /// The data layout's set of `pool`'s entries that have `count` endpoints:
@@ -648,6 +736,65 @@ mod tests {
             describe_command(&Command::AddTable { comment: None }, IpFamily::V4),
             "table ip kube-proxy"
         );
+    }
+
+    #[test]
+    fn counts_fall_in_groups_of_eight() {
+        let firsts: Vec<u32> = [1, 2, 8, 9, 16, 17, 1000]
+            .into_iter()
+            .map(group_of_count)
+            .collect();
+        assert_eq!(firsts, [1, 1, 1, 9, 9, 17, 993]);
+    }
+
+    #[test]
+    fn group_names_read_back_to_their_pool_and_group() {
+        let cluster = Pool::ALL[0];
+        let local_node_port = Pool::ALL[3];
+        assert_eq!(group_set(cluster, 1), "endpoint-group-1-8");
+        assert_eq!(group_set(local_node_port, 9), "local-nodeport-group-9-16");
+        assert_eq!(
+            group_chain(false, Protocol::Tcp, 9),
+            "endpoints-by-count-tcp-9-16"
+        );
+        assert_eq!(
+            group_chain(true, Protocol::Sctp, 993),
+            "local-endpoints-by-count-sctp-993-1000"
+        );
+        for pool in Pool::ALL {
+            for first in [1, 9, 993] {
+                assert_eq!(group_of_set(group_set(pool, first)), Some((pool, first)));
+                assert!(is_slot_map_or_count_set(group_set(pool, first)));
+                assert_eq!(count_of_set(group_set(pool, first)), None);
+                assert_eq!(group_of_set(count_set(pool, first)), None);
+            }
+        }
+        for local in [false, true] {
+            for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+                let chain = group_chain(local, protocol, 17);
+                assert_eq!(group_of_chain(chain), Some((local, protocol, 17)));
+            }
+            assert_eq!(group_of_chain(class_chain(local, Protocol::Tcp)), None);
+        }
+        // Only the names the layout writes: a group starts after a
+        // multiple of eight and holds eight counts.
+        for name in [
+            "endpoint-group-2-9",
+            "endpoint-group-1-9",
+            "endpoint-group-01-8",
+            "endpoint-group-0-7",
+            "endpoint-group-1",
+            "service-group-1-8",
+            "endpoints-by-count-tcp-9-17",
+        ] {
+            assert_eq!(group_of_set(name), None, "{name}");
+            assert_eq!(group_of_chain(name), None, "{name}");
+        }
+        assert_eq!(
+            count_of_set("local-nodeport-count-12"),
+            Some((local_node_port, 12))
+        );
+        assert_eq!(count_of_set("endpoint-count-0"), None);
     }
 
     #[test]

@@ -1234,15 +1234,17 @@ fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut 
 /// the changed Services need a class the table does not hold (an endpoint
 /// count no entry of that pool and protocol had, nor one more or one
 /// fewer), it and its neighbours ([`head::with_neighbours`]) are added:
-/// their count sets declared and their class chains written anew, with
-/// the classes they held, in order (with the fixed part, ahead of the
-/// elements that fill the sets); `delta` records them. Classes no Service
-/// needs any more stay until the next full render (deleting them would be
-/// one more change, and the count may come back). Given the classes a
-/// full render would hold now (`wanted`), the table ends holding exactly
-/// those: the missing ones are added as above, and those no Service needs
-/// go, their class chains written anew without them and their count sets
-/// deleted last.
+/// their count and group sets declared and their group chains written
+/// anew, with the classes they held, in order, and a class chain too when
+/// it gains a group (with the fixed part, ahead of the elements that fill
+/// the sets); `delta` records them. Classes no Service needs any more stay
+/// until the next full render (deleting them would be one more change,
+/// and the count may come back). Given the classes a full render would
+/// hold now (`wanted`), the table ends holding exactly those: the missing
+/// ones are added as above, and those no Service needs go, their group
+/// chains (and class chain, when a group goes) written anew without them,
+/// a group chain left without a class deleted, and their count and group
+/// sets deleted last.
 fn write_class_change(
     family: IpFamily,
     programmed: &Programmed,
@@ -1281,31 +1283,30 @@ fn write_class_change(
         return;
     }
     head::count_sets(family, &new, false, &mut out.head);
-    let chains: BTreeSet<(bool, Protocol)> = new
-        .iter()
-        .chain(&dropped)
-        .map(|class| (class.pool.local, class.protocol))
-        .collect();
     let held: BTreeSet<Class> = programmed
         .classes
         .union(&new)
         .filter(|class| !dropped.contains(class))
         .copied()
         .collect();
-    for &(local, protocol) in &chains {
-        let in_chain: BTreeSet<Class> = held
-            .iter()
-            .filter(|class| (class.pool.local, class.protocol) == (local, protocol))
-            .copied()
-            .collect();
-        if in_chain.is_empty() {
-            // No class left: the chain is only emptied.
-            out.head
-                .push(Command::FlushChain(Name::Fixed(crate::names::class_chain(
-                    local, protocol,
-                ))));
-        } else {
-            head::class_rules(&in_chain, &mut out.head);
+    let changed: BTreeSet<Class> = new.union(&dropped).copied().collect();
+    // Only the group chains whose classes change are written anew; a
+    // group left without a class goes with the count sets below.
+    let held_groups = head::group_chains_of(&held);
+    for (local, protocol, first) in head::group_chains_of(&changed) {
+        if held_groups.contains(&(local, protocol, first)) {
+            head::group_chain_rules(&held, local, protocol, first, &mut out.head);
+        }
+    }
+    // A class chain only when a group comes or goes.
+    let chains: BTreeSet<(bool, Protocol)> = changed
+        .iter()
+        .map(|class| (class.pool.local, class.protocol))
+        .collect();
+    for (local, protocol) in chains {
+        let groups = head::groups_in_chain(&held, local, protocol);
+        if groups != head::groups_in_chain(&programmed.classes, local, protocol) {
+            head::class_chain_rules(&held, local, protocol, &mut out.head);
         }
     }
     if !dropped.is_empty() {
@@ -1316,21 +1317,37 @@ fn write_class_change(
     delta.classes_dropped = dropped;
 }
 
-/// The count sets the table holds that the classes held after a render
-/// (`held`) no longer use, deleted into `out`: at the end of a full
-/// render's fixed part (after the class chains that named them were
-/// flushed and written anew without them), or at the end of a partial
-/// render's transaction (after the entries that left them).
+/// The count sets, group sets and group chains the table holds that the
+/// classes held after a render (`held`) no longer use, deleted into `out`:
+/// at the end of a full render's fixed part (after the class chains that
+/// named them were flushed and written anew without them), or at the end
+/// of a partial render's transaction (after the entries that left them).
+/// A group chain is flushed before it is deleted, and before the count
+/// sets its rules name.
 fn delete_unused_count_sets(
     programmed: &Programmed,
     held: &BTreeSet<Class>,
     out: &mut Vec<Command>,
 ) {
-    let in_use = head::count_sets_of(held);
-    let before = head::count_sets_of(&programmed.classes);
-    for (pool, count) in before.difference(&in_use) {
+    let in_use = head::group_chains_of(held);
+    for (local, protocol, first) in head::group_chains_of(&programmed.classes).difference(&in_use) {
+        let chain = Name::Fixed(crate::names::group_chain(*local, *protocol, *first));
+        out.push(Command::FlushChain(chain.clone()));
+        out.push(Command::DeleteChain(chain));
+    }
+    let counts_held = head::count_sets_of(held);
+    let groups_held = head::group_sets_of(held);
+    let counts = head::count_sets_of(&programmed.classes)
+        .into_iter()
+        .filter(|set| !counts_held.contains(set))
+        .map(|(pool, count)| crate::names::count_set(pool, count));
+    let groups = head::group_sets_of(&programmed.classes)
+        .into_iter()
+        .filter(|set| !groups_held.contains(set))
+        .map(|(pool, first)| crate::names::group_set(pool, first));
+    for set in counts.chain(groups) {
         out.push(Command::DeleteSet {
-            name: Name::Fixed(crate::names::count_set(*pool, *count)),
+            name: Name::Fixed(set),
             map: false,
         });
     }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use kp_model::{NamespacedName, Protocol};
 
 use crate::model::{Key, MapElement, SetElement, Verdict};
-use crate::names::{count_set, slot_map, Pool};
+use crate::names::{count_set, group_of_count, group_set, slot_map, Pool};
 
 /// One element of a set or verdict map of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,24 +212,28 @@ impl Draw {
         }
     }
 
-    /// The count-set and slot elements of its entries, in no particular
-    /// order.
+    /// The count-set, group-set and slot elements of its entries, in no
+    /// particular order.
     pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
         let count = u32::try_from(self.endpoints.len()).unwrap_or(u32::MAX);
         self.entries.iter().flat_map(move |&entry| {
             let pool = self.pool(entry);
-            let set = Element::set(count_set(pool, count), entry.key(self.protocol));
+            let key = entry.key(self.protocol);
+            let sets = [
+                Element::set(count_set(pool, count), key),
+                Element::set(group_set(pool, group_of_count(count)), key),
+            ];
             let map = slot_map(pool, self.protocol);
             let slots = (0..).zip(&self.endpoints).map(move |(slot, endpoint)| {
                 Element::endpoint(map, entry.slot_key(slot), *endpoint)
             });
-            std::iter::once(set).chain(slots)
+            sets.into_iter().chain(slots)
         })
     }
 
     /// How many elements [`Draw::elements`] gives.
     fn element_count(&self) -> usize {
-        self.entries.len() * (1 + self.endpoints.len())
+        self.entries.len() * (2 + self.endpoints.len())
     }
 }
 
@@ -242,7 +246,8 @@ pub struct Programmed {
     /// they were flushed; deleted by a later transaction.
     pub stale_chains: BTreeMap<Arc<str>, Instant>,
     /// The data layout: the draw rules and count sets the table holds (kept
-    /// until a full sync when no Service needs them any more).
+    /// until a full sync when no Service needs them any more); the group
+    /// chains and group sets it holds are those of these classes.
     pub classes: BTreeSet<Class>,
     /// The data layout: for each address in `hairpin-endpoints`, how many
     /// Services need it.

@@ -11,6 +11,11 @@
 //! | ns1/short, http 80/TCP, dns 53/UDP | ClusterIP 10.96.0.33, affinity 300 s, then its UDP port alone, then TCP without affinity; endpoints ep1, ep2, ep3 |
 //! | ns1/long, http 80/TCP | ClusterIP 10.96.0.34, affinity 600 s, endpoints ep1, ep2, ep3 |
 //!
+//! The grouping of the class rules is told over nine pods, g1 to g5 of
+//! node-1 (10.244.1.2–.6) and g6 to g9 of node-2 (10.244.2.2–.5), behind
+//! ns1/web (ClusterIP 10.96.0.30), with up to eleven addresses nobody
+//! answers on (10.244.2.240–.250).
+//!
 //! Node 192.168.99.2; `client` 192.168.99.10; pods of node-1 10.244.1.2
 //! (ep1), .3 (ep2), of node-2 10.244.2.2 (ep3), each serving TCP 8080.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -169,6 +174,129 @@ fn endpoint_changes_are_elements_and_connections_follow_them() {
     assert!(five.contains(WEB), "{five}");
     let again = proxy.full_sync();
     assert_eq!(rules_written(&again), 0, "{again:?}");
+}
+
+/// Nine pods: `g1` to `g5` on this node, `g6` to `g9` on node-2, each
+/// serving TCP 8080; and the client.
+fn nine_pods() -> kp_testkit::netns::TopologyBuilder {
+    let mut topology = kp_testkit::netns::Topology::builder();
+    for n in 1..=9 {
+        let name = format!("g{n}");
+        topology = if n <= 5 {
+            topology.pod(&name, |p| p.tcp(kernel::POD_TCP_PORT))
+        } else {
+            topology.remote_pod(&name, |p| p.tcp(kernel::POD_TCP_PORT))
+        };
+    }
+    topology.client("client")
+}
+
+/// The lines of the chain `name` in a listing.
+fn chain_in<'l>(listing: &'l str, name: &str) -> Vec<&'l str> {
+    let header = format!("chain {name} {{");
+    chains_but(listing, &|chain| chain != header)
+}
+
+/// The class rules are grouped by eight counts (1–8, 9–16, …): an entry
+/// is in the count set of its count and the group set of its group, and
+/// the class chain goes to the group's chain. With eight endpoints the
+/// table holds the classes 7 to 9, so a ninth endpoint moves the entry
+/// into the next group's sets and back with elements only, and
+/// connections follow; a count far away (20) writes only its group chain
+/// and the class chain; a periodic full sync of the untouched table then
+/// deletes the group no class is left in, and a second writes nothing.
+#[test]
+fn counts_crossing_a_group_boundary_are_elements_and_far_counts_write_their_group() {
+    require();
+    let topology = build(nine_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
+    let names: Vec<String> = (1..=9).map(|n| format!("g{n}")).collect();
+    let ips: Vec<_> = names.iter().map(|name| pod_ip(&topology, name)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let web_slice = |count: usize, silent: &[std::net::IpAddr]| {
+        let local: Vec<_> = ips[..count.min(5)].to_vec();
+        let mut remote: Vec<_> = ips[count.min(5)..count].to_vec();
+        remote.extend_from_slice(silent);
+        slice("web", &local, &remote)
+    };
+    let web = service("ns1", "web", |s| s.cluster_ip(WEB).port("http", 80, "TCP"));
+    proxy.apply(&[web], &[web_slice(8, &[])]);
+    assert!(proxy.sync().full);
+    let client = topology.client();
+    let group_holds = |group: &str| {
+        proxy
+            .nft(&["list", "set", "ip", "kube-proxy", group])
+            .contains(WEB)
+    };
+    let counts = hits_until_all(client, at(WEB, 80), &names[..8], 600);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), names[..8]);
+    assert!(group_holds("endpoint-group-1-8"));
+    let listing = proxy.list();
+    assert!(
+        listing.contains("ip daddr . meta l4proto . th dport @endpoint-group-9-16 goto endpoints-by-count-tcp-9-16"),
+        "the class of 9 is held ahead: {listing}"
+    );
+
+    // 8 → 9 → 8: across the boundary and back, elements only.
+    for (count, into, from) in [
+        (9, "endpoint-group-9-16", "endpoint-group-1-8"),
+        (8, "endpoint-group-1-8", "endpoint-group-9-16"),
+    ] {
+        let before = proxy.list();
+        proxy.apply(&[], &[web_slice(count, &[])]);
+        let outcome = proxy.sync();
+        assert!(!outcome.full);
+        assert_eq!(rules_written(&outcome), 0, "{count}: {outcome:?}");
+        assert_eq!(chains_of(&before), chains_of(&proxy.list()), "{count}");
+        assert!(group_holds(into), "{count}: {into}");
+        assert!(!group_holds(from), "{count}: {from}");
+        let counts = hits_until_all(client, at(WEB, 80), &names[..count], 600);
+        assert_eq!(counts.keys().collect::<Vec<_>>(), names[..count]);
+    }
+
+    // Twenty (the nine pods and eleven addresses nobody answers on): the
+    // classes 19 to 21, in a group of their own (17–24). Only its chain
+    // (three class rules) and the class chain (three group rules) are
+    // written; the other group chains stay as they were.
+    let before = proxy.list();
+    let silent: Vec<std::net::IpAddr> = (0..11)
+        .map(|n| format!("10.244.2.{}", 240 + n).parse().unwrap())
+        .collect();
+    proxy.apply(&[], &[web_slice(9, &silent)]);
+    let outcome = proxy.sync();
+    assert_eq!(rules_written(&outcome), 6, "{outcome:?}");
+    let after = proxy.list();
+    assert_eq!(chains_but_classes(&before), chains_but_classes(&after));
+    for kept in ["endpoints-by-count-tcp-1-8", "endpoints-by-count-tcp-9-16"] {
+        assert_eq!(chain_in(&before, kept), chain_in(&after, kept), "{kept}");
+        assert!(!chain_in(&after, kept).is_empty(), "{kept}: {after}");
+    }
+    assert!(
+        chain_in(&after, "endpoints-by-count-tcp-17-24").iter().any(|line| line.contains(
+            "@endpoint-count-20 dnat ip to ip daddr . tcp dport . numgen random mod 20 map @service-endpoints-tcp"
+        )),
+        "{after}"
+    );
+    assert!(group_holds("endpoint-group-17-24"));
+
+    // Back to the nine pods (elements only), then a periodic full sync:
+    // the classes held become 8 to 10, so the group 17–24 goes (its chain,
+    // its sets and its rule in the class chain); the group chains 1–8 and
+    // 9–16 and the class chain are written anew (1 + 2 + 2 rules).
+    proxy.apply(&[], &[web_slice(9, &[])]);
+    assert_eq!(rules_written(&proxy.sync()), 0);
+    let outcome = proxy.full_sync();
+    assert!(outcome.full);
+    assert_eq!(rules_written(&outcome), 5, "{outcome:?}");
+    let listing = proxy.list();
+    for gone in ["17-24", "endpoint-count-20", "endpoint-count-7 "] {
+        assert!(!listing.contains(gone), "{gone}: {listing}");
+    }
+    let counts = hits_until_all(client, at(WEB, 80), &names, 600);
+    assert_eq!(counts.keys().collect::<Vec<_>>(), names);
+    let again = proxy.full_sync();
+    assert_eq!(rules_written(&again), 0, "{again:?}");
+    assert_eq!(proxy.list(), listing);
 }
 
 /// When the endpoint a client is held to leaves, its affinity entries are

@@ -335,10 +335,11 @@ fn a_hundred_external_ips_all_answer(family: IpFamily, layout: Layout) {
         IpFamily::V6 => "2001:db8:203:113::",
     };
     // Each address is an element of `service-ips`; in the data layout
-    // also of its count set and, with its one endpoint, of the slot map.
+    // also of its count set, its group set and, with its one endpoint, of
+    // the slot map.
     let elements_per_address = match layout {
         Layout::Chains => 1,
-        Layout::Data => 3,
+        Layout::Data => 4,
     };
     assert_eq!(
         listing.matches(prefix).count(),

@@ -73,13 +73,13 @@ fn a_full_render_hands_its_elements_on_in_pieces() {
     assert_eq!(commits, 1);
 
     // Per Service: its service-ips and cluster-ips elements, its
-    // count-set element, two slots and two hairpin pairs.
+    // count-set and group-set elements, two slots and two hairpin pairs.
     let per_piece: Vec<Vec<String>> = pieces
         .iter()
         .map(|piece| piece.iter().flat_map(added).collect())
         .collect();
     let total: usize = per_piece.iter().map(Vec::len).sum();
-    assert_eq!(total, 3_000 * 7);
+    assert_eq!(total, 3_000 * 8);
     assert_eq!(total, rendered.stats.elements_added);
     let distinct: BTreeSet<&String> = per_piece.iter().flatten().collect();
     assert_eq!(distinct.len(), total, "each element once");
@@ -93,7 +93,7 @@ fn a_full_render_hands_its_elements_on_in_pieces() {
         .collect();
     assert!(with_elements.len() >= 5, "{with_elements:?}");
     assert!(
-        with_elements.iter().all(|count| *count < 4_096 + 7),
+        with_elements.iter().all(|count| *count < 4_096 + 8),
         "{with_elements:?}"
     );
     let first_with_elements = per_piece

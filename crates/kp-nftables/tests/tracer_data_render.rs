@@ -416,10 +416,11 @@ fn one_endpoint_more_than_any_entry_has_changes_elements_only() {
 
 /// A count the table holds no class for (here 5, where counts 1 to 3 are
 /// held) adds its class and those of its neighbours: the count sets are
-/// declared and the class chain written anew with every class it held,
-/// addresses first; no Service chain is rewritten.
+/// declared and the chain of their group (counts 1 to 8) written anew with
+/// every class it held, addresses first; the class chain, whose groups
+/// stay, and the Service chains are not rewritten.
 #[test]
-fn a_new_count_writes_its_class_chain_and_no_service_chain() {
+fn a_new_count_writes_its_group_chain_and_no_service_chain() {
     let mut world = world();
     world.put(lb_with(3));
     world.sync(false, &[("ns1", "lb")]);
@@ -427,9 +428,9 @@ fn a_new_count_writes_its_class_chain_and_no_service_chain() {
     let written = chains_written(&commands);
     assert_eq!(
         written.into_iter().collect::<Vec<_>>(),
-        ["endpoints-by-count-tcp"]
+        ["endpoints-by-count-tcp-1-8"]
     );
-    // The class chain: address classes 1 to 6, then NodePort classes 1 to 6.
+    // The group chain: address classes 1 to 6, then NodePort classes 1 to 6.
     let expected: Vec<(bool, u32)> = [true, false]
         .into_iter()
         .flat_map(|with_addr| (1..=6).map(move |count| (with_addr, count)))
@@ -448,6 +449,214 @@ fn a_new_count_writes_its_class_chain_and_no_service_chain() {
     assert_goes_to(&world.trace(POD, at("10.96.0.12", 80)), &lb);
     // A pod reaching the NodePort short-circuits to the cluster list.
     assert_goes_to(&world.trace(POD, at(NODE, 30081)), &lb);
+}
+
+/// The rules of the class chain the commands write: for each, whether it
+/// is keyed by address (not by NodePort), its group set and the chain it
+/// goes to.
+fn group_rules(commands: &[Command]) -> Vec<(bool, String, String)> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::AddRule(rule) if rule.chain.as_str() == "endpoints-by-count-tcp" => {
+                match rule.exprs.as_slice() {
+                    [Expr::EntryInSet { with_addr, set }, Expr::Verdict(kp_nftables::model::Verdict::Goto(chain))] => {
+                        Some((*with_addr, set.to_string(), chain.to_string()))
+                    }
+                    other => panic!("not a group rule: {other:?}"),
+                }
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lb Service's 12 cluster endpoints ([`lb_with`]).
+fn twelve() -> Vec<std::net::SocketAddr> {
+    let mut endpoints = vec![at("10.244.1.4", 8080), at("10.244.2.4", 8080)];
+    endpoints.extend((6..16).map(|n| at(&format!("10.244.2.{n}"), 8080)));
+    endpoints
+}
+
+/// A count far from those held (12, where 1 to 3 are held) adds the
+/// classes 11 to 13 in a group of their own (9 to 16): its chain and sets
+/// are declared and filled, and the class chain is written anew with one
+/// rule per group, address groups first; no Service chain is rewritten.
+#[test]
+fn a_count_in_a_new_group_writes_its_group_chain_and_the_class_chain() {
+    let mut world = world();
+    world.put(lb_with(10));
+    world.sync(false, &[("ns1", "lb")]);
+    let commands = last_commands(&world);
+    assert_eq!(
+        chains_written(&commands).into_iter().collect::<Vec<_>>(),
+        ["endpoints-by-count-tcp", "endpoints-by-count-tcp-9-16"]
+    );
+    let expected: Vec<(bool, u32)> = [true, false]
+        .into_iter()
+        .flat_map(|with_addr| (11..=13).map(move |count| (with_addr, count)))
+        .collect();
+    assert_eq!(draws(&commands), expected);
+    let group =
+        |with_addr: bool, set: &str, chain: &str| (with_addr, set.to_owned(), chain.to_owned());
+    assert_eq!(
+        group_rules(&commands),
+        [
+            group(true, "endpoint-group-1-8", "endpoints-by-count-tcp-1-8"),
+            group(true, "endpoint-group-9-16", "endpoints-by-count-tcp-9-16"),
+            group(false, "nodeport-group-1-8", "endpoints-by-count-tcp-1-8"),
+            group(false, "nodeport-group-9-16", "endpoints-by-count-tcp-9-16"),
+        ]
+    );
+    // The ClusterIP, and the LB IP (pods reach it through the cluster
+    // list).
+    assert_eq!(
+        set_changes(&commands, "endpoint-group-9-16"),
+        (
+            vec![entry("10.96.0.12", 80), entry("203.0.113.9", 80)],
+            vec![]
+        )
+    );
+    assert_goes_to(&world.trace(POD, at("10.96.0.12", 80)), &twelve());
+    assert_goes_to(&world.trace(POD, at(NODE, 30081)), &twelve());
+}
+
+/// A new connection to an entry with 12 endpoints walks the class chain's
+/// rule of its group (9 to 16) into the group chain, where the class rule
+/// of 12 draws: one path per slot, each named by the group rule and the
+/// one class rule, each one in twelve.
+#[test]
+fn a_new_connection_goes_through_its_group_to_its_class() {
+    let mut world = world();
+    world.put(lb_with(10));
+    world.sync(false, &[("ns1", "lb")]);
+    let trace = world
+        .table
+        .trace_paths(&packet(POD, at("10.96.0.12", 80), "tcp"))
+        .unwrap();
+    let mut destinations: Vec<_> = trace
+        .paths
+        .iter()
+        .map(|path| path.destination.unwrap())
+        .collect();
+    destinations.sort();
+    let mut expected = twelve();
+    expected.sort();
+    assert_eq!(destinations, expected, "{trace:#?}");
+    for path in &trace.paths {
+        assert!((path.probability - 1.0 / 12.0).abs() < 1e-9, "{path:#?}");
+        let groups: Vec<&String> = path
+            .matched
+            .iter()
+            .filter(|rule| rule.contains(" goto endpoints-by-count-tcp-"))
+            .collect();
+        assert_eq!(groups.len(), 1, "{path:#?}");
+        assert!(
+            groups[0].contains("@endpoint-group-9-16 goto endpoints-by-count-tcp-9-16"),
+            "{path:#?}"
+        );
+        let draws: Vec<&String> = path
+            .matched
+            .iter()
+            .filter(|rule| rule.contains("numgen random mod"))
+            .collect();
+        assert_eq!(draws.len(), 1, "{path:#?}");
+        assert!(
+            draws[0].starts_with("endpoints-by-count-tcp-9-16: "),
+            "{path:#?}"
+        );
+        assert!(draws[0].contains("@endpoint-count-12 "), "{path:#?}");
+        assert!(
+            path.elements
+                .iter()
+                .any(|element| element == "endpoint-group-9-16: 10.96.0.12 . tcp . 80"),
+            "{path:#?}"
+        );
+    }
+}
+
+/// Eight endpoints hold the classes 7 to 9, so a ninth endpoint (count 9,
+/// the next group) and its removal move the entry between count sets and
+/// group sets: elements only, and connections follow.
+#[test]
+fn a_count_crossing_a_group_boundary_changes_elements_only() {
+    let mut world = world();
+    world.put(lb_with(6));
+    world.sync(false, &[("ns1", "lb")]);
+    for (more, from, to) in [
+        (7, "endpoint-group-1-8", "endpoint-group-9-16"),
+        (6, "endpoint-group-9-16", "endpoint-group-1-8"),
+    ] {
+        world.put(lb_with(more));
+        world.sync(false, &[("ns1", "lb")]);
+        let commands = last_commands(&world);
+        assert!(!commands.iter().any(Command::is_rule), "{commands:#?}");
+        assert!(chains_written(&commands).is_empty(), "{commands:#?}");
+        let entries = vec![entry("10.96.0.12", 80), entry("203.0.113.9", 80)];
+        assert_eq!(
+            set_changes(&commands, to),
+            (entries.clone(), vec![]),
+            "{commands:#?}"
+        );
+        assert_eq!(
+            set_changes(&commands, from),
+            (vec![], entries),
+            "{commands:#?}"
+        );
+        let mut endpoints = twelve();
+        endpoints.truncate(2 + usize::from(more));
+        assert_goes_to(&world.trace(POD, at("10.96.0.12", 80)), &endpoints);
+    }
+}
+
+/// A group no class is left in goes with the next full sync, whether it
+/// renders the table (no generations) or sends only what differs: its
+/// chain is flushed and deleted, its sets deleted, the class chain written
+/// without its rule; a second full sync writes nothing of it.
+#[test]
+fn a_full_sync_deletes_a_group_no_class_is_left_in() {
+    for generations in [false, true] {
+        let mut world = if generations {
+            World::v4_data().with_generations()
+        } else {
+            World::v4_data()
+        };
+        world.put(web("10.244.2.2")).put(lb_with(0));
+        world.sync(true, &[]);
+        world.put(lb_with(10));
+        world.sync(false, &[("ns1", "lb")]);
+        world.put(lb_with(0));
+        world.sync(false, &[("ns1", "lb")]);
+        assert!(
+            !last_commands(&world).iter().any(Command::is_rule),
+            "a partial sync keeps the group"
+        );
+        let text = world.sync(true, &[]);
+        for deleted in [
+            "delete chain ip kube-proxy endpoints-by-count-tcp-9-16",
+            "delete set ip kube-proxy endpoint-group-9-16",
+            "delete set ip kube-proxy nodeport-group-9-16",
+        ] {
+            assert!(text.contains(deleted), "{generations}: {deleted}: {text}");
+        }
+        assert!(!text.contains("@endpoint-group-9-16"), "{text}");
+        assert!(world
+            .backend
+            .programmed()
+            .classes
+            .iter()
+            .all(|class| class.count < 9));
+        assert_goes_to(
+            &world.trace(POD, at("10.96.0.12", 80)),
+            &[at("10.244.1.4", 8080), at("10.244.2.4", 8080)],
+        );
+        let again = world.sync(true, &[]);
+        if generations {
+            assert!(!again.contains("delete"), "{again}");
+            assert!(!again.contains("add rule"), "{again}");
+        }
+        assert!(!again.contains("9-16"), "{again}");
+    }
 }
 
 /// A class no Service needs any more stays until the next full sync,
@@ -895,9 +1104,10 @@ fn slot_and_count_elements_of_many_services_share_commands() {
     );
 }
 
-/// The record holds a Service's slot and count-set elements as its draws
-/// (an entry and the endpoint of each slot), not as elements: what it
-/// gives as the Service's elements still has them, each once, sorted.
+/// The record holds a Service's slot, count-set and group-set elements as
+/// its draws
+/// (an entry and the endpoint of each slot), not as elements: what it gives
+/// as the Service's elements still has them, each once, sorted.
 #[test]
 fn the_record_derives_slot_and_count_elements_from_its_draws() {
     let mut world = world();
@@ -908,14 +1118,15 @@ fn the_record_derives_slot_and_count_elements_from_its_draws() {
     };
     let recorded = maps(&record.elements);
     assert!(
-        !recorded
-            .iter()
-            .any(|map| map.starts_with("endpoint-count-") || *map == "service-endpoints-tcp"),
+        !recorded.iter().any(|map| map.starts_with("endpoint-count-")
+            || map.starts_with("endpoint-group-")
+            || *map == "service-endpoints-tcp"),
         "{recorded:?}"
     );
     let all = record.all_elements();
     assert_eq!(all.len(), record.element_count());
-    assert_eq!(all.len(), record.elements.len() + 3, "{all:#?}");
+    // Its count-set and group-set elements and two slots.
+    assert_eq!(all.len(), record.elements.len() + 4, "{all:#?}");
     let slots: Vec<String> = all
         .iter()
         .filter(|element| element.map == "service-endpoints-tcp")

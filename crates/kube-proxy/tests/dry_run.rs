@@ -187,7 +187,7 @@ fn the_nftables_layout_flag_chooses_how_endpoints_are_written() {
     );
     assert!(
         data.contains(
-            "add rule ip kube-proxy endpoints-by-count-tcp ip daddr . meta l4proto . th dport @endpoint-count-"
+            "add rule ip kube-proxy endpoints-by-count-tcp-1-8 ip daddr . meta l4proto . th dport @endpoint-count-"
         ),
         "{data}"
     );

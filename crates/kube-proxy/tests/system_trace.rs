@@ -298,14 +298,15 @@ fn traces_the_examples(node: &Node) {
         };
         assert!(rules.iter().any(|r| r.contains(dispatch)), "{rules:#?}");
         if data_layout {
-            // The data layout: the class rule of count 3, and the element
-            // of the entry and the drawn slot in the slot map.
+            // The data layout: the group rule of counts 1 to 8, the class
+            // rule of count 3 in its chain, and the elements of the entry
+            // and the drawn slot.
             let draw = rules
                 .iter()
                 .find(|r| r.contains(" . numgen random mod "))
                 .unwrap_or_else(|| panic!("no draw rule: {rules:#?}"));
             assert!(
-                draw.starts_with("endpoints-by-count-tcp: ")
+                draw.starts_with("endpoints-by-count-tcp-1-8: ")
                     && draw.contains("@endpoint-count-3 ")
                     && draw.ends_with(" . numgen random mod 3 map @service-endpoints-tcp"),
                 "{draw}"
@@ -321,9 +322,16 @@ fn traces_the_examples(node: &Node) {
                 "no element {element}SLOT{target}: {elements:#?}"
             );
             assert!(
-                elements.contains(&"endpoint-count-3: 10.96.0.10 . tcp . 80".to_owned()),
-                "{elements:#?}"
+                rules.iter().any(|r| r
+                    == "endpoints-by-count-tcp: ip daddr . meta l4proto . th dport @endpoint-group-1-8 goto endpoints-by-count-tcp-1-8"),
+                "{rules:#?}"
             );
+            for set in ["endpoint-group-1-8", "endpoint-count-3"] {
+                assert!(
+                    elements.contains(&format!("{set}: 10.96.0.10 . tcp . 80")),
+                    "{elements:#?}"
+                );
+            }
         } else {
             let dnat = if mode == "iptables" {
                 format!("--to-destination {endpoint}")

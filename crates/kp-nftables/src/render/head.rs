@@ -1,9 +1,9 @@
 //! The fixed part of the table, written by every full render: the table,
 //! its sets and maps (flushed, to be filled again), the base chains at
 //! upstream's hooks and priorities, and the rules of the fixed chains.
-//! The data layout adds the slot maps, the count sets and class chains of
-//! the endpoint counts in use, and the `hairpin-endpoints` set, looked up
-//! first in `masquerading`.
+//! The data layout adds the slot maps, the count sets, group sets, class
+//! chains and group chains of the endpoint counts in use, and the
+//! `hairpin-endpoints` set, looked up first in `masquerading`.
 
 use std::collections::BTreeSet;
 
@@ -16,8 +16,8 @@ use crate::model::{
     IPV6_PROTO_PORT, PROTO_PORT,
 };
 use crate::names::{
-    affinity_map, affinity_services, class_chain, count_set, slot_map, Pool, AFFINITY_OUTPUT,
-    AFFINITY_PREROUTING, HAIRPIN_ENDPOINTS,
+    affinity_map, affinity_services, class_chain, count_set, group_chain, group_of_count,
+    group_set, slot_map, Pool, AFFINITY_OUTPUT, AFFINITY_PREROUTING, HAIRPIN_ENDPOINTS,
 };
 use crate::names::{
     CLUSTER_IPS, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT, FILTER_OUTPUT,
@@ -283,21 +283,26 @@ pub(super) fn with_neighbours(classes: &BTreeSet<Class>) -> BTreeSet<Class> {
         .collect()
 }
 
-/// The count sets of `classes`, declared (an `add` of a set that exists
-/// changes nothing), and flushed too with `flush`.
+/// The count sets and group sets of `classes`, declared (an `add` of a
+/// set that exists changes nothing), and flushed too with `flush`.
 pub(super) fn count_sets(
     family: IpFamily,
     classes: &BTreeSet<Class>,
     flush: bool,
     out: &mut Vec<Command>,
 ) {
-    let sets = count_sets_of(classes);
     let ip_key = match family {
         IpFamily::V4 => IPV4_PROTO_PORT,
         IpFamily::V6 => IPV6_PROTO_PORT,
     };
-    for (pool, count) in sets {
-        let name = Name::Fixed(count_set(pool, count));
+    let counts = count_sets_of(classes)
+        .into_iter()
+        .map(|(pool, count)| (pool, count_set(pool, count)));
+    let groups = group_sets_of(classes)
+        .into_iter()
+        .map(|(pool, first)| (pool, group_set(pool, first)));
+    for (pool, set) in counts.chain(groups) {
+        let name = Name::Fixed(set);
         out.push(Command::AddSet(SetSpec {
             name: name.clone(),
             map: false,
@@ -320,26 +325,113 @@ pub(super) fn count_sets_of(classes: &BTreeSet<Class>) -> BTreeSet<(Pool, u32)> 
         .collect()
 }
 
-/// The rules of the class chains that `classes` fill, flushed first: one
-/// rule per class, addresses before NodePorts (so that a packet to a
-/// Service address never meets a NodePort's rule of the same port first),
-/// each in order of count.
+/// The group sets the class chains look up for `classes`: one per pool
+/// and group of counts (by its first count).
+pub(super) fn group_sets_of(classes: &BTreeSet<Class>) -> BTreeSet<(Pool, u32)> {
+    classes
+        .iter()
+        .map(|class| (class.pool, group_of_count(class.count)))
+        .collect()
+}
+
+/// The group chains `classes` fill: one per endpoint list (local or not),
+/// protocol and group of counts (by its first count).
+pub(super) fn group_chains_of(classes: &BTreeSet<Class>) -> BTreeSet<(bool, Protocol, u32)> {
+    classes
+        .iter()
+        .map(|class| {
+            (
+                class.pool.local,
+                class.protocol,
+                group_of_count(class.count),
+            )
+        })
+        .collect()
+}
+
+/// The class chains and group chains that `classes` fill, written anew
+/// ([`group_chain_rules`], [`class_chain_rules`]); each group chain before
+/// the class chain rule that names it.
 pub(super) fn class_rules(classes: &BTreeSet<Class>, out: &mut Vec<Command>) {
     let chains: BTreeSet<(bool, Protocol)> = classes
         .iter()
         .map(|class| (class.pool.local, class.protocol))
         .collect();
+    let groups = group_chains_of(classes);
     for (local, protocol) in chains {
-        out.push(Command::FlushChain(Name::Fixed(class_chain(
-            local, protocol,
-        ))));
-        for class in classes
+        for &(_, _, first) in groups
             .iter()
-            .filter(|class| class.pool.local == local && class.protocol == protocol)
+            .filter(|group| (group.0, group.1) == (local, protocol))
         {
-            out.push(Command::AddRule(super::service::class_rule(*class)));
+            group_chain_rules(classes, local, protocol, first, out);
         }
+        class_chain_rules(classes, local, protocol, out);
     }
+}
+
+/// The group chain of `local`, `protocol` and the group that starts at
+/// `first`, declared, flushed and filled with the rules of the classes of
+/// `classes` in it: one per class, addresses before NodePorts (so that a
+/// packet to a Service address never meets a NodePort's rule of the same
+/// port first), each in order of count.
+pub(super) fn group_chain_rules(
+    classes: &BTreeSet<Class>,
+    local: bool,
+    protocol: Protocol,
+    first: u32,
+    out: &mut Vec<Command>,
+) {
+    let name = Name::Fixed(group_chain(local, protocol, first));
+    out.push(Command::AddChain {
+        name: name.clone(),
+        kind: ChainKind::Regular,
+    });
+    out.push(Command::FlushChain(name));
+    for class in classes.iter().filter(|class| {
+        (
+            class.pool.local,
+            class.protocol,
+            group_of_count(class.count),
+        ) == (local, protocol, first)
+    }) {
+        out.push(Command::AddRule(super::service::class_rule(*class)));
+    }
+}
+
+/// The class chain of `local` and `protocol`, flushed and filled with one
+/// rule per group of `classes` in it, each going to its group chain:
+/// address groups before NodePort groups (as in the group chains), each
+/// in order of count.
+pub(super) fn class_chain_rules(
+    classes: &BTreeSet<Class>,
+    local: bool,
+    protocol: Protocol,
+    out: &mut Vec<Command>,
+) {
+    out.push(Command::FlushChain(Name::Fixed(class_chain(
+        local, protocol,
+    ))));
+    out.extend(
+        groups_in_chain(classes, local, protocol)
+            .into_iter()
+            .map(|(pool, first)| {
+                Command::AddRule(super::service::group_rule(pool, protocol, first))
+            }),
+    );
+}
+
+/// The groups (by pool and first count) of the classes of `classes` in
+/// the class chain of `local` and `protocol`: the rules that chain holds.
+pub(super) fn groups_in_chain(
+    classes: &BTreeSet<Class>,
+    local: bool,
+    protocol: Protocol,
+) -> BTreeSet<(Pool, u32)> {
+    classes
+        .iter()
+        .filter(|class| class.pool.local == local && class.protocol == protocol)
+        .map(|class| (class.pool, group_of_count(class.count)))
+        .collect()
 }
 
 /// The data layout's sets, maps and class chains, declared and flushed,
@@ -484,10 +576,13 @@ pub(super) fn write_head(
             }
         }
         affinity_recording(affinity, out);
-        // Flushed with the other chains above: only the rules now.
+        // The class chains were flushed with the other chains above.
         let mut rules = Vec::new();
         class_rules(classes, &mut rules);
-        out.extend(rules.into_iter().filter(Command::is_rule));
+        out.extend(rules.into_iter().filter(|command| {
+            !matches!(command, Command::FlushChain(chain)
+                if crate::names::group_of_chain(chain.as_str()).is_none())
+        }));
     }
 }
 

@@ -19,7 +19,10 @@ use kp_sync::ServicePortState;
 
 use super::{Context, Sections};
 use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
-use crate::names::{affinity_map, affinity_services, class_chain, count_set, slot_map, Pool};
+use crate::names::{
+    affinity_map, affinity_services, class_chain, count_set, group_chain, group_of_count,
+    group_set, slot_map, Pool,
+};
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
     MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS,
@@ -678,15 +681,41 @@ fn write_draw_chain(
     });
 }
 
-/// The rule of `class` in its class chain: `ip daddr . meta l4proto . th
+/// The rule of the group of counts that starts at `first` in the class
+/// chain of `pool`'s list and `protocol`: `ip daddr . meta l4proto . th
+/// dport @endpoint-group-9-16 goto endpoints-by-count-tcp-9-16` (for a
+/// NodePort, without the address). A new connection walks these, then the
+/// class rules of its own group, rather than every class rule before its
+/// own.
+pub(super) fn group_rule(pool: Pool, protocol: Protocol, first: u32) -> Rule {
+    Rule::new(
+        class_chain(pool.local, protocol),
+        vec![
+            Expr::EntryInSet {
+                with_addr: !pool.node_port,
+                set: Name::Fixed(group_set(pool, first)),
+            },
+            Expr::Verdict(Verdict::Goto(Name::Fixed(group_chain(
+                pool.local, protocol, first,
+            )))),
+        ],
+    )
+}
+
+/// The rule of `class` in its group chain: `ip daddr . meta l4proto . th
 /// dport @endpoint-count-3 dnat ip to ip daddr . tcp dport . numgen random
 /// mod 3 map @service-endpoints-tcp` (for a NodePort, without the
-/// address). A count change moves an entry from one count set to another;
-/// a count no entry of the pool had before is the only rule it may add.
+/// address). A count change moves an entry from one count set to another
+/// (and between group sets when it leaves its group); a count no entry of
+/// the pool had before is the only rule it may add.
 pub(super) fn class_rule(class: Class) -> Rule {
     let with_addr = !class.pool.node_port;
     Rule::new(
-        class_chain(class.pool.local, class.protocol),
+        group_chain(
+            class.pool.local,
+            class.protocol,
+            group_of_count(class.count),
+        ),
         vec![
             Expr::EntryInSet {
                 with_addr,
@@ -834,7 +863,7 @@ mod tests {
         };
         assert_eq!(
             Command::AddRule(class_rule(class)).line(kp_model::IpFamily::V4).to_string(),
-            "add rule ip kube-proxy endpoints-by-count-udp ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . udp dport . numgen random mod 3 map @service-endpoints-udp"
+            "add rule ip kube-proxy endpoints-by-count-udp-1-8 ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . udp dport . numgen random mod 3 map @service-endpoints-udp"
         );
         let class = Class {
             pool: Pool {
@@ -846,7 +875,36 @@ mod tests {
         };
         assert_eq!(
             Command::AddRule(class_rule(class)).line(kp_model::IpFamily::V6).to_string(),
-            "add rule ip6 kube-proxy local-endpoints-by-count-tcp meta l4proto . th dport @local-nodeport-count-2 dnat ip6 to tcp dport . numgen random mod 2 map @local-nodeport-endpoints-tcp"
+            "add rule ip6 kube-proxy local-endpoints-by-count-tcp-1-8 meta l4proto . th dport @local-nodeport-count-2 dnat ip6 to tcp dport . numgen random mod 2 map @local-nodeport-endpoints-tcp"
+        );
+        let class = Class { count: 9, ..class };
+        assert_eq!(
+            class_rule(class).chain.as_str(),
+            "local-endpoints-by-count-tcp-9-16"
+        );
+    }
+
+    #[test]
+    fn a_group_rule_goes_to_its_group_chain() {
+        let addresses = Pool {
+            local: false,
+            node_port: false,
+        };
+        assert_eq!(
+            Command::AddRule(group_rule(addresses, Protocol::Tcp, 9))
+                .line(kp_model::IpFamily::V4)
+                .to_string(),
+            "add rule ip kube-proxy endpoints-by-count-tcp ip daddr . meta l4proto . th dport @endpoint-group-9-16 goto endpoints-by-count-tcp-9-16"
+        );
+        let node_ports = Pool {
+            local: true,
+            node_port: true,
+        };
+        assert_eq!(
+            Command::AddRule(group_rule(node_ports, Protocol::Udp, 1))
+                .line(kp_model::IpFamily::V6)
+                .to_string(),
+            "add rule ip6 kube-proxy local-endpoints-by-count-udp meta l4proto . th dport @local-nodeport-group-1-8 goto local-endpoints-by-count-udp-1-8"
         );
     }
 }
