@@ -250,18 +250,8 @@ impl NftablesBackend {
         let Some(cleanup) = stale_chain_cleanup(self.family, now, &self.programmed) else {
             return 0;
         };
-        let before = self.current_generation();
-        match self.applier.apply(&cleanup.transaction) {
+        match self.apply_own(own, &cleanup.transaction) {
             Ok(()) => {
-                // Each `delete chain` is a change: one generation.
-                let trusted = self.settle(
-                    own,
-                    self.state.trusted(),
-                    before,
-                    Commits::Changes(1),
-                    false,
-                );
-                self.state = self.state.with_trusted(trusted);
                 for chain in &cleanup.chains {
                     self.programmed.stale_chains.remove(chain);
                 }
@@ -279,6 +269,29 @@ impl NftablesBackend {
                 1
             }
         }
+    }
+
+    /// Commits `transaction`, one of the proxy's own outside a sync's (the
+    /// deletion of stale chains or of affinity entries), and keeps the
+    /// table trusted if it was. Such a transaction only deletes objects or
+    /// elements, which the kernel refuses unless each one is there, so once
+    /// taken it is a change: one generation.
+    fn apply_own(
+        &mut self,
+        own: &mut Ruleset,
+        transaction: &Transaction,
+    ) -> Result<(), ApplyError> {
+        let before = self.current_generation();
+        self.applier.apply(transaction)?;
+        let trusted = self.settle(
+            own,
+            self.state.trusted(),
+            before,
+            Commits::Changes(1),
+            false,
+        );
+        self.state = self.state.with_trusted(trusted);
+        Ok(())
     }
 
     /// The data layout: deletes the ClientIP affinity entries that lead to
@@ -303,19 +316,8 @@ impl NftablesBackend {
             if transaction.commands.is_empty() {
                 return;
             }
-            let before = self.current_generation();
-            match self.applier.apply(&transaction) {
+            match self.apply_own(own, &transaction) {
                 Ok(()) => {
-                    // Element deletions, refused unless each entry was
-                    // there: a change the kernel counts.
-                    let trusted = self.settle(
-                        own,
-                        self.state.trusted(),
-                        before,
-                        Commits::Changes(1),
-                        false,
-                    );
-                    self.state = self.state.with_trusted(trusted);
                     tracing::debug!(family = %self.family, maps = transaction.commands.len(), "deleted ClientIP affinity entries of endpoints that left");
                     return;
                 }

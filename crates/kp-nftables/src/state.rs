@@ -215,6 +215,8 @@ impl Draw {
     /// The count-set, group-set and slot elements of its entries, in no
     /// particular order.
     pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
+        // A draw's endpoints are a service port's, held in memory: far
+        // fewer than 2^32.
         let count = u32::try_from(self.endpoints.len()).unwrap_or(u32::MAX);
         self.entries.iter().flat_map(move |&entry| {
             let pool = self.pool(entry);
