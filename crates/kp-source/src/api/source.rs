@@ -4,7 +4,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::future::Future;
-use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +14,6 @@ use kp_model::{ObjectEvent, ProxyEventHandler, ResourceKind};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::compact::Compact;
 use super::retry::{self, Backoff, Failure, Health, QUIET_IS_HEALTHY};
@@ -36,7 +34,7 @@ pub struct ApiSource {
 
 /// An object kind the source follows.
 trait Followed:
-    Resource<DynamicType = ()> + Clone + Debug + Default + DeserializeOwned + Serialize + Send + 'static
+    Resource<DynamicType = ()> + Clone + Debug + Default + DeserializeOwned + Send + 'static
 {
     /// The kind, as the handler knows it.
     const KIND: ResourceKind;
@@ -68,9 +66,8 @@ struct Key(Box<str>);
 struct Seen {
     resource_version: Option<Version>,
     /// A hash of the object without its bookkeeping metadata
-    /// (resourceVersion, managedFields); `None` if it could not be
-    /// serialized, which makes it differ from everything.
-    content: Option<u64>,
+    /// (resourceVersion, managedFields).
+    content: u64,
 }
 
 /// A resourceVersion, compared as the opaque string it is; the decimal
@@ -178,7 +175,7 @@ impl ApiSource {
 /// [`QUIET_IS_HEALTHY`] without an error).
 ///
 /// The watcher holds the objects as [`Compact`] text; each becomes a typed
-/// object again only when it is delivered.
+/// object only when it is delivered.
 async fn follow<K: Followed>(
     api: Api<Compact<K>>,
     config: watcher::Config,
@@ -214,9 +211,7 @@ async fn follow<K: Followed>(
                     last_other.clear();
                     health.recovered(K::KIND);
                 }
-                if let Some(event) = typed(event) {
-                    delivered.handle(event, handler.as_ref());
-                }
+                delivered.handle(event, handler.as_ref());
             }
             Some(Err(error)) => {
                 let failure = Failure::of(&error);
@@ -279,28 +274,12 @@ fn describe(error: &watcher::Error) -> String {
     text
 }
 
-/// The watcher event with its object typed again; `None` (logged) for an
-/// object that does not parse back, which cannot happen for text written
-/// from a parsed object.
-fn typed<K: Followed>(event: watcher::Event<Compact<K>>) -> Option<watcher::Event<K>> {
-    let object = |compact: Compact<K>| match compact.object() {
-        Ok(object) => Some(object),
-        Err(error) => {
-            tracing::warn!(kind = ?K::KIND, %error, "skipping an object that does not parse back");
-            None
-        }
-    };
-    Some(match event {
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(compact) => watcher::Event::InitApply(object(compact)?),
-        watcher::Event::InitDone => watcher::Event::InitDone,
-        watcher::Event::Apply(compact) => watcher::Event::Apply(object(compact)?),
-        watcher::Event::Delete(compact) => watcher::Event::Delete(object(compact)?),
-    })
-}
-
 impl Delivered {
-    fn handle<K: Followed>(&mut self, event: watcher::Event<K>, handler: &dyn ProxyEventHandler) {
+    fn handle<K: Followed>(
+        &mut self,
+        event: watcher::Event<Compact<K>>,
+        handler: &dyn ProxyEventHandler,
+    ) {
         match event {
             watcher::Event::Init => {
                 tracing::debug!(kind = ?K::KIND, "listing");
@@ -308,27 +287,30 @@ impl Delivered {
             }
             watcher::Event::InitApply(object) => {
                 if let Some(listed) = self.relist.as_mut() {
-                    listed.insert(key_of(&object));
+                    listed.insert(Key::of(&object));
                 }
-                self.apply(object, handler);
+                self.apply(&object, handler);
             }
             watcher::Event::InitDone => self.finish_relist::<K>(handler),
-            watcher::Event::Apply(object) => self.apply(object, handler),
+            watcher::Event::Apply(object) => self.apply(&object, handler),
             watcher::Event::Delete(object) => {
-                if self.objects.remove(&key_of(&object)).is_some() {
-                    K::deliver(handler, ObjectEvent::Delete(object));
+                let key = Key::of(&object);
+                if self.objects.remove(&key).is_some() {
+                    // The handler needs only the namespace and name of a
+                    // deleted object.
+                    let deleted = object.object().unwrap_or_else(|_| tombstone(&key));
+                    K::deliver(handler, ObjectEvent::Delete(deleted));
                 }
             }
         }
     }
 
-    /// Delivers `object` unless the handler has it already.
-    fn apply<K: Followed>(&mut self, mut object: K, handler: &dyn ProxyEventHandler) {
-        // Nothing downstream reads managedFields; they are often the
-        // largest part of an object.
-        object.meta_mut().managed_fields = None;
-        let seen = Seen::of(&mut object);
-        let key = key_of(&object);
+    /// Delivers `object` unless the handler has it already. An object that
+    /// does not type is refused alone (logged): the handler keeps what it
+    /// had of it, and a relist does not delete it.
+    fn apply<K: Followed>(&mut self, object: &Compact<K>, handler: &dyn ProxyEventHandler) {
+        let seen = Seen::of(object);
+        let key = Key::of(object);
         if self
             .objects
             .get(&key)
@@ -336,8 +318,18 @@ impl Delivered {
         {
             return;
         }
-        self.objects.insert(key, seen);
-        K::deliver(handler, ObjectEvent::Apply(object));
+        match object.object() {
+            Ok(typed) => {
+                self.objects.insert(key, seen);
+                K::deliver(handler, ObjectEvent::Apply(typed));
+            }
+            Err(error) => tracing::warn!(
+                kind = ?K::KIND,
+                object = object.key(),
+                %error,
+                "refusing an object that does not match its kind's schema; keeping what was had of it"
+            ),
+        }
     }
 
     /// Ends a relist: what the handler has and the relist did not list was
@@ -364,14 +356,10 @@ impl Delivered {
 }
 
 impl Seen {
-    fn of<K: Followed>(object: &mut K) -> Self {
-        let resource_version = object.meta_mut().resource_version.take();
-        let content = content_hash(object);
-        let version = resource_version.as_deref().map(Version::of);
-        object.meta_mut().resource_version = resource_version;
+    fn of<K>(object: &Compact<K>) -> Self {
         Self {
-            resource_version: version,
-            content,
+            resource_version: object.resource_version().map(Version::of),
+            content: object.content_hash(),
         }
     }
 
@@ -380,7 +368,7 @@ impl Seen {
     fn same(&self, new: &Self) -> bool {
         let same_version =
             self.resource_version.is_some() && self.resource_version == new.resource_version;
-        same_version || (self.content.is_some() && self.content == new.content)
+        same_version || self.content == new.content
     }
 }
 
@@ -395,31 +383,14 @@ impl Version {
 }
 
 impl Key {
-    fn new(namespace: &str, name: &str) -> Self {
-        Self(format!("{namespace}/{name}").into_boxed_str())
+    fn of<K>(object: &Compact<K>) -> Self {
+        Self(object.key().into())
     }
 
     /// Namespace (empty for a cluster-scoped object) and name.
     fn parts(&self) -> (&str, &str) {
         self.0.split_once('/').unwrap_or(("", &self.0))
     }
-}
-
-/// A hash of `object`'s JSON form, computed without building the text.
-fn content_hash<K: Serialize>(object: &K) -> Option<u64> {
-    struct HashWriter(DefaultHasher);
-    impl std::io::Write for HashWriter {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.write(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut writer = HashWriter(DefaultHasher::new());
-    serde_json::to_writer(&mut writer, object).ok()?;
-    Some(writer.0.finish())
 }
 
 /// The deleted object a relist found missing, as far as it is known: its
@@ -431,15 +402,6 @@ fn tombstone<K: Followed>(key: &Key) -> K {
     meta.namespace = Some(namespace.to_owned()).filter(|namespace| !namespace.is_empty());
     meta.name = Some(name.to_owned());
     object
-}
-
-fn key_of<K: Resource>(object: &K) -> Key {
-    let meta = object.meta();
-    let name = match &meta.name {
-        Some(name) => name.as_str(),
-        None => meta.generate_name.as_deref().unwrap_or_default(),
-    };
-    Key::new(meta.namespace.as_deref().unwrap_or_default(), name)
 }
 
 #[cfg(test)]

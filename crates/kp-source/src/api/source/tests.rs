@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use kp_testkit::service;
 
+use super::super::compact;
 use super::*;
 
 /// Records handler calls as lines such as `apply demo/web`.
@@ -22,8 +23,9 @@ impl Lines {
             ObjectEvent::Apply(object) => ("apply", object),
             ObjectEvent::Delete(object) => ("delete", object),
         };
-        let key = key_of(object);
-        let (namespace, name) = key.parts();
+        let meta = object.meta();
+        let namespace = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
         self.0
             .lock()
             .unwrap()
@@ -63,11 +65,27 @@ fn db(version: &str) -> Service {
 }
 
 fn relist(delivered: &mut Delivered, handler: &Lines, objects: Vec<Service>) {
-    delivered.handle(watcher::Event::<Service>::Init, handler);
+    relist_compact(
+        delivered,
+        handler,
+        objects.iter().map(compact::of).collect(),
+    );
+}
+
+fn relist_compact(delivered: &mut Delivered, handler: &Lines, objects: Vec<Compact<Service>>) {
+    delivered.handle(watcher::Event::<Compact<Service>>::Init, handler);
     for object in objects {
         delivered.handle(watcher::Event::InitApply(object), handler);
     }
-    delivered.handle(watcher::Event::<Service>::InitDone, handler);
+    delivered.handle(watcher::Event::<Compact<Service>>::InitDone, handler);
+}
+
+fn apply(object: &Service) -> watcher::Event<Compact<Service>> {
+    watcher::Event::Apply(compact::of(object))
+}
+
+fn delete(object: &Service) -> watcher::Event<Compact<Service>> {
+    watcher::Event::Delete(compact::of(object))
 }
 
 #[test]
@@ -116,10 +134,10 @@ fn watch_events_flow_through_and_unknown_deletions_are_dropped() {
     let handler = Lines::default();
     let mut delivered = Delivered::default();
     relist(&mut delivered, &handler, vec![]);
-    delivered.handle(watcher::Event::Apply(web("3", 80)), &handler);
-    delivered.handle(watcher::Event::Apply(web("4", 81)), &handler);
-    delivered.handle(watcher::Event::Delete(db("5")), &handler);
-    delivered.handle(watcher::Event::Delete(web("6", 81)), &handler);
+    delivered.handle(apply(&web("3", 80)), &handler);
+    delivered.handle(apply(&web("4", 81)), &handler);
+    delivered.handle(delete(&db("5")), &handler);
+    delivered.handle(delete(&web("6", 81)), &handler);
     assert_eq!(
         handler.take(),
         [
@@ -152,7 +170,66 @@ fn a_change_of_managed_fields_alone_is_not_delivered() {
         manager: Some("kubectl".to_owned()),
         ..ManagedFieldsEntry::default()
     }]);
-    delivered.handle(watcher::Event::Apply(touched), &handler);
-    delivered.handle(watcher::Event::Apply(web("3", 81)), &handler);
+    delivered.handle(apply(&touched), &handler);
+    delivered.handle(apply(&web("3", 81)), &handler);
     assert_eq!(handler.take(), ["apply demo/web"]);
+}
+
+/// `web` at `version` with a port that is not a number: it copies, but does
+/// not type as a Service.
+fn unreadable_web(version: &str) -> Compact<Service> {
+    let mut json = serde_json::to_value(web(version, 80)).unwrap();
+    json["spec"]["ports"][0]["port"] = "eighty".into();
+    serde_json::from_value(json).unwrap()
+}
+
+#[test]
+fn an_object_that_does_not_type_is_refused_alone_and_the_earlier_one_kept() {
+    let handler = Lines::default();
+    let mut delivered = Delivered::default();
+    relist_compact(
+        &mut delivered,
+        &handler,
+        vec![unreadable_web("1"), compact::of(&db("2"))],
+    );
+    assert_eq!(handler.take(), ["apply demo/db", "synced Service"]);
+
+    delivered.handle(apply(&web("3", 80)), &handler);
+    delivered.handle(watcher::Event::Apply(unreadable_web("4")), &handler);
+    relist_compact(
+        &mut delivered,
+        &handler,
+        vec![unreadable_web("4"), compact::of(&db("2"))],
+    );
+    assert_eq!(
+        handler.take(),
+        ["apply demo/web"],
+        "neither updated nor deleted"
+    );
+
+    delivered.handle(apply(&web("5", 81)), &handler);
+    assert_eq!(handler.take(), ["apply demo/web"]);
+}
+
+#[test]
+fn a_delivered_object_carries_its_resource_version() {
+    #[derive(Default)]
+    struct Versions(Mutex<Vec<Option<String>>>);
+    impl ProxyEventHandler for Versions {
+        fn on_service(&self, event: ObjectEvent<Service>) {
+            if let ObjectEvent::Apply(service) = event {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(service.metadata.resource_version);
+            }
+        }
+        fn on_endpoint_slice(&self, _: ObjectEvent<EndpointSlice>) {}
+        fn on_node(&self, _: ObjectEvent<Node>) {}
+        fn on_synced(&self, _: ResourceKind) {}
+    }
+    let handler = Versions::default();
+    let mut delivered = Delivered::default();
+    delivered.handle(apply(&web("17", 80)), &handler);
+    assert_eq!(*handler.0.lock().unwrap(), [Some("17".to_owned())]);
 }
