@@ -106,6 +106,16 @@ async fn a_list_at_any_version_ignores_limit_as_the_watch_cache_does() {
     let list: k8s_openapi::List<Service> = serde_json::from_str(&text).unwrap();
     let paged = api.list(&ListParams::default().limit(2)).await.unwrap();
 
+    let raw: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(raw["apiVersion"], "v1");
+    assert_eq!(raw["kind"], "ServiceList");
+    let items = raw["items"].as_array().unwrap();
+    assert!(
+        items
+            .iter()
+            .all(|item| item.get("kind").is_none() && item.get("apiVersion").is_none()),
+        "items are written as a real server writes them: {text}"
+    );
     assert_eq!(names(list.items), ["a", "b", "c"]);
     assert_eq!(list.metadata.continue_, None);
     assert_eq!(

@@ -247,27 +247,45 @@ fn list(
             metadata["continue"] = json!(format!("{list_version}/{}/{}", key.namespace, key.name));
         }
     }
-    let items: Vec<Value> = remaining[..take]
-        .iter()
-        .map(|(_, object)| list_item(object))
-        .collect();
-    let body = json!({
+    // Written straight from the store, item by item, as a real server
+    // encodes its cache: no copy of the objects, no document built first.
+    let head = json!({
         "apiVersion": kind.api_version(),
         "kind": format!("{}List", kind.kind()),
         "metadata": metadata,
-        "items": items,
     });
-    Ok(json_response(StatusCode::OK, &body))
+    let mut body = head.to_string().into_bytes();
+    // `{"apiVersion":…,"metadata":{…}}` becomes `{…,"items":[…]}`.
+    body.pop();
+    body.extend_from_slice(br#","items":["#);
+    for (index, (_, object)) in remaining[..take].iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        // Writing JSON into memory cannot fail.
+        let _ = serde_json::to_writer(&mut body, &ListItem(object));
+    }
+    body.extend_from_slice(b"]}");
+    Ok(bytes_response(StatusCode::OK, body))
 }
 
 /// A list item as the real server writes it: without `apiVersion`/`kind`.
-fn list_item(object: &Value) -> Value {
-    let mut item = object.clone();
-    if let Some(fields) = item.as_object_mut() {
-        fields.remove("apiVersion");
-        fields.remove("kind");
+struct ListItem<'a>(&'a Value);
+
+impl serde::Serialize for ListItem<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Some(fields) = self.0.as_object() else {
+            return self.0.serialize(serializer);
+        };
+        let mut map = serializer.serialize_map(None)?;
+        for (name, value) in fields {
+            if name != "apiVersion" && name != "kind" {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        map.end()
     }
-    item
 }
 
 fn check_list_resource_version(
@@ -393,7 +411,11 @@ pub(super) fn event_line(event_type: &str, object: &Value) -> Bytes {
 }
 
 pub(super) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    bytes_response(status, body.to_string().into_bytes())
+}
+
+fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
     *response.status_mut() = status;
     response.headers_mut().insert(
         "content-type",
