@@ -264,14 +264,6 @@ impl Applier for TimedApplier {
         let inner = &mut self.inner;
         timed_commit(&self.log, || inner.apply_at(transaction, generation))
     }
-
-    fn read_map_targets(
-        &mut self,
-        family: IpFamily,
-        map: &str,
-    ) -> Option<Result<BTreeMap<String, std::net::SocketAddr>, kp_nftables::live::ReadError>> {
-        self.inner.read_map_targets(family, map)
-    }
 }
 
 /// The calling thread's CPU time (user and system).

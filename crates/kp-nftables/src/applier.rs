@@ -12,9 +12,7 @@
 //!   `test-util`).
 //! - [`DryRunApplier`] writes them to a writer (`--dry-run`).
 
-use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::net::SocketAddr;
 use std::process::Stdio;
 
 use kp_model::IpFamily;
@@ -53,20 +51,6 @@ pub trait Applier: Send {
     fn apply_at(&mut self, transaction: &Transaction, generation: u32) -> Result<(), ApplyError> {
         let _ = (transaction, generation);
         Err(ApplyError::GenerationMoved)
-    }
-
-    /// The elements of the endpoint-valued map `map` of `family`'s table
-    /// as the kernel holds them, key text → endpoint
-    /// ([`crate::live::read_map_targets_on`]): the data layout reads its
-    /// ClientIP affinity entries to delete those of endpoints that left.
-    /// `None` where this applier has no kernel to read (a dry run).
-    fn read_map_targets(
-        &mut self,
-        family: IpFamily,
-        map: &str,
-    ) -> Option<Result<BTreeMap<String, SocketAddr>, crate::live::ReadError>> {
-        let _ = (family, map);
-        None
     }
 
     /// Transactions of `family` whose commands arrive in pieces, each
@@ -316,16 +300,6 @@ impl Default for NftApplier {
 }
 
 impl Applier for NftApplier {
-    fn read_map_targets(
-        &mut self,
-        family: IpFamily,
-        map: &str,
-    ) -> Option<Result<BTreeMap<String, SocketAddr>, crate::live::ReadError>> {
-        // The namespace nft commits to: the calling thread's.
-        let mut channel = kp_netlink::Channel::new(kp_netlink::NETLINK_NETFILTER);
-        Some(crate::live::read_map_targets_on(&mut channel, family, map))
-    }
-
     fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
         let text = transaction.to_string();
         let spawn_error = |source| ApplyError::Spawn {

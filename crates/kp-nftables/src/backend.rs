@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,12 +37,11 @@ use kp_sync::{Backend, BackendError, SyncOutcome, SyncRequest};
 use crate::applier::{Applier, ApplyError, DryRunApplier, NftApplier};
 use crate::generation::{self, Ruleset, SharedRuleset};
 use crate::model::{Command, Key, Lines, Transaction};
-use crate::names::affinity_map;
 use crate::names::TABLE;
 use crate::netlink::NetlinkApplier;
 use crate::options::{Layout, NftablesOptions};
 use crate::render::{stale_chain_cleanup, Commits, Piece, RenderInput, RenderStats, Renderer};
-use crate::state::{Programmed, StateDelta};
+use crate::state::Programmed;
 use crate::NftablesError;
 
 mod table_state;
@@ -294,73 +293,6 @@ impl NftablesBackend {
         Ok(())
     }
 
-    /// The data layout: deletes the ClientIP affinity entries that lead to
-    /// endpoints that left their service port (`leaving`, by affinity map),
-    /// in a transaction of its own after the sync's, so a client's next
-    /// connection draws a live endpoint instead of the one it last used.
-    /// The entries are read back from the kernel first (rules, not the
-    /// proxy, write them). An entry may expire between its reading and its
-    /// deletion, and the kernel then refuses the whole transaction, so a
-    /// refused one is read and tried again, up to three times. A failure
-    /// does not fail the sync: the entries left expire with their timeout.
-    fn forget_affinity_of(
-        &mut self,
-        own: &mut Ruleset,
-        leaving: &BTreeMap<&'static str, BTreeSet<SocketAddr>>,
-    ) {
-        const ATTEMPTS: usize = 3;
-        for attempt in 1..=ATTEMPTS {
-            let Some(transaction) = self.affinity_deletions(leaving) else {
-                return;
-            };
-            if transaction.commands.is_empty() {
-                return;
-            }
-            match self.apply_own(own, &transaction) {
-                Ok(()) => {
-                    tracing::debug!(family = %self.family, maps = transaction.commands.len(), "deleted ClientIP affinity entries of endpoints that left");
-                    return;
-                }
-                Err(error) if attempt < ATTEMPTS => {
-                    tracing::debug!(family = %self.family, error = %error, attempt, "deleting ClientIP affinity entries was refused; reading them again");
-                }
-                Err(error) => {
-                    tracing::warn!(family = %self.family, error = %error, attempts = ATTEMPTS, "could not delete ClientIP affinity entries of endpoints that left; they expire with their timeout");
-                }
-            }
-        }
-    }
-
-    /// The deletion of the affinity entries of `leaving` the kernel holds
-    /// now; `None` where the applier has no kernel to read (a dry run).
-    fn affinity_deletions(
-        &mut self,
-        leaving: &BTreeMap<&'static str, BTreeSet<SocketAddr>>,
-    ) -> Option<Transaction> {
-        let mut transaction = Transaction::new(self.family);
-        for (map, endpoints) in leaving {
-            let targets = match self.applier.read_map_targets(self.family, map)? {
-                Ok(targets) => targets,
-                Err(error) => {
-                    tracing::warn!(family = %self.family, map, error = %error, "could not read ClientIP affinity entries; those of endpoints that left expire with their timeout");
-                    continue;
-                }
-            };
-            let keys: Vec<Key> = targets
-                .iter()
-                .filter(|(_, target)| endpoints.contains(target))
-                .filter_map(|(key, _)| affinity_key(key))
-                .collect();
-            if !keys.is_empty() {
-                transaction.commands.push(Command::DeleteElements {
-                    set: crate::model::Name::Fixed(map),
-                    keys,
-                });
-            }
-        }
-        Some(transaction)
-    }
-
     /// After a failed commit: the kernel may hold anything the record does
     /// not know (someone else may have changed the table), so the next sync
     /// deletes the table and writes it afresh in one transaction, which
@@ -486,15 +418,9 @@ impl NftablesBackend {
                 return Err(rejected(error, request.service_ports, Blame::Lines));
             }
         }
-        let leaving = if self.renderer.layout() == Layout::Data {
-            leaving_affinity_endpoints(&self.programmed, &rendered.delta)
-        } else {
-            BTreeMap::new()
-        };
         let trusted = self.settle(own, Some(current), Some(current), rendered.commits(), false);
         self.state = self.state.with_trusted(trusted);
         self.programmed.commit(rendered.delta);
-        self.forget_affinity_of(own, &leaving);
         let mut outcome = outcome(true, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
         tracing::debug!(
@@ -667,12 +593,6 @@ impl Backend for NftablesBackend {
         if reset {
             self.programmed.clear();
         }
-        // Before the record forgets the endpoints that left.
-        let leaving = if self.renderer.layout() == Layout::Data {
-            leaving_affinity_endpoints(&self.programmed, &rendered.delta)
-        } else {
-            BTreeMap::new()
-        };
         let trusted = self.settle(
             &mut own,
             self.state.trusted(),
@@ -682,7 +602,6 @@ impl Backend for NftablesBackend {
         );
         self.state = self.state.succeeded(rendered.head_hash, trusted);
         self.programmed.commit(rendered.delta);
-        self.forget_affinity_of(&mut own, &leaving);
         let mut outcome = outcome(rendered.full, &rendered.stats, &self.programmed);
         outcome.cleanup_failures = cleanup_failures;
         tracing::debug!(
@@ -762,57 +681,6 @@ fn outcome(full: bool, stats: &RenderStats, programmed: &Programmed) -> SyncOutc
     }
 }
 
-/// The data layout: the endpoints that leave a service port with ClientIP
-/// affinity when `delta` is committed over `programmed`, by the affinity
-/// map holding their clients' entries.
-fn leaving_affinity_endpoints(
-    programmed: &Programmed,
-    delta: &StateDelta,
-) -> BTreeMap<&'static str, BTreeSet<SocketAddr>> {
-    let mut leaving: BTreeMap<&'static str, BTreeSet<SocketAddr>> = BTreeMap::new();
-    for (service, new) in &delta.services {
-        let Some(old) = programmed.services.get(service) else {
-            continue;
-        };
-        for draw in &old.data().draws {
-            let Some(secs) = draw.affinity_secs else {
-                continue;
-            };
-            for endpoint in &draw.endpoints {
-                let stays = new
-                    .iter()
-                    .flat_map(|record| &record.data().draws)
-                    .any(|kept| {
-                        kept.port == draw.port
-                            && kept.protocol == draw.protocol
-                            && kept.affinity_secs == Some(secs)
-                            && kept.endpoints.contains(endpoint)
-                    });
-                if !stays {
-                    leaving
-                        .entry(affinity_map(draw.protocol, secs))
-                        .or_default()
-                        .insert(*endpoint);
-                }
-            }
-        }
-    }
-    leaving
-}
-
-/// The key of an affinity entry from its text, `ENTRY . PORT . CLIENT`
-/// (as the read-back writes it).
-fn affinity_key(text: &str) -> Option<Key> {
-    let mut fields = text.split(" . ");
-    let entry = fields.next()?.parse().ok()?;
-    let port = fields.next()?.parse().ok()?;
-    let client = fields.next()?.parse().ok()?;
-    fields
-        .next()
-        .is_none()
-        .then_some(Key::AddrPortAddr(entry, port, client))
-}
-
 /// Who a refused transaction is blamed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blame {
@@ -886,9 +754,7 @@ fn service_of_address(
         _ => None,
     }?;
     let address = match key {
-        Key::Addr(address)
-        | Key::AddrProtoPort(address, _, _)
-        | Key::AddrPortAddr(address, _, _) => address,
+        Key::Addr(address) | Key::AddrProtoPort(address, _, _) => address,
         Key::ProtoPort(..) | Key::EntrySlot(..) | Key::PortSlot(..) | Key::AddrPair(..) => {
             return None
         }
@@ -1031,64 +897,5 @@ mod tests {
             BackendError::Rejected { services, .. } => assert_eq!(services, BTreeSet::new()),
             other => panic!("expected a rejected transaction, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn affinity_entry_keys_are_read_from_their_text() {
-        let v4 = affinity_key("10.96.0.17 . 80 . 10.244.1.7").unwrap();
-        assert_eq!(v4.to_string(), "10.96.0.17 . 80 . 10.244.1.7");
-        let v6 = affinity_key("fd00:10:96::c . 443 . fd00::9").unwrap();
-        assert_eq!(v6.to_string(), "fd00:10:96::c . 443 . fd00::9");
-        assert_eq!(affinity_key("10.96.0.17 . 80"), None);
-        assert_eq!(affinity_key("10.96.0.17 . 80 . 10.244.1.7 . 1"), None);
-        assert_eq!(affinity_key("10.96.0.17 . http . 10.244.1.7"), None);
-    }
-
-    /// Of a port with affinity, the endpoints not in its new draws leave;
-    /// a port without affinity has no entries to delete.
-    #[test]
-    fn endpoints_leaving_a_port_with_affinity_are_found_by_map() {
-        use crate::state::{DataRecord, Draw, ServiceRecord};
-        let at = |text: &str| -> SocketAddr { text.parse().unwrap() };
-        let draw = |secs: Option<u64>, endpoints: &[&str]| Draw {
-            port: Arc::from("http"),
-            protocol: kp_model::Protocol::Tcp,
-            local: false,
-            endpoints: endpoints.iter().map(|text| at(text)).collect(),
-            entries: Vec::new(),
-            affinity_secs: secs,
-        };
-        let record = |draws| ServiceRecord {
-            data: Some(Box::new(DataRecord {
-                draws,
-                ..DataRecord::default()
-            })),
-            ..ServiceRecord::default()
-        };
-        let sticky = NamespacedName::new("ns1", "sticky");
-        let plain = NamespacedName::new("ns1", "plain");
-        let mut programmed = Programmed::default();
-        programmed.services.insert(
-            sticky.clone(),
-            record(vec![draw(Some(300), &["10.244.1.2:80", "10.244.1.3:80"])]),
-        );
-        programmed
-            .services
-            .insert(plain.clone(), record(vec![draw(None, &["10.244.1.4:80"])]));
-        let delta = StateDelta {
-            services: vec![
-                (
-                    sticky,
-                    Some(record(vec![draw(Some(300), &["10.244.1.3:80"])])),
-                ),
-                (plain, None),
-            ],
-            ..StateDelta::default()
-        };
-        let leaving = leaving_affinity_endpoints(&programmed, &delta);
-        assert_eq!(
-            leaving,
-            BTreeMap::from([("affinity-tcp-300", BTreeSet::from([at("10.244.1.2:80")]))])
-        );
     }
 }

@@ -116,39 +116,6 @@ pub fn read_table(family: IpFamily) -> Result<Option<Table>, ReadError> {
     read_table_on(&mut channel, family)
 }
 
-/// The elements of the data layout's endpoint-valued map `map` (ClientIP
-/// affinity: `affinity-tcp-10800`) as the kernel holds them, key (as `add
-/// element` writes it) → endpoint; empty when the table or the map does not
-/// exist. Like `nft list map ip kube-proxy affinity-tcp-10800`, typed: the
-/// table's set declarations and this one map's elements are read, not the
-/// whole table.
-pub fn read_map_targets_on(
-    channel: &mut Channel,
-    family: IpFamily,
-    map: &str,
-) -> Result<BTreeMap<String, std::net::SocketAddr>, ReadError> {
-    let table = table_text(family);
-    for _ in 0..READ_ATTEMPTS {
-        let before = generation(channel, family)?;
-        let attempt = dump_map(channel, family, map)?;
-        let after = generation(channel, family)?;
-        match attempt {
-            Attempt::Absent => return Ok(BTreeMap::new()),
-            Attempt::Read(dump) if before == after => {
-                let mut read = decode::decode(family, &dump)?;
-                return Ok(read.targets.remove(map).unwrap_or_default());
-            }
-            Attempt::Read(_) | Attempt::Changed => {
-                tracing::debug!(table = %table, map, before, after, "the ruleset changed while a map was read; reading again");
-            }
-        }
-    }
-    Err(ReadError::Changing {
-        table,
-        attempts: READ_ATTEMPTS,
-    })
-}
-
 /// [`read_table`] over `channel` (a `NETLINK_NETFILTER` channel).
 pub fn read_table_on(channel: &mut Channel, family: IpFamily) -> Result<Option<Table>, ReadError> {
     let table = table_text(family);
@@ -425,48 +392,6 @@ fn dump_table(channel: &mut Channel, family: IpFamily) -> Result<Attempt, ReadEr
         )? {
             return Ok(Attempt::Changed);
         }
-    }
-    Ok(Attempt::Read(dump))
-}
-
-/// Dumps the table's set declarations and the elements of `map`, or finds
-/// the table (or the map) absent.
-fn dump_map(channel: &mut Channel, family: IpFamily, map: &str) -> Result<Attempt, ReadError> {
-    let nfproto = nfproto(family);
-    match channel.ask(crate::netlink::table_question(nfproto)) {
-        Ok(_) => {}
-        Err(error) if error.errno() == Some(ENOENT) => return Ok(Attempt::Absent),
-        Err(error) => return Err(netlink_error(family, "asking for it", error)),
-    }
-    let mut dump = Dump::default();
-    let request = |message: u8| nfnetlink::request(SUBSYS_NFTABLES, message, nfproto, NLM_F_DUMP);
-    let sets = request(MSG_GETSET).string(ATTR_TABLE, TABLE);
-    if !dump_step(
-        channel,
-        family,
-        sets,
-        MSG_NEWSET,
-        &mut dump.sets,
-        "dumping its sets",
-    )? {
-        return Ok(Attempt::Changed);
-    }
-    if !decode::set_names(&dump).iter().any(|name| name == map) {
-        return Ok(Attempt::Absent);
-    }
-    let elements = request(MSG_GETSETELEM)
-        .string(ATTR_TABLE, TABLE)
-        .string(ATTR_SET, map);
-    let step = format!("dumping the elements of map {map}");
-    if !dump_step(
-        channel,
-        family,
-        elements,
-        MSG_NEWSETELEM,
-        &mut dump.elements,
-        &step,
-    )? {
-        return Ok(Attempt::Changed);
     }
     Ok(Attempt::Read(dump))
 }

@@ -249,9 +249,6 @@ pub enum Key {
     PortSlot(u16, u32),
     /// `ADDRESS . ADDRESS`: a source and destination pair (hairpin).
     AddrPair(IpAddr, IpAddr),
-    /// `ADDRESS . PORT . ADDRESS`: a Service entry and a client
-    /// (ClientIP affinity).
-    AddrPortAddr(IpAddr, u16, IpAddr),
 }
 
 /// An element as `add element` writes it.
@@ -419,37 +416,6 @@ pub enum Expr {
         endpoints: u32,
         /// The map of slots to endpoints.
         map: Name,
-    },
-    /// `dnat ip to ip daddr . tcp dport . ip saddr map @MAP`: DNAT to the
-    /// endpoint recorded for this client and Service entry, if any.
-    DnatAffinity {
-        /// The protocol of the port in the key.
-        protocol: Protocol,
-        /// The affinity map.
-        map: Name,
-    },
-    /// `ct status dnat`.
-    CtStatusDnat,
-    /// `PROTOCOL dport != PORT`.
-    DestinationPortNot {
-        /// The protocol.
-        protocol: Protocol,
-        /// The port.
-        port: u16,
-    },
-    /// `ct original ip daddr . meta l4proto . ct original proto-dst @SET`:
-    /// the Service entry the connection was opened to is in the set.
-    OriginalEntryInSet(Name),
-    /// `update @MAP { ct original ip daddr . ct original proto-dst . ip
-    /// saddr timeout Ns : ip daddr . tcp dport }`: records the endpoint
-    /// DNAT chose for this client and Service entry.
-    RecordAffinity {
-        /// The protocol of the endpoint's port.
-        protocol: Protocol,
-        /// The affinity map.
-        map: Name,
-        /// The entry's lifetime.
-        timeout_secs: u64,
     },
 }
 
@@ -648,7 +614,6 @@ impl fmt::Display for Key {
             Self::EntrySlot(ip, port, slot) => write!(f, "{} . {port} . {slot}", Ip(ip)),
             Self::PortSlot(port, slot) => write!(f, "{port} . {slot}"),
             Self::AddrPair(a, b) => write!(f, "{} . {}", Ip(a), Ip(b)),
-            Self::AddrPortAddr(a, port, b) => write!(f, "{} . {port} . {}", Ip(a), Ip(b)),
         }
     }
 }
@@ -976,28 +941,6 @@ impl fmt::Display for ExprText<'_> {
                     protocol_keyword(*protocol)
                 )
             }
-            Expr::DnatAffinity { protocol, map } => write!(
-                f,
-                "dnat {ipx} to {ipx} daddr . {} dport . {ipx} saddr map @{map}",
-                protocol_keyword(*protocol)
-            ),
-            Expr::CtStatusDnat => f.write_str("ct status dnat"),
-            Expr::DestinationPortNot { protocol, port } => {
-                write!(f, "{} dport != {port}", protocol_keyword(*protocol))
-            }
-            Expr::OriginalEntryInSet(set) => write!(
-                f,
-                "ct original {ipx} daddr . meta l4proto . ct original proto-dst @{set}"
-            ),
-            Expr::RecordAffinity {
-                protocol,
-                map,
-                timeout_secs,
-            } => write!(
-                f,
-                "update @{map} {{ ct original {ipx} daddr . ct original proto-dst . {ipx} saddr timeout {timeout_secs}s : {ipx} daddr . {} dport }}",
-                protocol_keyword(*protocol)
-            ),
         }
     }
 }
@@ -1079,7 +1022,7 @@ impl StackText {
             }
             Key::ProtoPort(protocol, port) => proto_port(self, *protocol, *port),
             // Rarer keys, whose text needs no speed.
-            Key::EntrySlot(..) | Key::PortSlot(..) | Key::AddrPair(..) | Key::AddrPortAddr(..) => {
+            Key::EntrySlot(..) | Key::PortSlot(..) | Key::AddrPair(..) => {
                 let _ = fmt::Write::write_fmt(self, format_args!("{key}"));
             }
         }
@@ -1307,30 +1250,6 @@ mod tests {
                 spec("affinity-services-10800", vec![dst, L4Proto, AnyPort], vec![], None, None),
                 "add set ip kube-proxy affinity-services-10800 { typeof ip daddr . meta l4proto . th dport ; }",
             ),
-            (
-                IpFamily::V4,
-                rule(vec![
-                    Expr::CtStateNew,
-                    Expr::CtStatusDnat,
-                    Expr::DestinationPortNot { protocol: Protocol::Tcp, port: 0 },
-                    Expr::OriginalEntryInSet(name("affinity-services-10800")),
-                    Expr::RecordAffinity { protocol: Protocol::Tcp, map: name("affinity-tcp-10800"), timeout_secs: 10800 },
-                ]),
-                "add rule ip kube-proxy svc ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-tcp-10800 { ct original ip daddr . ct original proto-dst . ip saddr timeout 10800s : ip daddr . tcp dport }",
-            ),
-            (
-                IpFamily::V6,
-                rule(vec![Expr::DnatAffinity { protocol: Protocol::Sctp, map: name("affinity-sctp-10800") }]),
-                "add rule ip6 kube-proxy svc dnat ip6 to ip6 daddr . sctp dport . ip6 saddr map @affinity-sctp-10800",
-            ),
-            (
-                IpFamily::V6,
-                Command::DeleteElements {
-                    set: name("affinity-tcp-10800"),
-                    keys: vec![Key::AddrPortAddr("fd00:10:96::c".parse().unwrap(), 80, "fd00::9".parse().unwrap())],
-                },
-                "delete element ip6 kube-proxy affinity-tcp-10800 { fd00:10:96::c . 80 . fd00::9 }",
-            ),
         ];
         for (family, command, text) in cases {
             assert_eq!(command.line(family).to_string(), text);
@@ -1341,7 +1260,6 @@ mod tests {
     fn the_longest_keys_sort_as_their_text() {
         let wide: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap();
         for key in [
-            Key::AddrPortAddr(wide, 65535, wide),
             Key::AddrPair(wide, wide),
             Key::EntrySlot(wide, 65535, u32::MAX),
             Key::PortSlot(65535, u32::MAX),

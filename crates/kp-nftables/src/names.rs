@@ -312,35 +312,10 @@ pub fn data_layout_fixed_names() -> impl Iterator<Item = &'static str> {
         .copied()
 }
 
-/// The data layout's base chain that records ClientIP affinity of
-/// connections from other hosts (filter prerouting, priority dstnat + 1:
-/// after DNAT chose the endpoint).
-pub const AFFINITY_PREROUTING: &str = "affinity-prerouting";
-/// Like [`AFFINITY_PREROUTING`], for connections from this host (output).
-pub const AFFINITY_OUTPUT: &str = "affinity-output";
-
-/// The data layout's dynamic map of ClientIP affinity for `protocol` and
-/// timeout `secs`: `affinity-tcp-10800`, keyed `entry address . entry port .
-/// client`, valued by the endpoint.
-pub fn affinity_map(protocol: kp_model::Protocol, secs: u64) -> &'static str {
-    intern(format!(
-        "affinity-{}-{secs}",
-        crate::model::protocol_keyword(protocol)
-    ))
-}
-
-/// The data layout's set of the Service entries (`address . protocol .
-/// port`) whose connections record affinity with timeout `secs`:
-/// `affinity-services-10800`.
-pub fn affinity_services(secs: u64) -> &'static str {
-    intern(format!("affinity-services-{secs}"))
-}
-
-/// `name`, kept for the life of the process: the affinity names depend on
-/// the timeout values Services use, a handful in a cluster (at most one a
-/// second of the API's 1–86,400 range, per protocol), the count sets' on
-/// the endpoint counts Services have had (a few dozen, each name under 40
-/// bytes), and the record keeps set names as `&'static str`.
+/// `name`, kept for the life of the process: the count sets' and group
+/// sets' names depend on the endpoint counts Services have had (a few
+/// dozen, each name under 40 bytes), and the record keeps set names as
+/// `&'static str`.
 fn intern(name: String) -> &'static str {
     static NAMES: std::sync::LazyLock<std::sync::Mutex<std::collections::BTreeSet<&'static str>>> =
         std::sync::LazyLock::new(Default::default);
@@ -383,8 +358,6 @@ pub const FIXED_NAMES: &[&str] = &[
     NO_ENDPOINT_NODEPORTS,
     FIREWALL_IPS,
     HAIRPIN_ENDPOINTS,
-    AFFINITY_PREROUTING,
-    AFFINITY_OUTPUT,
 ];
 
 /// Comment of the rule of `cluster-ips-check`.

@@ -675,20 +675,6 @@ impl Applier for NetlinkApplier {
         })
     }
 
-    fn read_map_targets(
-        &mut self,
-        family: IpFamily,
-        map: &str,
-    ) -> Option<
-        Result<std::collections::BTreeMap<String, std::net::SocketAddr>, crate::live::ReadError>,
-    > {
-        Some(crate::live::read_map_targets_on(
-            &mut self.channel,
-            family,
-            map,
-        ))
-    }
-
     fn generation(&mut self) -> Option<Result<u32, ApplyError>> {
         Some(ask_generation(&mut self.channel).map_err(|error| ApplyError::Write(error.into())))
     }

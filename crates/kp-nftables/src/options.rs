@@ -28,20 +28,15 @@ pub enum Layout {
     /// `numgen` rule per endpoint in the `service-` (or `local-`) chain.
     #[default]
     Chains,
-    /// The data layout of issue 26 (docs/nft-layout-experiment.md):
-    /// a service port's endpoints are elements `N . slot : address . port`
-    /// of `service-endpoints-PROTO-{N mod 64}`, drawn by one `dnat … map`
-    /// rule; hairpin masquerade is decided by the `hairpin-endpoints` set of
-    /// `A . A` pairs; ClientIP affinity by the dynamic map
-    /// `affinity-PROTO-SECS`, recorded after DNAT by the
-    /// `affinity-prerouting` and `affinity-output` base chains for the
-    /// entries in `affinity-services-SECS`. An endpoint replaced, or a
-    /// readiness flip that keeps the count, changes elements only.
-    ///
-    /// When an endpoint leaves a port with affinity, the backend reads the
-    /// map back and deletes the entries leading to it. Not as upstream:
-    /// affinity is per entry (ClusterIP, external or LB IP) rather than per
-    /// service port, and NodePort connections record none.
+    /// The data layout of issue 26 (docs/nft-layout-experiment.md,
+    /// docs/DESIGN.md): a service port's endpoints are slot elements
+    /// `ENTRY . SLOT : address . port` of one map per pool and protocol,
+    /// drawn by the class rule of the entry's endpoint count; hairpin
+    /// masquerade is decided by the `hairpin-endpoints` set of `A . A`
+    /// pairs. An endpoint added, removed or replaced, or a readiness flip,
+    /// changes elements only. A service port with ClientIP affinity is
+    /// written as in [`Layout::Chains`] (upstream's affinity: per service
+    /// port, through every entry).
     Data,
 }
 

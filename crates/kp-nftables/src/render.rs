@@ -383,15 +383,9 @@ impl Renderer {
             .transaction_text_max
             .max(estimated_chain_text(input.service_ports, self.layout) / SPLIT_PIECES);
         let mut split = false;
-        let affinity = if full && self.layout == Layout::Data {
-            head::affinity_in_use(input)
-        } else {
-            BTreeSet::new()
-        };
         let mut emitted = Emitted {
             family: input.family,
             layout: self.layout,
-            affinity,
             text,
             lines: 0,
             rules: 0,
@@ -502,7 +496,6 @@ impl Renderer {
                 }
             } else {
                 write_hairpin(programmed, &delta, &mut out, &mut stats);
-                write_affinity_change(programmed, &delta, &mut out);
                 let wanted = input.prune.then(|| head::classes_to_hold(input));
                 write_class_change(input.family, programmed, wanted, &mut delta, &mut out);
             }
@@ -582,8 +575,8 @@ impl Renderer {
     /// A fingerprint of the fixed part a full render of `input` writes
     /// (base chains, fixed sets and maps, their rules), without the table's
     /// deletion, and without what the data layout holds there for the
-    /// Services (their count classes and affinity maps, which partial
-    /// renders keep up to date): a full sync whose fixed part and Services'
+    /// Services (their count classes, which partial renders keep up to
+    /// date): a full sync whose fixed part and Services'
     /// chains match what the kernel holds has nothing to rewrite.
     pub fn head_fingerprint(&self, input: &RenderInput<'_>) -> u64 {
         let ctx = self.context(input);
@@ -1000,8 +993,6 @@ fn estimated_chain_text(
 struct Emitted<'t> {
     family: IpFamily,
     layout: Layout,
-    /// The data layout's affinity maps a full render declares.
-    affinity: BTreeSet<(Protocol, u64)>,
     text: Option<&'t mut String>,
     lines: usize,
     rules: usize,
@@ -1076,7 +1067,7 @@ impl Emitted<'_> {
         emit: &mut impl FnMut(Piece) -> Result<(), E>,
         out: &mut Sections,
     ) -> Result<(), E> {
-        self.emit(emit, head::prelude(self.layout, &self.affinity))?;
+        self.emit(emit, head::prelude(self.layout))?;
         self.chains(emit, out)?;
         self.commit(emit)
     }
@@ -1172,61 +1163,6 @@ fn write_hairpin(
             write_delete(&hairpin_pair(ip), out);
             stats.elements_deleted += 1;
         }
-    }
-}
-
-/// The data layout's affinity objects after a partial render's changes:
-/// when the Services come to need a protocol and timeout that none needed,
-/// or stop needing one, the maps and entry sets needed now are declared
-/// and the recording chains are rewritten for them (with the fixed part,
-/// ahead of the Service chains that look the maps up). A map no Service
-/// needs any more, and an entry set no protocol's map needs, are deleted
-/// last, once no rule names them: the recording chains are rewritten
-/// without them, the chains of the Services that used them rewritten or
-/// flushed, and their entries deleted, all earlier in the transaction.
-fn write_affinity_change(programmed: &Programmed, delta: &StateDelta, out: &mut Sections) {
-    let mut users = programmed.affinity.clone();
-    for (service, record) in &delta.services {
-        if let Some(old) = programmed.services.get(service) {
-            for key in &old.data().affinity {
-                if let Some(count) = users.get_mut(key) {
-                    *count = count.saturating_sub(1);
-                }
-            }
-        }
-        for key in record.iter().flat_map(|record| &record.data().affinity) {
-            *users.entry(*key).or_default() += 1;
-        }
-    }
-    let after: BTreeSet<(Protocol, u64)> = users
-        .into_iter()
-        .filter(|(_, count)| *count > 0)
-        .map(|(key, _)| key)
-        .collect();
-    if programmed.affinity.keys().eq(after.iter()) {
-        return;
-    }
-    out.head.extend(head::affinity_declarations(&after));
-    head::affinity_recording(&after, &mut out.head);
-    let timeouts_after: BTreeSet<u64> = after.iter().map(|&(_, secs)| secs).collect();
-    let mut timeouts_gone = BTreeSet::new();
-    for &(protocol, secs) in programmed.affinity.keys() {
-        if after.contains(&(protocol, secs)) {
-            continue;
-        }
-        out.tail.push(Command::DeleteSet {
-            name: Name::Fixed(crate::names::affinity_map(protocol, secs)),
-            map: true,
-        });
-        if !timeouts_after.contains(&secs) {
-            timeouts_gone.insert(secs);
-        }
-    }
-    for secs in timeouts_gone {
-        out.tail.push(Command::DeleteSet {
-            name: Name::Fixed(crate::names::affinity_services(secs)),
-            map: false,
-        });
     }
 }
 

@@ -62,7 +62,7 @@ impl RecordKey {
             Key::EntrySlot(address, port, slot) => Self::EntrySlot(address, port, slot),
             Key::PortSlot(port, slot) => Self::PortSlot(port, slot),
             Key::AddrPair(source, destination) if source == destination => Self::SelfPair(source),
-            other @ (Key::AddrPair(..) | Key::AddrPortAddr(..)) => Self::Other(Box::new(other)),
+            other @ Key::AddrPair(..) => Self::Other(Box::new(other)),
         }
     }
 
@@ -128,10 +128,6 @@ pub struct DataRecord {
     /// The endpoint addresses whose `A . A` pair it needs in
     /// `hairpin-endpoints`, sorted, without duplicates.
     pub hairpin: Vec<IpAddr>,
-    /// The protocols and ClientIP affinity timeouts (in seconds) of its
-    /// service ports, whose affinity maps and recording rules it needs;
-    /// sorted, without duplicates.
-    pub affinity: Vec<(Protocol, u64)>,
     /// The draw rules (by pool, protocol and endpoint count) its entries
     /// need; sorted, without duplicates.
     pub classes: Vec<Class>,
@@ -169,9 +165,6 @@ pub struct Draw {
     /// ([`Draw::elements`]): at 5,000 service ports × 50 endpoints they
     /// would be 250,000 recorded elements that repeat the endpoints.
     pub entries: Vec<Entry>,
-    /// The port's ClientIP affinity timeout in seconds, if it has one: its
-    /// clients' entries are in `affinity-PROTO-SECS`.
-    pub affinity_secs: Option<u64>,
 }
 
 /// An entry of a [`Draw`]: where a packet's destination is looked up.
@@ -254,9 +247,6 @@ pub struct Programmed {
     /// The data layout: for each address in `hairpin-endpoints`, how many
     /// Services need it.
     pub hairpin: BTreeMap<IpAddr, usize>,
-    /// The data layout: for each protocol and affinity timeout, how many
-    /// Services need its map and recording rules.
-    pub affinity: BTreeMap<(Protocol, u64), usize>,
 }
 
 /// The change a rendered transaction makes to [`Programmed`], applied once
@@ -428,7 +418,6 @@ impl DataRecord {
             chain_hashes: Vec::new(),
             draws: Vec::new(),
             hairpin: Vec::new(),
-            affinity: Vec::new(),
             classes: Vec::new(),
         }
     }
@@ -442,9 +431,6 @@ impl DataRecord {
         self.hairpin.sort_unstable();
         self.hairpin.dedup();
         self.hairpin.shrink_to_fit();
-        self.affinity.sort_unstable();
-        self.affinity.dedup();
-        self.affinity.shrink_to_fit();
         self.classes.sort_unstable();
         self.classes.dedup();
         self.classes.shrink_to_fit();
@@ -463,13 +449,13 @@ impl Programmed {
         for (service, record) in delta.services {
             if !replace_all {
                 if let Some(old) = self.services.get(&service) {
-                    uncount(&mut self.hairpin, &mut self.affinity, old);
+                    uncount(&mut self.hairpin, old);
                 }
             }
             match record {
                 Some(record) => {
                     if !replace_all {
-                        count(&mut self.hairpin, &mut self.affinity, &record);
+                        count(&mut self.hairpin, &record);
                     }
                     self.services.insert(service, record);
                 }
@@ -480,9 +466,8 @@ impl Programmed {
         }
         if replace_all {
             self.hairpin.clear();
-            self.affinity.clear();
             for record in self.services.values() {
-                count(&mut self.hairpin, &mut self.affinity, record);
+                count(&mut self.hairpin, record);
             }
         }
         if replace_all {
@@ -509,7 +494,6 @@ impl Programmed {
         self.stale_chains.clear();
         self.classes.clear();
         self.hairpin.clear();
-        self.affinity.clear();
     }
 
     /// Chains and rules of every Service.
@@ -526,31 +510,16 @@ impl Programmed {
     }
 }
 
-/// Adds the hairpin pairs and affinity timeouts `record` holds to
-/// the counts.
-fn count(
-    hairpin: &mut BTreeMap<IpAddr, usize>,
-    affinity: &mut BTreeMap<(Protocol, u64), usize>,
-    record: &ServiceRecord,
-) {
-    let record = record.data();
-    for ip in &record.hairpin {
+/// Adds the hairpin pairs `record` holds to the counts.
+fn count(hairpin: &mut BTreeMap<IpAddr, usize>, record: &ServiceRecord) {
+    for ip in &record.data().hairpin {
         *hairpin.entry(*ip).or_default() += 1;
-    }
-    for key in &record.affinity {
-        *affinity.entry(*key).or_default() += 1;
     }
 }
 
 /// Takes what `record` held off the counts.
-fn uncount(
-    hairpin: &mut BTreeMap<IpAddr, usize>,
-    affinity: &mut BTreeMap<(Protocol, u64), usize>,
-    record: &ServiceRecord,
-) {
-    let record = record.data();
-    release(hairpin, &record.hairpin);
-    release(affinity, &record.affinity);
+fn uncount(hairpin: &mut BTreeMap<IpAddr, usize>, record: &ServiceRecord) {
+    release(hairpin, &record.data().hairpin);
 }
 
 /// Takes one user off each of `keys`, forgetting those left without any.

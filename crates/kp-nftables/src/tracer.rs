@@ -178,12 +178,8 @@ fn named_set(expr: &Expr) -> Option<&Name> {
         Expr::AddrInSet { set, .. }
         | Expr::UpdateSourceSet(set)
         | Expr::AddrPairInSet(set)
-        | Expr::OriginalEntryInSet(set)
         | Expr::EntryInSet { set, .. } => Some(set),
-        Expr::DispatchVmap { map, .. }
-        | Expr::DnatDraw { map, .. }
-        | Expr::DnatAffinity { map, .. }
-        | Expr::RecordAffinity { map, .. } => Some(map),
+        Expr::DispatchVmap { map, .. } | Expr::DnatDraw { map, .. } => Some(map),
         _ => None,
     }
 }
@@ -547,10 +543,6 @@ impl Table {
                     | Expr::NumgenIs { .. }
                     | Expr::DispatchVmap { .. }
                     | Expr::AddrPairInSet(_)
-                    | Expr::DnatAffinity { .. }
-                    | Expr::CtStatusDnat
-                    | Expr::DestinationPortNot { .. }
-                    | Expr::OriginalEntryInSet(_)
                     | Expr::EntryInSet { .. }
             );
             if !is_match && !recorded {
@@ -570,14 +562,13 @@ impl Table {
                     let addr = walk.address(packet, *field);
                     !values.iter().any(|value| value.net().contains(&addr))
                 }
-                Expr::AddrInSet { set, .. } if self.dynamic_sets.contains(set.as_str()) => {
-                    // An affinity set: a first packet has no entry there.
-                    walk.affinity.push(Affinity {
-                        set: set.as_str().to_owned(),
-                        timeout_secs: self.timeouts_secs.get(set.as_str()).copied(),
-                        rule: rule_text(rule, context.family),
-                    });
-                    false
+                Expr::AddrInSet { field, set } if self.dynamic_sets.contains(set.as_str()) => {
+                    // An affinity set: a first packet has no entry there;
+                    // a client the set holds (read back from the kernel)
+                    // goes where it went before.
+                    walk.affinity.push(self.affinity(set, rule, context));
+                    let addr = walk.address(packet, *field).to_string();
+                    self.set_holds(set, addr, &mut walk)
                 }
                 Expr::AddrInSet { field, set } => {
                     let addr = walk.address(packet, *field).to_string();
@@ -643,43 +634,6 @@ impl Table {
                 Expr::AddrPairInSet(set) => {
                     let key = Key::AddrPair(packet.src, walk.dst).to_string();
                     self.set_holds(set, key, &mut walk)
-                }
-                Expr::CtStatusDnat => walk.destination.is_some(),
-                Expr::DestinationPortNot { protocol, port } => {
-                    protocol_keyword(*protocol) == packet.protocol && *port != walk.dport
-                }
-                Expr::OriginalEntryInSet(set) => {
-                    // Conntrack's original destination: the packet's own.
-                    let key = format!("{} . {} . {}", packet.dst, packet.protocol, packet.dport);
-                    self.set_holds(set, key, &mut walk)
-                }
-                Expr::RecordAffinity { map, .. } => {
-                    walk.affinity.push(self.affinity(map, rule, context));
-                    true
-                }
-                Expr::DnatAffinity { protocol, map } => {
-                    if protocol_keyword(*protocol) != packet.protocol {
-                        return Ok(vec![(walk, Flow::Next)]);
-                    }
-                    let key = Key::AddrPortAddr(walk.dst, walk.dport, packet.src).to_string();
-                    let found = self
-                        .targets
-                        .get(map.as_str())
-                        .and_then(|targets| targets.get(&key))
-                        .copied();
-                    let Some(to) = found else {
-                        // No entry for this client: the lookup misses and
-                        // the rule does not apply; the draw comes next.
-                        walk.affinity.push(self.affinity(map, rule, context));
-                        return Ok(vec![(walk, Flow::Next)]);
-                    };
-                    if !recorded {
-                        walk.matched.push(rule_text(rule, context.family));
-                    }
-                    walk.elements
-                        .push(format!("{map}: {key} : {}", endpoint_text(to)));
-                    walk.dnat(to);
-                    return Ok(vec![(walk, Flow::Accept)]);
                 }
                 Expr::EntryInSet { with_addr, set } => {
                     let key = if *with_addr {

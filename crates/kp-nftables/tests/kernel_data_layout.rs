@@ -15,13 +15,10 @@ mod kernel;
 
 use std::path::PathBuf;
 
-use std::net::SocketAddr;
-
-use data_layout::{affinity_map, endpoint, entry, layout, record, rule, PROTOCOLS};
+use data_layout::layout;
 use kernel::require;
-use kp_model::{IpFamily, Protocol};
+use kp_model::IpFamily;
 use kp_nftables::live::{self, differences, kernel_form};
-use kp_nftables::model::{Command, Key, MapElement};
 use kp_nftables::tracer::Table;
 use kp_nftables::{Applier, NetlinkApplier, NftApplier, Transaction};
 use kp_testkit::netns::Netns;
@@ -87,20 +84,15 @@ fn assert_lists(listing: &str, lines: &[&str]) {
 #[test]
 fn the_ipv4_data_layout_over_netlink_lists_as_nft_leaves_it_and_reloads() {
     require();
-    let text = commit_both_and_reload(&layout(IpFamily::V4, true));
+    let text = commit_both_and_reload(&layout(IpFamily::V4));
     // The listing is the layout's, not merely the same on both sides.
     assert_lists(
         &text,
         &[
             "typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport",
-            "typeof ip daddr . udp dport . ip saddr : ip daddr . udp dport",
-            "size 1048576",
             "typeof ip saddr . ip daddr",
-            "typeof ip daddr . meta l4proto . th dport",
             "ip saddr . ip daddr @hairpin-endpoints jump mark-for-masquerade",
-            "dnat ip to ip daddr . sctp dport . ip saddr map @affinity-sctp-10800",
             "ip daddr . meta l4proto . th dport @endpoint-count-3 dnat ip to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp",
-            "ct state new ct status dnat udp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-udp-10800 { ct original ip daddr . ct original proto-dst . ip saddr timeout 3h : ip daddr . udp dport }",
         ],
     );
 }
@@ -108,67 +100,23 @@ fn the_ipv4_data_layout_over_netlink_lists_as_nft_leaves_it_and_reloads() {
 #[test]
 fn the_ipv6_data_layout_over_netlink_lists_as_nft_leaves_it_and_reloads() {
     require();
-    let text = commit_both_and_reload(&layout(IpFamily::V6, false));
+    let text = commit_both_and_reload(&layout(IpFamily::V6));
     assert_lists(
         &text,
         &[
             "typeof ip6 daddr . udp dport . numgen random mod 1 : ip6 daddr . udp dport",
-            "typeof ip6 daddr . tcp dport . ip6 saddr : ip6 daddr . tcp dport",
             "typeof ip6 saddr . ip6 daddr",
             "ip6 saddr . ip6 daddr @hairpin-endpoints jump mark-for-masquerade",
-            "dnat ip6 to ip6 daddr . udp dport . ip6 saddr map @affinity-udp-10800",
             "ip6 daddr . meta l4proto . th dport @endpoint-count-1 dnat ip6 to ip6 daddr . sctp dport . numgen random mod 1 map @service-endpoints-sctp",
         ],
     );
 }
 
-/// nft 1.0.6 aborts on the IPv6 affinity-recording rule (its register
-/// allocator puts the data after the 36-byte key in whole 16-byte
-/// registers and runs out); the encoder packs the data right after the
-/// key, which the kernel takes, and nft lists it.
-#[test]
-fn the_ipv6_affinity_recording_rule_goes_over_netlink_and_lists() {
-    require();
-    let mut transaction = layout(IpFamily::V6, false);
-    for protocol in PROTOCOLS {
-        transaction
-            .commands
-            .push(rule("affinity-output", record(protocol)));
-    }
-    let namespace = Netns::create("dl-record6").unwrap();
-    namespace
-        .run(|| NetlinkApplier::new().apply(&transaction))
-        .unwrap_or_else(|e| panic!("netlink: {e}"));
-    let text = listing(&namespace, IpFamily::V6);
-    assert_lists(
-        &text,
-        &[
-            "ct state new ct status dnat tcp dport != 0 ct original ip6 daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-tcp-10800 { ct original ip6 daddr . ct original proto-dst . ip6 saddr timeout 3h : ip6 daddr . tcp dport }",
-            "ct state new ct status dnat sctp dport != 0 ct original ip6 daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-sctp-10800 { ct original ip6 daddr . ct original proto-dst . ip6 saddr timeout 3h : ip6 daddr . sctp dport }",
-        ],
-    );
-}
-
-/// Commits `transaction` over netlink, with one affinity entry as packets
-/// would leave it, reads the table back and requires it to be the replay
-/// of the same commands; the entry comes back with its endpoint.
+/// Commits `transaction` over netlink, reads the table back and requires
+/// it to be the replay of the same commands.
 #[track_caller]
-fn commit_and_read_back(mut transaction: Transaction) {
+fn commit_and_read_back(transaction: Transaction) {
     let family = transaction.family;
-    let client = match family {
-        IpFamily::V4 => "10.244.1.7".parse().unwrap(),
-        IpFamily::V6 => "fd00:10:244:1::7".parse().unwrap(),
-    };
-    let key = Key::AddrPortAddr(entry(family), 80, client);
-    let target = SocketAddr::new(endpoint(family, 2), 8080);
-    transaction.commands.push(Command::AddMapElements {
-        map: affinity_map(Protocol::Tcp),
-        elements: vec![MapElement {
-            key,
-            comment: None,
-            target,
-        }],
-    });
     let namespace = Netns::create("dl-read").unwrap();
     namespace
         .run(|| NetlinkApplier::new().apply(&transaction))
@@ -182,23 +130,18 @@ fn commit_and_read_back(mut transaction: Transaction) {
     let intended = kernel_form(&replayed);
     assert_eq!(differences(&intended, &read), Vec::<String>::new());
     pretty_assertions::assert_eq!(intended, read);
-    assert_eq!(
-        read.targets[affinity_map(Protocol::Tcp).as_str()].get(&key.to_string()),
-        Some(&target),
-        "the affinity entry is read back with its endpoint"
-    );
 }
 
 #[test]
 fn the_ipv4_data_layout_reads_back_as_the_values_sent() {
     require();
-    commit_and_read_back(layout(IpFamily::V4, true));
+    commit_and_read_back(layout(IpFamily::V4));
 }
 
 #[test]
 fn the_ipv6_data_layout_reads_back_as_the_values_sent() {
     require();
-    commit_and_read_back(layout(IpFamily::V6, true));
+    commit_and_read_back(layout(IpFamily::V6));
 }
 
 /// nft's own messages for the same text (its registers, set ids, the
@@ -206,9 +149,8 @@ fn the_ipv6_data_layout_reads_back_as_the_values_sent() {
 #[test]
 fn the_data_layout_written_by_nft_reads_back_as_the_values_sent() {
     require();
-    // nft 1.0.6 cannot write the IPv6 affinity record.
-    for (family, record_affinity) in [(IpFamily::V4, true), (IpFamily::V6, false)] {
-        let transaction = layout(family, record_affinity);
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let transaction = layout(family);
         let namespace = Netns::create("dl-read-nft").unwrap();
         namespace
             .run(|| NftApplier::new().apply(&transaction))

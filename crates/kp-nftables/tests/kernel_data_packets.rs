@@ -2,14 +2,14 @@
 //! layout (issue 26) committed over netlink in the node namespace of the
 //! harness. The draw spreads connections over the endpoints in a slot map,
 //! a pod reaching itself through a Service is answered (the hairpin pair
-//! set marks it for masquerade), and ClientIP affinity keeps a client on
-//! the endpoint recorded in the dynamic map, which the read-back finds.
+//! set marks it for masquerade). (ClientIP affinity: the renderer writes
+//! a service port with affinity as the chains layout does; see
+//! `kernel_data_render.rs`.)
 //!
 //! | Service (tcp 80) | count set | endpoints |
 //! |---|---|---|
 //! | two, 10.96.0.30 | `endpoint-count-2` | ep1, ep2 (node-1) :8080 |
 //! | three, 10.96.0.31 | `endpoint-count-3` | ep1, ep2 (node-1), ep3 (node-2) :8080, everything masqueraded |
-//! | sticky, 10.96.0.32 | `endpoint-count-2` | ep1, ep2 :8080, ClientIP affinity 10800 s |
 //!
 //! Node 192.168.99.2; pods of node-1 10.244.1.2 (ep1), .3 (ep2), of node-2
 //! 10.244.2.2 (ep3), each serving TCP 8080. Every Service's slots are in
@@ -26,7 +26,6 @@ use std::net::{IpAddr, SocketAddr};
 use data_layout::{name, rule};
 use kernel::{at, build, pod_ip, require, three_pods, POD_TCP_PORT};
 use kp_model::{IpFamily, Protocol};
-use kp_nftables::live;
 use kp_nftables::model::{
     AddrField, Address, ChainKind, ChainType, Command, Expr, Hook, Key, MapElement, SetElement,
     SetSpec, TypeofField, TypeofSpec, Verdict, IPV4_PROTO_PORT,
@@ -35,8 +34,6 @@ use kp_nftables::{Applier, NetlinkApplier, Transaction};
 use kp_testkit::netns::{hits, hits_until_all, Topology};
 
 const SLOTS: &str = "service-endpoints-tcp";
-const AFFINITY: &str = "affinity-tcp-10800";
-const AFFINITY_SERVICES: &str = "affinity-services-10800";
 const HAIRPIN: &str = "hairpin-endpoints";
 
 /// One Service of the table.
@@ -45,7 +42,6 @@ struct Service {
     ip: &'static str,
     endpoints: Vec<IpAddr>,
     masquerade_all: bool,
-    affinity: bool,
 }
 
 fn jump(chain: &str) -> Expr {
@@ -96,38 +92,9 @@ fn table(services: &[Service]) -> Transaction {
             vec![TypeofField::Addr(Source), TypeofField::Addr(Destination)],
             vec![],
         )),
-        Command::AddTypeofSet(TypeofSpec {
-            size: Some(1_048_576),
-            dynamic_timeout_secs: Some(10800),
-            ..typeof_set(
-                AFFINITY,
-                vec![
-                    TypeofField::Addr(Destination),
-                    tcp,
-                    TypeofField::Addr(Source),
-                ],
-                vec![TypeofField::Addr(Destination), tcp],
-            )
-        }),
-        Command::AddTypeofSet(typeof_set(
-            AFFINITY_SERVICES,
-            vec![
-                TypeofField::Addr(Destination),
-                TypeofField::L4Proto,
-                TypeofField::AnyPort,
-            ],
-            vec![],
-        )),
         base("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
         base("nat-output", ChainType::Nat, Hook::Output, -100),
         base("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100),
-        base(
-            "affinity-prerouting",
-            ChainType::Filter,
-            Hook::Prerouting,
-            -99,
-        ),
-        base("affinity-output", ChainType::Filter, Hook::Output, -99),
         regular("mark-for-masquerade"),
         regular("masquerading"),
         rule("mark-for-masquerade", vec![Expr::MarkSetOr(0x4000)]),
@@ -146,25 +113,6 @@ fn table(services: &[Service]) -> Transaction {
         rule("masquerading", vec![Expr::MarkSetXor(0x4000)]),
         rule("masquerading", vec![Expr::MasqueradeFullyRandom]),
     ];
-    for chain in ["affinity-prerouting", "affinity-output"] {
-        commands.push(rule(
-            chain,
-            vec![
-                Expr::CtStateNew,
-                Expr::CtStatusDnat,
-                Expr::DestinationPortNot {
-                    protocol: Protocol::Tcp,
-                    port: 0,
-                },
-                Expr::OriginalEntryInSet(name(AFFINITY_SERVICES.to_owned())),
-                Expr::RecordAffinity {
-                    protocol: Protocol::Tcp,
-                    map: name(AFFINITY.to_owned()),
-                    timeout_secs: 10800,
-                },
-            ],
-        ));
-    }
     let mut pairs = BTreeMap::new();
     for service in services {
         commands.push(regular(service.chain));
@@ -188,23 +136,6 @@ fn table(services: &[Service]) -> Transaction {
         }
         if service.masquerade_all {
             commands.push(rule(service.chain, vec![jump("mark-for-masquerade")]));
-        }
-        if service.affinity {
-            commands.push(Command::AddElements {
-                set: name(AFFINITY_SERVICES.to_owned()),
-                elements: vec![SetElement {
-                    key: Key::AddrProtoPort(entry, Protocol::Tcp, 80),
-                    comment: None,
-                    verdict: None,
-                }],
-            });
-            commands.push(rule(
-                service.chain,
-                vec![Expr::DnatAffinity {
-                    protocol: Protocol::Tcp,
-                    map: name(AFFINITY.to_owned()),
-                }],
-            ));
         }
         let count = u32::try_from(service.endpoints.len()).unwrap();
         let count_set = name(format!("endpoint-count-{count}"));
@@ -287,21 +218,12 @@ fn programmed() -> Topology {
             ip: "10.96.0.30",
             endpoints: vec![ep1, ep2],
             masquerade_all: false,
-            affinity: false,
         },
         Service {
             chain: "service-three",
             ip: "10.96.0.31",
             endpoints: vec![ep1, ep2, ep3],
             masquerade_all: true,
-            affinity: false,
-        },
-        Service {
-            chain: "service-sticky",
-            ip: "10.96.0.32",
-            endpoints: vec![ep1, ep2],
-            masquerade_all: false,
-            affinity: true,
         },
     ]);
     topology
@@ -349,27 +271,4 @@ fn a_pod_reaching_itself_through_a_service_is_answered() {
     // not), those drawn to ep1 itself among them.
     let counts = hits_until_all(ep1, at("10.96.0.30", 80), &["ep1", "ep2"], 200);
     assert!(counts.get("ep1").copied().unwrap_or(0) >= 1, "{counts:?}");
-}
-
-#[test]
-fn a_client_stays_on_the_endpoint_recorded_in_the_affinity_map() {
-    require();
-    let topology = programmed();
-    let from = topology.pod("ep2").netns();
-    let counts = hits(from, at("10.96.0.32", 80), 30);
-    assert_eq!(
-        counts.len(),
-        1,
-        "all 30 connections to one endpoint: {counts:?}"
-    );
-    let (stuck, _) = counts.iter().next().unwrap();
-    let table = topology
-        .node()
-        .run(|| live::read_table(IpFamily::V4))
-        .unwrap()
-        .unwrap();
-    let entries = &table.targets[AFFINITY];
-    let key = format!("10.96.0.32 . 80 . {}", pod_ip(&topology, "ep2"));
-    let want = SocketAddr::new(pod_ip(&topology, stuck), POD_TCP_PORT);
-    assert_eq!(entries.get(&key), Some(&want), "{entries:?}");
 }

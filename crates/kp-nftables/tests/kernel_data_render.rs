@@ -8,8 +8,8 @@
 //! | ns1/sticky6, http 80/TCP | ClusterIP fd00:10:96::31, ClientIP affinity 300 s, endpoints ep1 (node-1), ep3 (node-2); client: pod ep2 |
 //! | ns1/moved, http 80/TCP | ClusterIP 10.96.0.32, endpoints ep1, ep3 |
 //! | ns1/sticky, http 80/TCP | ClusterIP 10.96.0.31, ClientIP affinity 300 s, endpoints ep1, ep2, ep3, then the two the client was not sent to |
-//! | ns1/short, http 80/TCP, dns 53/UDP | ClusterIP 10.96.0.33, affinity 300 s, then its UDP port alone, then TCP without affinity; endpoints ep1, ep2, ep3 |
-//! | ns1/long, http 80/TCP | ClusterIP 10.96.0.34, affinity 600 s, endpoints ep1, ep2, ep3 |
+//! | ns1/sticky, http 80/TCP (second test) | ClusterIP 10.96.0.35, NodePort 30095, ClientIP affinity 300 s, endpoints ep1, ep2, ep3 |
+//! | ns1/toggle, http 80/TCP | ClusterIP 10.96.0.36, without, then with, then without ClientIP affinity 300 s; endpoints ep1, ep2, ep3 |
 //!
 //! The grouping of the class rules is told over nine pods, g1 to g5 of
 //! node-1 (10.244.1.2–.6) and g6 to g9 of node-2 (10.244.2.2–.5), behind
@@ -22,7 +22,7 @@
 
 mod kernel;
 
-use kernel::{at, build, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
+use kernel::{at, build, node_at, pod_ip, pod_ip_v6, require, slice, three_pods, Proxy};
 use kp_model::IpFamily;
 use kp_nftables::Layout;
 use kp_sync::SyncOutcome;
@@ -299,12 +299,12 @@ fn counts_crossing_a_group_boundary_are_elements_and_far_counts_write_their_grou
     assert_eq!(proxy.list(), listing);
 }
 
-/// When the endpoint a client is held to leaves, its affinity entries are
-/// deleted (read back from the kernel), and the client's next connections
-/// go to one of the endpoints left; the pod that left still answers, so a
-/// stale entry would send the client there.
+/// When the endpoint a client is held to leaves, the service chain no
+/// longer looks up that endpoint's affinity set, and the client's next
+/// connections go to one of the endpoints left; the pod that left still
+/// answers, so a stale lookup would send the client there.
 #[test]
-fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
+fn a_client_held_to_an_endpoint_that_left_goes_to_another() {
     require();
     let topology = build(three_pods());
     let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
@@ -322,116 +322,100 @@ fn the_affinity_entries_of_an_endpoint_that_left_are_deleted() {
     assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
     let held = counts.keys().next().unwrap().clone();
     let held_ip = pod_ip(&topology, &held);
-    let listing = proxy.nft(&["list", "map", "ip", "kube-proxy", "affinity-tcp-300"]);
-    assert!(
-        listing.contains(&format!(": {held_ip} . 8080")),
-        "{listing}"
-    );
+    let lookup = format!("__{held_ip}/8080 goto endpoint-");
+    assert!(proxy.list().contains(&lookup), "{}", proxy.list());
 
     let left: Vec<_> = ips.iter().copied().filter(|ip| *ip != held_ip).collect();
     proxy.apply(&[], &[slice("sticky", &left, &[])]);
     proxy.sync();
-    let listing = proxy.nft(&["list", "map", "ip", "kube-proxy", "affinity-tcp-300"]);
-    assert!(!listing.contains(&format!("{held_ip} . 8080")), "{listing}");
+    assert!(!proxy.list().contains(&lookup), "{}", proxy.list());
     let counts = hits(client, at("10.96.0.31", 80), 10);
     assert_eq!(counts.len(), 1, "held again, to one endpoint: {counts:?}");
     assert!(!counts.contains_key(&held), "{held} left: {counts:?}");
-    // The deletion is a commit of the proxy's own: the table stays
-    // trusted, and the periodic full sync sends only what differs from a
-    // full render: the class of four endpoints (the neighbour of three)
-    // goes, so the class chain is written anew with the classes of one to
-    // three endpoints. The next one sends nothing.
-    let periodic = proxy.full_sync();
-    assert!(periodic.full);
-    assert_eq!(rules_written(&periodic), 3, "{periodic:?}");
-    assert!(
-        !proxy.list().contains("endpoint-count-4"),
-        "{}",
-        proxy.list()
-    );
+    // The table stays trusted: once a periodic full sync has run, the next
+    // one writes nothing.
+    assert!(proxy.full_sync().full);
     let again = proxy.full_sync();
     assert_eq!(rules_written(&again), 0, "{again:?}");
 }
 
-/// A ClientIP timeout no Service uses any more takes its affinity map and
-/// entry set with it, in the partial sync that ends its last user (the
-/// recording rules and the Service chain that named them go earlier in the
-/// same transaction); a timeout still in use keeps its map, and clients
-/// stay on one endpoint through it.
+/// Affinity is per service port, as upstream has it: a client held to an
+/// endpoint through the ClusterIP goes to the same endpoint through the
+/// NodePort.
 #[test]
-fn an_affinity_timeout_no_service_uses_loses_its_map_and_set() {
+fn a_client_goes_to_the_same_endpoint_through_the_cluster_ip_and_the_node_port() {
     require();
     let topology = build(three_pods());
     let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
     let ips = ["ep1", "ep2", "ep3"].map(|p| pod_ip(&topology, p));
-    let slices = [
-        slice("short", &ips[..2], &ips[2..]),
-        slice("long", &ips[..2], &ips[2..]),
-    ];
-    let long = service("ns1", "long", |s| {
-        s.cluster_ip("10.96.0.34")
+    let sticky = service("ns1", "sticky", |s| {
+        s.service_type("NodePort")
+            .cluster_ip("10.96.0.35")
             .port("http", 80, "TCP")
-            .session_affinity_client_ip(600)
-    });
-    let listing = |proxy: &Proxy| proxy.nft(&["list", "table", "ip", "kube-proxy"]);
-    let declared = |listing: &str, name: &str| listing.contains(&format!(" {name} {{"));
-
-    // ns1/short: TCP and UDP ports, 300 s.
-    let short = service("ns1", "short", |s| {
-        s.cluster_ip("10.96.0.33")
-            .port("http", 80, "TCP")
-            .port("dns", 53, "UDP")
+            .node_port(30095)
             .session_affinity_client_ip(300)
     });
-    proxy.apply(&[short, long.clone()], &slices);
+    proxy.apply(&[sticky], &[slice("sticky", &ips[..2], &ips[2..])]);
     proxy.sync();
-    let now = listing(&proxy);
-    for name in [
-        "affinity-tcp-300",
-        "affinity-udp-300",
-        "affinity-services-300",
-        "affinity-tcp-600",
-    ] {
-        assert!(declared(&now, name), "{name}: {now}");
-    }
-
-    // Its TCP port goes: the TCP map of 300 s goes, the UDP map and the
-    // entry set of 300 s stay.
-    let short = service("ns1", "short", |s| {
-        s.cluster_ip("10.96.0.33")
-            .port("dns", 53, "UDP")
-            .session_affinity_client_ip(300)
-    });
-    proxy.apply(&[short], &[]);
-    proxy.sync();
-    let now = listing(&proxy);
-    assert!(!now.contains("affinity-tcp-300"), "{now}");
-    for kept in [
-        "affinity-udp-300",
-        "affinity-services-300",
-        "affinity-tcp-600",
-    ] {
-        assert!(declared(&now, kept), "{kept}: {now}");
-    }
-
-    // No affinity left at 300 s: its map and entry set go.
-    let short = service("ns1", "short", |s| {
-        s.cluster_ip("10.96.0.33").port("http", 80, "TCP")
-    });
-    proxy.apply(&[short], &[]);
-    proxy.sync();
-    let now = listing(&proxy);
-    for gone in ["affinity-udp-300", "affinity-services-300"] {
-        assert!(!now.contains(gone), "{gone} is left: {now}");
-    }
-    for kept in ["affinity-tcp-600", "affinity-services-600"] {
-        assert!(declared(&now, kept), "{kept}: {now}");
-    }
     let client = topology.client();
-    let counts = hits(client, at("10.96.0.34", 80), 10);
-    assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
-    let spread = hits_until_all(client, at("10.96.0.33", 80), &["ep1", "ep2", "ep3"], 200);
-    assert_eq!(spread.len(), 3, "no affinity left: {spread:?}");
+    let through_cluster_ip = hits(client, at("10.96.0.35", 80), 10);
+    assert_eq!(through_cluster_ip.len(), 1, "{through_cluster_ip:?}");
+    let through_node_port = hits(client, node_at(30095), 10);
+    assert_eq!(
+        through_node_port.keys().collect::<Vec<_>>(),
+        through_cluster_ip.keys().collect::<Vec<_>>(),
+        "the same endpoint through either entry"
+    );
+    // Another client is held on its own, to whichever endpoint its first
+    // connection drew.
+    let spread = hits_until_all(
+        topology.pod("ep2").netns(),
+        at("10.96.0.35", 80),
+        &["ep1", "ep2", "ep3"],
+        200,
+    );
+    assert_eq!(spread.len(), 1, "a pod is held too: {spread:?}");
+}
+
+/// A service port that gains ClientIP affinity and loses it again is
+/// rewritten by partial syncs the kernel takes (draw to endpoint chains and
+/// back); connections are answered throughout, held to one endpoint while
+/// it has affinity and spread again after; then the table is what a full
+/// render writes: a second periodic full sync writes no rule.
+#[test]
+fn a_port_gaining_and_losing_affinity_is_answered_throughout() {
+    require();
+    let topology = build(three_pods());
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Data);
+    let ips = ["ep1", "ep2", "ep3"].map(|p| pod_ip(&topology, p));
+    let toggle = |affinity: bool| {
+        service("ns1", "toggle", |s| {
+            let s = s.cluster_ip("10.96.0.36").port("http", 80, "TCP");
+            if affinity {
+                s.session_affinity_client_ip(300)
+            } else {
+                s
+            }
+        })
+    };
+    let client = topology.client();
+    let address = at("10.96.0.36", 80);
+    let all = ["ep1", "ep2", "ep3"];
+    proxy.apply(&[toggle(false)], &[slice("toggle", &ips[..2], &ips[2..])]);
+    proxy.sync();
+    assert_eq!(hits_until_all(client, address, &all, 200).len(), 3);
+
+    proxy.apply(&[toggle(true)], &[]);
+    assert!(!proxy.sync().full);
+    let held = hits(client, address, 10);
+    assert_eq!(held.len(), 1, "held to one endpoint: {held:?}");
+
+    proxy.apply(&[toggle(false)], &[]);
+    assert!(!proxy.sync().full);
+    assert_eq!(hits_until_all(client, address, &all, 200).len(), 3);
+    assert!(proxy.full_sync().full);
+    let again = proxy.full_sync();
+    assert_eq!(rules_written(&again), 0, "{again:?}");
 }
 
 /// A restart in the other layout: the new process's first sync deletes
@@ -476,9 +460,8 @@ fn a_restart_in_the_other_layout_replaces_the_table_whole() {
     }
 }
 
-/// IPv6 affinity: nft 1.0.6 cannot load the recording rule from text, but
-/// the netlink applier commits it, nft lists it, and a client stays on one
-/// endpoint.
+/// IPv6 affinity: a client stays on one endpoint, held in that endpoint's
+/// set of clients.
 #[test]
 fn ipv6_session_affinity_keeps_a_client_on_one_endpoint() {
     require();
@@ -497,19 +480,23 @@ fn ipv6_session_affinity_keeps_a_client_on_one_endpoint() {
     );
     proxy.apply(&[sticky], &[slices]);
     proxy.sync();
-    let listing = proxy.list();
-    assert!(
-        listing.contains(
-            "update @affinity-tcp-300 { ct original ip6 daddr . ct original proto-dst . ip6 saddr"
-        ),
-        "{listing}"
-    );
     let counts = hits(topology.pod("ep2").netns(), at("fd00:10:96::31", 80), 12);
     assert_eq!(counts.len(), 1, "one endpoint for one client: {counts:?}");
-    let map = proxy.nft(&["list", "map", "ip6", "kube-proxy", "affinity-tcp-300"]);
+    let held = pod_ip_v6(&topology, counts.keys().next().unwrap());
     let client = pod_ip_v6(&topology, "ep2");
-    assert!(
-        map.contains(&format!("fd00:10:96::31 . 80 . {client}")),
-        "{map}"
-    );
+    let listing = proxy.list();
+    let set = listing
+        .lines()
+        .map(str::trim)
+        .filter_map(|line| line.strip_prefix("set "))
+        .map(|rest| rest.trim_end_matches(" {"))
+        .find(|name| {
+            // Colons are dots in names (`fd00.10.244.1..2`).
+            let endpoint = held.to_string().replace(':', ".");
+            name.starts_with("affinity-") && name.ends_with(&format!("__{endpoint}/8080"))
+        })
+        .unwrap_or_else(|| panic!("the held endpoint's affinity set: {listing}"))
+        .to_owned();
+    let elements = proxy.nft(&["list", "set", "ip6", "kube-proxy", &set]);
+    assert!(elements.contains(&client.to_string()), "{elements}");
 }

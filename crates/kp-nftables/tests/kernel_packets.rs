@@ -11,9 +11,8 @@
 //! reject-chain`), ahead of any socket of the host; an affinity entry is an
 //! element of the endpoint's `affinity-…` set that lives `timeoutSeconds`
 //! after the client's last connection. Each test runs in both layouts
-//! (`chains::…`, `data::…`, [`Layout`]); in the data layout an affinity
-//! entry is an element `ClusterIP . port . client : endpoint` of
-//! `affinity-tcp-SECS`.
+//! (`chains::…`, `data::…`, [`Layout`]); the data layout writes a
+//! service port with affinity as the chains layout does.
 //!
 //! | object | addresses |
 //! |---|---|
@@ -186,32 +185,14 @@ fn session_affinity_ends_after_its_timeout(layout: Layout) {
     assert_eq!(first.len(), 1, "one endpoint within the timeout: {first:?}");
     let stuck = first.keys().next().unwrap().clone();
     let table = read_back(&topology, IpFamily::V4);
-    match layout {
-        Layout::Chains => {
-            // The kernel remembers the client in that endpoint's set
-            // alone, for the Service's timeout.
-            let set = affinity_set(&topology, "brief", &stuck);
-            assert_eq!(
-                affinity_sets_holding(&table, client_ip),
-                std::slice::from_ref(&set)
-            );
-            assert_eq!(table.timeouts_secs.get(&set), Some(&BRIEF_AFFINITY_SECS));
-        }
-        Layout::Data => {
-            // One entry, `ClusterIP . port . client : endpoint`, in the
-            // map of the Service's timeout.
-            let map = format!("affinity-tcp-{BRIEF_AFFINITY_SECS}");
-            let entries = &table.targets[&map];
-            let endpoint = SocketAddr::new(pod_ip(&topology, &stuck), POD_TCP_PORT);
-            let key = format!("10.96.0.15 . 80 . {client_ip}");
-            assert_eq!(
-                entries.iter().collect::<Vec<_>>(),
-                [(&key, &endpoint)],
-                "{map}"
-            );
-            assert_eq!(table.timeouts_secs.get(&map), Some(&BRIEF_AFFINITY_SECS));
-        }
-    }
+    // The kernel remembers the client in that endpoint's set alone, for
+    // the Service's timeout (in either layout).
+    let set = affinity_set(&topology, "brief", &stuck);
+    assert_eq!(
+        affinity_sets_holding(&table, client_ip),
+        std::slice::from_ref(&set)
+    );
+    assert_eq!(table.timeouts_secs.get(&set), Some(&BRIEF_AFFINITY_SECS));
 
     // Each connection starts the timeout again: a client that keeps
     // coming back stays past it. (The kernel's clock cannot be paused:
@@ -396,19 +377,6 @@ fn affinity_sets_holding(table: &Table, client: IpAddr) -> Vec<String> {
         .collect()
 }
 
-/// The data layout's affinity maps with an entry of `client`.
-fn affinity_maps_holding(table: &Table, client: IpAddr) -> Vec<String> {
-    let suffix = format!(" . {client}");
-    table
-        .targets
-        .iter()
-        .filter(|(map, entries)| {
-            table.dynamic_sets.contains(*map) && entries.keys().any(|key| key.ends_with(&suffix))
-        })
-        .map(|(map, _)| map.clone())
-        .collect()
-}
-
 /// Asserts that the kernel forgets `client`'s affinity entry `timeout`
 /// after `idle_since` (its last connection), not much sooner and not much
 /// later.
@@ -419,7 +387,6 @@ fn expect_expiry(topology: &Topology, client: IpAddr, idle_since: Instant, timeo
     let held = || {
         let table = read_back(topology, IpFamily::V4);
         !affinity_sets_holding(&table, client).is_empty()
-            || !affinity_maps_holding(&table, client).is_empty()
     };
     let early = (timeout - margin).saturating_sub(idle_since.elapsed());
     assert!(

@@ -1,8 +1,7 @@
 //! The tracer over the data layout's statements (issue 26), on the
 //! hand-built table of `tests/data_layout`: the draw forks one path per
-//! slot, the hairpin pair set marks an endpoint's connection to itself,
-//! and ClientIP affinity is looked up before the draw and recorded after
-//! DNAT.
+//! slot, and the hairpin pair set marks an endpoint's connection to
+//! itself.
 //!
 //! Address plan: `tests/data_layout/mod.rs` (ClusterIP 10.96.0.12;
 //! endpoints ep1 10.244.1.2, ep2 .3, ep3 .4), and a pod 10.244.1.7 that is
@@ -13,9 +12,9 @@ mod data_layout;
 
 use std::net::{IpAddr, SocketAddr};
 
-use data_layout::{affinity_map, endpoints_map, layout};
+use data_layout::{endpoints_map, layout};
 use kp_model::{IpFamily, Protocol};
-use kp_nftables::model::{Command, Key, MapElement};
+use kp_nftables::model::{Command, Key};
 use kp_nftables::tracer::{PathOutcome, Table, Trace};
 use kp_nftables::Transaction;
 
@@ -24,7 +23,7 @@ const SERVICE: &str = "10.96.0.12";
 
 fn table(extra: Vec<Command>) -> Table {
     let mut table = Table::new();
-    table.apply(&layout(IpFamily::V4, true)).unwrap();
+    table.apply(&layout(IpFamily::V4)).unwrap();
     table
         .apply(&Transaction {
             family: IpFamily::V4,
@@ -95,8 +94,6 @@ fn a_new_tcp_connection_draws_one_of_three_slots_each_one_in_three() {
         [
             "endpoint-count-3: 10.96.0.12 . tcp . 80",
             "service-endpoints-tcp: 10.96.0.12 . 80 . 1 : 10.244.1.3 . 8080",
-            // After DNAT, the affinity-recording rule finds the entry.
-            "affinity-services-10800: 10.96.0.12 . tcp . 80",
         ]
     );
     assert!(path.matched.contains(
@@ -121,66 +118,8 @@ fn udp_and_sctp_draw_from_their_own_maps() {
         [
             "endpoint-count-1: 10.96.0.12 . sctp . 9",
             "service-endpoints-sctp: 10.96.0.12 . 9 . 0 : 10.244.1.2 . 9",
-            "affinity-services-10800: 10.96.0.12 . sctp . 9",
         ]
     );
-}
-
-#[test]
-fn a_first_packet_misses_the_affinity_map_falls_to_the_draw_and_is_recorded() {
-    let trace = table(vec![]).trace_paths(&packet(POD, "tcp", 80)).unwrap();
-    for path in &trace.paths {
-        let sets: Vec<(&str, Option<u64>, &str)> = path
-            .affinity
-            .iter()
-            .map(|a| (a.set.as_str(), a.timeout_secs, a.rule.as_str()))
-            .collect();
-        assert_eq!(
-            sets,
-            [
-                (
-                    "affinity-tcp-10800",
-                    Some(10800),
-                    "service-web: dnat ip to ip daddr . tcp dport . ip saddr map @affinity-tcp-10800"
-                ),
-                (
-                    "affinity-tcp-10800",
-                    Some(10800),
-                    "affinity-prerouting: ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-tcp-10800 { ct original ip daddr . ct original proto-dst . ip saddr timeout 10800s : ip daddr . tcp dport }"
-                ),
-            ],
-            "{path:#?}"
-        );
-    }
-}
-
-#[test]
-fn a_client_with_an_affinity_entry_goes_to_its_endpoint_without_a_draw() {
-    let entry = Command::AddMapElements {
-        map: affinity_map(Protocol::Tcp),
-        elements: vec![MapElement {
-            key: Key::AddrPortAddr(SERVICE.parse().unwrap(), 80, POD.parse().unwrap()),
-            comment: None,
-            target: at("10.244.1.4:8080"),
-        }],
-    };
-    let trace = table(vec![entry])
-        .trace_paths(&packet(POD, "tcp", 80))
-        .unwrap();
-    assert_spread(&trace, &[("10.244.1.4:8080", 1.0)]);
-    assert_eq!(
-        trace.paths[0].elements,
-        [
-            "affinity-tcp-10800: 10.96.0.12 . 80 . 10.244.1.7 : 10.244.1.4 . 8080",
-            // The entry is refreshed after DNAT.
-            "affinity-services-10800: 10.96.0.12 . tcp . 80",
-        ]
-    );
-    // Another client still draws.
-    let other = table(vec![])
-        .trace_paths(&packet("10.244.1.8", "tcp", 80))
-        .unwrap();
-    assert_eq!(other.paths.len(), 3);
 }
 
 #[test]

@@ -13,18 +13,16 @@
 //!
 //! | object | addresses |
 //! |---|---|
-//! | ns1/sticky:p80 | ClusterIP 10.96.0.17, ClientIP affinity 600 s, endpoints 10.244.1.12 (here), 10.244.2.12 |
-//! | ns1/sticky2:p81 | ClusterIP 10.96.0.18, ClientIP affinity 600 s, endpoint 10.244.2.13 (added later) |
-//! | ns1/brief:p82 | ClusterIP 10.96.0.19, ClientIP affinity 5 s, endpoint 10.244.2.14 (added later) |
+//! | ns1/sticky:p80 | ClusterIP 10.96.0.17, externalIP 203.0.113.17, NodePort 30090, ClientIP affinity 600 s, endpoints 10.244.1.12 (here), 10.244.2.12 |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::BTreeSet;
 
-use common::{assert_goes_to, at, ip, packet, service, World};
+use common::{assert_goes_to, at, ip, packet, service, ServiceBuilder, World};
 use kp_model::NamespacedName;
-use kp_nftables::model::{Command, Expr, Key, MapElement, Name};
+use kp_nftables::model::{Command, Expr, Key, Name};
 use kp_nftables::tracer::Verdict;
 use kp_nftables::Transaction;
 
@@ -765,153 +763,113 @@ fn the_data_layout_has_no_endpoint_chains_and_the_default_has() {
     assert!(data_text.contains("@hairpin-endpoints"));
 }
 
+/// A Service with ClientIP affinity 600 s, reached by its ClusterIP, an
+/// external IP and a NodePort.
+fn sticky() -> ServiceBuilder {
+    service("ns1", "sticky", "10.96.0.17", 80)
+        .affinity_secs(600)
+        .node_port(30090)
+        .external_ip("203.0.113.17")
+        .local_endpoint("10.244.1.12", 8080)
+        .remote_endpoint("10.244.2.12", 8080)
+}
+
 fn sticky_world() -> World {
     let mut world = World::v4_data();
-    world.put(
-        service("ns1", "sticky", "10.96.0.17", 80)
-            .affinity_secs(600)
-            .local_endpoint("10.244.1.12", 8080)
-            .remote_endpoint("10.244.2.12", 8080),
-    );
+    world.put(sticky());
     world.sync(true, &[]);
     world
 }
 
-/// The rules of the commands, as `CHAIN: RULE` text.
-fn rules_text(commands: &[Command]) -> Vec<String> {
-    commands
-        .iter()
-        .filter_map(|command| match command {
-            Command::AddRule(rule) => Some(format!(
-                "{}: {}",
-                rule.chain,
-                rule.exprs
-                    .iter()
-                    .map(|expr| expr.text(kp_model::IpFamily::V4).to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            )),
-            _ => None,
-        })
-        .collect()
+/// The lines of `text` that belong to ns1/sticky, sorted.
+fn sticky_lines(text: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("ns1/sticky/"))
+        .collect();
+    lines.sort_unstable();
+    lines
 }
 
-const RECORD_600: &str = "ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-600 update @affinity-tcp-600 { ct original ip daddr . ct original proto-dst . ip saddr timeout 600s : ip daddr . tcp dport }";
-
+/// A service port with ClientIP affinity is written as the chains layout
+/// writes it (upstream's shape): a chain and a set of clients per endpoint,
+/// looked up by the service chain before it draws; affinity is then per
+/// service port, through every entry. The data layout's draw, its maps and
+/// any affinity recording of its own are not used for it.
 #[test]
-fn a_first_connection_misses_the_affinity_map_draws_and_is_recorded() {
-    let world = sticky_world();
-    let trace = world
-        .table
-        .trace_paths(&packet(POD, at("10.96.0.17", 80), "tcp"))
-        .unwrap();
-    assert_eq!(trace.paths.len(), 2, "{trace:#?}");
-    for path in &trace.paths {
-        let affinity: Vec<(&str, Option<u64>, &str)> = path
-            .affinity
-            .iter()
-            .map(|a| {
-                (
-                    a.set.as_str(),
-                    a.timeout_secs,
-                    a.rule.split(':').next().unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            affinity,
-            [
-                (
-                    "affinity-tcp-600",
-                    Some(600),
-                    "service-LDSSDLKY-ns1/sticky/tcp/p80"
-                ),
-                ("affinity-tcp-600", Some(600), "affinity-prerouting"),
-            ],
-            "{path:#?}"
-        );
+fn a_service_port_with_affinity_is_written_as_the_chains_layout_writes_it() {
+    let data = sticky_world();
+    let data_text = data.applier.transactions().last().unwrap().text.clone();
+    let mut chains = World::v4();
+    chains.put(sticky());
+    let chains_text = chains.sync(true, &[]);
+
+    let own = sticky_lines(&data_text);
+    assert_eq!(own, sticky_lines(&chains_text));
+    assert_eq!(
+        own.iter()
+            .filter(|line| line.starts_with("add chain ip kube-proxy endpoint-"))
+            .count(),
+        2,
+        "{own:#?}"
+    );
+    assert_eq!(
+        own.iter()
+            .filter(|line| line.starts_with("add set ip kube-proxy affinity-"))
+            .count(),
+        2,
+        "{own:#?}"
+    );
+    for absent in ["affinity-prerouting", "affinity-tcp-"] {
+        assert!(!data_text.contains(absent), "{absent}: {data_text}");
     }
+    let drawn: Vec<&str> = data_text
+        .lines()
+        .filter(|line| {
+            line.contains("10.96.0.17 . ")
+                && !line.starts_with("add element ip kube-proxy service-ips ")
+        })
+        .collect();
+    assert!(drawn.is_empty(), "no slot or count-set element: {drawn:#?}");
 }
 
+/// A client in an endpoint's affinity set goes to that endpoint through
+/// the ClusterIP, the external IP and the NodePort alike; another client
+/// is drawn among every endpoint.
 #[test]
-fn a_client_with_an_affinity_entry_goes_to_its_endpoint() {
+fn a_client_with_affinity_goes_to_its_endpoint_through_every_entry() {
     let mut world = sticky_world();
+    let text = world.applier.transactions().last().unwrap().text.clone();
+    let set = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("add set ip kube-proxy "))
+        .map(|rest| rest.split(' ').next().unwrap())
+        .find(|name| name.starts_with("affinity-") && name.ends_with("__10.244.2.12/8080"))
+        .expect("the remote endpoint's affinity set")
+        .to_owned();
     let entry = Transaction {
         family: kp_model::IpFamily::V4,
-        commands: vec![Command::AddMapElements {
-            map: Name::Fixed("affinity-tcp-600"),
-            elements: vec![MapElement {
-                key: Key::AddrPortAddr(ip("10.96.0.17"), 80, ip(POD)),
+        commands: vec![Command::AddElements {
+            set: Name::Shared(set.into()),
+            elements: vec![kp_nftables::model::SetElement {
+                key: Key::Addr(ip(CLIENT)),
                 comment: None,
-                target: at("10.244.2.12", 8080),
+                verdict: None,
             }],
         }],
     };
     world.table.apply(&entry).unwrap();
-    assert_goes_to(
-        &world.trace(POD, at("10.96.0.17", 80)),
-        &[at("10.244.2.12", 8080)],
-    );
-    assert_goes_to(
-        &world.trace("10.244.1.8", at("10.96.0.17", 80)),
-        &[at("10.244.1.12", 8080), at("10.244.2.12", 8080)],
-    );
-}
-
-/// The recording rules and maps are shared by every Service with the same
-/// protocol and timeout: a second one adds only its entries; a new
-/// timeout declares its map and rewrites the recording chains.
-#[test]
-fn affinity_maps_and_recording_rules_are_shared_per_protocol_and_timeout() {
-    let mut world = sticky_world();
-    world.put(
-        service("ns1", "sticky2", "10.96.0.18", 81)
-            .affinity_secs(600)
-            .remote_endpoint("10.244.2.13", 8080),
-    );
-    world.sync(false, &[("ns1", "sticky2")]);
-    let commands = last_commands(&world);
-    let recording: Vec<String> = rules_text(&commands)
-        .into_iter()
-        .filter(|rule| rule.starts_with("affinity-"))
-        .collect();
-    assert!(recording.is_empty(), "{recording:?}");
-    assert!(commands.iter().any(|command| matches!(
-        command,
-        Command::AddElements { set, elements }
-            if set.as_str() == "affinity-services-600"
-                && elements[0].key == Key::AddrProtoPort(ip("10.96.0.18"), kp_model::Protocol::Tcp, 81)
-    )));
-
-    world.put(
-        service("ns1", "brief", "10.96.0.19", 82)
-            .affinity_secs(5)
-            .remote_endpoint("10.244.2.14", 8080),
-    );
-    world.sync(false, &[("ns1", "brief")]);
-    let commands = last_commands(&world);
-    let recording: Vec<String> = rules_text(&commands)
-        .into_iter()
-        .filter(|rule| rule.starts_with("affinity-prerouting"))
-        .collect();
-    assert_eq!(
-        recording,
-        [
-            "affinity-prerouting: ct state new ct status dnat tcp dport != 0 ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-5 update @affinity-tcp-5 { ct original ip daddr . ct original proto-dst . ip saddr timeout 5s : ip daddr . tcp dport }".to_owned(),
-            format!("affinity-prerouting: {RECORD_600}"),
-        ]
-    );
-    let trace = world
-        .table
-        .trace_paths(&packet(POD, at("10.96.0.19", 82), "tcp"))
-        .unwrap();
-    assert!(
-        trace.paths[0]
-            .affinity
-            .iter()
-            .any(|a| a.set == "affinity-tcp-5" && a.timeout_secs == Some(5)),
-        "{trace:#?}"
-    );
+    for entry in [
+        at("10.96.0.17", 80),
+        at("203.0.113.17", 80),
+        at(NODE, 30090),
+    ] {
+        assert_goes_to(&world.trace(CLIENT, entry), &[at("10.244.2.12", 8080)]);
+        assert_goes_to(
+            &world.trace("192.168.99.11", entry),
+            &[at("10.244.1.12", 8080), at("10.244.2.12", 8080)],
+        );
+    }
 }
 
 /// The kernel refuses a rule naming a map the table does not hold
@@ -1019,52 +977,6 @@ fn slot_elements_share_commands_of_at_most_256() {
     assert_goes_to(&world.trace(CLIENT, at("10.96.0.20", 80)), &endpoints);
 }
 
-/// When an endpoint leaves a Service with ClientIP affinity, the entries
-/// leading to it are read back and deleted after the sync; a refused
-/// deletion (an entry expired between its reading and its deletion makes
-/// the kernel refuse the whole transaction) is read and tried again.
-#[test]
-fn affinity_entries_of_a_departed_endpoint_are_deleted_after_a_refusal_too() {
-    let mut world = sticky_world();
-    let map = "affinity-tcp-600";
-    let departing = "10.96.0.17 . 80 . 192.168.99.10";
-    let staying = "10.96.0.17 . 80 . 192.168.99.11";
-    let v4 = kp_model::IpFamily::V4;
-    world
-        .applier
-        .add_affinity_entry(v4, map, departing, at("10.244.2.12", 8080));
-    world
-        .applier
-        .add_affinity_entry(v4, map, staying, at("10.244.1.12", 8080));
-    let before = world.applier.transactions().len();
-    // The sync's own transaction goes through; the first deletion does not.
-    world.applier.fail_after(1, 1);
-    world.put(
-        service("ns1", "sticky", "10.96.0.17", 80)
-            .affinity_secs(600)
-            .local_endpoint("10.244.1.12", 8080),
-    );
-    let changed = BTreeSet::from([NamespacedName::new("ns1", "sticky")]);
-    world.try_sync(false, &changed).unwrap();
-
-    let table = world.applier.table(v4).unwrap();
-    assert_eq!(
-        table.targets[map].keys().collect::<Vec<_>>(),
-        [staying],
-        "{:#?}",
-        table.targets[map]
-    );
-    let deletions = world.applier.transactions()[before..]
-        .iter()
-        .filter(|sent| {
-            sent.transaction.commands.iter().any(|command| {
-                matches!(command, Command::DeleteElements { set, .. } if set.as_str() == map)
-            })
-        })
-        .count();
-    assert_eq!(deletions, 2, "the refused deletion and its retry");
-}
-
 /// The slot and count-set elements of different Services share commands
 /// too (they name no Service): 300 Services with one endpoint each send
 /// their 300 slots in two commands, not 300.
@@ -1140,4 +1052,76 @@ fn the_record_derives_slot_and_count_elements_from_its_draws() {
     );
     assert!(all.iter().any(|element| element.map == "endpoint-count-2"
         && element.key() == Key::AddrProtoPort(ip("10.96.0.10"), kp_model::Protocol::Tcp, 80)));
+}
+
+/// A service port that gains ClientIP affinity moves from the draw to
+/// endpoint chains in a partial sync, and back when it loses it: none of
+/// its slot, count-set, group-set or hairpin elements is left behind while
+/// it has affinity, none of its endpoint chains is named once it has lost
+/// it, connections go to both endpoints throughout, and a periodic full
+/// sync afterwards adds no rule.
+#[test]
+fn a_port_gaining_and_losing_affinity_moves_between_the_draw_and_endpoint_chains() {
+    let mut world = World::v4_data().with_generations();
+    let plain = || {
+        service("ns1", "sticky", "10.96.0.17", 80)
+            .local_endpoint("10.244.1.12", 8080)
+            .remote_endpoint("10.244.2.12", 8080)
+    };
+    let both = [at("10.244.1.12", 8080), at("10.244.2.12", 8080)];
+    // The elements of the Service's entry and endpoints, but its dispatch.
+    let drawn = |world: &World| -> Vec<String> {
+        let table = world.applier.table(kp_model::IpFamily::V4).unwrap();
+        let mut found: Vec<String> = table
+            .maps
+            .iter()
+            .filter(|(name, _)| name.as_str() != "service-ips" && name.as_str() != "cluster-ips")
+            .flat_map(|(name, elements)| elements.keys().map(move |key| format!("{name}: {key}")))
+            .chain(
+                table
+                    .targets
+                    .iter()
+                    .flat_map(|(name, elements)| {
+                        elements.keys().map(move |key| format!("{name}: {key}"))
+                    }),
+            )
+            .filter(|element| element.contains("10.96.0.17 . ") || element.contains(".12 . 10."))
+            .collect();
+        found.sort();
+        found
+    };
+    let named_endpoint_chains = |world: &World| -> usize {
+        let table = world.applier.table(kp_model::IpFamily::V4).unwrap();
+        table
+            .chains
+            .values()
+            .flatten()
+            .filter(|rule| {
+                rule.exprs.iter().any(|expr| {
+                    matches!(expr, Expr::Verdict(kp_nftables::model::Verdict::Goto(chain))
+                        if chain.as_str().starts_with("endpoint-"))
+                })
+            })
+            .count()
+    };
+
+    world.put(plain());
+    world.sync(true, &[]);
+    assert!(!drawn(&world).is_empty());
+    assert_eq!(named_endpoint_chains(&world), 0);
+    assert_goes_to(&world.trace(POD, at("10.96.0.17", 80)), &both);
+
+    world.put(plain().affinity_secs(600));
+    world.sync(false, &[("ns1", "sticky")]);
+    assert_eq!(drawn(&world), Vec::<String>::new());
+    assert!(named_endpoint_chains(&world) > 0);
+    assert_goes_to(&world.trace(POD, at("10.96.0.17", 80)), &both);
+
+    world.put(plain());
+    world.sync(false, &[("ns1", "sticky")]);
+    assert!(!drawn(&world).is_empty());
+    assert_eq!(named_endpoint_chains(&world), 0);
+    assert_goes_to(&world.trace(POD, at("10.96.0.17", 80)), &both);
+    let periodic = world.sync(true, &[]);
+    assert!(!periodic.contains("add rule"), "{periodic}");
 }

@@ -725,19 +725,6 @@ fn drawn_slot(path: &Path) -> Option<String> {
     ))
 }
 
-/// Whether `name` is a data-layout affinity map (`affinity-PROTO-SECS`).
-fn is_affinity_map(name: &str) -> bool {
-    let mut parts = name.split('-');
-    parts.next() == Some("affinity")
-        && parts
-            .next()
-            .is_some_and(|p| matches!(p, "tcp" | "udp" | "sctp"))
-        && parts
-            .next()
-            .is_some_and(|secs| !secs.is_empty() && secs.bytes().all(|b| b.is_ascii_digit()))
-        && parts.next().is_none()
-}
-
 /// The report for people.
 fn text(report: &Report) -> String {
     let mut out = String::new();
@@ -786,19 +773,12 @@ fn text(report: &Report) -> String {
         for affinity in &path.affinity {
             let _ = writeln!(
                 out,
-                "    session affinity: {}{}{}",
+                "    session affinity: {}{}",
                 affinity.name,
                 affinity
                     .seconds
                     .map(|s| format!(", {s} s"))
                     .unwrap_or_default(),
-                if is_affinity_map(&affinity.name) {
-                    " (a dynamic map keyed by the Service's address, its port and the \
-                     client: the client's next connections go to the endpoint recorded \
-                     there until the entry expires)"
-                } else {
-                    ""
-                }
             );
         }
         for rule in &path.not_followed {

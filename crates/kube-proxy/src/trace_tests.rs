@@ -113,15 +113,6 @@ fn a_data_layout_path_names_its_count_set_slot_map_and_endpoint() {
     );
     // The chains layout: no draw.
     assert_eq!(drawn_slot(&path(Verdict::Accept, None, 1.0, false)), None);
-    assert!(is_affinity_map("affinity-tcp-600"));
-    for other in [
-        "affinity-tcp-",
-        "affinity-icmp-600",
-        "affinity-tcp-600-x",
-        "KUBE-SEP",
-    ] {
-        assert!(!is_affinity_map(other), "{other}");
-    }
 }
 
 #[test]

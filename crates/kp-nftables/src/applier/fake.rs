@@ -120,20 +120,6 @@ impl FakeApplier {
         inner.failures = count;
     }
 
-    /// The kernel adds a ClientIP affinity entry `key` (`ENTRY . PORT .
-    /// CLIENT`) leading to `target` to the dynamic map `map` of `family`'s
-    /// table, as a rule of the data layout does for a new connection.
-    pub fn add_affinity_entry(&self, family: IpFamily, map: &str, key: &str, target: SocketAddr) {
-        let mut inner = self.lock();
-        if let Some(table) = inner.tables[family_index(family)].as_mut() {
-            table
-                .targets
-                .entry(map.to_owned())
-                .or_default()
-                .insert(key.to_owned(), target);
-        }
-    }
-
     /// The table of `family` as the committed transactions left it; `None`
     /// when it does not exist.
     pub fn table(&self, family: IpFamily) -> Option<Table> {
@@ -156,19 +142,6 @@ impl FakeApplier {
 }
 
 impl Applier for FakeApplier {
-    fn read_map_targets(
-        &mut self,
-        family: IpFamily,
-        map: &str,
-    ) -> Option<Result<BTreeMap<String, SocketAddr>, crate::live::ReadError>> {
-        let inner = self.lock();
-        let targets = inner.tables[family_index(family)]
-            .as_ref()
-            .and_then(|table| table.targets.get(map).cloned())
-            .unwrap_or_default();
-        Some(Ok(targets))
-    }
-
     fn apply(&mut self, transaction: &Transaction) -> Result<(), ApplyError> {
         let family = transaction.family;
         let mut inner = self.lock();

@@ -14,8 +14,8 @@ use kp_model::{IpFamily, Protocol};
 use super::decode::{self, model_name};
 use super::kernel_form;
 use crate::model::{
-    AddrField, ChainKind, ChainType, Command, Expr, Hook, Key, MapElement, Rule, SetElement,
-    Transaction, TypeofField, TypeofSpec, Verdict,
+    AddrField, ChainKind, Command, Expr, Key, MapElement, Rule, SetElement, Transaction,
+    TypeofField, TypeofSpec, Verdict,
 };
 use crate::tracer::Table;
 
@@ -52,7 +52,6 @@ fn layout(family: IpFamily) -> Transaction {
     let entry = ip(family, "10.96.0.12", "fd00:10:96::c");
     let ep1 = ip(family, "10.244.1.2", "fd00:10:244:1::2");
     let ep2 = ip(family, "10.244.1.3", "fd00:10:244:1::3");
-    let client = ip(family, "10.244.1.7", "fd00::7");
     let endpoints = |name: &str, key| {
         spec(
             name,
@@ -61,23 +60,6 @@ fn layout(family: IpFamily) -> Transaction {
                 TypeofField::Addr(Destination),
                 TypeofField::Port(Protocol::Tcp),
             ],
-        )
-    };
-    let affinity = |protocol| TypeofSpec {
-        size: Some(1_048_576),
-        dynamic_timeout_secs: Some(10800),
-        comment: Some("ClientIP affinity".into()),
-        ..spec(
-            &format!(
-                "affinity-{}-10800",
-                crate::model::protocol_keyword(protocol)
-            ),
-            vec![
-                TypeofField::Addr(Destination),
-                TypeofField::Port(protocol),
-                TypeofField::Addr(Source),
-            ],
-            vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
         )
     };
     let mut hairpin = spec(
@@ -118,26 +100,7 @@ fn layout(family: IpFamily) -> Transaction {
             dynamic_timeout_secs: None,
             comment: None,
         }),
-        Command::AddTypeofSet(affinity(Protocol::Tcp)),
-        Command::AddTypeofSet(affinity(Protocol::Udp)),
         Command::AddTypeofSet(hairpin),
-        Command::AddTypeofSet(spec(
-            "affinity-services-10800",
-            vec![
-                TypeofField::Addr(Destination),
-                TypeofField::L4Proto,
-                TypeofField::AnyPort,
-            ],
-            vec![],
-        )),
-        Command::AddChain {
-            name: model_name("affinity-prerouting"),
-            kind: ChainKind::Base {
-                chain_type: ChainType::Filter,
-                hook: Hook::Prerouting,
-                priority: -99,
-            },
-        },
         Command::AddChain {
             name: model_name("svc"),
             kind: ChainKind::Regular,
@@ -185,14 +148,6 @@ fn layout(family: IpFamily) -> Transaction {
                 verdict: None,
             }],
         },
-        Command::AddMapElements {
-            map: model_name("affinity-tcp-10800"),
-            elements: vec![MapElement {
-                key: Key::AddrPortAddr(entry, 80, client),
-                comment: None,
-                target: SocketAddr::new(ep2, 8080),
-            }],
-        },
         Command::AddElements {
             set: model_name("hairpin-endpoints"),
             elements: vec![SetElement {
@@ -201,44 +156,12 @@ fn layout(family: IpFamily) -> Transaction {
                 verdict: None,
             }],
         },
-        Command::AddElements {
-            set: model_name("affinity-services-10800"),
-            elements: vec![SetElement {
-                key: Key::AddrProtoPort(entry, Protocol::Tcp, 80),
-                comment: None,
-                verdict: None,
-            }],
-        },
-        rule(
-            "affinity-prerouting",
-            vec![
-                Expr::CtStateNew,
-                Expr::CtStatusDnat,
-                Expr::DestinationPortNot {
-                    protocol: Protocol::Tcp,
-                    port: 0,
-                },
-                Expr::OriginalEntryInSet(model_name("affinity-services-10800")),
-                Expr::RecordAffinity {
-                    protocol: Protocol::Tcp,
-                    map: model_name("affinity-tcp-10800"),
-                    timeout_secs: 10800,
-                },
-            ],
-        ),
         rule(
             "svc",
             vec![
                 Expr::AddrPairInSet(model_name("hairpin-endpoints")),
                 Expr::Verdict(Verdict::Jump(model_name("mark"))),
             ],
-        ),
-        rule(
-            "svc",
-            vec![Expr::DnatAffinity {
-                protocol: Protocol::Udp,
-                map: model_name("affinity-udp-10800"),
-            }],
         ),
         rule(
             "svc",
@@ -284,22 +207,7 @@ fn the_data_layout_decodes_back_to_what_was_encoded() {
         replayed.apply(&transaction).unwrap();
         pretty_assertions::assert_eq!(kernel_form(&replayed), decoded, "{family:?}");
         // The rules did not come back empty or as something else.
-        assert_eq!(decoded.chains["svc"].len(), 4, "{family:?}");
-        assert_eq!(decoded.typeof_sets.len(), 6, "{family:?}");
+        assert_eq!(decoded.chains["svc"].len(), 3, "{family:?}");
+        assert_eq!(decoded.typeof_sets.len(), 3, "{family:?}");
     }
-}
-
-/// The proxy finds the affinity entries that point at a removed endpoint
-/// by reading the dynamic map's elements with their values.
-#[test]
-fn an_affinity_maps_entries_decode_with_their_endpoints() {
-    let decoded =
-        decode::decode(IpFamily::V4, &super::tests::as_dump(&layout(IpFamily::V4))).unwrap();
-    let entries = &decoded.targets["affinity-tcp-10800"];
-    assert_eq!(
-        entries.get("10.96.0.12 . 80 . 10.244.1.7"),
-        Some(&"10.244.1.3:8080".parse().unwrap())
-    );
-    assert_eq!(entries.len(), 1);
-    assert!(decoded.dynamic_sets.contains("affinity-tcp-10800"));
 }

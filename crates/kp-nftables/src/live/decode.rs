@@ -31,7 +31,7 @@ use data::{declares_typeof, endpoint_of, typeof_key, typeof_spec};
 
 use super::ReadError;
 use crate::model::{
-    AddrField, Address, ChainType, Expr, Hook, Key, Name, Rule, TypeofField, TypeofSpec, Verdict,
+    AddrField, Address, ChainType, Expr, Hook, Key, Name, Rule, TypeofSpec, Verdict,
 };
 use crate::names;
 use crate::tracer::{BaseChain, Table};
@@ -106,14 +106,8 @@ const CMP_NEQ: u32 = 1;
 /// `NFT_PAYLOAD_NETWORK_HEADER`, `NFT_PAYLOAD_TRANSPORT_HEADER`.
 const BASE_NETWORK: u32 = 1;
 const BASE_TRANSPORT: u32 = 2;
-/// `NFT_CT_STATE`, `NFT_CT_STATUS`, `NFT_CT_PROTO_DST`, `NFT_CT_DST_IP`,
-/// `NFT_CT_DST_IP6`; `IPS_DST_NAT`.
+/// `NFT_CT_STATE`.
 const CT_STATE: u32 = 0;
-const CT_STATUS: u32 = 2;
-const CT_PROTO_DST: u32 = 12;
-const CT_DST_IP: u32 = 20;
-const CT_DST_IP6: u32 = 22;
-const IPS_DST_NAT: u32 = 0x20;
 /// `NFT_META_MARK`, `NFT_META_IIFNAME`, `NFT_META_L4PROTO`.
 const META_MARK: u32 = 3;
 const META_IIFNAME: u32 = 6;
@@ -165,11 +159,8 @@ struct Place<'a> {
 }
 
 /// What rules need to know of the table's sets: the ranges of each
-/// anonymous interval set, the protocol of each endpoint map's port.
-type SetsByName<'a> = (
-    &'a BTreeMap<String, Vec<(u128, u128)>>,
-    &'a BTreeMap<String, Protocol>,
-);
+/// anonymous interval set.
+type SetsByName<'a> = &'a BTreeMap<String, Vec<(u128, u128)>>;
 
 /// Decodes the rules of one table.
 struct RuleDecoder<'a> {
@@ -179,8 +170,6 @@ struct RuleDecoder<'a> {
     at: usize,
     /// Anonymous interval sets by name: their ranges.
     anonymous: &'a BTreeMap<String, Vec<(u128, u128)>>,
-    /// The protocol of the port in each endpoint map's data, by map.
-    data_protocols: &'a BTreeMap<String, Protocol>,
 }
 
 /// Decodes `dump` (of table `kube-proxy` of `family`) into the tracer's
@@ -195,7 +184,6 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
     };
 
     let mut sets: BTreeMap<String, SetInfo> = BTreeMap::new();
-    let mut data_protocols: BTreeMap<String, Protocol> = BTreeMap::new();
     for payload in &dump.sets {
         let attrs = attributes(payload);
         if !ours(&attrs, SET_TABLE) {
@@ -210,9 +198,6 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
                 table.maps.entry(name.clone()).or_default();
             } else {
                 table.targets.entry(name.clone()).or_default();
-                if let Some(TypeofField::Port(protocol)) = spec.data.last() {
-                    data_protocols.insert(name.clone(), *protocol);
-                }
             }
             table.typeof_sets.insert(name.clone(), spec.clone());
         }
@@ -369,14 +354,7 @@ pub fn decode(family: IpFamily, dump: &Dump) -> Result<Table, ReadError> {
         let chain = string(&attrs, RULE_CHAIN)
             .ok_or_else(|| object_error("a rule".to_owned(), "it names no chain".to_owned()))?;
         let handle = attrs.get(&RULE_HANDLE).and_then(|v| read_be_u64(v));
-        let rule = decode_rule(
-            family,
-            &table_text,
-            &chain,
-            handle,
-            &attrs,
-            (&anonymous, &data_protocols),
-        )?;
+        let rule = decode_rule(family, &table_text, &chain, handle, &attrs, &anonymous)?;
         table
             .chains
             .get_mut(&chain)
@@ -729,7 +707,7 @@ fn decode_rule<'a>(
     chain: &'a str,
     handle: Option<u64>,
     attrs: &BTreeMap<u16, &'a [u8]>,
-    (anonymous, data_protocols): SetsByName<'a>,
+    anonymous: SetsByName<'a>,
 ) -> Result<Rule, ReadError> {
     let place = Place {
         table,
@@ -760,7 +738,6 @@ fn decode_rule<'a>(
         raws,
         at: 0,
         anonymous,
-        data_protocols,
     };
     let mut exprs = Vec::new();
     while decoder.at < decoder.raws.len() {
@@ -1083,10 +1060,12 @@ impl RuleDecoder<'_> {
     fn other(&self, i: usize, raw: &Raw<'_>) -> Result<(Expr, usize), ReadError> {
         let bad = |reason: &str| Err(self.error_at(i, reason));
         match raw.name.as_str() {
-            "ct" if raw.be32(2) != Some(CT_STATE) => self.ct_at(i),
             "ct" => {
                 // ct state (key 0) & new (8) != 0
-                if !raw.only(&[1, 2]) || raw.slot(1) != Some(SLOT_1) {
+                if !raw.only(&[1, 2])
+                    || raw.slot(1) != Some(SLOT_1)
+                    || raw.be32(2) != Some(CT_STATE)
+                {
                     return bad("a ct expression other than ct state");
                 }
                 match (self.shape(i + 1)?, self.shape(i + 2)?) {
@@ -1358,7 +1337,10 @@ impl RuleDecoder<'_> {
                     if numgen_at(i + 4) {
                         return self.draw_at(i, protocol, true);
                     }
-                    return self.dnat_affinity_at(i, protocol);
+                    return Err(self.error_at(
+                        i + 2,
+                        "a network load after a protocol match other than a draw",
+                    ));
                 }
                 if numgen_at(i + 3) {
                     return self.draw_at(i, protocol, false);
@@ -1376,14 +1358,9 @@ impl RuleDecoder<'_> {
                             op,
                             data: [high, low],
                         },
-                    ) if op == CMP_EQ || op == CMP_NEQ => {
+                    ) if op == CMP_EQ => {
                         let port = u16::from_be_bytes([*high, *low]);
-                        let expr = if op == CMP_EQ {
-                            Expr::DestinationPort { protocol, port }
-                        } else {
-                            Expr::DestinationPortNot { protocol, port }
-                        };
-                        Ok((expr, 4))
+                        Ok((Expr::DestinationPort { protocol, port }, 4))
                     }
                     _ => {
                         Err(self

@@ -29,11 +29,6 @@ const REG_VERDICT: u32 = 0;
 const REG_1: u32 = 1;
 const REG32_00: u32 = 8;
 
-/// `NFT_CT_STATUS`, `NFT_CT_PROTO_DST`, `IP_CT_DIR_ORIGINAL`.
-const CT_STATUS: u32 = 2;
-const CT_PROTO_DST: u32 = 12;
-const CT_DIR_ORIGINAL: u8 = 0;
-
 /// One expression list being written.
 struct Rule<'b> {
     message: &'b mut Message,
@@ -300,81 +295,6 @@ impl Encoder {
                 rule.lookup(map.as_str(), None, REG_1, Some(REG_1), false);
                 self.dnat_from_registers(rule);
             }
-            Expr::DnatAffinity { protocol, map } => {
-                // nft writes the port's protocol match itself, and leaves
-                // it out of its listing again.
-                rule.meta(REG_1, 16);
-                rule.cmp(REG_1, 0, &[protocol_number(*protocol)]);
-                let len = self.addr_len();
-                rule.payload(REG_1, 1, self.addr_offset(AddrField::Destination), len);
-                rule.payload(concat_register(len, false), 2, 2, 2);
-                rule.payload(
-                    concat_register(len + 4, false),
-                    1,
-                    self.addr_offset(AddrField::Source),
-                    len,
-                );
-                rule.lookup(map.as_str(), None, REG_1, Some(REG_1), false);
-                self.dnat_from_registers(rule);
-            }
-            Expr::CtStatusDnat => {
-                rule.ct(REG_1, CT_STATUS, None);
-                // IPS_DST_NAT
-                rule.bitwise(REG_1, 4, &0x20u32.to_ne_bytes());
-                rule.cmp(REG_1, 1, &0u32.to_ne_bytes());
-            }
-            Expr::DestinationPortNot { protocol, port } => {
-                rule.meta(REG_1, 16);
-                rule.cmp(REG_1, 0, &[protocol_number(*protocol)]);
-                rule.payload(REG_1, 2, 2, 2);
-                rule.cmp(REG_1, 1, &port.to_be_bytes());
-            }
-            Expr::OriginalEntryInSet(set) => {
-                let len = self.addr_len();
-                rule.ct(REG_1, self.ct_original_daddr(), Some(CT_DIR_ORIGINAL));
-                rule.meta(concat_register(len, false), 16);
-                rule.ct(
-                    concat_register(len + 4, false),
-                    CT_PROTO_DST,
-                    Some(CT_DIR_ORIGINAL),
-                );
-                rule.lookup(set.as_str(), None, REG_1, None, false);
-            }
-            Expr::RecordAffinity {
-                protocol: _,
-                map,
-                timeout_secs,
-            } => {
-                // Key: ct original daddr . ct original proto-dst . saddr.
-                let len = self.addr_len();
-                rule.ct(REG_1, self.ct_original_daddr(), Some(CT_DIR_ORIGINAL));
-                rule.ct(
-                    concat_register(len, false),
-                    CT_PROTO_DST,
-                    Some(CT_DIR_ORIGINAL),
-                );
-                rule.payload(
-                    concat_register(len + 4, false),
-                    1,
-                    self.addr_offset(AddrField::Source),
-                    len,
-                );
-                // Data: daddr . dport, in the next whole register as nft
-                // puts it; an IPv6 key (36 bytes) leaves no room for that,
-                // so there the data follows the key directly (nft 1.0.6
-                // itself runs out of registers on this rule).
-                let key_len = 2 * len + 4;
-                let aligned = key_len.div_ceil(16) * 16;
-                let data_at = if aligned + len + 4 <= 64 {
-                    aligned
-                } else {
-                    key_len
-                };
-                let data = concat_register(data_at, true);
-                rule.payload(data, 1, self.addr_offset(AddrField::Destination), len);
-                rule.payload(concat_register(data_at + len, false), 2, 2, 2);
-                rule.dynset_map(map.as_str(), REG_1, data, timeout_secs.saturating_mul(1000));
-            }
         }
         Ok(())
     }
@@ -403,14 +323,6 @@ impl Encoder {
     fn dnat_from_registers(&self, rule: &mut Rule<'_>) {
         let port = concat_register(self.addr_len(), false);
         rule.nat_dnat_map(self.family, REG_1, port);
-    }
-
-    /// `NFT_CT_DST_IP` or `NFT_CT_DST_IP6`.
-    fn ct_original_daddr(&self) -> u32 {
-        match self.ip_family() {
-            IpFamily::V4 => 20,
-            IpFamily::V6 => 22,
-        }
     }
 
     fn address_match(
@@ -560,16 +472,6 @@ impl Rule<'_> {
         });
     }
 
-    fn ct(&mut self, dreg: u32, key: u32, direction: Option<u8>) {
-        self.expr("ct", |b| {
-            b.put_be32(2, key);
-            b.put_be32(1, dreg);
-            if let Some(direction) = direction {
-                b.put_attr(3, &[direction]);
-            }
-        });
-    }
-
     /// `numgen random mod MODULUS offset OFFSET` (nft writes the offset
     /// even when it is 0).
     fn numgen_offset(&mut self, dreg: u32, modulus: u32, offset: u32) {
@@ -578,18 +480,6 @@ impl Rule<'_> {
             b.put_be32(2, modulus);
             b.put_be32(3, 1);
             b.put_be32(4, offset);
-        });
-    }
-
-    /// `update @MAP { KEY timeout T : DATA }`.
-    fn dynset_map(&mut self, set: &str, sreg_key: u32, sreg_data: u32, timeout_ms: u64) {
-        self.expr("dynset", |b| {
-            b.put_string(1, set);
-            // NFT_DYNSET_OP_UPDATE
-            b.put_be32(3, 1);
-            b.put_be32(4, sreg_key);
-            b.put_be32(5, sreg_data);
-            b.put_be64(6, timeout_ms);
         });
     }
 

@@ -352,12 +352,6 @@ pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
             address(&mut out, source);
             address(&mut out, destination);
         }
-        Key::AddrPortAddr(entry, port, client) => {
-            address(&mut out, entry);
-            out.extend_from_slice(&port.to_be_bytes());
-            out.extend_from_slice(&[0, 0]);
-            address(&mut out, client);
-        }
     }
     out
 }

@@ -16,8 +16,8 @@ use crate::model::{
     IPV6_PROTO_PORT, PROTO_PORT,
 };
 use crate::names::{
-    affinity_map, affinity_services, class_chain, count_set, group_chain, group_of_count,
-    group_set, slot_map, Pool, AFFINITY_OUTPUT, AFFINITY_PREROUTING, HAIRPIN_ENDPOINTS,
+    class_chain, count_set, group_chain, group_of_count, group_set, slot_map, Pool,
+    HAIRPIN_ENDPOINTS,
 };
 use crate::names::{
     CLUSTER_IPS, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT, FILTER_OUTPUT,
@@ -28,12 +28,6 @@ use crate::names::{
 };
 use crate::options::{Layout, NftablesOptions};
 use crate::state::Class;
-
-/// dstnat + 1: after DNAT chose the endpoint.
-const AFFINITY_PRIORITY: i32 = -99;
-
-/// How many clients an affinity map holds at most.
-const AFFINITY_CLIENTS_MAX: u32 = 1 << 20;
 
 /// The protocols a service port can have, in the order their maps are
 /// declared.
@@ -102,7 +96,7 @@ const JUMPS: [(&str, bool, &str); 11] = [
 /// The first commands of each transaction of a split render but the last:
 /// what Service chains need (the table, and the chain their rules jump
 /// to), declared without flushing anything.
-pub(super) fn prelude(layout: Layout, affinity: &BTreeSet<(Protocol, u64)>) -> Vec<Command> {
+pub(super) fn prelude(layout: Layout) -> Vec<Command> {
     let mut commands = vec![
         Command::AddTable {
             comment: Some(TABLE_COMMENT),
@@ -113,99 +107,10 @@ pub(super) fn prelude(layout: Layout, affinity: &BTreeSet<(Protocol, u64)>) -> V
         },
     ];
     if layout == Layout::Data {
-        // The Service chains' gotos and affinity rules name them.
+        // The Service chains' gotos name them.
         commands.extend(class_chains());
-        commands.extend(affinity_declarations(affinity));
     }
     commands
-}
-
-/// The (protocol, timeout) pairs of ClientIP affinity the service ports of
-/// `input` need in the data layout.
-pub(super) fn affinity_in_use(input: &RenderInput<'_>) -> BTreeSet<(Protocol, u64)> {
-    input
-        .service_ports
-        .iter()
-        .filter_map(|(name, state)| super::service::affinity_of(name, state))
-        .collect()
-}
-
-/// The data layout's affinity maps and entry sets of `affinity`, declared
-/// (not flushed: the maps hold the clients' affinity, which a full sync
-/// keeps; the entry sets are flushed by a full render).
-///
-/// `typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport`, one
-/// per protocol (as the endpoint maps) and timeout; 1,048,576 entries
-/// (the kernel's default for a dynamic set is 65,535 clients).
-pub(super) fn affinity_declarations(affinity: &BTreeSet<(Protocol, u64)>) -> Vec<Command> {
-    let dst = TypeofField::Addr(AddrField::Destination);
-    let src = TypeofField::Addr(AddrField::Source);
-    let mut commands = Vec::new();
-    let mut timeouts = BTreeSet::new();
-    for &(protocol, secs) in affinity {
-        commands.push(Command::AddTypeofSet(TypeofSpec {
-            name: Name::Fixed(affinity_map(protocol, secs)),
-            key: vec![dst, TypeofField::Port(protocol), src],
-            data: vec![dst, TypeofField::Port(protocol)],
-            size: Some(AFFINITY_CLIENTS_MAX),
-            dynamic_timeout_secs: Some(secs),
-            comment: None,
-        }));
-        timeouts.insert(secs);
-    }
-    for secs in timeouts {
-        commands.push(Command::AddTypeofSet(TypeofSpec {
-            name: Name::Fixed(affinity_services(secs)),
-            key: vec![dst, TypeofField::L4Proto, TypeofField::AnyPort],
-            data: Vec::new(),
-            size: None,
-            dynamic_timeout_secs: None,
-            comment: None,
-        }));
-    }
-    commands
-}
-
-/// The data layout's affinity-recording base chains, declared and flushed,
-/// and their rules for `affinity`: at priority dstnat + 1 the packet's
-/// destination is the endpoint DNAT chose and conntrack's original
-/// destination the Service entry, so a new connection to an entry of
-/// `affinity-services-SECS` records `entry . client → endpoint` (nft 1.0.6
-/// cannot store the slot drawn in the DNAT rule itself).
-pub(super) fn affinity_recording(affinity: &BTreeSet<(Protocol, u64)>, out: &mut Vec<Command>) {
-    for (chain, hook) in [
-        (AFFINITY_PREROUTING, Hook::Prerouting),
-        (AFFINITY_OUTPUT, Hook::Output),
-    ] {
-        out.push(Command::AddChain {
-            name: Name::Fixed(chain),
-            kind: ChainKind::Base {
-                chain_type: ChainType::Filter,
-                hook,
-                priority: AFFINITY_PRIORITY,
-            },
-        });
-        out.push(Command::FlushChain(Name::Fixed(chain)));
-    }
-    for chain in [AFFINITY_PREROUTING, AFFINITY_OUTPUT] {
-        for &(protocol, secs) in affinity {
-            out.push(Command::AddRule(Rule::new(
-                chain,
-                vec![
-                    Expr::CtStateNew,
-                    Expr::CtStatusDnat,
-                    // Gives nft the protocol of `tcp dport` in the data.
-                    Expr::DestinationPortNot { protocol, port: 0 },
-                    Expr::OriginalEntryInSet(Name::Fixed(affinity_services(secs))),
-                    Expr::RecordAffinity {
-                        protocol,
-                        map: Name::Fixed(affinity_map(protocol, secs)),
-                        timeout_secs: secs,
-                    },
-                ],
-            )));
-        }
-    }
 }
 
 /// The data layout's slot maps, declared: `typeof ip daddr . tcp dport .
@@ -478,13 +383,12 @@ pub(super) fn reset() -> Vec<Command> {
 }
 
 /// What the fixed part of the data layout holds for the Services: the
-/// classes of their endpoint counts and their ClientIP affinity maps.
-/// Partial renders keep these up to date as Services change, so they are
-/// left out of the fixed part's fingerprint ([`Shared::none`]).
+/// classes of their endpoint counts. Partial renders keep these up to date
+/// as Services change, so they are left out of the fixed part's
+/// fingerprint ([`Shared::none`]).
 #[derive(Debug, Default)]
 pub(super) struct Shared {
     pub classes: BTreeSet<Class>,
-    pub affinity: BTreeSet<(Protocol, u64)>,
 }
 
 impl Shared {
@@ -493,7 +397,6 @@ impl Shared {
         if ctx.layout == Layout::Data {
             Self {
                 classes: classes_to_hold(input),
-                affinity: affinity_in_use(input),
             }
         } else {
             Self::none()
@@ -563,19 +466,6 @@ pub(super) fn write_head(
     }
     write_fixed_rules(ctx, options, input, out);
     if ctx.layout == Layout::Data {
-        let affinity = &shared.affinity;
-        out.extend(affinity_declarations(affinity));
-        for command in affinity_declarations(affinity) {
-            if let Command::AddTypeofSet(spec) = command {
-                if spec.dynamic_timeout_secs.is_none() {
-                    out.push(Command::FlushSet {
-                        name: spec.name,
-                        map: false,
-                    });
-                }
-            }
-        }
-        affinity_recording(affinity, out);
         // The class chains were flushed with the other chains above.
         let mut rules = Vec::new();
         class_rules(classes, &mut rules);

@@ -20,8 +20,7 @@ use kp_sync::ServicePortState;
 use super::{Context, Sections};
 use crate::model::{AddrField, Address, Command, Expr, Key, KeyType, Name, Rule, SetSpec, Verdict};
 use crate::names::{
-    affinity_map, affinity_services, class_chain, count_set, group_chain, group_of_count,
-    group_set, slot_map, Pool,
+    class_chain, count_set, group_chain, group_of_count, group_set, slot_map, Pool,
 };
 use crate::names::{
     endpoint_names, service_chains, EndpointNames, ServiceChains, CLUSTER_IPS, FIREWALL_IPS,
@@ -69,7 +68,11 @@ pub(super) fn render_port(
     out: &mut Sections,
 ) {
     let plan = state.plan;
-    let data = ctx.layout == Layout::Data;
+    // The data layout draws endpoints from its maps, except for a service
+    // port with ClientIP affinity: affinity as upstream has it (per service
+    // port, through every entry) needs a chain per endpoint to record the
+    // client in, so such a port is written as the chains layout writes it.
+    let data = ctx.layout == Layout::Data && state.port.session_affinity_timeout.is_none();
     let endpoints = if data {
         // No endpoint chains, so no endpoint names.
         Vec::new()
@@ -128,19 +131,6 @@ pub(super) fn render_port(
             .data_mut()
             .hairpin
             .extend(endpoints.all_reachable.iter().map(|ep| ep.ip));
-        if let Some((protocol, secs)) = affinity_of(name, state) {
-            record.data_mut().affinity.push((protocol, secs));
-            let sp = &state.port;
-            let entries = std::iter::once(&sp.cluster_ip)
-                .chain(&sp.external_ips)
-                .chain(&sp.load_balancer_ips);
-            for ip in entries {
-                let key = Key::AddrProtoPort(*ip, protocol, sp.port);
-                record
-                    .elements
-                    .push(Element::set(affinity_services(secs), key));
-            }
-        }
         write_chain_hashes(&writer, record);
     } else {
         if plan.uses_cluster_endpoints {
@@ -281,10 +271,6 @@ fn write_affinity_sets(
     let Some(timeout) = port.state.port.session_affinity_timeout else {
         return;
     };
-    if ctx.layout == Layout::Data {
-        // Not written yet by the data layout (see `Layout::Data`).
-        return;
-    }
     let key: &'static [KeyType] = match ctx.family {
         kp_model::IpFamily::V4 => crate::model::IPV4,
         kp_model::IpFamily::V6 => crate::model::IPV6,
@@ -516,23 +502,6 @@ fn write_endpoint_chains(port: &Port<'_>, writer: &mut ChainWriter, record: &mut
     }
 }
 
-/// The data layout's ClientIP affinity of service port `name`: its
-/// protocol and timeout in seconds, when it has affinity and a chain that
-/// draws endpoints. Connections to its ClusterIP, external and load
-/// balancer IPs record affinity; NodePort connections do not (their entry
-/// is any address of the node).
-pub(super) fn affinity_of(
-    name: &ServicePortName,
-    state: &ServicePortState,
-) -> Option<(Protocol, u64)> {
-    let plan = &state.plan;
-    if !(plan.uses_cluster_endpoints || plan.uses_local_endpoints) {
-        return None;
-    }
-    let timeout = state.port.session_affinity_timeout?;
-    Some((name.protocol, timeout.as_secs()))
-}
-
 /// One endpoint list of a service port, drawn from by one chain.
 struct DrawList<'a> {
     /// The local list (eTP/iTP Local), not the cluster one.
@@ -607,7 +576,7 @@ pub(super) fn classes_of(name: &ServicePortName, state: &ServicePortState) -> Ve
 
 /// The data layout's `service-…` or `local-…` chain: the ClusterIP
 /// masquerade rule (written before, by `write_internal_masquerade`), the
-/// affinity lookup, then a goto to the class chain that draws a slot of
+/// goto to the class chain that draws a slot of
 /// the packet's entry; and the slots and count-set elements of every entry
 /// that reaches the chain, into `record`.
 ///
@@ -655,16 +624,6 @@ fn write_draw_chain(
             .map(|ip| Entry::Addr(*ip, sp.port))
             .chain(sp.node_port.filter(|_| reach.external).map(Entry::NodePort))
             .collect();
-        if let Some(secs) = sp.session_affinity_timeout {
-            // A client with an entry goes where it went before.
-            writer.rule(
-                chain,
-                vec![Expr::DnatAffinity {
-                    protocol,
-                    map: Name::Fixed(affinity_map(protocol, secs.as_secs())),
-                }],
-            );
-        }
         let class_chain = class_chain(list.local, protocol);
         writer.rule(
             chain,
@@ -677,7 +636,6 @@ fn write_draw_chain(
         local: list.local,
         endpoints: slots,
         entries,
-        affinity_secs: sp.session_affinity_timeout.map(|timeout| timeout.as_secs()),
     });
 }
 

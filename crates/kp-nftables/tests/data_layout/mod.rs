@@ -9,7 +9,7 @@
 //! | slot maps, count sets | `service-endpoints-PROTO`, `endpoint-count-N` | same |
 //!
 //! tcp 80 → ep1, ep2, ep3 :8080 (slots 0, 1, 2); udp 53 → ep1, ep2 :5353;
-//! sctp 9 → ep1 :9. ClientIP affinity 10800 s on all three.
+//! sctp 9 → ep1 :9.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
@@ -26,8 +26,6 @@ use kp_nftables::Transaction;
 
 /// The protocols, in the order the transaction writes them.
 pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
-/// The affinity timeout.
-pub const AFFINITY_SECS: u64 = 10800;
 /// The Service's ports and its endpoints' port, per protocol.
 pub fn ports(protocol: Protocol) -> (u16, u16) {
     match protocol {
@@ -81,24 +79,11 @@ pub fn count_set(protocol: Protocol) -> Name {
     name(format!("endpoint-count-{}", endpoint_count(protocol)))
 }
 
-pub fn affinity_map(protocol: Protocol) -> Name {
-    name(format!(
-        "affinity-{}-{AFFINITY_SECS}",
-        protocol_keyword(protocol)
-    ))
-}
-
-pub fn affinity_services() -> Name {
-    name(format!("affinity-services-{AFFINITY_SECS}"))
-}
-
 pub const HAIRPIN: &str = "hairpin-endpoints";
 pub const SERVICE_CHAIN: &str = "service-web";
 
-/// The declarations, elements and rules; with `record_affinity`, the base
-/// chains' rules that record affinity too (nft 1.0.6 cannot write those
-/// for IPv6: it runs out of registers).
-pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
+/// The declarations, elements and rules.
+pub fn layout(family: IpFamily) -> Transaction {
     use AddrField::{Destination, Source};
     let mut commands = vec![Command::AddTable { comment: None }];
     for protocol in PROTOCOLS {
@@ -113,18 +98,6 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             size: None,
             dynamic_timeout_secs: None,
             comment: None,
-        }));
-        commands.push(Command::AddTypeofSet(TypeofSpec {
-            name: affinity_map(protocol),
-            key: vec![
-                TypeofField::Addr(Destination),
-                TypeofField::Port(protocol),
-                TypeofField::Addr(Source),
-            ],
-            data: vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
-            size: Some(1_048_576),
-            dynamic_timeout_secs: Some(AFFINITY_SECS),
-            comment: Some("ClientIP affinity: service entry . client -> endpoint".into()),
         }));
     }
     for protocol in PROTOCOLS {
@@ -148,32 +121,6 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         dynamic_timeout_secs: None,
         comment: Some("endpoint . endpoint".into()),
     }));
-    commands.push(Command::AddTypeofSet(TypeofSpec {
-        name: affinity_services(),
-        key: vec![
-            TypeofField::Addr(Destination),
-            TypeofField::L4Proto,
-            TypeofField::AnyPort,
-        ],
-        data: vec![],
-        size: None,
-        dynamic_timeout_secs: None,
-        comment: None,
-    }));
-    for (chain, hook) in [
-        ("affinity-prerouting", Hook::Prerouting),
-        ("affinity-output", Hook::Output),
-    ] {
-        commands.push(Command::AddChain {
-            name: fixed(chain),
-            kind: ChainKind::Base {
-                chain_type: ChainType::Filter,
-                hook,
-                // dstnat + 1: after DNAT chose the endpoint.
-                priority: -99,
-            },
-        });
-    }
     for (chain, chain_type, hook, priority) in [
         ("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
         ("nat-output", ChainType::Nat, Hook::Output, -100),
@@ -228,17 +175,6 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
             })
             .collect(),
     });
-    commands.push(Command::AddElements {
-        set: affinity_services(),
-        elements: PROTOCOLS
-            .iter()
-            .map(|protocol| SetElement {
-                key: Key::AddrProtoPort(entry(family), *protocol, ports(*protocol).0),
-                comment: None,
-                verdict: None,
-            })
-            .collect(),
-    });
     commands.push(rule("mark-for-masquerade", vec![Expr::MarkSetOr(0x4000)]));
     for chain in ["nat-prerouting", "nat-output"] {
         commands.push(rule(
@@ -270,21 +206,7 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
     ));
     commands.push(rule("masquerading", vec![Expr::MarkSetXor(0x4000)]));
     commands.push(rule("masquerading", vec![Expr::MasqueradeFullyRandom]));
-    if record_affinity {
-        for chain in ["affinity-prerouting", "affinity-output"] {
-            for protocol in PROTOCOLS {
-                commands.push(rule(chain, record(protocol)));
-            }
-        }
-    }
     for protocol in PROTOCOLS {
-        commands.push(rule(
-            SERVICE_CHAIN,
-            vec![Expr::DnatAffinity {
-                protocol,
-                map: affinity_map(protocol),
-            }],
-        ));
         commands.push(rule(
             SERVICE_CHAIN,
             vec![
@@ -302,21 +224,6 @@ pub fn layout(family: IpFamily, record_affinity: bool) -> Transaction {
         ));
     }
     Transaction { family, commands }
-}
-
-/// The affinity-recording rule of `protocol`.
-pub fn record(protocol: Protocol) -> Vec<Expr> {
-    vec![
-        Expr::CtStateNew,
-        Expr::CtStatusDnat,
-        Expr::DestinationPortNot { protocol, port: 0 },
-        Expr::OriginalEntryInSet(affinity_services()),
-        Expr::RecordAffinity {
-            protocol,
-            map: affinity_map(protocol),
-            timeout_secs: AFFINITY_SECS,
-        },
-    ]
 }
 
 pub fn rule(chain: &'static str, exprs: Vec<Expr>) -> Command {

@@ -12,8 +12,7 @@ use kp_netlink::{read_be_u32, read_be_u64, read_string, Attributes};
 
 use super::{
     model_name, ne_u32, protocol_of, ReadError, RuleDecoder, Shape, BASE_NETWORK, BASE_TRANSPORT,
-    CMP_NEQ, CT_DST_IP, CT_DST_IP6, CT_PROTO_DST, CT_STATUS, IPS_DST_NAT, META_L4PROTO, SET_DESC,
-    SET_DESC_SIZE, SLOT_1,
+    META_L4PROTO, SET_DESC, SET_DESC_SIZE, SLOT_1,
 };
 use crate::model::{AddrField, Expr, Key, TypeofField, TypeofSpec};
 
@@ -26,8 +25,6 @@ const EXPR_PAYLOAD: u32 = 7;
 const EXPR_META: u32 = 9;
 const EXPR_CONCAT: u32 = 13;
 const EXPR_NUMGEN: u32 = 23;
-/// `IP_CT_DIR_ORIGINAL`.
-const CT_DIR_ORIGINAL: u8 = 0;
 
 /// The value of the first nftnl user data entry of `kind` in `udata`.
 fn udata_find(udata: &[u8], kind: u8) -> Option<&[u8]> {
@@ -148,9 +145,6 @@ pub(super) fn typeof_key(family: IpFamily, fields: &[TypeofField], key: &[u8]) -
             let protocol = reader.protocol()?;
             Key::AddrProtoPort(ip, protocol, reader.port()?)
         }
-        [Addr(AddrField::Destination), Port(_), Addr(AddrField::Source)] => {
-            Key::AddrPortAddr(reader.address()?, reader.port()?, reader.address()?)
-        }
         _ => return None,
     };
     reader.rest.is_empty().then_some(out)
@@ -227,73 +221,6 @@ impl RuleDecoder<'_> {
             }
             _ => None,
         }
-    }
-
-    /// After `meta l4proto == P` at `i`: `payload daddr; payload dport;
-    /// payload saddr; lookup => reg 1; nat`, the affinity lookup.
-    pub(super) fn dnat_affinity_at(
-        &self,
-        i: usize,
-        protocol: Protocol,
-    ) -> Result<(Expr, usize), ReadError> {
-        let len = self.addr_len();
-        let port_slot = SLOT_1 + len / 4;
-        let shapes = (
-            self.shape(i + 2)?,
-            self.shape(i + 3)?,
-            self.shape(i + 4)?,
-            self.shape(i + 5)?,
-        );
-        let map = match shapes {
-            (
-                Shape::Payload {
-                    base: BASE_NETWORK,
-                    offset: daddr,
-                    len: l1,
-                    slot: SLOT_1,
-                },
-                Shape::Payload {
-                    base: BASE_TRANSPORT,
-                    offset: 2,
-                    len: 2,
-                    slot: s2,
-                },
-                Shape::Payload {
-                    base: BASE_NETWORK,
-                    offset: saddr,
-                    len: l3,
-                    slot: s3,
-                },
-                Shape::Lookup {
-                    set,
-                    slot: SLOT_1,
-                    dslot: Some(SLOT_1),
-                    invert: false,
-                },
-            ) if daddr == self.dst_offset()
-                && saddr == self.src_offset()
-                && l1 == len
-                && l3 == len
-                && s2 == port_slot
-                && s3 == port_slot + 1 =>
-            {
-                set
-            }
-            _ => {
-                return Err(self.error_at(
-                    i + 2,
-                    "a network load after a protocol match other than an affinity lookup",
-                ))
-            }
-        };
-        self.nat_map_at(i + 6)?;
-        Ok((
-            Expr::DnatAffinity {
-                protocol,
-                map: model_name(&map),
-            },
-            7,
-        ))
     }
 
     /// After `meta l4proto == P` at `i`: `[payload daddr;] payload dport;
@@ -387,157 +314,6 @@ impl RuleDecoder<'_> {
             Ok(())
         } else {
             Err(self.error_at(i, "a nat statement other than dnat to a map's endpoint"))
-        }
-    }
-
-    /// A `ct` load at `i` other than `ct state`: `ct status dnat`, the
-    /// Service entry's lookup, or the affinity record.
-    pub(super) fn ct_at(&self, i: usize) -> Result<(Expr, usize), ReadError> {
-        let raw = &self.raws[i];
-        let bad = |index: usize, reason: &str| Err(self.error_at(index, reason));
-        let key = raw.be32(2);
-        if key == Some(CT_STATUS) && raw.only(&[1, 2]) && raw.slot(1) == Some(SLOT_1) {
-            return match (self.shape(i + 1)?, self.shape(i + 2)?) {
-                (
-                    Shape::Bitwise {
-                        slot: SLOT_1,
-                        mask,
-                        xor,
-                    },
-                    Shape::Cmp {
-                        slot: SLOT_1,
-                        op: CMP_NEQ,
-                        data,
-                    },
-                ) if ne_u32(mask) == Some(IPS_DST_NAT)
-                    && ne_u32(xor) == Some(0)
-                    && ne_u32(data) == Some(0) =>
-                {
-                    Ok((Expr::CtStatusDnat, 3))
-                }
-                _ => bad(i + 1, "ct status compared with something other than dnat"),
-            };
-        }
-        let daddr_key = match self.family {
-            IpFamily::V4 => CT_DST_IP,
-            IpFamily::V6 => CT_DST_IP6,
-        };
-        if !self.ct_original(i, daddr_key, SLOT_1) {
-            return bad(i, "a ct expression this table's rules never hold");
-        }
-        let after = SLOT_1 + self.addr_len() / 4;
-        match self.shape(i + 1)? {
-            Shape::Meta {
-                key: META_L4PROTO,
-                slot,
-            } if slot == after && self.ct_original(i + 2, CT_PROTO_DST, after + 1) => {
-                match self.shape(i + 3)? {
-                    Shape::Lookup {
-                        set,
-                        slot: SLOT_1,
-                        dslot: None,
-                        invert: false,
-                    } => Ok((Expr::OriginalEntryInSet(model_name(&set)), 4)),
-                    _ => bad(i + 3, "a Service entry not looked up in a set"),
-                }
-            }
-            _ if self.ct_original(i + 1, CT_PROTO_DST, after) => self.record_at(i, after),
-            _ => bad(i + 1, "ct original daddr followed by neither entry form"),
-        }
-    }
-
-    /// Whether expression `i` is `ct original KEY => SLOT`.
-    fn ct_original(&self, i: usize, key: u32, slot: u32) -> bool {
-        self.raws.get(i).is_some_and(|raw| {
-            raw.name == "ct"
-                && raw.only(&[1, 2, 3])
-                && raw.be32(2) == Some(key)
-                && raw.slot(1) == Some(slot)
-                && raw.get(3) == Some(&[CT_DIR_ORIGINAL][..])
-        })
-    }
-
-    /// The affinity record from `i` (its `ct original daddr`; the
-    /// original port is in slot `after`): `payload saddr; payload daddr;
-    /// payload dport; dynset update`.
-    fn record_at(&self, i: usize, after: u32) -> Result<(Expr, usize), ReadError> {
-        let len = self.addr_len();
-        let (saddr, daddr, dport) = (self.shape(i + 2)?, self.shape(i + 3)?, self.shape(i + 4)?);
-        let data = match (saddr, daddr, dport) {
-            (
-                Shape::Payload {
-                    base: BASE_NETWORK,
-                    offset: o1,
-                    len: l1,
-                    slot: s1,
-                },
-                Shape::Payload {
-                    base: BASE_NETWORK,
-                    offset: o2,
-                    len: l2,
-                    slot: data,
-                },
-                Shape::Payload {
-                    base: BASE_TRANSPORT,
-                    offset: 2,
-                    len: 2,
-                    slot: s3,
-                },
-            ) if o1 == self.src_offset()
-                && o2 == self.dst_offset()
-                && l1 == len
-                && l2 == len
-                && s1 == after + 1
-                && s3 == data + len / 4 =>
-            {
-                data
-            }
-            _ => {
-                return Err(self.error_at(
-                    i + 2,
-                    "an affinity key or data other than client, endpoint address and port",
-                ))
-            }
-        };
-        let raw = self
-            .raws
-            .get(i + 5)
-            .filter(|raw| raw.name == "dynset")
-            .ok_or_else(|| self.error_at(i + 5, "an affinity key not used by a dynset"))?;
-        // NFTA_DYNSET_FLAGS is 9 (8 is padding).
-        if !raw.only(&[1, 2, 3, 4, 5, 6, 8, 9])
-            || raw.be32(3) != Some(1)
-            || raw.slot(4) != Some(SLOT_1)
-            || raw.slot(5) != Some(data)
-            || raw.be32(9).unwrap_or(0) != 0
-        {
-            return Err(self.error_at(i + 5, "a dynset other than update of an affinity map"));
-        }
-        let map = raw
-            .get(1)
-            .map(read_string)
-            .ok_or_else(|| self.error_at(i + 5, "no set name"))?;
-        let protocol = *self.data_protocols.get(&map).ok_or_else(|| {
-            self.error_at(
-                i + 5,
-                &format!("an update of {map}, which is not a map of endpoints"),
-            )
-        })?;
-        let timeout_secs = raw.get(6).and_then(read_be_u64).unwrap_or(0) / 1000;
-        Ok((
-            Expr::RecordAffinity {
-                protocol,
-                map: model_name(&map),
-                timeout_secs,
-            },
-            6,
-        ))
-    }
-
-    fn src_offset(&self) -> u32 {
-        match self.family {
-            IpFamily::V4 => 12,
-            IpFamily::V6 => 8,
         }
     }
 
