@@ -290,8 +290,8 @@ pub struct Flags {
     /// When the --config file changes, wait a random time of up to this long before exiting to load it, so that the nodes of a fleet whose ConfigMap changed do not all restart, and list the API server, in the same second; 0 exits at once.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = GoDuration::parse, help_heading = PROJECT_HEADING)]
     pub config_change_exit_jitter: GoDuration,
-    /// How the nftables mode lays out its table: `chains` selects an endpoint by one rule and one chain per endpoint (upstream's layout); `data` keeps a service port's endpoints as elements of a map that one rule draws from, so that an endpoint change adds no rule (docs/DESIGN.md). Both are offered while they are compared.
-    #[arg(long, value_name = "LAYOUT", default_value = "chains", value_enum, help_heading = PROJECT_HEADING)]
+    /// How the nftables mode lays out its table: `data` (the default) keeps a service port's endpoints as elements of maps that one rule per endpoint count draws from, so that an endpoint change adds no rule and a new connection's cost does not grow with the endpoints (docs/DESIGN.md); `chains` selects an endpoint by one rule and one chain per endpoint, as upstream's nftables mode does. A service port with ClientIP affinity has endpoint chains in either.
+    #[arg(long, value_name = "LAYOUT", default_value = "data", value_enum, help_heading = PROJECT_HEADING)]
     pub nftables_layout: NftablesLayout,
 }
 
@@ -299,9 +299,9 @@ pub struct Flags {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum NftablesLayout {
     /// One `endpoint-` chain per endpoint, chosen by one rule each.
-    #[default]
     Chains,
     /// Endpoints as elements of `service-endpoints-*` maps.
+    #[default]
     Data,
 }
 

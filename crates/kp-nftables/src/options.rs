@@ -26,7 +26,6 @@ pub struct NftablesOptions {
 pub enum Layout {
     /// Upstream's layout: one `endpoint-` chain per endpoint, chosen by one
     /// `numgen` rule per endpoint in the `service-` (or `local-`) chain.
-    #[default]
     Chains,
     /// The data layout of issue 26 (docs/nft-layout-experiment.md,
     /// docs/DESIGN.md): a service port's endpoints are slot elements
@@ -36,7 +35,8 @@ pub enum Layout {
     /// pairs. An endpoint added, removed or replaced, or a readiness flip,
     /// changes elements only. A service port with ClientIP affinity is
     /// written as in [`Layout::Chains`] (upstream's affinity: per service
-    /// port, through every entry).
+    /// port, through every entry). The default.
+    #[default]
     Data,
 }
 

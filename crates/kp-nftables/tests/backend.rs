@@ -155,7 +155,8 @@ fn a_dry_run_prints_exactly_what_a_full_sync_commits() {
         NodePortAddresses::All,
         Box::new(out.clone()),
     )
-    .unwrap();
+    .unwrap()
+    .with_layout(kp_nftables::Layout::Chains);
     let stale = kp_sync::StaleConntrack::default();
     let none = BTreeSet::new();
     let request = kp_sync::SyncRequest {

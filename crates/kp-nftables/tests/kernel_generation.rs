@@ -194,6 +194,7 @@ fn the_two_families_do_not_take_each_others_commits_for_someone_elses() {
         };
         NftablesBackend::system(family, options, NodePortAddresses::All)
             .unwrap()
+            .with_layout(kp_nftables::Layout::Chains)
             .with_shared_ruleset(ruleset.clone())
     };
     let mut v4 = backend(IpFamily::V4);

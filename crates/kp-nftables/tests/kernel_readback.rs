@@ -201,6 +201,7 @@ impl Node {
         let backend =
             NftablesBackend::new(family, options, NodePortAddresses::All, Box::new(applier))
                 .unwrap()
+                .with_layout(kp_nftables::Layout::Chains)
                 .with_local_addresses(|_| Ok(Vec::new()));
         Self {
             family,

@@ -44,7 +44,8 @@ fn a_rule_the_kernel_refuses_names_its_service_and_nothing_is_applied() {
         kp_node::NodePortAddresses::All,
         Box::new(applier),
     )
-    .unwrap();
+    .unwrap()
+    .with_layout(kp_nftables::Layout::Chains);
     let node = kernel::node_v4();
     let none = std::collections::BTreeSet::new();
     let stale = kp_sync::StaleConntrack::default();

@@ -749,9 +749,9 @@ fn a_full_sync_over_the_table_gives_the_same_behaviour() {
     assert_eq!(world.trace(CLIENT, at("203.0.113.9", 80)), Verdict::Drop);
 }
 
-/// The data layout writes no `endpoint-` chain; the default layout does.
+/// The data layout writes no `endpoint-` chain; the chains layout does.
 #[test]
-fn the_data_layout_has_no_endpoint_chains_and_the_default_has() {
+fn the_data_layout_has_no_endpoint_chains_and_the_chains_layout_has() {
     let data = world();
     let mut chains = World::v4();
     chains.put(web("10.244.2.2"));
@@ -1077,14 +1077,9 @@ fn a_port_gaining_and_losing_affinity_moves_between_the_draw_and_endpoint_chains
             .iter()
             .filter(|(name, _)| name.as_str() != "service-ips" && name.as_str() != "cluster-ips")
             .flat_map(|(name, elements)| elements.keys().map(move |key| format!("{name}: {key}")))
-            .chain(
-                table
-                    .targets
-                    .iter()
-                    .flat_map(|(name, elements)| {
-                        elements.keys().map(move |key| format!("{name}: {key}"))
-                    }),
-            )
+            .chain(table.targets.iter().flat_map(|(name, elements)| {
+                elements.keys().map(move |key| format!("{name}: {key}"))
+            }))
             .filter(|element| element.contains("10.96.0.17 . ") || element.contains(".12 . 10."))
             .collect();
         found.sort();

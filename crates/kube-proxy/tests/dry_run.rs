@@ -167,8 +167,10 @@ fn the_nftables_layout_flag_chooses_how_endpoints_are_written() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let chains = printed(&["--proxy-mode", "nftables"]);
+    let chains = printed(&["--proxy-mode", "nftables", "--nftables-layout", "chains"]);
     let data = printed(&["--proxy-mode", "nftables", "--nftables-layout", "data"]);
+    // The data layout is the default.
+    assert_eq!(printed(&["--proxy-mode", "nftables"]), data);
     let service_chains = |text: &str| {
         text.lines()
             .filter(|l| l.starts_with("add chain ip kube-proxy service-"))

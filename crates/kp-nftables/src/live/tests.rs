@@ -103,6 +103,7 @@ fn full_sync(
     let applier = FakeApplier::new();
     let mut backend = NftablesBackend::new(family, options, node_ports, Box::new(applier.clone()))
         .unwrap()
+        .with_layout(crate::Layout::Chains)
         .with_local_addresses(|_| Ok(Vec::new()));
     let service_ports: BTreeMap<ServicePortName, ServicePortState> =
         services.into_iter().map(ServiceBuilder::build).collect();

@@ -63,8 +63,11 @@ impl World {
         let applier = FakeApplier::new();
         let clock = Arc::new(Mutex::new(Instant::now()));
         let shared = Arc::clone(&clock);
+        // The chains layout unless `with_layout` says otherwise: the tests
+        // of this world were written for it; the data layout has its own.
         let backend = NftablesBackend::new(family, options, node_ports, Box::new(applier.clone()))
             .unwrap()
+            .with_layout(kp_nftables::Layout::Chains)
             .with_local_addresses(|_| Ok(Vec::new()))
             .with_clock(move || *shared.lock().unwrap());
         Self {

@@ -301,7 +301,9 @@ pub fn netlink_backend_v4() -> NftablesBackend {
         local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
         ..NftablesOptions::default()
     };
-    NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All).unwrap()
+    NftablesBackend::system(IpFamily::V4, options, NodePortAddresses::All)
+        .unwrap()
+        .with_layout(Layout::Chains)
 }
 
 /// This node (192.168.99.2), IPv4 only.

@@ -80,9 +80,9 @@
 //! Modes are the iptables mode on a node whose kubelet uses
 //! iptables-legacy, and on one using iptables-nft (kubelet's
 //! `KUBE-IPTABLES-HINT` chain tells the binary), and the nftables mode in
-//! each of its layouts (`nftables`, `nftables-data` for
-//! `--nftables-layout data`); `mode.rs` holds all that differs between
-//! modes.
+//! each of its layouts (`nftables` for `--nftables-layout chains`,
+//! `nftables-data` for `--nftables-layout data`, the default); `mode.rs`
+//! holds all that differs between modes.
 //!
 //! Needs root. `cargo bench -p kube-proxy --bench e2e`; environment:
 //! `KP_E2E_MODES` (default `legacy,nft`), `KP_E2E_SIZES` (default

@@ -16,11 +16,13 @@ pub enum Mode {
     IptablesLegacy,
     /// `--proxy-mode iptables` on a node whose kubelet uses iptables-nft.
     IptablesNft,
-    /// `--proxy-mode nftables`: the tables `ip kube-proxy` and `ip6
-    /// kube-proxy`, committed over netlink.
+    /// `--proxy-mode nftables --nftables-layout chains`: the tables `ip
+    /// kube-proxy` and `ip6 kube-proxy`, committed over netlink, with
+    /// upstream's endpoint chains.
     Nftables,
-    /// The same with `--nftables-layout data`: a service port's endpoints
-    /// are elements of a `service-endpoints-` map, not chains.
+    /// The same with `--nftables-layout data` (the default): a service
+    /// port's endpoints are elements of a `service-endpoints-` map, not
+    /// chains.
     NftablesData,
 }
 
@@ -94,7 +96,7 @@ impl Mode {
         match self {
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
-            Mode::Nftables => "nftables",
+            Mode::Nftables => "nftables, chains layout",
             Mode::NftablesData => "nftables, data layout",
         }
     }
@@ -117,7 +119,7 @@ impl Mode {
     pub fn flags(self) -> &'static [&'static str] {
         match self {
             Mode::IptablesLegacy | Mode::IptablesNft => &[],
-            Mode::Nftables => &["--proxy-mode", "nftables"],
+            Mode::Nftables => &["--proxy-mode", "nftables", "--nftables-layout", "chains"],
             Mode::NftablesData => &["--proxy-mode", "nftables", "--nftables-layout", "data"],
         }
     }
