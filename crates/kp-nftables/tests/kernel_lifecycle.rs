@@ -142,11 +142,12 @@ fn partial_sync_on_a_deleted_table_fails_and_the_full_retry_repairs(layout: Layo
     );
 }
 
+/// (The chains layout: its endpoint chains are what goes stale.)
 #[test]
 fn stale_chains_are_flushed_at_once_and_deleted_by_a_later_sync() {
     require();
     let topology = build(three_pods());
-    let proxy = Proxy::start(&topology, IpFamily::V4);
+    let proxy = Proxy::start_in(&topology, IpFamily::V4, Layout::Chains);
     let both = ["ep1", "ep2"].map(|p| pod_ip(&topology, p));
     proxy.apply(&[web()], &[slice("web", &both, &[])]);
     proxy.sync();

@@ -81,8 +81,9 @@ pub struct Proxy<'t> {
 }
 
 impl<'t> Proxy<'t> {
-    /// A proxy for `family` with NodePorts on every local address; the
-    /// sources have already delivered their (empty) first lists.
+    /// A proxy for `family` with NodePorts on every local address, in the
+    /// default layout (data); the sources have already delivered their
+    /// (empty) first lists.
     pub fn start(topology: &'t Topology, family: IpFamily) -> Self {
         Self::start_with(topology, family, Duration::ZERO, NodePortAddresses::All)
     }
@@ -95,7 +96,7 @@ impl<'t> Proxy<'t> {
         sync_period: Duration,
         node_ports: NodePortAddresses,
     ) -> Self {
-        Self::start_with_layout(topology, family, sync_period, node_ports, Layout::Chains)
+        Self::start_with_layout(topology, family, sync_period, node_ports, Layout::default())
     }
 
     /// Like [`Proxy::start`], writing the table in `layout`.
@@ -295,7 +296,8 @@ pub fn web_and_fillers(
 }
 
 /// An IPv4 backend committing over netlink, ClusterCIDR 10.244.0.0/16,
-/// NodePorts on every address.
+/// NodePorts on every address, in the chains layout (callers that test
+/// the data layout say so with `with_layout`).
 pub fn netlink_backend_v4() -> NftablesBackend {
     let options = NftablesOptions {
         local_detector: LocalDetector::ClusterCidr(vec![plan::POD_CIDR.into()]),
