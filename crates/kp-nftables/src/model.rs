@@ -1242,13 +1242,13 @@ mod tests {
             ),
             (
                 IpFamily::V4,
-                spec("affinity-tcp-10800", vec![dst, Port(Protocol::Tcp), src], vec![dst, Port(Protocol::Tcp)], Some(1_048_576), Some(10800)),
-                "add map ip kube-proxy affinity-tcp-10800 { typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }",
+                spec("clients-tcp-10800", vec![dst, Port(Protocol::Tcp), src], vec![dst, Port(Protocol::Tcp)], Some(1_048_576), Some(10800)),
+                "add map ip kube-proxy clients-tcp-10800 { typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }",
             ),
             (
                 IpFamily::V4,
-                spec("affinity-services-10800", vec![dst, L4Proto, AnyPort], vec![], None, None),
-                "add set ip kube-proxy affinity-services-10800 { typeof ip daddr . meta l4proto . th dport ; }",
+                spec("entries-10800", vec![dst, L4Proto, AnyPort], vec![], None, None),
+                "add set ip kube-proxy entries-10800 { typeof ip daddr . meta l4proto . th dport ; }",
             ),
         ];
         for (family, command, text) in cases {

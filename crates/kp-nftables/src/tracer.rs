@@ -59,8 +59,7 @@ pub struct Table {
     /// The base chains: where each hooks in.
     pub base_chains: BTreeMap<String, BaseChain>,
     /// Maps whose data is an endpoint (`typeof … : ip daddr . tcp dport`):
-    /// key (as `add element` writes it) → endpoint. The elements of a
-    /// dynamic one (ClientIP affinity) are those the kernel holds.
+    /// key (as `add element` writes it) → endpoint.
     pub targets: BTreeMap<String, BTreeMap<String, SocketAddr>>,
     /// The sets and maps declared with `typeof`, by name (each stored
     /// under [`Name::Shared`], so that a declaration and its read-back

@@ -360,8 +360,7 @@ fn the_nftables_mode_programs_the_examples_with_only_net_admin_and_net_raw() {
     programs_with_least_privilege("nftables", false);
 }
 
-/// The data layout's dynamic affinity maps and endpoint maps need no more
-/// than the chains layout.
+/// The data layout's maps and sets need no more than the chains layout.
 #[test]
 fn the_nftables_data_layout_programs_the_examples_with_only_net_admin_and_net_raw() {
     require_tool("nft");

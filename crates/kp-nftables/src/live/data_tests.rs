@@ -1,7 +1,7 @@
 //! Round trips without a kernel for the data layout's statements (issue
 //! 26): a transaction holding each of them is encoded with the real
 //! encoder and decoded back, and must come back as the tracer's replay of
-//! the same transaction, elements of the dynamic affinity map included.
+//! the same transaction.
 //!
 //! Address plan: ClusterIP 10.96.0.12 / fd00:10:96::c, endpoints
 //! 10.244.1.2–3 / fd00:10:244:1::2–3, a client 10.244.1.7 / fd00::7.
