@@ -180,12 +180,6 @@ pub struct TypeofSpec {
     pub key: Vec<TypeofField>,
     /// The fields of a map's data, concatenated; empty for a set.
     pub data: Vec<TypeofField>,
-    /// `size N`: how many elements it holds at most (a dynamic set's
-    /// default is 65,535).
-    pub size: Option<u32>,
-    /// `flags dynamic,timeout ; timeout Ns`: rules add elements, which
-    /// expire after this many seconds.
-    pub dynamic_timeout_secs: Option<u64>,
     /// Its comment.
     pub comment: Option<Arc<str>>,
 }
@@ -827,12 +821,6 @@ impl fmt::Display for Line<'_> {
                     typeof_fields(f, family, &spec.data)?;
                 }
                 f.write_str(" ; ")?;
-                if let Some(size) = spec.size {
-                    write!(f, "size {size} ; ")?;
-                }
-                if let Some(timeout) = spec.dynamic_timeout_secs {
-                    write!(f, "flags dynamic,timeout ; timeout {timeout}s ; ")?;
-                }
                 if let Some(comment) = &spec.comment {
                     write!(f, "comment \"{comment}\" ; ")?;
                 }
@@ -1154,17 +1142,15 @@ mod tests {
     /// writes them (the text nft 1.0.6 loaded there).
     #[test]
     fn the_data_layout_prints_as_nft_reads_it() {
-        use TypeofField::{AnyPort, L4Proto, Number, Port};
+        use TypeofField::{Number, Port};
         let name = |text: &'static str| Name::Fixed(text);
         let dst = TypeofField::Addr(AddrField::Destination);
         let src = TypeofField::Addr(AddrField::Source);
-        let spec = |text, key, data, size, timeout| {
+        let spec = |text, key, data| {
             Command::AddTypeofSet(TypeofSpec {
                 name: name(text),
                 key,
                 data,
-                size,
-                dynamic_timeout_secs: timeout,
                 comment: None,
             })
         };
@@ -1172,12 +1158,12 @@ mod tests {
         let cases = [
             (
                 IpFamily::V4,
-                spec("service-endpoints-tcp", vec![dst, Port(Protocol::Tcp), Number], vec![dst, Port(Protocol::Tcp)], None, None),
+                spec("service-endpoints-tcp", vec![dst, Port(Protocol::Tcp), Number], vec![dst, Port(Protocol::Tcp)]),
                 "add map ip kube-proxy service-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; }",
             ),
             (
                 IpFamily::V4,
-                spec("nodeport-endpoints-udp", vec![Port(Protocol::Udp), Number], vec![dst, Port(Protocol::Udp)], None, None),
+                spec("nodeport-endpoints-udp", vec![Port(Protocol::Udp), Number], vec![dst, Port(Protocol::Udp)]),
                 "add map ip kube-proxy nodeport-endpoints-udp { typeof udp dport . numgen random mod 1 : ip daddr . udp dport ; }",
             ),
             (
@@ -1217,7 +1203,7 @@ mod tests {
             ),
             (
                 IpFamily::V4,
-                spec("hairpin-endpoints", vec![src, dst], vec![], None, None),
+                spec("hairpin-endpoints", vec![src, dst], vec![]),
                 "add set ip kube-proxy hairpin-endpoints { typeof ip saddr . ip daddr ; }",
             ),
             (
@@ -1239,16 +1225,6 @@ mod tests {
                     Expr::Verdict(Verdict::Jump(name("mark-for-masquerade"))),
                 ]),
                 "add rule ip kube-proxy svc ip saddr . ip daddr @hairpin-endpoints jump mark-for-masquerade",
-            ),
-            (
-                IpFamily::V4,
-                spec("clients-tcp-10800", vec![dst, Port(Protocol::Tcp), src], vec![dst, Port(Protocol::Tcp)], Some(1_048_576), Some(10800)),
-                "add map ip kube-proxy clients-tcp-10800 { typeof ip daddr . tcp dport . ip saddr : ip daddr . tcp dport ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }",
-            ),
-            (
-                IpFamily::V4,
-                spec("entries-10800", vec![dst, L4Proto, AnyPort], vec![], None, None),
-                "add set ip kube-proxy entries-10800 { typeof ip daddr . meta l4proto . th dport ; }",
             ),
         ];
         for (family, command, text) in cases {

@@ -302,10 +302,6 @@ impl Table {
             Command::AddTypeofSet(spec) => {
                 let name = spec.name.as_str().to_owned();
                 self.sets.insert(name.clone());
-                if let Some(timeout) = spec.dynamic_timeout_secs {
-                    self.dynamic_sets.insert(name.clone());
-                    self.timeouts_secs.insert(name.clone(), timeout);
-                }
                 if spec.data.is_empty() {
                     self.maps.entry(name.clone()).or_default();
                 } else {

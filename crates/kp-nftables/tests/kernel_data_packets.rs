@@ -71,8 +71,6 @@ fn typeof_set(set: &str, key: Vec<TypeofField>, data: Vec<TypeofField>) -> Typeo
         name: name(set.to_owned()),
         key,
         data,
-        size: None,
-        dynamic_timeout_secs: None,
         comment: None,
     }
 }

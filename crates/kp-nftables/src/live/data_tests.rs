@@ -31,8 +31,6 @@ fn spec(name: &str, key: Vec<TypeofField>, data: Vec<TypeofField>) -> TypeofSpec
         name: model_name(name),
         key,
         data,
-        size: None,
-        dynamic_timeout_secs: None,
         comment: None,
     }
 }

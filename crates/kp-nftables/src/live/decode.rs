@@ -62,9 +62,6 @@ const SET_NAME: u16 = 2;
 const SET_FLAGS: u16 = 3;
 const SET_KEY_TYPE: u16 = 4;
 const SET_KEY_LEN: u16 = 5;
-/// `NFTA_SET_DESC` and its `NFTA_SET_DESC_SIZE`.
-const SET_DESC: u16 = 9;
-const SET_DESC_SIZE: u16 = 1;
 /// `NFTA_SET_TIMEOUT`: the elements' default timeout, in milliseconds.
 const SET_TIMEOUT: u16 = 11;
 /// `NFTA_SET_USERDATA`: nft's description of the set (typeof, comment).
@@ -570,7 +567,7 @@ fn set_info(
         // nft describes its anonymous sets too; their elements are
         // decoded as intervals of addresses, whatever the description.
         Some(udata) if flags & SET_F_ANONYMOUS == 0 && declares_typeof(udata) => {
-            Some(typeof_spec(family, name, attrs, udata)?)
+            Some(typeof_spec(family, name, udata)?)
         }
         _ => None,
     };

@@ -10,16 +10,13 @@ use kp_netlink::NLM_F_CREATE;
 use super::msg::Kind;
 use super::objects::{
     key_bytes, udata_comment, ElementList, DATA_VALUE, ELEM_DATA, ELEM_KEY, ELEM_USERDATA,
-    LIST_ELEM, SET_DATA_LEN, SET_DATA_TYPE, SET_FLAGS, SET_F_EVAL, SET_F_MAP, SET_F_TIMEOUT,
-    SET_ID, SET_KEY_LEN, SET_KEY_TYPE, SET_NAME, SET_TABLE, SET_TIMEOUT, SET_USERDATA, TYPE_IPV4,
-    TYPE_IPV6, TYPE_PROTO, TYPE_SERVICE,
+    LIST_ELEM, SET_DATA_LEN, SET_DATA_TYPE, SET_FLAGS, SET_F_MAP, SET_ID, SET_KEY_LEN,
+    SET_KEY_TYPE, SET_NAME, SET_TABLE, SET_USERDATA, TYPE_IPV4, TYPE_IPV6, TYPE_PROTO,
+    TYPE_SERVICE,
 };
 use super::{EncodeError, Encoder};
 use crate::model::{AddrField, MapElement, Name, TypeofField, TypeofSpec};
 
-/// `NFTA_SET_DESC` and its `NFTA_SET_DESC_SIZE`.
-const SET_DESC: u16 = 9;
-const SET_DESC_SIZE: u16 = 1;
 /// nft's `integer` data type (`numgen` values).
 const TYPE_INTEGER: u32 = 4;
 /// The longest set user data the kernel takes (`NFT_USERDATA_MAXLEN`).
@@ -73,9 +70,6 @@ impl Encoder {
         if map {
             flags |= SET_F_MAP;
         }
-        if spec.dynamic_timeout_secs.is_some() {
-            flags |= SET_F_EVAL | SET_F_TIMEOUT;
-        }
         message.put_be32(SET_FLAGS, flags);
         let (key_type, key_len) = concat_type(family, &spec.key);
         message.put_be32(SET_KEY_TYPE, key_type);
@@ -87,14 +81,6 @@ impl Encoder {
         }
         let set_id = self.next_set_id();
         message.put_be32(SET_ID, set_id);
-        if let Some(size) = spec.size {
-            message.open_nest(SET_DESC);
-            message.put_be32(SET_DESC_SIZE, size);
-            message.close_nest();
-        }
-        if let Some(seconds) = spec.dynamic_timeout_secs {
-            message.put_be64(SET_TIMEOUT, seconds.saturating_mul(1000));
-        }
         message.put_attr(SET_USERDATA, &set_udata(family, spec)?);
         self.push(message)
     }
@@ -329,8 +315,6 @@ mod tests {
             name: Name::Fixed("s"),
             key,
             data,
-            size: None,
-            dynamic_timeout_secs: None,
             comment: None,
         }
     }

@@ -134,8 +134,6 @@ fn slot_maps() -> impl Iterator<Item = Command> {
                 name: Name::Fixed(slot_map(pool, protocol)),
                 key,
                 data: vec![dst, port],
-                size: None,
-                dynamic_timeout_secs: None,
                 comment: None,
             })
         })
@@ -349,8 +347,6 @@ fn write_data_sets_and_maps(family: IpFamily, classes: &BTreeSet<Class>, out: &m
             TypeofField::Addr(AddrField::Destination),
         ],
         data: Vec::new(),
-        size: None,
-        dynamic_timeout_secs: None,
         comment: None,
     }));
     out.push(Command::FlushSet {

@@ -95,8 +95,6 @@ pub fn layout(family: IpFamily) -> Transaction {
                 TypeofField::Number,
             ],
             data: vec![TypeofField::Addr(Destination), TypeofField::Port(protocol)],
-            size: None,
-            dynamic_timeout_secs: None,
             comment: None,
         }));
     }
@@ -117,8 +115,6 @@ pub fn layout(family: IpFamily) -> Transaction {
         name: fixed(HAIRPIN),
         key: vec![TypeofField::Addr(Source), TypeofField::Addr(Destination)],
         data: vec![],
-        size: None,
-        dynamic_timeout_secs: None,
         comment: Some("endpoint . endpoint".into()),
     }));
     for (chain, chain_type, hook, priority) in [

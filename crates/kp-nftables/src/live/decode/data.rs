@@ -3,16 +3,15 @@
 //! endpoint data, and the draw, hairpin, affinity lookup and recording
 //! expressions the encoder writes ([`crate::netlink`]).
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kp_model::{IpFamily, Protocol};
-use kp_netlink::{read_be_u32, read_be_u64, read_string, Attributes};
+use kp_netlink::read_string;
 
 use super::{
     model_name, ne_u32, protocol_of, ReadError, RuleDecoder, Shape, BASE_NETWORK, BASE_TRANSPORT,
-    META_L4PROTO, SET_DESC, SET_DESC_SIZE, SLOT_1,
+    META_L4PROTO, SLOT_1,
 };
 use crate::model::{AddrField, Expr, Key, TypeofField, TypeofSpec};
 
@@ -55,7 +54,6 @@ pub(super) fn declares_typeof(udata: &[u8]) -> bool {
 pub(super) fn typeof_spec(
     family: IpFamily,
     name: &str,
-    attrs: &BTreeMap<u16, &[u8]>,
     udata: &[u8],
 ) -> Result<TypeofSpec, &'static str> {
     let key = udata_find(udata, UDATA_KEY_TYPEOF)
@@ -67,21 +65,11 @@ pub(super) fn typeof_spec(
             typeof_fields(family, nest).ok_or("its typeof data is not one this table declares")?
         }
     };
-    let size = attrs
-        .get(&SET_DESC)
-        .and_then(|desc| Attributes::new(desc).find(|(kind, _)| *kind == SET_DESC_SIZE))
-        .and_then(|(_, value)| read_be_u32(value));
-    let dynamic_timeout_secs = attrs
-        .get(&super::SET_TIMEOUT)
-        .and_then(|v| read_be_u64(v))
-        .map(|millis| millis / 1000);
     let comment = udata_find(udata, UDATA_COMMENT).map(|text| Arc::from(read_string(text)));
     Ok(TypeofSpec {
         name: crate::model::Name::Shared(Arc::from(name)),
         key,
         data,
-        size,
-        dynamic_timeout_secs,
         comment,
     })
 }
