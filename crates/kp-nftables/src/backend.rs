@@ -271,10 +271,10 @@ impl NftablesBackend {
     }
 
     /// Commits `transaction`, one of the proxy's own outside a sync's (the
-    /// deletion of stale chains or of affinity entries), and keeps the
-    /// table trusted if it was. Such a transaction only deletes objects or
-    /// elements, which the kernel refuses unless each one is there, so once
-    /// taken it is a change: one generation.
+    /// deletion of stale chains), and keeps the table trusted if it was.
+    /// Such a transaction only deletes objects, which the kernel refuses
+    /// unless each one is there, so once taken it is a change: one
+    /// generation.
     fn apply_own(
         &mut self,
         own: &mut Ruleset,

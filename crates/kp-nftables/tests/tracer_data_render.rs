@@ -820,7 +820,7 @@ fn a_service_port_with_affinity_is_written_as_the_chains_layout_writes_it() {
         2,
         "{own:#?}"
     );
-    for absent in ["affinity-prerouting", "affinity-tcp-"] {
+    for absent in ["affinity-prerouting", "affinity-tcp-", "endpoint-count-"] {
         assert!(!data_text.contains(absent), "{absent}: {data_text}");
     }
     let drawn: Vec<&str> = data_text

@@ -68,11 +68,7 @@ pub(super) fn render_port(
     out: &mut Sections,
 ) {
     let plan = state.plan;
-    // The data layout draws endpoints from its maps, except for a service
-    // port with ClientIP affinity: affinity as upstream has it (per service
-    // port, through every entry) needs a chain per endpoint to record the
-    // client in, so such a port is written as the chains layout writes it.
-    let data = ctx.layout == Layout::Data && state.port.session_affinity_timeout.is_none();
+    let data = ctx.layout == Layout::Data && draws_from_maps(state);
     let endpoints = if data {
         // No endpoint chains, so no endpoint names.
         Vec::new()
@@ -538,10 +534,22 @@ fn reach(plan: &TrafficPlan, local: bool) -> Reach {
     }
 }
 
+/// Whether the data layout draws service port `state`'s endpoints from its
+/// maps. Not a port with ClientIP affinity: affinity as upstream has it
+/// (per service port, through every entry) needs a chain per endpoint to
+/// record the client in, so such a port is written as the chains layout
+/// writes it, and needs no class.
+fn draws_from_maps(state: &ServicePortState) -> bool {
+    state.port.session_affinity_timeout.is_none()
+}
+
 /// The draw rules the data layout's class chains need for service port
 /// `name`: per endpoint list in use with endpoints, one for its address
 /// entries and one for its NodePort, if they reach it.
 pub(super) fn classes_of(name: &ServicePortName, state: &ServicePortState) -> Vec<Class> {
+    if !draws_from_maps(state) {
+        return Vec::new();
+    }
     let plan = &state.plan;
     let sp = &state.port;
     let lists = [
