@@ -94,7 +94,7 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut json = Vec::with_capacity(512);
         let mut found = Found::default();
-        deserializer.deserialize_map(Copy {
+        deserializer.deserialize_map(Copier {
             out: &mut json,
             place: Place::Top,
             found: &mut found,
@@ -134,7 +134,7 @@ struct Found {
 /// Copies one JSON value to `out`, compact, dropping `metadata.managedFields`
 /// and taking `metadata.resourceVersion`, `namespace` and `name` into
 /// `found` (the last two are copied too).
-struct Copy<'a> {
+struct Copier<'a> {
     out: &'a mut Vec<u8>,
     place: Place,
     found: &'a mut Found,
@@ -142,7 +142,7 @@ struct Copy<'a> {
     comma: bool,
 }
 
-impl Copy<'_> {
+impl Copier<'_> {
     fn start(&mut self) {
         if self.comma {
             self.out.push(b',');
@@ -162,7 +162,7 @@ fn write_json<T: serde::Serialize + ?Sized, E: de::Error>(
     serde_json::to_writer(out, value).map_err(E::custom)
 }
 
-impl<'de> DeserializeSeed<'de> for Copy<'_> {
+impl<'de> DeserializeSeed<'de> for Copier<'_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -170,7 +170,7 @@ impl<'de> DeserializeSeed<'de> for Copy<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Copy<'_> {
+impl<'de> Visitor<'de> for Copier<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -211,7 +211,7 @@ impl<'de> Visitor<'de> for Copy<'_> {
         self.out.push(b'[');
         let mut comma = false;
         while seq
-            .next_element_seed(Copy {
+            .next_element_seed(Copier {
                 out: &mut *self.out,
                 place: Place::Within,
                 found: &mut *self.found,
@@ -259,7 +259,7 @@ impl<'de> Visitor<'de> for Copy<'_> {
                     write_json(self.out, &value)?;
                     *kept = value;
                 }
-                None => map.next_value_seed(Copy {
+                None => map.next_value_seed(Copier {
                     out: &mut *self.out,
                     place: inner,
                     found: &mut *self.found,
